@@ -1,0 +1,642 @@
+"""The subscription matcher: many filters, one event, all the filters it satisfies.
+
+How it works (the 001 document's two-stage matching):
+
+1. Each subscription's filter is a disjunction of conjunctions; every
+   conjunction gets a *slot*. Its literals are sorted into
+
+   * predicates, shared between conjunctions through an id (the document's
+     predicate vector): equality-like ones (``=``, ``in``, ``!=``, ``not in``,
+     ``exists``) are indexed by a hash table on the attribute's constants;
+     the rest (string order, ``prefix``, ``suffix``, ``contains``, negated
+     ranges) are evaluated per event, once per distinct predicate;
+   * numeric ranges, merged per attribute into one closed interval per
+     conjunction and kept in an :class:`~flowbus.matching.intervals.IntervalIndex`
+     (sorted buckets and bitsets, see there);
+   * expression predicates (``price*vol >= 1000000``), evaluated last and only
+     for conjunctions whose other literals all hold.
+
+2. Subscription matching by counting or by clustering (``strategy=``), in the
+   compiled loops of :mod:`flowbus.matching.kernels`.
+
+Every change is incremental: adding or removing a subscription touches only
+the lists of its own predicates (amortised O(1) each), never the whole index.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from flowbus.errors import FilterError, FlowbusError
+from flowbus.filters.ast import ExprPredicate, Filter, Functions, Op, Predicate, value_class
+from flowbus.filters.parser import parse
+from flowbus.matching import kernels
+from flowbus.matching._types import F64, I32, I64, U64
+from flowbus.matching.encode import ABSENT, encode_arrow, encode_mappings, table_key
+from flowbus.matching.intervals import IntervalIndex
+from flowbus.matching.pool import ListPool
+
+Strategy = Literal["counting", "clustering"]
+SubId = int | str
+EventBatch = Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch
+
+_CODE_OPS = frozenset({Op.EQ, Op.IN})
+_EXCLUDE_OPS = frozenset({Op.NE, Op.NOT_IN})
+_RANGE_OPS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE})
+_ALIVE_BYTES = 8 << 20
+"""Upper bound on the per-batch bitsets of live conjunctions; larger batches are cut in chunks."""
+
+
+class SubscriptionError(FlowbusError, KeyError):
+    """An unknown subscription id was removed, or a known one added again."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(slots=True)
+class _Attr:
+    """What the index knows of one attribute."""
+
+    name: str
+    index: int
+    table: dict[Any, int] = field(default_factory=lambda: {ABSENT: kernels.MISSING})
+    typed: bool = False
+    intervals: IntervalIndex | None = None
+    extra: dict[int, Predicate] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One conjunction, sorted into what each structure needs (computed before any change)."""
+
+    preds: tuple[tuple[Predicate, bool], ...]
+    intervals: tuple[tuple[str, float, float], ...]
+    exprs: tuple[ExprPredicate, ...]
+
+
+_INF = math.inf
+
+
+def _plan(conj_literals: Iterable[Predicate | ExprPredicate]) -> _Plan:
+    """Sort a conjunction's literals: numeric ranges merge into one closed interval per attribute
+    (``> c`` becomes ``>= nextafter(c, inf)``, exact for doubles)."""
+    preds: list[tuple[Predicate, bool]] = []
+    bounds: dict[str, list[float]] = {}
+    exprs: list[ExprPredicate] = []
+    for lit in conj_literals:
+        if type(lit) is ExprPredicate:
+            exprs.append(lit)
+            continue
+        op = lit.op
+        if lit.negated or op not in _RANGE_OPS or value_class(lit.value) != 1:
+            preds.append((Predicate(lit.attr, op, lit.value) if lit.negated else lit, lit.negated))  # type: ignore[union-attr]
+            continue
+        c = float(lit.value)  # type: ignore[arg-type]
+        b = bounds.get(lit.attr)
+        if b is None:
+            b = bounds[lit.attr] = [-_INF, _INF]
+        if op is Op.GE:
+            b[0] = max(b[0], c)
+        elif op is Op.GT:
+            b[0] = max(b[0], math.nextafter(c, _INF))
+        elif op is Op.LE:
+            b[1] = min(b[1], c)
+        else:
+            b[1] = min(b[1], math.nextafter(c, -_INF))
+    intervals = tuple((a, lo, hi) for a, (lo, hi) in sorted(bounds.items()))
+    return _Plan(tuple(preds), intervals, tuple(exprs))
+
+
+class Matcher:
+    """Match events against many subscriptions.
+
+    >>> m = Matcher()
+    >>> m.add("s1", 'issue = "IBM" & price > 100')
+    >>> m.match({"issue": "IBM", "price": 120.0})
+    ['s1']
+
+    ``strategy`` picks the subscription-matching algorithm of the 001 document:
+    ``"counting"`` (default) or ``"clustering"`` (access predicates). Both return
+    the same answers. ``functions`` resolves the named functions and lookup
+    tables of expression predicates.
+    """
+
+    def __init__(self, *, strategy: Strategy = "counting", functions: Functions | None = None) -> None:
+        if strategy not in ("counting", "clustering"):
+            raise FlowbusError(f"unknown matching strategy {strategy!r} (expected counting or clustering)")
+        self.strategy: Strategy = strategy
+        self.functions: Functions = dict(functions or {})
+        self._epoch = 0
+        # subscriptions
+        self._subs: dict[SubId, int] = {}
+        self._sub_ids: list[SubId | None] = []
+        self._sub_slots: list[tuple[int, ...]] = []
+        self._free_subs: list[int] = []
+        self._id_table: np.ndarray = np.zeros(64, I64)  # subscription index -> id
+        self._multi = 0
+        # conjunction slots
+        self._slots = 0
+        self._high = 0
+        self._free_slots: list[int] = []
+        self._conj_sub = np.empty(0, I32)
+        self._req = np.empty(0, I32)
+        self._counts = np.empty(0, np.uint32)  # packed epoch | required | count, see kernels.count_match
+        self._has_expr = np.empty(0, np.bool_)
+        self._active = np.empty(0, U64)
+        self._zero_bits = np.empty(0, U64)
+        self._zero_list = np.empty(0, I32)
+        self._zero_pos = np.empty(0, I32)
+        self._zero_n = 0
+        self._records: list[tuple[tuple[int, ...], tuple[str, ...], int] | None] = []
+        self._exprs: dict[int, tuple[ExprPredicate, ...]] = {}
+        # attributes and predicates
+        self._attrs: dict[str, _Attr] = {}
+        self._attr_list: list[_Attr] = []
+        self._exists = np.empty(0, I32)
+        self._n_codes = 0
+        self._pred_ids: dict[Predicate, int] = {}
+        self._preds: list[Predicate | None] = []
+        self._pred_ref = np.empty(0, I64)
+        self._csize = np.empty(0, I64)  # cluster size per access predicate
+        self._free_preds: list[int] = []
+        self._pmark = np.empty(0, I64)
+        self._xmark = np.empty(0, I64)
+        self._code_pool = ListPool()  # value code -> equality-like predicates it satisfies
+        self._excl_pool = ListPool()  # value code -> != / not in predicates it falsifies
+        self._ne_pool = ListPool()  # attribute -> its != / not in predicates
+        self._pos_pool = ListPool()  # predicate -> conjunctions holding it (counting)
+        self._neg_pool = ListPool()  # predicate -> conjunctions holding its negation
+        self._cluster_pool = ListPool()  # access predicate -> records [slot, k, other predicates] (clustering)
+        self._grow_slots(64)
+
+    # ------------------------------------------------------------------ public API
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def __contains__(self, sub_id: object) -> bool:
+        return sub_id in self._subs
+
+    def add(self, sub_id: SubId, filter: Filter | str | Sequence[Any], /) -> None:
+        """Add a subscription; ``filter`` is a :class:`Filter`, text or triples.
+
+        Raises :class:`SubscriptionError` if ``sub_id`` is taken and
+        :class:`~flowbus.errors.FilterError` for a filter it cannot use; either way
+        nothing changes.
+        """
+        self.add_many([(sub_id, filter)])
+
+    def add_many(self, items: Iterable[tuple[SubId, Filter | str | Sequence[Any]]]) -> None:
+        """Add many subscriptions in one go (same checks as :meth:`add`, all before any change)."""
+        batch: list[tuple[SubId, tuple[_Plan, ...]]] = []
+        seen: set[SubId] = set()
+        for sub_id, flt in items:
+            if type(sub_id) not in (int, str):
+                raise SubscriptionError(f"subscription id {sub_id!r} must be an int or a str")
+            if sub_id in self._subs or sub_id in seen:
+                raise SubscriptionError(f"subscription {sub_id!r} exists already")
+            seen.add(sub_id)
+            f = flt if isinstance(flt, Filter) else parse(flt)
+            missing = f.calls() - set(self.functions)
+            if missing:
+                raise FilterError(
+                    f"subscription {sub_id!r} calls unknown function(s) {', '.join(sorted(missing))}"
+                )
+            plans = tuple(_plan(c.literals) for c in f.disjuncts)
+            if any(sum(1 for _, neg in p.preds if not neg) > kernels.MAX_REQUIRED for p in plans):
+                raise FilterError(
+                    f"subscription {sub_id!r}: a conjunction holds more than {kernels.MAX_REQUIRED} predicates"
+                )
+            batch.append((sub_id, plans))
+        self._install(batch)
+
+    def remove(self, sub_id: SubId, /) -> None:
+        """Remove a subscription; :class:`SubscriptionError` if there is none by that id."""
+        try:
+            s = self._subs.pop(sub_id)
+        except (KeyError, TypeError):
+            raise SubscriptionError(f"no subscription {sub_id!r}") from None
+        slots = self._sub_slots[s]
+        if len(slots) > 1:
+            self._multi -= 1
+        touched: set[str] = set()
+        for slot in slots:
+            touched.update(self._uninstall_slot(slot))
+        self._sub_ids[s] = None
+        self._sub_slots[s] = ()
+        self._free_subs.append(s)
+        self._tune(touched)
+
+    def match(self, event: Mapping[str, Any], /) -> list[SubId]:
+        """The ids of the subscriptions ``event`` matches, sorted."""
+        return self.match_batch([event])[0].tolist()  # type: ignore[no-any-return]
+
+    def match_batch(self, events: EventBatch, /) -> list[np.ndarray]:
+        """One sorted array of subscription ids per event.
+
+        ``events`` is a sequence of mappings or an Arrow table / record batch
+        (a null is a missing attribute).
+        """
+        arrow = isinstance(events, (pa.Table, pa.RecordBatch))
+        n = events.num_rows if arrow else len(events)  # type: ignore[union-attr,arg-type]
+        if n == 0:
+            return []
+        words = self._active.size
+        chunk = max(1, min(n, _ALIVE_BYTES // max(8, 8 * words))) if self._has_intervals() else n
+        out: list[np.ndarray] = []
+        for start in range(0, n, chunk):
+            part = events.slice(start, chunk) if arrow else events[start : start + chunk]  # type: ignore[union-attr,index]
+            out.extend(self._match_chunk(part, arrow))
+        return out
+
+    def nbytes(self) -> int:
+        """Approximate memory held by the index (arrays exactly, Python tables estimated)."""
+        arrays = (
+            self._conj_sub, self._req, self._counts, self._has_expr, self._active,
+            self._zero_bits, self._zero_list, self._zero_pos, self._exists, self._pred_ref,
+            self._pmark, self._xmark,
+        )  # fmt: skip
+        pools = (
+            self._code_pool, self._excl_pool, self._ne_pool, self._pos_pool,
+            self._neg_pool, self._cluster_pool,
+        )  # fmt: skip
+        total = sum(int(a.nbytes) for a in arrays) + sum(p.nbytes() for p in pools)
+        total += sum(a.intervals.nbytes() for a in self._attr_list if a.intervals is not None)
+        total += 120 * (len(self._subs) + len(self._pred_ids)) + 100 * self._n_codes
+        total += 80 * sum(1 for r in self._records if r is not None)
+        return total
+
+    # ------------------------------------------------------------------ matching
+
+    def _has_intervals(self) -> bool:
+        return any(a.intervals is not None and a.intervals.m > 0 for a in self._attr_list)
+
+    def _match_chunk(self, events: Any, arrow: bool) -> list[np.ndarray]:
+        names = [a.name for a in self._attr_list]
+        tables = [a.table for a in self._attr_list]
+        typed = [a.typed for a in self._attr_list]
+        ranged = [a.intervals is not None and a.intervals.m > 0 for a in self._attr_list]
+        encode = encode_arrow if arrow else encode_mappings
+        codes, vals = encode(events, names, tables, typed, ranged)
+        n = codes.shape[0]
+        rows: list[Mapping[str, Any]] | None = None
+        if any(a.extra for a in self._attr_list) or self._exprs:
+            rows = events.to_pylist() if arrow else events
+            rows = [{k: v for k, v in r.items() if v is not None} for r in rows] if arrow else rows
+        extra_ptr, extra_ids = self._extras(rows, n)
+        has_alive = any(ranged)
+        alive = np.empty((0, 0), U64)
+        if has_alive:
+            alive = np.repeat(self._active[None, :], n, axis=0)
+            for a, is_ranged in zip(self._attr_list, ranged, strict=True):
+                if is_ranged:
+                    assert a.intervals is not None
+                    a.intervals.apply(np.ascontiguousarray(vals[:, a.index]), alive)
+        epoch0 = self._epoch
+        self._epoch += n
+        ptr, slots = self._run_kernel(epoch0, codes, extra_ptr, extra_ids, has_alive, alive)
+        return self._to_ids(ptr, slots, rows, n)
+
+    def _run_kernel(
+        self,
+        epoch0: int,
+        codes: np.ndarray,
+        extra_ptr: np.ndarray,
+        extra_ids: np.ndarray,
+        has_alive: bool,
+        alive: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        def view(p: ListPool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return p.start, p.length, p.data
+
+        common = (
+            epoch0, codes, extra_ptr, extra_ids, self._exists,
+            view(self._code_pool), view(self._excl_pool), view(self._ne_pool),
+        )  # fmt: skip
+        zero = (self._zero_bits, self._zero_list, self._zero_n)
+        if self.strategy == "counting":
+            return kernels.count_match(  # type: ignore[no-any-return]
+                *common, view(self._pos_pool), view(self._neg_pool),
+                has_alive, alive, *zero, self._counts, self._xmark,
+            )  # fmt: skip
+        return kernels.cluster_match(  # type: ignore[no-any-return]
+            *common, view(self._cluster_pool), view(self._neg_pool),
+            has_alive, alive, *zero, self._counts, self._pmark, self._xmark,
+        )  # fmt: skip
+
+    def _extras(self, rows: Sequence[Mapping[str, Any]] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stage 1 for the predicates evaluated in Python, once per distinct predicate and event."""
+        ptr = np.zeros(n + 1, I64)
+        extra = [(a.name, pid, p) for a in self._attr_list for pid, p in a.extra.items()]
+        if not extra or rows is None:
+            return ptr, np.empty(0, I32)
+        ids: list[int] = []
+        for e, row in enumerate(rows):
+            for name, pid, p in extra:
+                if name in row and p.holds(row):
+                    ids.append(pid)
+            ptr[e + 1] = len(ids)
+        return ptr, np.asarray(ids, I32)
+
+    def _to_ids(
+        self, ptr: np.ndarray, slots: np.ndarray, rows: Sequence[Mapping[str, Any]] | None, n: int
+    ) -> list[np.ndarray]:
+        event_of = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
+        if self._exprs and slots.size:
+            keep = np.ones(slots.size, np.bool_)
+            for k in np.flatnonzero(self._has_expr[slots]).tolist():
+                assert rows is not None
+                exprs = self._exprs[int(slots[k])]
+                row = rows[int(event_of[k])]
+                keep[k] = all(x.matches(row, self.functions) for x in exprs)
+            slots, event_of = slots[keep], event_of[keep]
+        ids = self._id_table[self._conj_sub[slots]]
+        int_ids = self._id_table.dtype != object
+        if ids.size > 1:
+            order = np.lexsort((ids, event_of)) if int_ids else _object_order(ids, event_of)
+            ids, event_of = ids[order], event_of[order]
+            if self._multi:
+                first = np.ones(ids.size, np.bool_)
+                first[1:] = (ids[1:] != ids[:-1]) | (event_of[1:] != event_of[:-1])
+                ids, event_of = ids[first], event_of[first]
+        bounds = np.searchsorted(event_of, np.arange(n + 1)).tolist()
+        return [ids[bounds[e] : bounds[e + 1]] for e in range(n)]
+
+    # ------------------------------------------------------------------ changes
+
+    def _install(self, batch: list[tuple[SubId, tuple[_Plan, ...]]]) -> None:
+        pools: dict[str, tuple[list[int], list[int]]] = {name: ([], []) for name in ("pos", "neg", "cluster")}
+        ranges: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        for sub_id, plans in batch:
+            s = self._free_subs.pop() if self._free_subs else len(self._sub_ids)
+            if s == len(self._sub_ids):
+                self._sub_ids.append(None)
+                self._sub_slots.append(())
+            slots = tuple(self._install_plan(s, plan, pools, ranges) for plan in plans)
+            self._subs[sub_id] = s
+            self._sub_ids[s] = sub_id
+            self._set_id(s, sub_id)
+            self._sub_slots[s] = slots
+            if len(slots) > 1:
+                self._multi += 1
+        targets = {"pos": self._pos_pool, "neg": self._neg_pool, "cluster": self._cluster_pool}
+        for name, (keys, values) in pools.items():
+            targets[name].extend(np.asarray(keys, I64), np.asarray(values, I32))
+        for name, (slots_, los, his) in ranges.items():
+            iv = self._attr(name).intervals
+            assert iv is not None
+            iv.add(np.asarray(slots_, I32), np.asarray(los, F64), np.asarray(his, F64))
+        self._tune(set(ranges))
+
+    def _install_plan(
+        self,
+        s: int,
+        plan: _Plan,
+        pools: dict[str, tuple[list[int], list[int]]],
+        ranges: dict[str, tuple[list[int], list[float], list[float]]],
+    ) -> int:
+        slot = self._alloc_slot()
+        signed = tuple((-1 if neg else 1) * (self._intern(p) + 1) for p, neg in plan.preds)
+        positive = [x - 1 for x in signed if x > 0]
+        for x in signed:
+            if x < 0:
+                pools["neg"][0].append(-x - 1)
+                pools["neg"][1].append(slot)
+            elif self.strategy == "counting":
+                pools["pos"][0].append(x - 1)
+                pools["pos"][1].append(slot)
+        access = -1
+        if self.strategy == "clustering" and positive:
+            access = min(positive, key=self._access_cost)
+            self._csize[access] += 1
+            others = list(signed)
+            others.remove(access + 1)
+            pools["cluster"][0].extend([access] * (len(others) + 2))
+            pools["cluster"][1].extend([slot, len(others), *others])
+        for name, lo, hi in plan.intervals:
+            attr = self._attr(name)
+            if attr.intervals is None:
+                attr.intervals = IntervalIndex(self._slots)
+            bucket = ranges.setdefault(name, ([], [], []))
+            bucket[0].append(slot)
+            bucket[1].append(lo)
+            bucket[2].append(hi)
+        self._req[slot] = len(positive)
+        self._counts[slot] = len(positive) << 8
+        self._conj_sub[slot] = s
+        self._set_bit(self._active, slot, True)
+        if not positive:
+            self._zero_add(slot)
+        if plan.exprs:
+            self._exprs[slot] = plan.exprs
+            self._has_expr[slot] = True
+        self._records[slot] = (signed, tuple(name for name, _, _ in plan.intervals), access)
+        return slot
+
+    def _set_id(self, s: int, sub_id: SubId) -> None:
+        if type(sub_id) is not int and self._id_table.dtype != object:
+            self._id_table = self._id_table.astype(object)
+        if s >= self._id_table.size:
+            grown = np.zeros(max(s + 1, 2 * self._id_table.size), self._id_table.dtype)
+            grown[: self._id_table.size] = self._id_table
+            self._id_table = grown
+        self._id_table[s] = sub_id
+
+    def _access_cost(self, pid: int) -> tuple[int, int]:
+        """Prefer equality-like access predicates, then the smallest cluster so far."""
+        p = self._preds[pid]
+        assert p is not None
+        return (0 if p.op in _CODE_OPS else 1, int(self._csize[pid]))
+
+    def _uninstall_slot(self, slot: int) -> tuple[str, ...]:
+        record = self._records[slot]
+        assert record is not None
+        signed, interval_attrs, access = record
+        for x in signed:
+            pid = abs(x) - 1
+            if x < 0:
+                self._neg_pool.remove(np.array([pid]), np.array([slot]))
+            elif self.strategy == "counting":
+                self._pos_pool.remove(np.array([pid]), np.array([slot]))
+        if access >= 0:
+            self._cluster_pool.remove_record(access, slot)
+            self._csize[access] -= 1
+        for x in signed:
+            self._release(abs(x) - 1)
+        for name in interval_attrs:
+            iv = self._attr(name).intervals
+            assert iv is not None
+            iv.remove(slot)
+        if self._req[slot] == 0:
+            self._zero_remove(slot)
+        self._exprs.pop(slot, None)
+        self._counts[slot] = 0
+        self._has_expr[slot] = False
+        self._set_bit(self._active, slot, False)
+        self._conj_sub[slot] = -1
+        self._records[slot] = None
+        self._free_slots.append(slot)
+        return interval_attrs
+
+    def _tune(self, names: Iterable[str]) -> None:
+        active = self._high - len(self._free_slots)
+        for name in names:
+            iv = self._attrs[name].intervals
+            if iv is not None:
+                iv.tune(active)
+
+    # ------------------------------------------------------------------ predicates
+
+    def _attr(self, name: str) -> _Attr:
+        attr = self._attrs.get(name)
+        if attr is None:
+            attr = _Attr(name, len(self._attr_list))
+            self._attrs[name] = attr
+            self._attr_list.append(attr)
+            exists = np.full(len(self._attr_list), -1, I32)
+            exists[: self._exists.size] = self._exists
+            self._exists = exists
+            self._ne_pool.ensure_keys(len(self._attr_list))
+        return attr
+
+    def _code(self, attr: _Attr, value: Any) -> int:
+        key = table_key(value)
+        code = attr.table.get(key)
+        if code is None:
+            code = self._n_codes
+            self._n_codes += 1
+            attr.table[key] = code
+            attr.typed = attr.typed or type(value) is not str
+            self._code_pool.ensure_keys(self._n_codes)
+            self._excl_pool.ensure_keys(self._n_codes)
+        return code
+
+    def _intern(self, p: Predicate) -> int:
+        pid = self._pred_ids.get(p)
+        if pid is not None:
+            self._pred_ref[pid] += 1
+            return pid
+        pid = self._free_preds.pop() if self._free_preds else len(self._preds)
+        if pid == len(self._preds):
+            self._preds.append(None)
+            if pid >= self._pred_ref.size:
+                self._grow_preds(max(64, 2 * self._pred_ref.size))
+        self._preds[pid] = p
+        self._pred_ids[p] = pid
+        self._pred_ref[pid] = 1
+        self._pos_pool.ensure_keys(pid + 1)
+        self._neg_pool.ensure_keys(pid + 1)
+        self._cluster_pool.ensure_keys(pid + 1)
+        self._index_pred(pid, p, insert=True)
+        return pid
+
+    def _release(self, pid: int) -> None:
+        self._pred_ref[pid] -= 1
+        if self._pred_ref[pid] > 0:
+            return
+        p = self._preds[pid]
+        assert p is not None
+        self._index_pred(pid, p, insert=False)
+        del self._pred_ids[p]
+        self._preds[pid] = None
+        self._free_preds.append(pid)
+
+    def _index_pred(self, pid: int, p: Predicate, *, insert: bool) -> None:
+        """Enter (or take out) a predicate in its attribute's stage-1 structures."""
+        attr = self._attr(p.attr)
+        values = p.value if isinstance(p.value, tuple) else (p.value,)
+        if p.op in _CODE_OPS or p.op in _EXCLUDE_OPS:
+            pool = self._code_pool if p.op in _CODE_OPS else self._excl_pool
+            codes = np.asarray([self._code(attr, v) for v in values], I64)
+            pids = np.full(codes.size, pid, I32)
+            if insert:
+                pool.extend(codes, pids)
+            else:
+                pool.remove(codes, pids)
+            if p.op in _EXCLUDE_OPS:
+                if insert:
+                    self._ne_pool.append(attr.index, pid)
+                else:
+                    self._ne_pool.remove(np.array([attr.index]), np.array([pid]))
+        elif p.op is Op.EXISTS:
+            self._exists[attr.index] = pid if insert else -1
+        elif insert:
+            attr.extra[pid] = p
+        else:
+            del attr.extra[pid]
+
+    # ------------------------------------------------------------------ slots
+
+    def _alloc_slot(self) -> int:
+        if self._free_slots:
+            return self._free_slots.pop()
+        if self._high == self._slots:
+            self._grow_slots(2 * self._slots)
+        self._high += 1
+        return self._high - 1
+
+    def _grow_slots(self, n: int) -> None:
+        old = self._slots
+        words = (n + 63) // 64
+
+        def grow(arr: np.ndarray, size: int, fill: Any) -> np.ndarray:
+            out = np.full(size, fill, arr.dtype)
+            out[: arr.size] = arr
+            return out
+
+        self._conj_sub = grow(self._conj_sub, n, -1)
+        self._req = grow(self._req, n, 0)
+        self._has_expr = grow(self._has_expr, n, False)
+        self._zero_list = grow(self._zero_list, n, -1)
+        self._zero_pos = grow(self._zero_pos, n, -1)
+        self._counts = grow(self._counts, n, 0)
+        self._active = grow(self._active, words, 0)
+        self._zero_bits = grow(self._zero_bits, words, 0)
+        self._records.extend([None] * (n - old))
+        self._slots = n
+        for attr in self._attr_list:
+            if attr.intervals is not None:
+                attr.intervals.resize(n)
+
+    def _grow_preds(self, n: int) -> None:
+        for name in ("_pred_ref", "_csize", "_pmark", "_xmark"):
+            arr = getattr(self, name)
+            out = np.full(n, -1 if name.endswith("mark") else 0, I64)
+            out[: arr.size] = arr
+            setattr(self, name, out)
+
+    @staticmethod
+    def _set_bit(bits: np.ndarray, slot: int, on: bool) -> None:
+        mask = np.uint64(1) << np.uint64(slot & 63)
+        if on:
+            bits[slot >> 6] |= mask
+        else:
+            bits[slot >> 6] &= ~mask
+
+    def _zero_add(self, slot: int) -> None:
+        self._zero_list[self._zero_n] = slot
+        self._zero_pos[slot] = self._zero_n
+        self._zero_n += 1
+        self._set_bit(self._zero_bits, slot, True)
+
+    def _zero_remove(self, slot: int) -> None:
+        i = int(self._zero_pos[slot])
+        last = self._zero_n - 1
+        moved = int(self._zero_list[last])
+        self._zero_list[i] = moved
+        self._zero_pos[moved] = i
+        self._zero_pos[slot] = -1
+        self._zero_n = last
+        self._set_bit(self._zero_bits, slot, False)
+
+
+def _object_order(ids: np.ndarray, event_of: np.ndarray) -> np.ndarray:
+    keys = [(e, isinstance(i, str), i) for e, i in zip(event_of.tolist(), ids.tolist(), strict=True)]
+    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), I64)

@@ -1,0 +1,94 @@
+"""Seeded subscription and event workloads for benchmarks and experiments.
+
+* ``w1`` -- 20 string attributes ``a0..a19`` with 100 values ``v0..v99`` each;
+  a subscription picks 3 distinct attributes uniformly, equality on each; an
+  event carries all 20 attributes.
+* ``w1-mixed`` -- as ``w1``, but odd-numbered attributes are integers 0..99 and
+  get a range ``[lo, lo + w)`` with ``w`` uniform in 1..30 (``lo`` uniform in
+  ``0..100-w``).
+* ``w-rein`` -- 20 numeric attributes with domain ``[0, 10**6)``; a subscription
+  picks 10 distinct attributes, each with range ``[lo, lo + 0.4*10**6]``, ``lo``
+  uniform in ``[0, 0.6*10**6)``; events are uniform. About ``n * 0.4**10``
+  matches per event.
+
+Filters are built straight into the canonical form (no text parsing) and come in
+chunks, so a million subscriptions never sit in memory as Python objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from flowbus.errors import FlowbusError
+from flowbus.filters.ast import Conjunction, Filter, Op, Predicate
+
+WorkloadName = Literal["w1", "w1-mixed", "w-rein"]
+WORKLOADS: tuple[WorkloadName, ...] = ("w1", "w1-mixed", "w-rein")
+N_ATTRS = 20
+N_VALUES = 100
+REIN_DOMAIN = 1_000_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: WorkloadName
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKLOADS:
+            raise FlowbusError(f"unknown workload {self.name!r} (expected one of {', '.join(WORKLOADS)})")
+
+    def filters(self, n: int, *, chunk: int = 20_000, start: int = 0) -> Iterator[list[tuple[int, Filter]]]:
+        """``n`` subscriptions as ``(id, filter)`` pairs, in chunks; ids are ``start, start+1, ...``."""
+        rng = np.random.default_rng([self.seed, 1, start])
+        for lo in range(0, n, chunk):
+            k = min(chunk, n - lo)
+            yield list(zip(range(start + lo, start + lo + k), self._filters(rng, k), strict=True))
+
+    def _filters(self, rng: np.random.Generator, k: int) -> list[Filter]:
+        width = 10 if self.name == "w-rein" else 3
+        attrs = np.argsort(rng.random((k, N_ATTRS)), axis=1)[:, :width]
+        if self.name == "w-rein":
+            los = rng.uniform(0.0, 0.6 * REIN_DOMAIN, (k, width))
+            return [_rein_filter(a.tolist(), lo.tolist()) for a, lo in zip(attrs, los, strict=True)]
+        vals = rng.integers(0, N_VALUES, (k, width))
+        widths = rng.integers(1, 31, (k, width))
+        starts = rng.random((k, width))
+        out = []
+        for a_row, v_row, w_row, s_row in zip(attrs, vals, widths, starts, strict=True):
+            lits: list[Predicate] = []
+            for a, v, w, s in zip(a_row.tolist(), v_row.tolist(), w_row.tolist(), s_row.tolist(), strict=True):
+                if self.name == "w1-mixed" and a % 2 == 1:
+                    lo = int(s * (N_VALUES - w + 1))
+                    lits += [Predicate(f"a{a}", Op.GE, lo), Predicate(f"a{a}", Op.LT, lo + w)]
+                else:
+                    lits.append(Predicate(f"a{a}", Op.EQ, f"v{v}"))
+            out.append(Filter((Conjunction(tuple(lits)),)))
+        return out
+
+    def events(self, m: int) -> pa.Table:
+        """``m`` events as an Arrow table, one column per attribute."""
+        rng = np.random.default_rng([self.seed, 2])
+        columns: dict[str, Any] = {}
+        names = pa.array([f"v{i}" for i in range(N_VALUES)])
+        for a in range(N_ATTRS):
+            if self.name == "w-rein":
+                columns[f"a{a}"] = pa.array(rng.uniform(0.0, REIN_DOMAIN, m))
+            elif self.name == "w1-mixed" and a % 2 == 1:
+                columns[f"a{a}"] = pa.array(rng.integers(0, N_VALUES, m))
+            else:
+                columns[f"a{a}"] = names.take(pa.array(rng.integers(0, N_VALUES, m)))
+        return pa.table(columns)
+
+
+def _rein_filter(attrs: list[int], los: list[float]) -> Filter:
+    lits: list[Predicate] = []
+    for a, lo in zip(attrs, los, strict=True):
+        lits.append(Predicate(f"a{a}", Op.GE, lo))
+        lits.append(Predicate(f"a{a}", Op.LE, lo + 0.4 * REIN_DOMAIN))
+    return Filter((Conjunction(tuple(lits)),))

@@ -84,7 +84,9 @@ class Schema:
         try:
             return self.fields[name]
         except KeyError:
-            raise SchemaError(f"unknown field {name!r} (schema has {', '.join(self.fields)})", field=name) from None
+            raise SchemaError(
+                f"unknown field {name!r} (schema has {', '.join(self.fields)})", field=name
+            ) from None
 
     def validate(self, data: Mapping[str, Any]) -> dict[str, Value]:
         """Return ``data`` checked and normalised against the schema, or raise :class:`SchemaError`."""
@@ -117,7 +119,9 @@ class Event(Mapping[str, Value]):
 
     __slots__ = ("_data", "_hash")
 
-    def __init__(self, data: Mapping[str, Any] | None = None, /, *, schema: Schema | None = None, **kw: Any) -> None:
+    def __init__(
+        self, data: Mapping[str, Any] | None = None, /, *, schema: Schema | None = None, **kw: Any
+    ) -> None:
         merged: dict[str, Any] = dict(data or {}, **kw)
         if schema is not None:
             merged = schema.validate(merged)

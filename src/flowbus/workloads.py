@@ -62,7 +62,9 @@ class Workload:
         out = []
         for a_row, v_row, w_row, s_row in zip(attrs, vals, widths, starts, strict=True):
             lits: list[Predicate] = []
-            for a, v, w, s in zip(a_row.tolist(), v_row.tolist(), w_row.tolist(), s_row.tolist(), strict=True):
+            for a, v, w, s in zip(
+                a_row.tolist(), v_row.tolist(), w_row.tolist(), s_row.tolist(), strict=True
+            ):
                 if self.name == "w1-mixed" and a % 2 == 1:
                     lo = int(s * (N_VALUES - w + 1))
                     lits += [Predicate(f"a{a}", Op.GE, lo), Predicate(f"a{a}", Op.LT, lo + w)]

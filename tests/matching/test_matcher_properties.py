@@ -42,7 +42,9 @@ def predicates(draw: st.DrawFn) -> Predicate | ExprPredicate:
     if kind <= 2:
         return Predicate(a, draw(st.sampled_from([Op.LT, Op.LE, Op.GT, Op.GE])), draw(number), neg)
     if kind == 3:
-        return Predicate(a, draw(st.sampled_from([Op.LT, Op.GE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS])), draw(string), neg)
+        return Predicate(
+            a, draw(st.sampled_from([Op.LT, Op.GE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS])), draw(string), neg
+        )
     if kind in (4, 5):
         return Predicate(a, draw(st.sampled_from([Op.EQ, Op.NE])), draw(value), neg)
     if kind == 6:
@@ -139,7 +141,12 @@ def test_arrow_batches_equal_mappings(strategy: str) -> None:
             ),
         )
     rows = [
-        {"s0": f"v{rng.randrange(5)}", "s1": f"v{rng.randrange(5)}", "s2": f"v{rng.randrange(5)}", "n": rng.randrange(60)}
+        {
+            "s0": f"v{rng.randrange(5)}",
+            "s1": f"v{rng.randrange(5)}",
+            "s2": f"v{rng.randrange(5)}",
+            "n": rng.randrange(60),
+        }
         for _ in range(200)
     ]
     rows[3]["s1"] = None
@@ -153,9 +160,7 @@ def test_arrow_batches_equal_mappings(strategy: str) -> None:
 
 def test_string_ids_and_multi_conjunction_dedup() -> None:
     m = Matcher()
-    either = Filter(
-        (Conjunction((Predicate("x", Op.GT, 1),)), Conjunction((Predicate("y", Op.EQ, "a"),)))
-    )
+    either = Filter((Conjunction((Predicate("x", Op.GT, 1),)), Conjunction((Predicate("y", Op.EQ, "a"),))))
     m.add("both", either)
     m.add("alpha", Filter((Conjunction((Predicate("y", Op.EXISTS),)),)))
     assert m.match({"x": 2, "y": "a"}) == ["alpha", "both"]

@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any
 
 from flowbus.errors import FilterError
 from flowbus.model import Value
@@ -117,12 +117,12 @@ def compare(x: object, op: Op, c: object) -> bool:
         if cx == 1:
             x, c = float(x), float(c)  # type: ignore[arg-type]
         if op is Op.LT:
-            return x < c  # type: ignore[operator]
+            return bool(x < c)  # type: ignore[operator]
         if op is Op.LE:
-            return x <= c  # type: ignore[operator]
+            return bool(x <= c)  # type: ignore[operator]
         if op is Op.GT:
-            return x > c  # type: ignore[operator]
-        return x >= c  # type: ignore[operator]
+            return bool(x > c)  # type: ignore[operator]
+        return bool(x >= c)  # type: ignore[operator]
     if op in STRING_OPS:
         if type(x) is not str or type(c) is not str:
             return False
@@ -162,8 +162,9 @@ class Undefined(Exception):
     """An expression has no value for this event (its predicate is then false)."""
 
 
-Functions = Mapping[str, Union[Callable[..., Any], Mapping[Any, Any]]]
-"""Named functions and lookup tables an expression may call: a callable, or a mapping looked up by its one argument."""
+Functions = Mapping[str, Callable[..., Any] | Mapping[Any, Any]]
+"""Named functions and lookup tables an expression may call: a callable, or a mapping
+looked up by its one argument."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +192,10 @@ class Const:
         _check_constant(self.value, "expression")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Const) and value_key(self.value) == value_key(other.value) and (
-            type(self.value) is type(other.value)
+        return (
+            isinstance(other, Const)
+            and value_key(self.value) == value_key(other.value)
+            and (type(self.value) is type(other.value))
         )
 
     def __hash__(self) -> int:
@@ -226,6 +229,12 @@ class BinOp:
         b = self.right.evaluate(event, functions)
         if value_class(a) != 1 or value_class(b) != 1:
             raise Undefined(f"{self.op} on a non-number")
+        try:
+            return self._apply(a, b)
+        except (OverflowError, ZeroDivisionError):
+            raise Undefined(f"{self.op} overflows") from None
+
+    def _apply(self, a: Any, b: Any) -> Any:
         if self.op == "+":
             return a + b
         if self.op == "-":
@@ -277,7 +286,7 @@ class Call:
         return frozenset({self.name}).union(*(a.calls() for a in self.args))
 
 
-Expr = Union[Field, Const, BinOp, Call]
+Expr = Field | Const | BinOp | Call
 
 
 # ------------------------------------------------------------------------ literals
@@ -402,7 +411,7 @@ class ExprPredicate:
         return ExprPredicate(self.left, self.op, self.right, not self.negated)
 
 
-Literal = Union[Predicate, ExprPredicate]
+Literal = Predicate | ExprPredicate
 
 
 # -------------------------------------------------------------------- the filter

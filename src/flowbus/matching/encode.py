@@ -112,7 +112,10 @@ def _arrow_codes(column: pa.ChunkedArray | pa.Array, table: Mapping[Any, int], t
     else:
         python = column.to_pylist()
         return np.asarray(
-            [MISSING if x is None else c for x, c in zip(python, _codes_of(python, table, typed), strict=True)],
+            [
+                MISSING if x is None else c
+                for x, c in zip(python, _codes_of(python, table, typed), strict=True)
+            ],
             I32,
         )
     if keys:

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-any-return,arg-type,return-value"
 """The numeric ranges on one attribute, as one closed interval per conjunction.
 
 A conjunction's ordering predicates on a numeric attribute (``price > 5 &
@@ -47,7 +48,9 @@ def _set(bits: np.ndarray, c: int) -> None:
 
 
 @njit(cache=True, nogil=True)
-def scan_apply(lo: np.ndarray, hi: np.ndarray, conj: np.ndarray, m: int, vals: np.ndarray, alive: np.ndarray) -> None:
+def scan_apply(
+    lo: np.ndarray, hi: np.ndarray, conj: np.ndarray, m: int, vals: np.ndarray, alive: np.ndarray
+) -> None:
     """Clear ``alive[e]`` bits of conjunctions whose interval misses ``vals[e]`` (NaN misses all)."""
     for e in range(vals.size):
         v = vals[e]
@@ -94,10 +97,7 @@ def _bucket_span(bnd: np.ndarray, lo: float, hi: float) -> tuple[int, int, bool,
     jl = np.searchsorted(bnd, lo, side="right") - 1
     jh = np.searchsorted(bnd, hi, side="right") - 1
     lo_full = lo <= bnd[jl]
-    if jh + 1 < nb:
-        hi_full = hi >= np.nextafter(bnd[jh + 1], -np.inf)
-    else:
-        hi_full = hi == np.inf
+    hi_full = hi >= np.nextafter(bnd[jh + 1], -np.inf) if jh + 1 < nb else hi == np.inf
     return jl, jh, lo_full and (jl < jh or hi_full), hi_full and (jh > jl or lo_full)
 
 
@@ -310,5 +310,15 @@ class IntervalIndex:
         return float(self.lo[i]), float(self.hi[i])
 
     def nbytes(self) -> int:
-        arrays = (self.lo, self.hi, self.conj, self.pos, self.bnd, self.fail, *self.parts, self.part_n, self.has)
+        arrays = (
+            self.lo,
+            self.hi,
+            self.conj,
+            self.pos,
+            self.bnd,
+            self.fail,
+            *self.parts,
+            self.part_n,
+            self.has,
+        )
         return sum(int(a.nbytes) for a in arrays)

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-any-return,arg-type,return-value"
 """The compiled loops of the matcher: predicate matching, then subscription matching.
 
 Stage 1 (``_satisfied``) lists, for one event, the predicates it satisfies: an
@@ -88,7 +89,10 @@ def _satisfied(
     xmark: np.ndarray,
     sat: np.ndarray,
 ) -> int:
-    """Stage 1: the predicates event ``e`` satisfies, into ``sat`` (sized for every predicate); returns the count."""
+    """Stage 1: the predicates event ``e`` satisfies, into ``sat`` (sized for every predicate).
+
+    Returns how many there are.
+    """
     n = 0
     for j in range(codes.shape[1]):
         code = codes[e, j]
@@ -317,10 +321,7 @@ def cluster_match(
                 q = pos + 2
                 while ok and q < pos + 2 + k:
                     item = cl_data[q]
-                    if item > 0:
-                        ok = pmark[item - 1] == epoch
-                    else:
-                        ok = pmark[-item - 1] != epoch
+                    ok = pmark[item - 1] == epoch if item > 0 else pmark[-item - 1] != epoch
                     q += 1
                 if ok:
                     done[n_done] = c

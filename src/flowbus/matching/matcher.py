@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +44,7 @@ from flowbus.matching.pool import ListPool
 
 Strategy = Literal["counting", "clustering"]
 SubId = int | str
-EventBatch = Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch
+EventBatch: TypeAlias = "Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch"
 
 _CODE_OPS = frozenset({Op.EQ, Op.IN})
 _EXCLUDE_OPS = frozenset({Op.NE, Op.NOT_IN})
@@ -91,12 +91,12 @@ def _plan(conj_literals: Iterable[Predicate | ExprPredicate]) -> _Plan:
     bounds: dict[str, list[float]] = {}
     exprs: list[ExprPredicate] = []
     for lit in conj_literals:
-        if type(lit) is ExprPredicate:
+        if isinstance(lit, ExprPredicate):
             exprs.append(lit)
             continue
         op = lit.op
         if lit.negated or op not in _RANGE_OPS or value_class(lit.value) != 1:
-            preds.append((Predicate(lit.attr, op, lit.value) if lit.negated else lit, lit.negated))  # type: ignore[union-attr]
+            preds.append((Predicate(lit.attr, op, lit.value) if lit.negated else lit, lit.negated))
             continue
         c = float(lit.value)  # type: ignore[arg-type]
         b = bounds.get(lit.attr)
@@ -173,7 +173,9 @@ class Matcher:
         self._ne_pool = ListPool()  # attribute -> its != / not in predicates
         self._pos_pool = ListPool()  # predicate -> conjunctions holding it (counting)
         self._neg_pool = ListPool()  # predicate -> conjunctions holding its negation
-        self._cluster_pool = ListPool()  # access predicate -> records [slot, k, other predicates] (clustering)
+        self._cluster_pool = (
+            ListPool()
+        )  # access predicate -> records [slot, k, other predicates] (clustering)
         self._grow_slots(64)
 
     # ------------------------------------------------------------------ public API
@@ -212,7 +214,8 @@ class Matcher:
             plans = tuple(_plan(c.literals) for c in f.disjuncts)
             if any(sum(1 for _, neg in p.preds if not neg) > kernels.MAX_REQUIRED for p in plans):
                 raise FilterError(
-                    f"subscription {sub_id!r}: a conjunction holds more than {kernels.MAX_REQUIRED} predicates"
+                    f"subscription {sub_id!r}: a conjunction holds more than "
+                    f"{kernels.MAX_REQUIRED} predicates"
                 )
             batch.append((sub_id, plans))
         self._install(batch)
@@ -357,17 +360,29 @@ class Matcher:
                 row = rows[int(event_of[k])]
                 keep[k] = all(x.matches(row, self.functions) for x in exprs)
             slots, event_of = slots[keep], event_of[keep]
-        ids = self._id_table[self._conj_sub[slots]]
-        int_ids = self._id_table.dtype != object
-        if ids.size > 1:
-            order = np.lexsort((ids, event_of)) if int_ids else _object_order(ids, event_of)
-            ids, event_of = ids[order], event_of[order]
+        subs = self._conj_sub[slots]
+        if subs.size > 1:
+            key = self._sort_key(subs)
+            order = np.lexsort((key, event_of))
+            subs, event_of, key = subs[order], event_of[order], key[order]
             if self._multi:
-                first = np.ones(ids.size, np.bool_)
-                first[1:] = (ids[1:] != ids[:-1]) | (event_of[1:] != event_of[:-1])
-                ids, event_of = ids[first], event_of[first]
+                first = np.ones(subs.size, np.bool_)
+                first[1:] = (key[1:] != key[:-1]) | (event_of[1:] != event_of[:-1])
+                subs, event_of = subs[first], event_of[first]
+        ids = self._id_table[subs]
         bounds = np.searchsorted(event_of, np.arange(n + 1)).tolist()
         return [ids[bounds[e] : bounds[e + 1]] for e in range(n)]
+
+    def _sort_key(self, subs: np.ndarray) -> np.ndarray:
+        """Integers ordered as the subscription ids of ``subs`` (strings after ints, each by value)."""
+        if self._id_table.dtype != object:
+            return self._id_table[subs]  # type: ignore[no-any-return]
+        distinct, inverse = np.unique(subs, return_inverse=True)
+        ids = self._id_table[distinct].tolist()
+        order = sorted(range(len(ids)), key=lambda k: (type(ids[k]) is str, ids[k]))
+        rank = np.empty(len(ids), I64)
+        rank[order] = np.arange(len(ids), dtype=I64)
+        return rank[inverse]
 
     # ------------------------------------------------------------------ changes
 
@@ -635,8 +650,3 @@ class Matcher:
         self._zero_pos[slot] = -1
         self._zero_n = last
         self._set_bit(self._zero_bits, slot, False)
-
-
-def _object_order(ids: np.ndarray, event_of: np.ndarray) -> np.ndarray:
-    keys = [(e, isinstance(i, str), i) for e, i in zip(event_of.tolist(), ids.tolist(), strict=True)]
-    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), I64)

@@ -64,7 +64,9 @@ def _append_many(
 
 
 @njit(cache=True, nogil=True)
-def _remove_many(start: np.ndarray, length: np.ndarray, data: np.ndarray, keys: np.ndarray, values: np.ndarray) -> int:
+def _remove_many(
+    start: np.ndarray, length: np.ndarray, data: np.ndarray, keys: np.ndarray, values: np.ndarray
+) -> int:
     """Remove one occurrence of ``values[i]`` from list ``keys[i]`` (order not kept); returns misses."""
     misses = 0
     for i in range(keys.size):
@@ -102,7 +104,9 @@ def _remove_record(start: np.ndarray, length: np.ndarray, data: np.ndarray, key:
 
 
 @njit(cache=True, nogil=True)
-def _compact(start: np.ndarray, length: np.ndarray, cap: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, int]:
+def _compact(
+    start: np.ndarray, length: np.ndarray, cap: np.ndarray, data: np.ndarray
+) -> tuple[np.ndarray, int]:
     total = 0
     for k in range(start.size):
         total += cap[k]

@@ -21,7 +21,7 @@ from flowbus.filters.ast import (
     Op,
     Predicate,
 )
-from flowbus.matching import Matcher, intervals
+from flowbus.matching import Matcher, intervals, kernels
 
 ATTRS = ("a", "b", "c", "d")
 NUMS: tuple[Any, ...] = (-2, 0, 1, 1.5, 2, 3, 7, 10)
@@ -167,3 +167,45 @@ def test_string_ids_and_multi_conjunction_dedup() -> None:
     got = m.match_batch([{"x": 2, "y": "a"}, {}])
     assert got[0].tolist() == ["alpha", "both"] and got[1].size == 0
     assert np.asarray(got[0]).dtype == object
+
+
+def _random_setup(seed: int, n_subs: int, n_events: int) -> tuple[dict[int, Filter], list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    subs: dict[int, Filter] = {}
+    for i in range(n_subs):
+        lits: list[Predicate] = [Predicate(a, Op.EQ, rng.choice(STRS)) for a in rng.sample(ATTRS, 2)]
+        if rng.random() < 0.3:
+            lits.append(Predicate(rng.choice(ATTRS), Op.EQ, rng.choice(STRS), negated=True))
+        if rng.random() < 0.3:
+            lits.append(Predicate("n", Op.LE, rng.randrange(10)))
+        subs[i] = Filter((Conjunction(tuple(lits)),))
+    evs = [{a: rng.choice(STRS) for a in ATTRS} | {"n": rng.randrange(12)} for _ in range(n_events)]
+    return subs, evs
+
+
+@pytest.mark.parametrize("strategy", ["counting", "clustering"])
+def test_threads_give_the_same_answers(strategy: str) -> None:
+    subs, evs = _random_setup(3, 400, 5000)
+    one = Matcher(strategy=strategy, workers=1)  # type: ignore[arg-type]
+    two = Matcher(strategy=strategy, workers=2)  # type: ignore[arg-type]
+    one.add_many(subs.items())
+    two.add_many(subs.items())
+    a = [x.tolist() for x in one.match_batch(evs)]
+    b = [x.tolist() for x in two.match_batch(evs)]
+    assert a == b
+    assert a[:50] == [brute(subs, e) for e in evs[:50]]
+    assert sum(map(len, a)) > 100
+
+
+def test_epoch_tags_wrap_safely() -> None:
+    """Counting words carry a 16-bit epoch tag: crossing and skipping whole periods stays exact."""
+    subs, evs = _random_setup(5, 300, 40)
+    m = Matcher(workers=1)
+    m.add_many(subs.items())
+    expected = [brute(subs, e) for e in evs]
+    m._epoch = kernels.EPOCH_PERIOD - 7  # the next batch crosses a wrap
+    assert [x.tolist() for x in m.match_batch(evs)] == expected
+    m._epoch += kernels.EPOCH_PERIOD - 20  # as if threads had used up most of a period
+    assert [x.tolist() for x in m.match_batch(evs)] == expected
+    m._epoch += 3 * kernels.EPOCH_PERIOD
+    assert [x.tolist() for x in m.match_batch(evs)] == expected

@@ -61,14 +61,15 @@ class Op(StrEnum):
 
     @property
     def rank(self) -> int:
-        return _OP_ORDER.index(self)
+        return _OP_RANK[self]
 
 
-_OP_ORDER = list(Op)
+_OP_RANK = {op: i for i, op in enumerate(Op)}
 ORDERING_OPS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE})
 STRING_OPS = frozenset({Op.PREFIX, Op.SUFFIX, Op.CONTAINS})
 SET_OPS = frozenset({Op.IN, Op.NOT_IN})
 COMPARISON_OPS = frozenset({Op.EQ, Op.NE}) | ORDERING_OPS
+_PLAIN_OPS = COMPARISON_OPS | STRING_OPS
 FLIPPED = {Op.EQ: Op.EQ, Op.NE: Op.NE, Op.LT: Op.GT, Op.LE: Op.GE, Op.GT: Op.LT, Op.GE: Op.LE}
 """``c OP x`` is ``x FLIPPED[OP] c``."""
 
@@ -315,14 +316,20 @@ class Predicate:
             vk = tuple(value_key(m) for m in v)
         else:
             vk = (value_key(v),)
-        object.__setattr__(self, "_k", (self.attr, "", self.op.rank, vk, self.negated))
+        object.__setattr__(self, "_k", (self.attr, "", _OP_RANK[self.op], vk, self.negated))
 
     def _validate(self) -> None:
-        where = f"predicate on {self.attr!r}"
-        if not isinstance(self.attr, str) or not self.attr:
+        if type(self.attr) is not str or not self.attr:
             raise FilterError(f"predicate attribute {self.attr!r} is not a name")
         op = self.op if type(self.op) is Op else Op(self.op)
         object.__setattr__(self, "op", op)
+        v = self.value
+        tv = type(v)
+        if (tv is str or tv is int or (tv is float and math.isfinite(v))) and op in _PLAIN_OPS:  # type: ignore[arg-type]
+            if tv is not str and op in STRING_OPS:
+                raise FilterError(f"predicate on {self.attr!r}: {op} needs a string, got {v!r}")
+            return
+        where = f"predicate on {self.attr!r}"
         if op is Op.EXISTS:
             if self.value is not None:
                 raise FilterError(f"{where}: exists takes no value")

@@ -175,18 +175,64 @@ def _widen(
 
 
 @njit(cache=True, nogil=True)
+def _mark_many(
+    bnd: np.ndarray,
+    fail: np.ndarray,
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray],
+    part_n: np.ndarray,
+    has: np.ndarray,
+    slots: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    for i in range(slots.size):
+        parts = _mark(bnd, fail, parts, part_n, has, slots[i], lo[i], hi[i], True)
+    return parts
+
+
+@njit(cache=True, nogil=True)
 def _build(
     bnd: np.ndarray, lo: np.ndarray, hi: np.ndarray, conj: np.ndarray, m: int, words: int
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+    """The dense layout from scratch, bucket by bucket (each bitset row written in one sweep)."""
     nb = bnd.size
     fail = np.zeros((nb, words), np.uint64)
     has = np.zeros(words, np.uint64)
+    span = np.empty((m, 2), np.int64)
     part_n = np.zeros(nb, np.int32)
-    cap = max(4, 4 * m // max(1, nb))
-    parts = (np.empty((nb, cap), np.int32), np.empty((nb, cap), np.float64), np.empty((nb, cap), np.float64))
     for i in range(m):
-        parts = _mark(bnd, fail, parts, part_n, has, conj[i], lo[i], hi[i], True)
-    return fail, parts, part_n, has
+        _set(has, conj[i])
+        if lo[i] <= hi[i]:
+            jl, jh, full_l, full_h = _bucket_span(bnd, lo[i], hi[i])
+            span[i, 0], span[i, 1] = jl, jh
+            if not full_l:
+                part_n[jl] += 1
+            if not full_h and jh != jl:
+                part_n[jh] += 1
+        else:
+            span[i, 0], span[i, 1] = nb, -1
+    cap = max(4, int(part_n.max()) + 4) if nb else 4
+    part = np.empty((nb, cap), np.int32)
+    part_lo = np.empty((nb, cap), np.float64)
+    part_hi = np.empty((nb, cap), np.float64)
+    part_n[:] = 0
+    for j in range(nb):
+        row = fail[j]
+        for i in range(m):
+            if j < span[i, 0] or j > span[i, 1]:
+                _set(row, conj[i])
+    for i in range(m):
+        if span[i, 0] > span[i, 1]:
+            continue
+        jl, jh, full_l, full_h = _bucket_span(bnd, lo[i], hi[i])
+        for j, full in ((jl, full_l), (jh, full_h)):
+            if not full:
+                k = part_n[j]
+                part[j, k], part_lo[j, k], part_hi[j, k] = conj[i], lo[i], hi[i]
+                part_n[j] = k + 1
+            if jh == jl:
+                break
+    return fail, (part, part_lo, part_hi), part_n, has
 
 
 def choose_boundaries(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -231,7 +277,12 @@ class IntervalIndex:
             grown[: self.pos.size] = self.pos
             self.pos = grown
             if self.mode == DENSE:
-                self.rebuild(slots)
+                words = (slots + 63) // 64
+                fail = np.zeros((self.fail.shape[0], words), U64)
+                fail[:, : self.fail.shape[1]] = self.fail
+                has = np.zeros(words, U64)
+                has[: self.has.size] = self.has
+                self.fail, self.has = fail, has
 
     def add(self, slots: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Add one interval per conjunction slot (slots not yet in this index)."""
@@ -250,8 +301,7 @@ class IntervalIndex:
         self.pos[slots] = np.arange(self.m, need, dtype=I32)
         self.m = need
         if self.mode == DENSE and k < self.m // 8:
-            for c, a, b in zip(slots.tolist(), lo.tolist(), hi.tolist(), strict=True):
-                self.parts = _mark(self.bnd, self.fail, self.parts, self.part_n, self.has, c, a, b, True)
+            self.parts = _mark_many(self.bnd, self.fail, self.parts, self.part_n, self.has, slots, lo, hi)
         elif self.mode == DENSE:
             self.rebuild(self.pos.size)
 

@@ -171,6 +171,8 @@ def _emit(out: np.ndarray, n_out: int, done: np.ndarray, n_done: int) -> tuple[n
 
 
 EPOCH_SHIFT = 16
+EPOCH_PERIOD = 0xFFFF
+"""Events after which a 16-bit epoch tag repeats (the caller wipes the tags before that)."""
 REQ_MASK = 0xFF00
 POISONED = 0xFF
 MAX_REQUIRED = 254
@@ -215,10 +217,7 @@ def count_match(
     neg_start, neg_len, neg_data = neg_pool
     for e in range(n_events):
         epoch = epoch0 + e
-        tag = np.int64(epoch % 0xFFFF + 1)
-        if tag == 1:
-            for c in range(counts.size):
-                counts[c] = np.uint32(np.int64(counts[c]) & REQ_MASK)
+        tag = np.int64(epoch % EPOCH_PERIOD + 1)
         fresh = tag << EPOCH_SHIFT
         n_sat = _satisfied(
             e, epoch, codes, extra_ptr, extra_ids, exists_pred,
@@ -301,7 +300,7 @@ def cluster_match(
     neg_start, neg_len, neg_data = neg_pool
     for e in range(n_events):
         epoch = epoch0 + e
-        tag = np.int64(epoch % 0xFFFF + 1)
+        tag = np.int64(epoch % EPOCH_PERIOD + 1)
         n_sat = _satisfied(
             e, epoch, codes, extra_ptr, extra_ids, exists_pred,
             code_pool[0], code_pool[1], code_pool[2], excl_pool[0], excl_pool[1], excl_pool[2],

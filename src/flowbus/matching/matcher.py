@@ -25,8 +25,11 @@ the lists of its own predicates (amortised O(1) each), never the whole index.
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -34,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from flowbus.errors import FilterError, FlowbusError
-from flowbus.filters.ast import ExprPredicate, Filter, Functions, Op, Predicate, value_class
+from flowbus.filters.ast import ExprPredicate, Filter, Functions, Op, Predicate
 from flowbus.filters.parser import parse
 from flowbus.matching import kernels
 from flowbus.matching._types import F64, I32, I64, U64
@@ -49,6 +52,8 @@ EventBatch: TypeAlias = "Sequence[Mapping[str, Any]] | pa.Table | pa.RecordBatch
 _CODE_OPS = frozenset({Op.EQ, Op.IN})
 _EXCLUDE_OPS = frozenset({Op.NE, Op.NOT_IN})
 _RANGE_OPS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE})
+_PARALLEL_MIN = 2048
+"""Events per thread below which a batch is matched on the calling thread."""
 _ALIVE_BYTES = 8 << 20
 """Upper bound on the per-batch bitsets of live conjunctions; larger batches are cut in chunks."""
 
@@ -58,6 +63,15 @@ class SubscriptionError(FlowbusError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Scratch:
+    """The per-event marks a matching pass writes (one set per thread)."""
+
+    counts: np.ndarray
+    pmark: np.ndarray
+    xmark: np.ndarray
 
 
 @dataclass(slots=True)
@@ -95,7 +109,8 @@ def _plan(conj_literals: Iterable[Predicate | ExprPredicate]) -> _Plan:
             exprs.append(lit)
             continue
         op = lit.op
-        if lit.negated or op not in _RANGE_OPS or value_class(lit.value) != 1:
+        tv = type(lit.value)
+        if lit.negated or op not in _RANGE_OPS or not (tv is float or tv is int):
             preds.append((Predicate(lit.attr, op, lit.value) if lit.negated else lit, lit.negated))
             continue
         c = float(lit.value)  # type: ignore[arg-type]
@@ -110,7 +125,7 @@ def _plan(conj_literals: Iterable[Predicate | ExprPredicate]) -> _Plan:
             b[1] = min(b[1], c)
         else:
             b[1] = min(b[1], math.nextafter(c, -_INF))
-    intervals = tuple((a, lo, hi) for a, (lo, hi) in sorted(bounds.items()))
+    intervals = tuple([(a, b[0], b[1]) for a, b in bounds.items()])
     return _Plan(tuple(preds), intervals, tuple(exprs))
 
 
@@ -125,15 +140,30 @@ class Matcher:
     ``strategy`` picks the subscription-matching algorithm of the 001 document:
     ``"counting"`` (default) or ``"clustering"`` (access predicates). Both return
     the same answers. ``functions`` resolves the named functions and lookup
-    tables of expression predicates.
+    tables of expression predicates. A batch of at least ``2 * 2048`` events is
+    split across ``workers`` threads (default: one per core; the compiled stages
+    release the GIL).
+
+    A matcher is not safe for concurrent use: call it from one thread at a time.
     """
 
-    def __init__(self, *, strategy: Strategy = "counting", functions: Functions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        strategy: Strategy = "counting",
+        functions: Functions | None = None,
+        workers: int | None = None,
+    ) -> None:
         if strategy not in ("counting", "clustering"):
             raise FlowbusError(f"unknown matching strategy {strategy!r} (expected counting or clustering)")
+        if workers is not None and workers < 1:
+            raise FlowbusError(f"workers must be at least 1, got {workers}")
         self.strategy: Strategy = strategy
         self.functions: Functions = dict(functions or {})
+        self.workers = workers or os.cpu_count() or 1
+        self._executor: ThreadPoolExecutor | None = None
         self._epoch = 0
+        self._counts_cleared = 0
         # subscriptions
         self._subs: dict[SubId, int] = {}
         self._sub_ids: list[SubId | None] = []
@@ -206,12 +236,13 @@ class Matcher:
                 raise SubscriptionError(f"subscription {sub_id!r} exists already")
             seen.add(sub_id)
             f = flt if isinstance(flt, Filter) else parse(flt)
-            missing = f.calls() - set(self.functions)
+            plans = tuple(_plan(c.literals) for c in f.disjuncts)
+            calls = {name for p in plans for x in p.exprs for name in x.calls()}
+            missing = calls - set(self.functions)
             if missing:
                 raise FilterError(
                     f"subscription {sub_id!r} calls unknown function(s) {', '.join(sorted(missing))}"
                 )
-            plans = tuple(_plan(c.literals) for c in f.disjuncts)
             if any(sum(1 for _, neg in p.preds if not neg) > kernels.MAX_REQUIRED for p in plans):
                 raise FilterError(
                     f"subscription {sub_id!r}: a conjunction holds more than "
@@ -251,13 +282,56 @@ class Matcher:
         n = events.num_rows if arrow else len(events)  # type: ignore[union-attr,arg-type]
         if n == 0:
             return []
+        epoch0 = self._epoch
+        self._epoch += n
+        workers = min(self.workers, n // _PARALLEL_MIN)
+        if workers <= 1:
+            return self._match_range(events, arrow, 0, n, epoch0, self._scratch(epoch0, n))
+        bounds = [n * w // workers for w in range(workers + 1)]
+        jobs = [
+            self._pool().submit(
+                self._match_range,
+                events,
+                arrow,
+                lo,
+                hi,
+                epoch0 + lo,
+                self._scratch(epoch0 + lo, hi - lo, copy=True),
+            )
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        return [ids for job in jobs for ids in job.result()]
+
+    def _match_range(
+        self, events: Any, arrow: bool, lo: int, hi: int, epoch0: int, scratch: _Scratch
+    ) -> list[np.ndarray]:
+        """Events ``lo..hi-1``, cut in chunks small enough for the per-event bitsets of live conjunctions."""
         words = self._active.size
-        chunk = max(1, min(n, _ALIVE_BYTES // max(8, 8 * words))) if self._has_intervals() else n
+        chunk = max(1, min(hi - lo, _ALIVE_BYTES // max(8, 8 * words))) if self._has_intervals() else hi - lo
         out: list[np.ndarray] = []
-        for start in range(0, n, chunk):
-            part = events.slice(start, chunk) if arrow else events[start : start + chunk]  # type: ignore[union-attr,index]
-            out.extend(self._match_chunk(part, arrow))
+        for start in range(lo, hi, chunk):
+            size = min(chunk, hi - start)
+            part = events.slice(start, size) if arrow else events[start : start + size]
+            out.extend(self._match_chunk(part, arrow, epoch0 + start - lo, scratch))
         return out
+
+    def _scratch(self, epoch0: int, n: int, *, copy: bool = False) -> _Scratch:
+        """Per-event marks for events ``epoch0 .. epoch0+n-1``: the matcher's own, or copies for a thread.
+
+        The counting words keep a 16-bit epoch tag; they are wiped before a tag could repeat.
+        """
+        if copy:
+            counts = self._counts & np.uint32(kernels.REQ_MASK)
+            return _Scratch(counts, np.full_like(self._pmark, -1), np.full_like(self._xmark, -1))
+        if epoch0 + n - self._counts_cleared >= kernels.EPOCH_PERIOD:
+            self._counts &= np.uint32(kernels.REQ_MASK)
+            self._counts_cleared = epoch0
+        return _Scratch(self._counts, self._pmark, self._xmark)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="flowbus-match")
+        return self._executor
 
     def nbytes(self) -> int:
         """Approximate memory held by the index (arrays exactly, Python tables estimated)."""
@@ -281,7 +355,7 @@ class Matcher:
     def _has_intervals(self) -> bool:
         return any(a.intervals is not None and a.intervals.m > 0 for a in self._attr_list)
 
-    def _match_chunk(self, events: Any, arrow: bool) -> list[np.ndarray]:
+    def _match_chunk(self, events: Any, arrow: bool, epoch0: int, scratch: _Scratch) -> list[np.ndarray]:
         names = [a.name for a in self._attr_list]
         tables = [a.table for a in self._attr_list]
         typed = [a.typed for a in self._attr_list]
@@ -302,9 +376,7 @@ class Matcher:
                 if is_ranged:
                     assert a.intervals is not None
                     a.intervals.apply(np.ascontiguousarray(vals[:, a.index]), alive)
-        epoch0 = self._epoch
-        self._epoch += n
-        ptr, slots = self._run_kernel(epoch0, codes, extra_ptr, extra_ids, has_alive, alive)
+        ptr, slots = self._run_kernel(epoch0, codes, extra_ptr, extra_ids, has_alive, alive, scratch)
         return self._to_ids(ptr, slots, rows, n)
 
     def _run_kernel(
@@ -315,6 +387,7 @@ class Matcher:
         extra_ids: np.ndarray,
         has_alive: bool,
         alive: np.ndarray,
+        scratch: _Scratch,
     ) -> tuple[np.ndarray, np.ndarray]:
         def view(p: ListPool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return p.start, p.length, p.data
@@ -327,11 +400,11 @@ class Matcher:
         if self.strategy == "counting":
             return kernels.count_match(  # type: ignore[no-any-return]
                 *common, view(self._pos_pool), view(self._neg_pool),
-                has_alive, alive, *zero, self._counts, self._xmark,
+                has_alive, alive, *zero, scratch.counts, scratch.xmark,
             )  # fmt: skip
         return kernels.cluster_match(  # type: ignore[no-any-return]
             *common, view(self._cluster_pool), view(self._neg_pool),
-            has_alive, alive, *zero, self._counts, self._pmark, self._xmark,
+            has_alive, alive, *zero, scratch.counts, scratch.pmark, scratch.xmark,
         )  # fmt: skip
 
     def _extras(self, rows: Sequence[Mapping[str, Any]] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -389,18 +462,20 @@ class Matcher:
     def _install(self, batch: list[tuple[SubId, tuple[_Plan, ...]]]) -> None:
         pools: dict[str, tuple[list[int], list[int]]] = {name: ([], []) for name in ("pos", "neg", "cluster")}
         ranges: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        slot_info: tuple[list[int], list[int], list[int]] = ([], [], [])  # slot, subscription, required
         for sub_id, plans in batch:
             s = self._free_subs.pop() if self._free_subs else len(self._sub_ids)
             if s == len(self._sub_ids):
                 self._sub_ids.append(None)
                 self._sub_slots.append(())
-            slots = tuple(self._install_plan(s, plan, pools, ranges) for plan in plans)
+            slots = tuple(self._install_plan(s, plan, pools, ranges, slot_info) for plan in plans)
             self._subs[sub_id] = s
             self._sub_ids[s] = sub_id
             self._set_id(s, sub_id)
             self._sub_slots[s] = slots
             if len(slots) > 1:
                 self._multi += 1
+        self._activate(*(np.asarray(x, I64) for x in slot_info))
         targets = {"pos": self._pos_pool, "neg": self._neg_pool, "cluster": self._cluster_pool}
         for name, (keys, values) in pools.items():
             targets[name].extend(np.asarray(keys, I64), np.asarray(values, I32))
@@ -416,6 +491,7 @@ class Matcher:
         plan: _Plan,
         pools: dict[str, tuple[list[int], list[int]]],
         ranges: dict[str, tuple[list[int], list[float], list[float]]],
+        slot_info: tuple[list[int], list[int], list[int]],
     ) -> int:
         slot = self._alloc_slot()
         signed = tuple((-1 if neg else 1) * (self._intern(p) + 1) for p, neg in plan.preds)
@@ -436,19 +512,18 @@ class Matcher:
             pools["cluster"][0].extend([access] * (len(others) + 2))
             pools["cluster"][1].extend([slot, len(others), *others])
         for name, lo, hi in plan.intervals:
-            attr = self._attr(name)
-            if attr.intervals is None:
-                attr.intervals = IntervalIndex(self._slots)
-            bucket = ranges.setdefault(name, ([], [], []))
+            bucket = ranges.get(name)
+            if bucket is None:
+                attr = self._attr(name)
+                if attr.intervals is None:
+                    attr.intervals = IntervalIndex(self._slots)
+                bucket = ranges[name] = ([], [], [])
             bucket[0].append(slot)
             bucket[1].append(lo)
             bucket[2].append(hi)
-        self._req[slot] = len(positive)
-        self._counts[slot] = len(positive) << 8
-        self._conj_sub[slot] = s
-        self._set_bit(self._active, slot, True)
-        if not positive:
-            self._zero_add(slot)
+        slot_info[0].append(slot)
+        slot_info[1].append(s)
+        slot_info[2].append(len(positive))
         if plan.exprs:
             self._exprs[slot] = plan.exprs
             self._has_expr[slot] = True
@@ -635,11 +710,19 @@ class Matcher:
         else:
             bits[slot >> 6] &= ~mask
 
-    def _zero_add(self, slot: int) -> None:
-        self._zero_list[self._zero_n] = slot
-        self._zero_pos[slot] = self._zero_n
-        self._zero_n += 1
-        self._set_bit(self._zero_bits, slot, True)
+    def _activate(self, slots: np.ndarray, subs: np.ndarray, required: np.ndarray) -> None:
+        """Mark new slots live (vectorised over a batch of new conjunctions)."""
+        self._req[slots] = required
+        self._counts[slots] = (required << 8).astype(np.uint32)
+        self._conj_sub[slots] = subs
+        bits = np.left_shift(np.uint64(1), (slots & 63).astype(np.uint64))
+        np.bitwise_or.at(self._active, slots >> 6, bits)
+        zero = slots[required == 0]
+        n = self._zero_n
+        self._zero_list[n : n + zero.size] = zero
+        self._zero_pos[zero] = np.arange(n, n + zero.size, dtype=I32)
+        self._zero_n = n + zero.size
+        np.bitwise_or.at(self._zero_bits, zero >> 6, bits[required == 0])
 
     def _zero_remove(self, slot: int) -> None:
         i = int(self._zero_pos[slot])

@@ -86,8 +86,11 @@ def check(m: Matcher, subs: dict[int, Filter], evs: list[dict[str, Any]]) -> Non
 @pytest.fixture(params=["scan", "dense-exact", "dense-quantile"])
 def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The interval layouts: a scan, buckets at every end point, and few buckets with partial lists."""
-    if request.param != "scan":
+    if request.param == "scan":
+        monkeypatch.setattr(intervals, "DENSE_MIN", 10**9)
+    else:
         monkeypatch.setattr(intervals, "DENSE_MIN", 1)
+        monkeypatch.setattr(intervals, "DENSE_BYTES_PER_INTERVAL", 10**9)
     if request.param == "dense-quantile":
         monkeypatch.setattr(intervals, "EXACT_BUCKETS", 2)
         monkeypatch.setattr(intervals, "QUANTILE_BUCKETS", 3)

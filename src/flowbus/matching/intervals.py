@@ -34,7 +34,10 @@ from flowbus.matching._types import F64, I32, U64
 SCAN, DENSE = 0, 1
 EXACT_BUCKETS = 256
 QUANTILE_BUCKETS = 128
-DENSE_MIN = 2048
+DENSE_MIN = 64
+"""Below this many intervals an attribute is always scanned."""
+DENSE_BYTES_PER_INTERVAL = 512
+"""Memory the dense layout's bitsets may spend per interval."""
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -321,25 +324,35 @@ class IntervalIndex:
         self.pos[c] = -1
         self.m = last
 
-    def tune(self, active: int) -> None:
-        """Pick the layout for ``active`` conjunctions in all; re-bucket a dense index that drifted."""
-        if self.mode == SCAN and self.m >= max(DENSE_MIN, active // 16):
-            self.rebuild(self.pos.size)
-        elif self.mode == DENSE and self.m < max(DENSE_MIN // 2, active // 32):
+    def tune(self) -> None:
+        """Re-decide the layout whenever the number of intervals has doubled or halved since last time.
+
+        Dense pays off as soon as a scan costs more than a bitset AND, but its bitsets
+        cost ``buckets * slots / 8`` bytes: it is chosen while that stays within
+        ``DENSE_BYTES_PER_INTERVAL`` per interval (a quarter of a scan's per-interval cost
+        in time, for any realistic slot count).
+        """
+        if self.built_m // 2 <= self.m <= 2 * self.built_m and (self.m or self.built_m):
+            return
+        m = self.m
+        bnd = choose_boundaries(self.lo[:m], self.hi[:m])
+        words = (self.pos.size + 63) // 64
+        if m >= DENSE_MIN and bnd.size * words * 8 <= DENSE_BYTES_PER_INTERVAL * m:
+            self.rebuild(self.pos.size, bnd)
+        else:
             self.mode = SCAN
+            self.built_m = m
             self.bnd = np.empty(0, F64)
             self.fail = np.empty((0, 0), U64)
             self.parts = _NO_PARTS
             self.part_n = np.empty(0, I32)
             self.has = np.empty(0, U64)
-        elif self.mode == DENSE and not (self.built_m // 2 <= self.m <= 2 * self.built_m):
-            self.rebuild(self.pos.size)
 
-    def rebuild(self, slots: int) -> None:
+    def rebuild(self, slots: int, bnd: np.ndarray | None = None) -> None:
         """(Re)build the dense layout from the intervals."""
         words = (slots + 63) // 64
         m = self.m
-        self.bnd = choose_boundaries(self.lo[:m], self.hi[:m])
+        self.bnd = choose_boundaries(self.lo[:m], self.hi[:m]) if bnd is None else bnd
         self.fail, self.parts, self.part_n, self.has = _build(self.bnd, self.lo, self.hi, self.conj, m, words)
         self.mode = DENSE
         self.built_m = m

@@ -576,11 +576,10 @@ class Matcher:
         return interval_attrs
 
     def _tune(self, names: Iterable[str]) -> None:
-        active = self._high - len(self._free_slots)
         for name in names:
             iv = self._attrs[name].intervals
             if iv is not None:
-                iv.tune(active)
+                iv.tune()
 
     # ------------------------------------------------------------------ predicates
 

@@ -44,6 +44,7 @@ from flowbus.matching._types import F64, I32, I64, U64
 from flowbus.matching.encode import ABSENT, encode_arrow, encode_mappings, table_key
 from flowbus.matching.intervals import IntervalIndex
 from flowbus.matching.pool import ListPool
+from flowbus.matching.strings import StringPredicates
 
 Strategy = Literal["counting", "clustering"]
 SubId = int | str
@@ -83,7 +84,7 @@ class _Attr:
     table: dict[Any, int] = field(default_factory=lambda: {ABSENT: kernels.MISSING})
     typed: bool = False
     intervals: IntervalIndex | None = None
-    extra: dict[int, Predicate] = field(default_factory=dict)
+    strings: StringPredicates = field(default_factory=StringPredicates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +365,7 @@ class Matcher:
         codes, vals = encode(events, names, tables, typed, ranged)
         n = codes.shape[0]
         rows: list[Mapping[str, Any]] | None = None
-        if any(a.extra for a in self._attr_list) or self._exprs:
+        if any(a.strings for a in self._attr_list) or self._exprs:
             rows = events.to_pylist() if arrow else events
             rows = [{k: v for k, v in r.items() if v is not None} for r in rows] if arrow else rows
         extra_ptr, extra_ids = self._extras(rows, n)
@@ -408,16 +409,17 @@ class Matcher:
         )  # fmt: skip
 
     def _extras(self, rows: Sequence[Mapping[str, Any]] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Stage 1 for the predicates evaluated in Python, once per distinct predicate and event."""
+        """Stage 1 for the predicates evaluated in Python (see :mod:`flowbus.matching.strings`)."""
         ptr = np.zeros(n + 1, I64)
-        extra = [(a.name, pid, p) for a in self._attr_list for pid, p in a.extra.items()]
-        if not extra or rows is None:
+        indexes = [(a.name, a.strings) for a in self._attr_list if a.strings]
+        if not indexes or rows is None:
             return ptr, np.empty(0, I32)
         ids: list[int] = []
         for e, row in enumerate(rows):
-            for name, pid, p in extra:
-                if name in row and p.holds(row):
-                    ids.append(pid)
+            for name, index in indexes:
+                value = row.get(name, ABSENT)
+                if value is not ABSENT:
+                    index.satisfied(value, row, ids)
             ptr[e + 1] = len(ids)
         return ptr, np.asarray(ids, I32)
 
@@ -657,9 +659,9 @@ class Matcher:
         elif p.op is Op.EXISTS:
             self._exists[attr.index] = pid if insert else -1
         elif insert:
-            attr.extra[pid] = p
+            attr.strings.add(pid, p)
         else:
-            del attr.extra[pid]
+            attr.strings.remove(pid, p)
 
     # ------------------------------------------------------------------ slots
 

@@ -85,3 +85,17 @@ def test_bench_rejects_unknown_workload() -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "unknown workload" in proc.stderr and proc.stdout == ""
+
+
+def test_pickled_matcher_answers_the_same() -> None:
+    import pickle
+
+    m = Matcher(workers=2)
+    m.add_many(
+        [(1, "x = true & y = 1"), (2, "x = 1"), (3, 'name prefix "ab" & n between 1 and 5'), (4, "!(n < 3)")]
+    )
+    copy = pickle.loads(pickle.dumps(m))
+    events = [{"x": True, "y": 1}, {"x": 1}, {"name": "abc", "n": 3}, {"n": 2}, {}]
+    assert (
+        [copy.match(e) for e in events] == [m.match(e) for e in events] == [[1, 4], [2, 4], [3, 4], [], [4]]
+    )

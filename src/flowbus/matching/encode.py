@@ -27,7 +27,7 @@ from flowbus.matching.kernels import MISSING, UNKNOWN
 
 
 class BoolKey:
-    """The code-table key of a boolean constant, never equal to a number."""
+    """The code-table key of a boolean constant, never equal to a number (one instance per value)."""
 
     __slots__ = ("value",)
 
@@ -37,9 +37,26 @@ class BoolKey:
     def __repr__(self) -> str:
         return f"BoolKey({self.value})"
 
+    def __reduce__(self) -> tuple[Any, tuple[bool]]:
+        return (bool_key, (self.value,))  # unpickles to the same instance
+
+
+def bool_key(value: bool) -> BoolKey:
+    return BOOL_KEYS[value]
+
+
+class _Absent:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self) -> str:
+        return "ABSENT"  # unpickles to the module's singleton
+
 
 BOOL_KEYS = {True: BoolKey(True), False: BoolKey(False)}
-ABSENT = object()
+ABSENT = _Absent()
 """Stands for a missing attribute in code tables (it maps to ``MISSING``)."""
 
 _NAN = float("nan")

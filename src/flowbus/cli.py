@@ -139,5 +139,16 @@ def bench_match(
     emit(result, as_json=as_json, title=f"match {workload} x {subscriptions:,} ({strategy})")
 
 
+def _mount() -> None:
+    from flowbus.cli_flow import bench_flow, flow_app, run
+
+    app.add_typer(flow_app, name="flow")
+    app.command("run")(run)
+    bench_app.command("flow")(bench_flow)
+
+
+_mount()
+
+
 def main() -> None:
     app()

@@ -231,3 +231,10 @@ def test_string_tests_are_sound_on_the_candidate_grid(f: list[Predicate], g: lis
     ff, gg = Filter((Conjunction(tuple(f)),)), Filter((Conjunction(tuple(g)),))
     if covers(ff, gg):
         assert _witness(ff, gg) is None, (str(ff), str(gg))
+
+
+def test_false_covers_an_unsatisfiable_conjunction() -> None:
+    from flowbus.filters import Filter, parse
+
+    assert Filter.false().covers(parse("a = 0 & a = 1"))
+    assert not Filter.false().covers(parse("a = 0"))

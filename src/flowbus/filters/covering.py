@@ -315,6 +315,11 @@ def _attribute_sets(conj: Conjunction) -> tuple[dict[str, _Values], dict[str, li
     return {attr: _tighten(v) for attr, v in sets.items()}, prefixes
 
 
+def _unsatisfiable(g: Conjunction) -> bool:
+    g_sets, _ = _attribute_sets(g)
+    return any(v.is_empty() for v in g_sets.values())
+
+
 def _conjunction_covers(f: Conjunction, g: Conjunction) -> bool:
     g_sets, g_prefixes = _attribute_sets(g)
     if any(v.is_empty() for v in g_sets.values()):
@@ -339,4 +344,6 @@ def covers(f: Filter, g: Filter) -> bool:
     conjunctions in ``f``, each conjunction of ``g`` must be covered by a single one
     of ``f``'s. ``g`` false is covered by anything; ``f`` true covers everything.
     """
-    return all(any(_conjunction_covers(fc, gc) for fc in f.disjuncts) for gc in g.disjuncts)
+    return all(
+        _unsatisfiable(gc) or any(_conjunction_covers(fc, gc) for fc in f.disjuncts) for gc in g.disjuncts
+    )

@@ -1,0 +1,441 @@
+"""Expand: the shortest event sequence taking one state to another, by A* (000 document, section 4.2).
+
+How it works. Rows of different keys are independent (an event touches the row
+its key selects), so a multi-key expansion is one search per key whose row
+differs, the sequences concatenated in key order. For one key:
+
+* **Graph.** Vertices are rows (the components the rule set sets); an edge is
+  one event, of unit cost. Candidate events carry the key, and for every other
+  field a value taken from the start row, the goal row, the key and the rules'
+  constants (of the field's type) -- the values the paper's search draws from.
+* **One step first.** If one candidate event takes the start to the goal, that
+  is the answer (the start differs from the goal, so none is shorter).
+* **A\\*.** Forward from the start, ordered by ``f = g + h`` (ties: smaller
+  ``h``, then first generated); the goal is recognised when popped, so the path
+  is shortest whenever ``h`` never overestimates.
+* **The estimator** is the exact solution of a relaxed problem, as in the
+  paper. Each rule changes a fixed set of columns; forgetting guards and
+  values (the *unconstrained* extension, extra edges only), reaching the goal
+  needs a last event whose rule can produce the goal's values -- a rule that
+  replaces two columns by one parameter cannot end in a goal where they differ
+  (the paper's "the first row is blocked"), nor a constant column end in another
+  value -- and before it, a cover of the other differing columns by rules'
+  column sets. ``h(s) = min over such last rules r of 1 + cover(D(s) - cols(r))``,
+  with ``D(s)`` the columns where ``s`` differs from the goal. Each real event
+  changes at most one rule's columns, so ``h`` is admissible and consistent; in
+  *uniform unconstrained* form (every rule replaces ``k`` columns by distinct
+  parameters, every ``k`` columns have a rule) it is exactly ``ceil(m / k)``.
+  For the paper's example the start ``<160, 140>`` gets 2, ``<200, 200>`` gets
+  1, and A* expands two states.
+* **No answer.** When no rule can produce the goal, or the search exhausts the
+  (finite, for replacement rules) rows reachable with the candidate values, or
+  no sequence fits ``max_cost``, or ``max_states`` rows were expanded,
+  :class:`ExpandError` says so.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus.filters.ast import Const, Expr, Field, value_key
+from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.errors import ExpandError, FlowError
+from flowbus.model import Value
+
+__all__ = [
+    "Expansion",
+    "KeyExpansion",
+    "analyse",
+    "candidate_events",
+    "expand",
+    "expand_key",
+    "rows_from_json",
+]
+
+MAX_STATES = 200_000
+MAX_CANDIDATES = 50_000
+
+
+# ------------------------------------------------------------------ analysis
+
+
+@dataclass(frozen=True, slots=True)
+class Form:
+    """What the paper calls the rule set's form, and ``k`` (most columns one rule replaces)."""
+
+    kind: str  # "uniform unconstrained", "unconstrained", "constrained" or "general"
+    k: int
+
+
+def _fits(kind: type, value: Value) -> bool:
+    if kind is float:
+        return type(value) in (int, float)
+    return type(value) is kind
+
+
+TYPES_ZERO: dict[type, Value] = {str: "", int: 0, float: 0.0, bool: False}
+
+
+def _as(kind: type, value: Value) -> Value:
+    return float(value) if kind is float and type(value) is int else value
+
+
+def _typed(pool: Iterable[Value], kind: type) -> list[Value]:
+    seen: dict[Any, Value] = {}
+    for v in pool:
+        if _fits(kind, v):
+            v = _as(kind, v)
+            seen.setdefault(value_key(v), v)
+    if kind is bool:
+        seen.setdefault(value_key(True), True)
+        seen.setdefault(value_key(False), False)
+    return [seen[k] for k in sorted(seen)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """One rule seen as a row of the paper's replacement table."""
+
+    mask: int  # the columns it sets
+    params: tuple[tuple[int, str, type], ...]  # column <- a free event field (of that type)
+    consts: tuple[tuple[int, Value], ...]  # column <- a constant
+    keyed: tuple[tuple[int, int], ...]  # column <- the key's component at that position
+    other: bool  # some column <- an expression of the state or arithmetic
+
+
+class Expander:
+    """What a rule set's searches share: its analysis, column masks, constants and set covers."""
+
+    def __init__(self, bound: BoundRules) -> None:
+        self.bound = bound
+        self.index = {c: i for i, c in enumerate(bound.components)}
+        exprs = dict(bound.ruleset.key)
+        self.keyed = {e.name: i for i, n in enumerate(bound.key_names) if isinstance(e := exprs[n], Field)}
+        self.key_fields = [(n, k, self.keyed[n]) for n, k in bound.event.fields.items() if n in self.keyed]
+        self.shapes = [self._shape(r.sets) for r in bound.ruleset.rules]
+        self.masks = sorted({sh.mask for sh in self.shapes} - {0})
+        reads = frozenset().union(*(r.reads() for r in bound.ruleset.rules))
+        self.read = {n for n in bound.event if n in reads or f"event.{n}" in reads}
+        self.constants = bound.ruleset.constants()
+        self.form = self._analyse()
+        self._cover: dict[int, float] = {0: 0}
+
+    def event_field(self, e: Expr) -> str | None:
+        """The event field ``e`` reads, if ``e`` is just that field (``price`` or ``event.price``)."""
+        if not isinstance(e, Field):
+            return None
+        name = e.name[6:] if e.name.startswith("event.") else e.name
+        if name not in self.bound.event:
+            return None
+        own = name in self.bound.components or name in self.bound.key_names
+        if e.name == name and own and name not in self.keyed:
+            return None
+        return name
+
+    def _shape(self, sets: tuple[tuple[str, Expr], ...]) -> _Shape:
+        params, consts, keyed, other = [], [], [], False
+        for name, e in sets:
+            col = self.index[name]
+            field = self.event_field(e)
+            if isinstance(e, Const):
+                consts.append((col, e.value))
+            elif field is None:
+                other = True
+            elif field in self.keyed:
+                keyed.append((col, self.keyed[field]))
+            else:
+                params.append((col, field, self.bound.event.type_of(field)))
+        mask = sum(1 << self.index[n] for n, _ in sets)
+        return _Shape(mask, tuple(params), tuple(consts), tuple(keyed), other)
+
+    def _analyse(self) -> Form:
+        k = max((sh.mask.bit_count() for sh in self.shapes), default=0)
+        if any(sh.other for sh in self.shapes):
+            return Form("general", k)
+        for sh in self.shapes:
+            fields = [f for _, f, _ in sh.params]
+            if sh.consts or sh.keyed or len(fields) != len(set(fields)):
+                return Form("constrained", k)  # a column fixed, or two columns sharing one parameter
+        if all(m.bit_count() == k for m in self.masks) and len(self.masks) == math.comb(len(self.index), k):
+            return Form("uniform unconstrained", k)
+        return Form("unconstrained", k)
+
+    def can_end_in(self, shape: _Shape, key: Key, goal: Row) -> bool:
+        """Can the rule of ``shape`` produce the goal's values (guards ignored)?"""
+        for col, value in shape.consts:
+            if goal[col] != value:
+                return False
+        for col, pos in shape.keyed:
+            if goal[col] != key[pos]:
+                return False
+        seen: dict[str, Value] = {}
+        for col, field, kind in shape.params:
+            want = goal[col]
+            if not _fits(kind, want) or seen.setdefault(field, want) != want:
+                return False
+        return True
+
+    def direct(self, key: Key, goal: Row) -> list[dict[str, Value]]:
+        """Events read off the goal: for each rule that can end in it and sets a column from every
+        event field the rules read, the event carrying those columns' goal values (tried first)."""
+        out: list[dict[str, Value]] = []
+        for shape in self.shapes:
+            if shape.other or not self.can_end_in(shape, key, goal):
+                continue
+            event = {f: _as(kind, key[pos]) for f, kind, pos in self.key_fields}
+            for col, field, kind in shape.params:
+                event[field] = _as(kind, goal[col])
+            if len(event) == len(self.bound.event) and event not in out:
+                out.append(event)
+        return out
+
+    def cover(self, mask: int) -> float:
+        """The fewest rule column sets covering ``mask`` (exact set cover, memoised)."""
+        known = self._cover.get(mask)
+        if known is not None:
+            return known
+        low = mask & -mask
+        best = math.inf
+        for m in self.masks:
+            if m & low:
+                best = min(best, 1 + self.cover(mask & ~m))
+        self._cover[mask] = best
+        return best
+
+    def candidates(self, key: Key, start: Row, goal: Row) -> list[dict[str, Value]]:
+        """The events tried for ``key``: the key's fields fixed, the others from the value pool."""
+        pool = [*start, *goal, *key, *self.constants]
+        fields: list[tuple[str, list[Value]]] = []
+        for name, kind in self.bound.event.fields.items():
+            if name in self.keyed:
+                fields.append((name, [_as(kind, key[self.keyed[name]])]))
+                continue
+            values = _typed(pool, kind)
+            fields.append((name, values if name in self.read else (values[:1] or [TYPES_ZERO[kind]])))
+        size = math.prod(len(v) for _, v in fields)
+        if size > MAX_CANDIDATES:
+            raise ExpandError(f"{self.bound.where}: {size} candidate events per state: too many to search")
+        names = [n for n, _ in fields]
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(v for _, v in fields))]
+
+
+_EXPANDERS: weakref.WeakKeyDictionary[BoundRules, Expander] = weakref.WeakKeyDictionary()
+
+
+def expander(bound: BoundRules) -> Expander:
+    """The (cached) :class:`Expander` of ``bound``."""
+    found = _EXPANDERS.get(bound)
+    if found is None:
+        found = _EXPANDERS[bound] = Expander(bound)
+    return found
+
+
+def analyse(bound: BoundRules) -> Form:
+    """The form of ``bound``'s rules: replacement (every column set to a parameter or a constant) or not."""
+    return expander(bound).form
+
+
+def candidate_events(bound: BoundRules, key: Key, start: Row, goal: Row) -> list[dict[str, Value]]:
+    """The events the search tries for ``key``: the key's fields fixed, the others from the value pool."""
+    return expander(bound).candidates(key, start, goal)
+
+
+class Heuristic:
+    """``h(row)``: the relaxed problem's exact distance to ``goal`` (see the module notes)."""
+
+    def __init__(self, bound: BoundRules, key: Key, goal: Row) -> None:
+        x = expander(bound)
+        self.goal = goal
+        self._cover = x.cover
+        self._last = sorted({sh.mask for sh in x.shapes if x.can_end_in(sh, key, goal)})
+        self._h: dict[int, float] = {}
+
+    def __call__(self, row: Row) -> float:
+        diff = 0
+        for i, (a, b) in enumerate(zip(row, self.goal, strict=True)):
+            if a != b:
+                diff |= 1 << i
+        if diff == 0:
+            return 0
+        known = self._h.get(diff)
+        if known is None:
+            known = min((1 + self._cover(diff & ~m) for m in self._last), default=math.inf)
+            self._h[diff] = known
+        return known
+
+
+# -------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True, slots=True)
+class KeyExpansion:
+    key: Key
+    start: Row
+    goal: Row
+    events: tuple[dict[str, Value], ...]
+    states_expanded: int
+    states_generated: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    """The merged sequence for all keys, and what the search cost."""
+
+    events: tuple[dict[str, Value], ...]
+    keys: tuple[KeyExpansion, ...]
+    form: Form
+    seconds: float
+
+    @property
+    def states_expanded(self) -> int:
+        return sum(k.states_expanded for k in self.keys)
+
+    @property
+    def states_generated(self) -> int:
+        return sum(k.states_generated for k in self.keys)
+
+
+def row_text(bound: BoundRules, key: Key, row: Row) -> str:
+    parts = ", ".join(f"{c}={v!r}" for c, v in zip(bound.components, row, strict=True))
+    return f"<{', '.join(repr(k) for k in key)}: {parts}>"
+
+
+def expand_key(
+    bound: BoundRules,
+    key: Key,
+    start: Row,
+    goal: Row,
+    *,
+    max_cost: int | None = None,
+    max_states: int = MAX_STATES,
+) -> KeyExpansion:
+    """The shortest event sequence taking row ``start`` of ``key`` to ``goal`` (else :class:`ExpandError`)."""
+    if start == goal:
+        return KeyExpansion(key, start, goal, (), 0, 0)
+    for ev in expander(bound).direct(key, goal):  # one event read off the goal: nothing is shorter
+        if bound.step(key, start, ev) == goal:
+            return KeyExpansion(key, start, goal, (ev,), 1, 1)
+    rows = f"{row_text(bound, key, start)} to {row_text(bound, key, goal)}"
+    what = f"{bound.where}: no event sequence takes {rows}"
+    h = Heuristic(bound, key, goal)
+    h0 = h(start)
+    if h0 == math.inf:
+        raise ExpandError(f"{what}: no rule can produce the goal's values")
+    if max_cost is not None and h0 > max_cost:
+        raise ExpandError(f"{what} in at most {max_cost} events (at least {int(h0)} are needed)")
+    events = candidate_events(bound, key, start, goal)
+    for ev in events:  # one step: nothing is shorter
+        if bound.step(key, start, ev) == goal:
+            return KeyExpansion(key, start, goal, (ev,), 1, len(events))
+    return _astar(bound, key, start, goal, events, h, max_cost, max_states, what)
+
+
+def _astar(
+    bound: BoundRules,
+    key: Key,
+    start: Row,
+    goal: Row,
+    events: list[dict[str, Value]],
+    h: Heuristic,
+    max_cost: int | None,
+    max_states: int,
+    what: str,
+) -> KeyExpansion:
+    h0 = h(start)
+    tie = itertools.count()
+    heap: list[tuple[float, float, int, Row]] = [(h0, h0, next(tie), start)]
+    best: dict[Row, int] = {start: 0}
+    parent: dict[Row, tuple[Row, dict[str, Value]]] = {}
+    expanded = generated = 0
+    while heap:
+        f, hv, _, row = heapq.heappop(heap)
+        cost = int(f - hv)
+        if cost > best[row]:
+            continue  # a stale entry
+        if row == goal:
+            return KeyExpansion(key, start, goal, _path(parent, start, goal), expanded, generated)
+        expanded += 1
+        if expanded > max_states:
+            raise ExpandError(f"{what}: search gave up after {max_states} states")
+        for ev in events:
+            nxt = bound.step(key, row, ev)
+            if nxt is None or nxt == row or cost + 1 >= best.get(nxt, math.inf):
+                continue
+            generated += 1
+            hn = h(nxt)
+            if hn == math.inf or (max_cost is not None and cost + 1 + hn > max_cost):
+                continue
+            best[nxt] = cost + 1
+            parent[nxt] = (row, ev)
+            heapq.heappush(heap, (cost + 1 + hn, hn, next(tie), nxt))
+    bound_text = f" in at most {max_cost} events" if max_cost is not None else ""
+    raise ExpandError(
+        f"{what}{bound_text} (events tried: values from the start, the goal, the key and the rules' "
+        "constants)"
+    )
+
+
+def _path(
+    parent: Mapping[Row, tuple[Row, dict[str, Value]]], start: Row, goal: Row
+) -> tuple[dict[str, Value], ...]:
+    out: list[dict[str, Value]] = []
+    row = goal
+    while row != start:
+        row, ev = parent[row]
+        out.append(ev)
+    return tuple(reversed(out))
+
+
+def expand(
+    bound: BoundRules,
+    start: Mapping[Key, Row],
+    goal: Mapping[Key, Row],
+    *,
+    max_cost: int | None = None,
+    max_states: int = MAX_STATES,
+) -> Expansion:
+    """The shortest sequence taking every key of ``goal`` from its ``start`` row (initial if absent)."""
+    t0 = time.perf_counter()
+    results: list[KeyExpansion] = []
+    used = 0
+    for key in sorted(goal, key=lambda k: tuple(value_key(v) for v in k)):
+        budget = None if max_cost is None else max_cost - used
+        r = expand_key(
+            bound, key, start.get(key, bound.initial), goal[key], max_cost=budget, max_states=max_states
+        )
+        used += len(r.events)
+        results.append(r)
+    events = tuple(ev for r in results for ev in r.events)
+    return Expansion(events, tuple(results), analyse(bound), time.perf_counter() - t0)
+
+
+def rows_from_json(
+    bound: BoundRules, state_fields: Mapping[str, type], data: object, what: str
+) -> dict[Key, Row]:
+    """Rows from ``{"name": "IBM", "maxP": 160, ...}`` or a list of such (the key and tracked components)."""
+    items = data if isinstance(data, list) else [data]
+    rows: dict[Key, Row] = {}
+    for item in items:
+        if not isinstance(item, Mapping):
+            raise FlowError(
+                f'{what}: a state row is an object like {{"{bound.key_names[0]}": ...}}, got {item!r}'
+            )
+        for name in (*bound.key_names, *bound.components):
+            if name not in item:
+                raise FlowError(f"{what}: missing {name!r} in {dict(item)!r}")
+            kind = state_fields[name]
+            if not _fits(kind, item[name]):
+                raise FlowError(f"{what}: {name!r} must be {kind.__name__}, got {item[name]!r}")
+        unknown = [n for n in item if n not in state_fields]
+        if unknown:
+            raise FlowError(f"{what}: {unknown[0]!r} is not a field of the state ({', '.join(state_fields)})")
+        key = tuple(item[n] for n in bound.key_names)
+        rows[key] = tuple(_as(state_fields[c], item[c]) for c in bound.components)
+    return rows

@@ -1,0 +1,116 @@
+"""Checking expressions against schemas: known names, known functions, and the types they can yield.
+
+How it works: validation (000 document, section 2: "the type of an information
+space is defined by an information schema") walks every expression of a flow
+once. :func:`check_expr` refuses a field the space does not have or a function
+the flow does not define, and returns the set of value types the expression can
+produce -- exact for fields, constants and arithmetic (``int * int`` is ``int``,
+``/`` is ``float``, arithmetic on a string or boolean field is an error), the
+value types of a lookup table's entries, and "any" for other functions.
+:func:`check_assign` then refuses only a *certain* mismatch (a ``str``
+expression into a ``float`` field), so an expression of unknown type passes and
+is checked where its value lands. ``max``, ``min`` and ``abs`` are built in.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flowbus.filters.ast import BinOp, Call, Const, Expr, ExprPredicate, Field, Filter, Functions
+from flowbus.filters.text import expr_to_text
+from flowbus.flow.errors import FlowError
+
+__all__ = ["ANY", "BUILTINS", "check_assign", "check_expr", "check_filter", "hint", "with_builtins"]
+
+ANY: frozenset[type] = frozenset({bool, int, float, str})
+NUMBERS: frozenset[type] = frozenset({int, float})
+TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str"}
+
+BUILTINS: Mapping[str, Callable[..., Any]] = {"max": max, "min": min, "abs": abs}
+"""Functions every flow may call, unless it defines its own of the same name."""
+
+
+def with_builtins(functions: Functions) -> dict[str, Any]:
+    return {**BUILTINS, **functions}
+
+
+def hint(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` when ``name`` is close to one of ``known``, else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _names(types: Mapping[str, Any]) -> str:
+    return ", ".join(types) or "no fields"
+
+
+def check_expr(e: Expr, types: Mapping[str, type], functions: Functions, where: str) -> frozenset[type]:
+    """The value types ``e`` can yield over ``types``; :class:`FlowError` naming ``where`` if unusable."""
+    if isinstance(e, Field):
+        if e.name not in types:
+            raise FlowError(
+                f"{where}: unknown field {e.name!r}{hint(e.name, types)} (known: {_names(types)})"
+            )
+        kind = types[e.name]
+        return frozenset({kind}) if kind in ANY else ANY
+    if isinstance(e, Const):
+        return frozenset({type(e.value)})
+    if isinstance(e, BinOp):
+        left = check_expr(e.left, types, functions, where)
+        right = check_expr(e.right, types, functions, where)
+        for side, part in ((left, e.left), (right, e.right)):
+            if not side & NUMBERS:
+                kinds = "/".join(sorted(TYPE_NAMES[t] for t in side))
+                raise FlowError(
+                    f"{where}: `{expr_to_text(e)}` does arithmetic on `{expr_to_text(part)}`, a {kinds}"
+                )
+        if e.op == "/":
+            return frozenset({float})
+        both_int = int in left and int in right
+        return frozenset({int} if both_int else set()) | (
+            frozenset({float}) if float in left | right else frozenset()
+        )
+    return _check_call(e, types, functions, where)
+
+
+def _check_call(e: Call, types: Mapping[str, type], functions: Functions, where: str) -> frozenset[type]:
+    if e.name not in functions:
+        raise FlowError(
+            f"{where}: unknown function or lookup table {e.name!r}{hint(e.name, functions)} "
+            f"(known: {', '.join(sorted(functions)) or 'none'})"
+        )
+    args = [check_expr(a, types, functions, where) for a in e.args]
+    fn = functions[e.name]
+    if isinstance(fn, Mapping):
+        if len(args) != 1:
+            raise FlowError(f"{where}: lookup table {e.name!r} takes one argument, got {len(args)}")
+        found = frozenset(type(v) for v in fn.values())
+        return found if found and found <= ANY else ANY
+    if fn is BUILTINS.get(e.name) and e.name in ("max", "min") and args:
+        return frozenset().union(*args)
+    if fn is BUILTINS.get("abs") and e.name == "abs" and len(args) == 1:
+        return (args[0] & NUMBERS) | (frozenset({int}) if bool in args[0] else frozenset())
+    return ANY
+
+
+def check_assign(kinds: frozenset[type], target: type, where: str, e: Expr) -> None:
+    """Refuse an expression that can never yield a value of type ``target`` (``float`` takes ``int``)."""
+    accepted = NUMBERS if target is float else frozenset({target})
+    if not kinds & accepted:
+        got = "/".join(sorted(TYPE_NAMES[t] for t in kinds))
+        raise FlowError(f"{where}: `{expr_to_text(e)}` is a {got}, the schema says {TYPE_NAMES[target]}")
+
+
+def check_filter(f: Filter, types: Mapping[str, type], functions: Functions, where: str) -> None:
+    """Every attribute ``f`` reads is in ``types`` and every function it calls is known."""
+    for conj in f.disjuncts:
+        for lit in conj.literals:
+            if isinstance(lit, ExprPredicate):
+                check_expr(lit.left, types, functions, where)
+                check_expr(lit.right, types, functions, where)
+            elif lit.attr not in types:
+                raise FlowError(
+                    f"{where}: unknown field {lit.attr!r}{hint(lit.attr, types)} (known: {_names(types)})"
+                )

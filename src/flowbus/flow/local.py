@@ -1,0 +1,319 @@
+"""The reference interpreter: a graph (original or rewritten) over an in-memory event stream.
+
+How it works (000 document, sections 2 and 3): an event published at a
+publication point is checked against its schema and pushed depth first through
+the graph. Arriving at an event space, it is first recorded if the space is a
+subscription point, then handed to the space's out-arcs in order -- collapse
+arcs first (a subscription point is reached before what lies beyond it, as the
+rewrite's paths are), then selects, transforms and routes. Fan-out replicates,
+fan-in merges: each arc simply forwards what it produces.
+
+* A select forwards the event itself when its compiled filter holds; a
+  transform forwards a new event, or nothing when an output is undefined.
+* The routes of a rewritten graph that leave one space are compiled together,
+  so a subexpression they share (``NYS(issue)``, ``price*vol``) is computed once
+  per event (:mod:`flowbus.flow.compile`).
+* A collapse folds the event into its state (:mod:`flowbus.flow.collapse`). On
+  each change of a row, every expand arc out of the state sends its subscriber
+  the shortest sequence from the row it last delivered to the new one
+  (:mod:`flowbus.flow.expand`) -- first trying the event that caused the
+  change, which is the one-event answer whenever the expand's rules are the
+  collapse's. A disconnected expand delivers nothing; on reconnect it sends,
+  per changed key, the shortest sequence to the current row.
+
+Outputs are per subscription point, named as the rewrite names them (a
+``subscribe`` space that has stateless out-arcs is ``NAME.sub``), so the outputs
+of a graph and of its rewrite compare directly. This is the oracle other
+engines are tested against.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flowbus.errors import FlowbusError
+from flowbus.filters.ast import Undefined
+from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.compile import ALWAYS, Compiler, expressions_of, shared_subexpressions
+from flowbus.flow.errors import FlowError
+from flowbus.flow.expand import Expansion, KeyExpansion, analyse, expand_key
+from flowbus.flow.graph import Collapse, EventSpace, Expand, Graph, Route, Select, StateSpace, Transform
+from flowbus.flow.rewrite import exit_name, route_shared
+from flowbus.flow.validate import bind_rules
+
+__all__ = ["LocalRun", "run_graph", "write_outputs"]
+
+Event = Mapping[str, Any]
+Handler = Callable[[Event], None]
+
+
+class _Subscriber:
+    """The consumer end of one expand arc: the rows it last delivered, per key."""
+
+    def __init__(self, run: LocalRun, arc: Expand, collapse: Collapse) -> None:
+        g = run.graph
+        self.run = run
+        self.arc = arc
+        self.bound = bind_rules(g, arc)
+        state = g.state_space(arc.source)
+        self.table = run.states[state.name]
+        self.index = [state.components.index(c) for c in self.bound.components]
+        self.whole = self.index == list(range(len(state.components)))
+        self.last: dict[Key, Row] = {}
+        self.connected = True
+        self.fields = tuple(self.bound.event)
+        self.shortcut = arc.rules == collapse.rules
+        self.searches = 0
+        self.states_expanded = 0
+
+    def project(self, row: Row) -> Row:
+        return row if self.whole else tuple(row[i] for i in self.index)
+
+    def changed(self, key: Key, old: Row, row: Row, cause: Event) -> None:
+        if not self.connected:
+            return
+        new = self.project(row)
+        last = self.last.get(key, self.bound.initial)
+        if new == last:
+            return
+        events: tuple[Event, ...] | None = None
+        if self.shortcut and all(f in cause for f in self.fields):
+            # the collapse's own rules: the event that caused the change is a one-event answer
+            # when the subscriber had the row from before it (else check that it still is one)
+            candidate = cause if len(cause) == len(self.fields) else {f: cause[f] for f in self.fields}
+            if last == self.project(old) or self.bound.step(key, last, candidate) == new:
+                events = (candidate,)
+        if events is None:
+            events = self._search(key, last, new).events
+        self.last[key] = new
+        for ev in events:
+            self.run._arrive(self.arc.target, ev)
+
+    def _search(self, key: Key, start: Row, goal: Row) -> KeyExpansion:
+        try:
+            result = expand_key(self.bound, key, start, goal)
+        except FlowbusError as exc:
+            raise FlowError(f"while running: {exc}") from None
+        self.searches += 1
+        self.states_expanded += result.states_expanded
+        return result
+
+    def reconnect(self) -> Expansion:
+        t0 = time.perf_counter()
+        self.connected = True
+        results = []
+        for key, row in list(self.table.items()):
+            new = self.project(row)
+            last = self.last.get(key, self.bound.initial)
+            if new != last:
+                results.append(self._search(key, last, new))
+                self.last[key] = new
+        elapsed = time.perf_counter() - t0
+        events = tuple(ev for r in results for ev in r.events)
+        for ev in events:
+            self.run._arrive(self.arc.target, ev)
+        return Expansion(events, tuple(results), analyse(self.bound), elapsed)
+
+
+class LocalRun:
+    """One run of ``graph``: :meth:`publish` events, read :attr:`outputs` and :attr:`states`."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.functions = graph.all_functions
+        self.outputs: dict[str, list[Event]] = {}
+        self.states: dict[str, dict[Key, Row]] = {
+            s.name: {} for s in graph.spaces if isinstance(s, StateSpace)
+        }
+        self.published = 0
+        self._record: dict[str, list[Event]] = {}
+        self._entries: dict[str, EventSpace] = {}
+        self._handlers: dict[str, list[Handler]] = {}
+        self._expands: dict[str, list[_Subscriber]] = {name: [] for name in self.states}
+        self._subscribers: dict[str, _Subscriber] = {}
+        for space in graph.spaces:
+            if isinstance(space, EventSpace):
+                self._setup_space(space)
+
+    # -------------------------------------------------------------- building
+
+    def _setup_space(self, space: EventSpace) -> None:
+        g = self.graph
+        if space.is_subscription:
+            out = self.outputs.setdefault(exit_name(g, space.name), [])
+            self._record[space.name] = out
+        if space.is_publication:
+            self._entries[space.name] = space
+            self._entries.setdefault(f"{space.name}.pub", space)
+            if space.name.endswith(".pub"):
+                self._entries.setdefault(space.name[: -len(".pub")], space)
+        arcs = g.out_arcs(space.name)
+        handlers: list[Handler] = [self._collapse(a) for a in arcs if isinstance(a, Collapse)]
+        routes = [a for a in arcs if isinstance(a, Route)]
+        if routes:
+            handlers.append(self._router(space, routes))
+        for arc in arcs:
+            if isinstance(arc, Select):
+                handlers.append(self._select(arc))
+            elif isinstance(arc, Transform):
+                handlers.append(self._transform(arc))
+        self._handlers[space.name] = handlers
+
+    def _select(self, arc: Select) -> Handler:
+        c = Compiler(self.functions, shared_subexpressions(expressions_of(arc.filter)))
+        test, new_memo, target, arrive = c.filter(arc.filter), c.memo_factory(), arc.target, self._arrive
+
+        def select(ev: Event) -> None:
+            if test(ev, new_memo()):
+                arrive(target, ev)
+
+        return select
+
+    def _transform(self, arc: Transform) -> Handler:
+        c = Compiler(self.functions, shared_subexpressions(e for _, e in arc.outputs))
+        fields = list(self.graph.space(arc.source).schema)
+        fn, target, arrive = c.transform(arc.outputs, inputs=fields), arc.target, self._arrive
+        new_memo = c.memo_factory()
+
+        def transform(ev: Event) -> None:
+            try:
+                out = fn(ev, new_memo())
+            except Undefined:
+                return
+            arrive(target, out)
+
+        return transform
+
+    def _router(self, space: EventSpace, routes: list[Route]) -> Handler:
+        c = Compiler(self.functions, route_shared(routes))
+        fields = list(space.schema)
+        compiled = [
+            (r.target, c.filter(r.select), c.transform(r.outputs, r.requires, inputs=fields)) for r in routes
+        ]
+        new_memo, arrive = c.memo_factory(), self._arrive
+
+        def route(ev: Event) -> None:
+            memo = new_memo()
+            for target, test, transform in compiled:
+                if test is ALWAYS or test(ev, memo):
+                    try:
+                        out = transform(ev, memo)
+                    except Undefined:
+                        continue
+                    arrive(target, out)
+
+        return route
+
+    def _collapse(self, arc: Collapse) -> Handler:
+        bound: BoundRules = bind_rules(self.graph, arc)
+        table = self.states[arc.target]
+        subscribers = self._expands[arc.target]
+        for expand in self.graph.out_arcs(arc.target):
+            assert isinstance(expand, Expand)
+            sub = _Subscriber(self, expand, arc)
+            subscribers.append(sub)
+            self._subscribers[expand.name] = sub
+        collapse = bound.collapse
+
+        def fold(ev: Event) -> None:
+            change = collapse(table, ev)
+            if change is not None:
+                key, old, new = change
+                for sub in subscribers:
+                    sub.changed(key, old, new, ev)
+
+        return fold
+
+    # --------------------------------------------------------------- running
+
+    def _arrive(self, space: str, ev: Event) -> None:
+        record = self._record.get(space)
+        if record is not None:
+            record.append(ev)
+        for handler in self._handlers[space]:
+            handler(ev)
+
+    def publish(self, space: str, event: Mapping[str, Any]) -> None:
+        """Publish ``event`` at the publication point ``space`` (checked against its schema)."""
+        target = self._entries.get(space)
+        if target is None:
+            points = ", ".join(n for n, s in self._entries.items() if n == s.name)
+            raise FlowError(f"{space!r} is not a publication point (publication points: {points})")
+        try:
+            ev = target.schema.validate(event)
+        except FlowbusError as exc:
+            raise FlowError(f"event published to {space!r}: {exc}") from None
+        self.published += 1
+        self._arrive(target.name, ev)
+
+    def run(self, events: Iterable[tuple[str, Mapping[str, Any]]]) -> LocalRun:
+        for space, event in events:
+            self.publish(space, event)
+        return self
+
+    def _subscriber(self, name: str) -> _Subscriber:
+        for sub in self._subscribers.values():
+            if name in (sub.arc.name, sub.arc.target):
+                return sub
+        raise FlowError(
+            f"no expand arc named {name!r} (expand arcs: {', '.join(self._subscribers) or 'none'})"
+        )
+
+    def disconnect(self, expand: str) -> None:
+        """The subscriber of expand arc ``expand`` (or its target space) stops receiving."""
+        self._subscriber(expand).connected = False
+
+    def reconnect(self, expand: str) -> Expansion:
+        """The subscriber comes back: it receives, per changed key, the shortest equivalent sequence."""
+        return self._subscriber(expand).reconnect()
+
+    def expand_stats(self) -> dict[str, dict[str, int]]:
+        return {
+            name: {"searches": s.searches, "states_expanded": s.states_expanded}
+            for name, s in self._subscribers.items()
+        }
+
+    def state_rows(self, name: str) -> list[dict[str, Any]]:
+        """The rows of state ``name`` as dicts, in key order."""
+        space = self.graph.state_space(name)
+        rows = []
+        for key, row in sorted(self.states[name].items(), key=lambda kv: repr(kv[0])):
+            rows.append(
+                {**dict(zip(space.key, key, strict=True)), **dict(zip(space.components, row, strict=True))}
+            )
+        return rows
+
+
+def run_graph(graph: Graph, events: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, list[Event]]:
+    """The outputs, per subscription point, of ``graph`` on ``events``."""
+    return LocalRun(graph).run(events).outputs
+
+
+def _normalise(ev: Event, floats: frozenset[str]) -> dict[str, Any]:
+    return {k: float(v) if k in floats and type(v) is int else v for k, v in ev.items()}
+
+
+def write_outputs(run: LocalRun, directory: str | Path) -> dict[str, Path]:
+    """One JSONL file per subscription point in ``directory`` (values as their schema types)."""
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FlowError(f"cannot create {str(out)!r}: {exc.strerror or exc}") from None
+    files: dict[str, Path] = {}
+    for name, events in run.outputs.items():
+        space = run.graph.space(name) if run.graph.has_space(name) else run.graph.space(name[: -len(".sub")])
+        floats = frozenset(n for n, t in space.schema.fields.items() if t is float)
+        path = out / f"{name}.jsonl"
+        try:
+            with path.open("w", encoding="utf-8") as fh:
+                for ev in events:
+                    fh.write(json.dumps(_normalise(ev, floats)) + "\n")
+        except OSError as exc:
+            raise FlowError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+        files[name] = path
+    return files

@@ -1,0 +1,147 @@
+"""The reference interpreter on the stock example, checked against a plain re-computation of the paper's
+regions 3, 4 and 5, and against the rewritten graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowbus.flow import FlowBuilder, FlowError, Graph, LocalRun, rewrite, write_outputs
+from flowbus.flow.generators import generate
+
+N = 6_000
+
+
+@pytest.fixture(scope="module")
+def trades(stocks: Graph) -> list[tuple[str, dict[str, Any]]]:
+    return list(generate(stocks, events=N, seed=7))
+
+
+@pytest.fixture(scope="module")
+def ran(stocks: Graph, trades: list[tuple[str, dict[str, Any]]]) -> LocalRun:
+    return LocalRun(stocks).run(trades)
+
+
+def _ticks(stocks: Graph, trades: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, float, int]]:
+    """Region 3 by hand: (company, price, volume) of every trade whose issue code is known."""
+    nys, nas = stocks.functions["NYS"], stocks.functions["NAS"]
+    out = []
+    for space, t in trades:
+        if space == "combined":
+            out.append((t["com"], float(t["price"]), t["vol"]))
+            continue
+        table: Any = nys if space == "NYSE" else nas
+        if t["issue"] in table:
+            out.append((table[t["issue"]], float(t["price"]), t["vol"]))
+    return out
+
+
+def test_rewritten_graph_gives_the_same_outputs(stocks: Graph, trades: Any, ran: LocalRun) -> None:
+    assert LocalRun(rewrite(stocks)).run(trades).outputs == ran.outputs
+    assert set(ran.outputs) == {"combined.sub", "big_trades", "compressed", "alarms"}
+    assert all(ran.outputs.values())
+
+
+def test_region_3_integration_and_big_trades(stocks: Graph, trades: Any, ran: LocalRun) -> None:
+    ticks = _ticks(stocks, trades)
+    assert 0.9 * N < len(ticks) < N  # a few unknown issue codes are dropped
+    assert ran.outputs["combined.sub"] == [{"com": c, "price": p, "vol": v} for c, p, v in ticks]
+    big = [{"com": c, "cap": p * v} for c, p, v in ticks if p * v >= 1_000_000]
+    assert ran.outputs["big_trades"] == big and 0 < len(big) < len(ticks)
+
+
+def test_region_4_state_and_compressed_stream(stocks: Graph, trades: Any, ran: LocalRun) -> None:
+    state: dict[str, tuple[float, float]] = {}
+    changes = []
+    for name, price, _ in _ticks(stocks, trades):
+        max_p, cur_p = state.get(name, (0.0, 0.0))
+        new = (price, price) if price > max_p else (max_p, price)
+        if new != (max_p, cur_p):
+            changes.append({"name": name, "price": price})
+        state[name] = new
+    rows = {r["name"]: (r["maxP"], r["curP"]) for r in ran.state_rows("max_cur")}
+    assert rows == state
+    assert ran.outputs["compressed"] == changes  # connected: each change is its own one-event sequence
+
+
+def test_region_5_average_drop_and_alarms(stocks: Graph, trades: Any, ran: LocalRun) -> None:
+    state: dict[str, tuple[int, float, float, float, float]] = {}
+    alarms = []
+    for name, price, _ in _ticks(stocks, trades):
+        n, avg, last, peak, drop = state.get(name, (0, 0.0, 0.0, 0.0, 0.0))
+        if n == 0:
+            new = (1, price, price, price, 0)
+        elif price >= last:
+            new = (n + 1, avg + (price - avg) / (n + 1), price, price, 0)
+        else:
+            new = (n + 1, avg + (price - avg) / (n + 1), price, peak, peak - price)
+        if new[4] != drop and new[4] > 20:
+            alarms.append({"name": name, "drop": new[4]})
+        state[name] = new  # type: ignore[assignment]
+    got = {r["name"]: (r["n"], r["avg"], r["last"], r["peak"], r["drop"]) for r in ran.state_rows("trends")}
+    assert got == state
+    assert ran.outputs["alarms"] == alarms and alarms
+    assert all(a["drop"] > 20 for a in ran.outputs["alarms"])
+
+
+def test_disconnected_subscriber_gets_a_short_equivalent_sequence(stocks: Graph, trades: Any) -> None:
+    local = LocalRun(stocks).run(trades[:500])
+    local.disconnect("E4")
+    delivered = len(local.outputs["compressed"])
+    before = {r["name"]: (r["maxP"], r["curP"]) for r in local.state_rows("max_cur")}
+    local.run(trades[500:])
+    assert len(local.outputs["compressed"]) == delivered  # nothing while away
+    result = local.reconnect("compressed")  # by the expand arc's target, too
+    after = {r["name"]: (r["maxP"], r["curP"]) for r in local.state_rows("max_cur")}
+    sent = local.outputs["compressed"][delivered:]
+    assert list(sent) == list(result.events)
+    assert len(sent) <= 2 * len(after) < len(trades) - 500
+    for name, goal in after.items():  # replaying what was sent from what the client had gives the state
+        max_p, cur_p = before.get(name, (0.0, 0.0))
+        for ev in (e for e in sent if e["name"] == name):
+            max_p, cur_p = (ev["price"], ev["price"]) if ev["price"] > max_p else (max_p, ev["price"])
+        assert (max_p, cur_p) == goal
+    local.run(trades[:10])  # connected again: each change delivered as it happens
+    assert len(local.outputs["compressed"]) > delivered + len(sent)
+
+
+def test_publishing_errors_name_the_space(stocks: Graph) -> None:
+    local = LocalRun(stocks)
+    with pytest.raises(FlowError, match="'capital' is not a publication point"):
+        local.publish("capital", {"com": "IBM", "cap": 1.0})
+    with pytest.raises(FlowError, match="event published to 'NYSE': field 'vol' must be int"):
+        local.publish("NYSE", {"issue": "IBM", "price": 1.0, "vol": "many"})
+    with pytest.raises(FlowError, match="no expand arc named 'E9'"):
+        local.disconnect("E9")
+    local.publish("combined.pub", {"com": "IBM", "price": 1, "vol": 2})  # the externalized name works too
+    assert local.outputs["combined.sub"] == [{"com": "IBM", "price": 1.0, "vol": 2}]
+
+
+def test_fan_out_then_fan_in_delivers_twice() -> None:
+    b = FlowBuilder().source("a", {"x": "int"}).events("m", {"x": "int"}).sink("z", {"x": "int"})
+    b.select("s1", "a", "m", "x > 0").select("s2", "a", "m", "x > 1").select("s3", "m", "z", "x < 5")
+    g = b.build()
+    events = [("a", {"x": x}) for x in range(-1, 7)]
+    expected = [{"x": 1}, {"x": 2}, {"x": 2}, {"x": 3}, {"x": 3}, {"x": 4}, {"x": 4}]
+    assert LocalRun(g).run(events).outputs == {"z": expected}
+    assert LocalRun(rewrite(g)).run(events).outputs == {"z": expected}
+
+
+def test_outputs_are_written_one_jsonl_file_per_subscription_point(
+    stocks: Graph, trades: Any, tmp_path: Path
+) -> None:
+    local = LocalRun(stocks).run(trades[:300])
+    files = write_outputs(local, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"{n}.jsonl" for n in local.outputs)
+    lines = files["combined.sub"].read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == local.outputs["combined.sub"]
+    assert all(isinstance(json.loads(line)["price"], float) for line in lines)
+
+
+def test_the_generator_is_seeded(stocks: Graph) -> None:
+    one = list(generate(stocks, events=200, seed=3))
+    assert one == list(generate(stocks, events=200, seed=3)) != list(generate(stocks, events=200, seed=4))
+    assert {space for space, _ in one} == {"NYSE", "NASDAQ", "combined"}

@@ -329,6 +329,13 @@ class Matcher:
             self._counts_cleared = epoch0
         return _Scratch(self._counts, self._pmark, self._xmark)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle everything but the thread pool (made again on first use)."""
+        return {**self.__dict__, "_executor": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # the code tables' sentinels unpickle to their singletons (see encode)
+
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="flowbus-match")

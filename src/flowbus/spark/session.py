@@ -1,0 +1,132 @@
+"""One way to get a SparkSession for flowbus: local by default, a cluster or Spark Connect on request.
+
+How it works:
+
+* ``spark_session()`` starts an embedded ``local[*]`` session: the driver binds
+  to 127.0.0.1, the web UI is off, and ``PYSPARK_PYTHON`` /
+  ``PYSPARK_DRIVER_PYTHON`` are set to the running interpreter, so the Python
+  workers import the same flowbus, numpy and numba as the driver.
+* ``master="spark://..."`` (or ``yarn``, ``k8s://...``) builds a classic
+  session against that cluster; ``remote="sc://HOST:PORT"`` builds a Spark
+  Connect client session (no local JVM is started, so Java is not needed).
+  Either way flowbus's own code is shipped to the executors: ``src/flowbus`` is
+  zipped into a temporary archive and added with
+  ``spark.addArtifacts(zip, pyfile=True)`` (Spark 4 supports it for classic and
+  Connect sessions alike), which puts the zip on the executors' ``sys.path``.
+  The executors still need numpy, numba and pyarrow installed; an interpreter
+  named by ``PYSPARK_PYTHON`` in the environment is kept for clusters (its path
+  on the workers may differ from the driver's).
+* Without pyspark, or without Java for a JVM-backed session, a
+  :class:`~flowbus.errors.FlowbusError` says what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flowbus.errors import FlowbusError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["flowbus_zip", "is_connect", "spark_session"]
+
+_LOCAL_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+
+def _require_pyspark() -> None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise FlowbusError(
+            "pyspark is not installed: pip install 'pyspark>=4.0' 'pandas>=2.2,<3' to use flowbus on Spark"
+        ) from None
+
+
+def java_available() -> bool:
+    """Is there a Java runtime for a JVM-backed session (``JAVA_HOME`` or ``java`` on the PATH)?"""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return True
+    return shutil.which("java") is not None
+
+
+def _is_local(master: str | None) -> bool:
+    return master is None or master.startswith("local")
+
+
+def flowbus_zip(directory: Path | None = None) -> Path:
+    """Zip the flowbus package (code and data files) into ``directory`` (a temp dir by default)."""
+    package = Path(__file__).resolve().parents[1]
+    target = Path(directory or tempfile.mkdtemp(prefix="flowbus-pyfiles-")) / "flowbus.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(package.rglob("*")):
+            if (
+                path.is_file()
+                and "__pycache__" not in path.parts
+                and path.suffix not in (".pyc", ".nbi", ".nbc")
+            ):
+                zf.write(path, Path("flowbus") / path.relative_to(package))
+    return target
+
+
+def is_connect(spark: Any) -> bool:
+    """Is ``spark`` a Spark Connect session (no SparkContext, no JVM in this process)?"""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_session(
+    *,
+    master: str | None = None,
+    remote: str | None = None,
+    app_name: str = "flowbus",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession: embedded ``local[*]`` by default, ``master`` for a cluster, ``remote`` for Connect.
+
+    ``conf`` adds Spark settings (``spark.driver.memory`` and the like must come
+    here: they only take effect when the session's JVM starts). An existing
+    session with the same master is reused by Spark (``getOrCreate``).
+    """
+    if master is not None and remote is not None:
+        raise FlowbusError("give either a master URL or a Spark Connect remote, not both")
+    if remote is not None and not remote.startswith("sc://"):
+        raise FlowbusError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
+    _require_pyspark()
+    if remote is None and not java_available():
+        raise FlowbusError("Java was not found (set JAVA_HOME or put java on the PATH): Spark needs Java 17+")
+    from pyspark.sql import SparkSession
+
+    local = remote is None and _is_local(master)
+    _set_python(override=local)
+    builder: Any = SparkSession.builder.appName(app_name)
+    if remote is not None:
+        builder = builder.remote(remote)
+    else:
+        builder = builder.master(master or "local[*]")
+        for key, value in (_LOCAL_CONF if local else {"spark.ui.enabled": "false"}).items():
+            builder = builder.config(key, value)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark: SparkSession = builder.getOrCreate()
+    if not local:
+        spark.addArtifacts(str(flowbus_zip()), pyfile=True)
+    return spark
+
+
+def _set_python(*, override: bool) -> None:
+    """Point PySpark's workers at this interpreter (always locally; on a cluster only if unset)."""
+    for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        if override or name not in os.environ:
+            os.environ[name] = sys.executable

@@ -13,6 +13,11 @@ fan-in merges: each arc simply forwards what it produces.
 * The routes of a rewritten graph that leave one space are compiled together,
   so a subexpression they share (``NYS(issue)``, ``price*vol``) is computed once
   per event (:mod:`flowbus.flow.compile`).
+* A route into a space that is no subscription point and has only collapse arcs
+  out (how a rewritten graph feeds a collapse: one [S; T] path straight from a
+  publication point) is fused with those collapses: its output goes directly
+  into the folds, without arriving at the space, and collapses keyed by the
+  same plain fields compute the key once.
 * A collapse folds the event into its state (:mod:`flowbus.flow.collapse`). On
   each change of a row, every expand arc out of the state sends its subscriber
   the shortest sequence from the row it last delivered to the new one
@@ -36,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from flowbus.errors import FlowbusError
-from flowbus.filters.ast import Undefined
+from flowbus.filters.ast import Field, Undefined
 from flowbus.flow.collapse import BoundRules, Key, Row
 from flowbus.flow.compile import ALWAYS, Compiler, expressions_of, shared_subexpressions
 from flowbus.flow.errors import FlowError
@@ -119,6 +124,70 @@ class _Subscriber:
         return Expansion(events, tuple(results), analyse(self.bound), elapsed)
 
 
+class _Fold:
+    """One collapse arc: its bound rules, its state table, the subscribers of its state, its handler."""
+
+    def __init__(
+        self, bound: BoundRules, table: dict[Key, Row], subscribers: list[_Subscriber], handler: Handler
+    ) -> None:
+        self.bound = bound
+        self.table = table
+        self.subscribers = subscribers
+        self.handler = handler
+
+
+def _fused(folds: list[_Fold]) -> Handler:
+    """The collapses of one space as one handler, the key computed once when they share plain-field keys.
+
+    Each fold is exactly :meth:`BoundRules.collapse` followed by the subscribers'
+    notifications, in arc order; a key that is a tuple of field reads is the same
+    tuple for every collapse keying on the same fields (an absent field: no fold).
+    """
+    fields: tuple[str, ...] | None = None
+    for fold in folds:
+        exprs = dict(fold.bound.ruleset.key)
+        these = [exprs[n] for n in fold.bound.key_names]
+        if not all(isinstance(e, Field) for e in these):
+            break
+        names = tuple(e.name for e in these if isinstance(e, Field))
+        if fields is not None and names != fields:
+            break
+        fields = names
+    else:
+        if fields is not None:
+            return _fused_keyed(folds, fields)
+    handlers = [fold.handler for fold in folds]
+    if len(handlers) == 1:
+        return handlers[0]
+
+    def fold_all(ev: Event) -> None:
+        for handler in handlers:
+            handler(ev)
+
+    return fold_all
+
+
+def _fused_keyed(folds: list[_Fold], fields: tuple[str, ...]) -> Handler:
+    parts = [(f.table, f.bound.initial, f.bound.step, f.subscribers) for f in folds]
+    single = fields[0] if len(fields) == 1 else None
+
+    def fold_all(ev: Event) -> None:
+        try:
+            key = (ev[single],) if single is not None else tuple([ev[f] for f in fields])
+        except KeyError:
+            return
+        for table, initial, step, subscribers in parts:
+            old = table.get(key, initial)
+            new = step(key, old, ev)
+            if new is None or new == old:
+                continue
+            table[key] = new
+            for sub in subscribers:
+                sub.changed(key, old, new, ev)
+
+    return fold_all
+
+
 class LocalRun:
     """One run of ``graph``: :meth:`publish` events, read :attr:`outputs` and :attr:`states`."""
 
@@ -135,6 +204,15 @@ class LocalRun:
         self._handlers: dict[str, list[Handler]] = {}
         self._expands: dict[str, list[_Subscriber]] = {name: [] for name in self.states}
         self._subscribers: dict[str, _Subscriber] = {}
+        self._folds: dict[str, list[_Fold]] = {}
+        for space in graph.spaces:  # the collapses first: a route may fuse with those of its target
+            if isinstance(space, EventSpace):
+                folds = [self._collapse(a) for a in graph.out_arcs(space.name) if isinstance(a, Collapse)]
+                if folds:
+                    self._folds[space.name] = folds
+        for space in graph.spaces:
+            if isinstance(space, EventSpace) and space.is_subscription:
+                self._record[space.name] = self.outputs.setdefault(exit_name(graph, space.name), [])
         for space in graph.spaces:
             if isinstance(space, EventSpace):
                 self._setup_space(space)
@@ -143,16 +221,13 @@ class LocalRun:
 
     def _setup_space(self, space: EventSpace) -> None:
         g = self.graph
-        if space.is_subscription:
-            out = self.outputs.setdefault(exit_name(g, space.name), [])
-            self._record[space.name] = out
         if space.is_publication:
             self._entries[space.name] = space
             self._entries.setdefault(f"{space.name}.pub", space)
             if space.name.endswith(".pub"):
                 self._entries.setdefault(space.name[: -len(".pub")], space)
         arcs = g.out_arcs(space.name)
-        handlers: list[Handler] = [self._collapse(a) for a in arcs if isinstance(a, Collapse)]
+        handlers: list[Handler] = [fold.handler for fold in self._folds.get(space.name, ())]
         routes = [a for a in arcs if isinstance(a, Route)]
         if routes:
             handlers.append(self._router(space, routes))
@@ -192,23 +267,32 @@ class LocalRun:
         c = Compiler(self.functions, route_shared(routes))
         fields = list(space.schema)
         compiled = [
-            (r.target, c.filter(r.select), c.transform(r.outputs, r.requires, inputs=fields)) for r in routes
+            (
+                r.target,
+                self._fused(r.target),
+                c.filter(r.select),
+                c.transform(r.outputs, r.requires, inputs=fields),
+            )
+            for r in routes
         ]
         new_memo, arrive = c.memo_factory(), self._arrive
 
         def route(ev: Event) -> None:
             memo = new_memo()
-            for target, test, transform in compiled:
+            for target, fused, test, transform in compiled:
                 if test is ALWAYS or test(ev, memo):
                     try:
                         out = transform(ev, memo)
                     except Undefined:
                         continue
-                    arrive(target, out)
+                    if fused is None:
+                        arrive(target, out)
+                    else:
+                        fused(out)
 
         return route
 
-    def _collapse(self, arc: Collapse) -> Handler:
+    def _collapse(self, arc: Collapse) -> _Fold:
         bound: BoundRules = bind_rules(self.graph, arc)
         table = self.states[arc.target]
         subscribers = self._expands[arc.target]
@@ -226,7 +310,20 @@ class LocalRun:
                 for sub in subscribers:
                     sub.changed(key, old, new, ev)
 
-        return fold
+        return _Fold(bound, table, subscribers, fold)
+
+    def _fused(self, target: str) -> Handler | None:
+        """The target's collapses fused into one handler a route calls directly (None: arrive as usual).
+
+        In a rewritten graph the space a route feeds a collapse through is no
+        subscription point and has nothing but collapse arcs out: the route's
+        output goes straight into the folds (no arrival, no handler loop), and
+        collapses keyed by the same plain fields compute the key once.
+        """
+        arcs = self.graph.out_arcs(target)
+        if target in self._record or not arcs or not all(isinstance(a, Collapse) for a in arcs):
+            return None
+        return _fused(self._folds[target])
 
     # --------------------------------------------------------------- running
 

@@ -67,6 +67,9 @@ class Schema:
         object.__setattr__(self, "fields", MappingProxyType(checked))
         object.__setattr__(self, "_names", frozenset(checked))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Schema, (dict(self.fields),))
+
     @classmethod
     def of(cls, fields: Mapping[str, type | str]) -> Schema:
         return cls(fields)  # type: ignore[arg-type]

@@ -275,6 +275,10 @@ class Graph:
         object.__setattr__(self, "_in", MappingProxyType({k: tuple(v) for k, v in into.items()}))
         validate_graph(self)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # shipped to Spark executors pickled; the read-only views are rebuilt on arrival
+        return (Graph, (self.spaces, self.arcs, dict(self.functions), self.name, self.input))
+
     @property
     def all_functions(self) -> dict[str, Any]:
         """The graph's functions and lookup tables, with the built-ins (max, min, abs)."""

@@ -50,26 +50,28 @@ from flowbus.flow.graph import Collapse, EventSpace, Expand, Graph, Route, Selec
 from flowbus.flow.rewrite import exit_name, route_shared
 from flowbus.flow.validate import bind_rules
 
-__all__ = ["LocalRun", "run_graph", "write_outputs"]
+__all__ = ["Deliverer", "LocalRun", "run_graph", "write_outputs"]
 
 Event = Mapping[str, Any]
 Handler = Callable[[Event], None]
 
 
-class _Subscriber:
-    """The consumer end of one expand arc: the rows it last delivered, per key."""
+class Deliverer:
+    """What one expand arc sends its subscriber when a row of its state changes (any engine).
 
-    def __init__(self, run: LocalRun, arc: Expand, collapse: Collapse) -> None:
-        g = run.graph
-        self.run = run
+    :meth:`events` takes the row the subscriber last had, the row before and
+    after the change, and the event that caused it: when the expand's rules are
+    the collapse's, the cause itself is the one-event answer if the subscriber
+    had the row from before it (else it is checked to still be one); otherwise
+    the A* search finds the shortest sequence.
+    """
+
+    def __init__(self, graph: Graph, arc: Expand, collapse: Collapse) -> None:
         self.arc = arc
-        self.bound = bind_rules(g, arc)
-        state = g.state_space(arc.source)
-        self.table = run.states[state.name]
+        self.bound = bind_rules(graph, arc)
+        state = graph.state_space(arc.source)
         self.index = [state.components.index(c) for c in self.bound.components]
         self.whole = self.index == list(range(len(state.components)))
-        self.last: dict[Key, Row] = {}
-        self.connected = True
         self.fields = tuple(self.bound.event)
         self.shortcut = arc.rules == collapse.rules
         self.searches = 0
@@ -78,27 +80,18 @@ class _Subscriber:
     def project(self, row: Row) -> Row:
         return row if self.whole else tuple(row[i] for i in self.index)
 
-    def changed(self, key: Key, old: Row, row: Row, cause: Event) -> None:
-        if not self.connected:
-            return
+    def events(self, key: Key, last: Row, old: Row, row: Row, cause: Event) -> tuple[Row, tuple[Event, ...]]:
+        """The subscriber's new row and the events taking it there from ``last`` (none: no change)."""
         new = self.project(row)
-        last = self.last.get(key, self.bound.initial)
         if new == last:
-            return
-        events: tuple[Event, ...] | None = None
+            return new, ()
         if self.shortcut and all(f in cause for f in self.fields):
-            # the collapse's own rules: the event that caused the change is a one-event answer
-            # when the subscriber had the row from before it (else check that it still is one)
             candidate = cause if len(cause) == len(self.fields) else {f: cause[f] for f in self.fields}
             if last == self.project(old) or self.bound.step(key, last, candidate) == new:
-                events = (candidate,)
-        if events is None:
-            events = self._search(key, last, new).events
-        self.last[key] = new
-        for ev in events:
-            self.run._arrive(self.arc.target, ev)
+                return new, (candidate,)
+        return new, self.search(key, last, new).events
 
-    def _search(self, key: Key, start: Row, goal: Row) -> KeyExpansion:
+    def search(self, key: Key, start: Row, goal: Row) -> KeyExpansion:
         try:
             result = expand_key(self.bound, key, start, goal)
         except FlowbusError as exc:
@@ -107,15 +100,38 @@ class _Subscriber:
         self.states_expanded += result.states_expanded
         return result
 
+
+class _Subscriber:
+    """The consumer end of one expand arc: the rows it last delivered, per key."""
+
+    def __init__(self, run: LocalRun, arc: Expand, collapse: Collapse) -> None:
+        self.run = run
+        self.arc = arc
+        self.deliverer = Deliverer(run.graph, arc, collapse)
+        self.bound = self.deliverer.bound
+        self.table = run.states[arc.source]
+        self.last: dict[Key, Row] = {}
+        self.connected = True
+
+    def changed(self, key: Key, old: Row, row: Row, cause: Event) -> None:
+        if not self.connected:
+            return
+        new, events = self.deliverer.events(key, self.last.get(key, self.bound.initial), old, row, cause)
+        if not events:
+            return
+        self.last[key] = new
+        for ev in events:
+            self.run._arrive(self.arc.target, ev)
+
     def reconnect(self) -> Expansion:
         t0 = time.perf_counter()
         self.connected = True
         results = []
         for key, row in list(self.table.items()):
-            new = self.project(row)
+            new = self.deliverer.project(row)
             last = self.last.get(key, self.bound.initial)
             if new != last:
-                results.append(self._search(key, last, new))
+                results.append(self.deliverer.search(key, last, new))
                 self.last[key] = new
         elapsed = time.perf_counter() - t0
         events = tuple(ev for r in results for ev in r.events)
@@ -370,7 +386,7 @@ class LocalRun:
 
     def expand_stats(self) -> dict[str, dict[str, int]]:
         return {
-            name: {"searches": s.searches, "states_expanded": s.states_expanded}
+            name: {"searches": s.deliverer.searches, "states_expanded": s.deliverer.states_expanded}
             for name, s in self._subscribers.items()
         }
 

@@ -1,0 +1,674 @@
+"""An information flow graph as Structured Streaming queries: the Spark engine of ``flowbus run``.
+
+How it works: the graph is rewritten (one ``[S; T]`` route per publication ->
+subscription path) and planned into event logs and stateful groups
+(:mod:`flowbus.flow.plan`); published events are written to the input log
+(:mod:`flowbus.flow.eventlog`). Then, in one Spark session:
+
+* per event log, a *delivery query* streams the log (one file per micro-batch
+  for the input log) and, in ``foreachBatch``, records the log's subscription
+  points and applies the routes from its points: selects and transforms
+  compiled to Columns (:mod:`flowbus.spark.columns`), lookup tables as literal
+  maps, a route's rows kept only where its select holds and its outputs and
+  requirements are defined. A point with many routes (``matcher_min`` or more)
+  is matched by a :class:`~flowbus.matching.Matcher` of the routes' selects,
+  broadcast and applied in ``mapInArrow`` -- never one giant OR -- and
+  :meth:`SparkFlow.replace_routes` swaps its routes while the query runs (the
+  next micro-batch uses a new broadcast).
+* per stateful group, a *state query* streams the group's input log, applies
+  the routes into the collapsed space, groups by the collapse key and folds
+  each key's events, in ``_order``, with ``transformWithState`` (RocksDB state
+  store): the state of each collapse and the row each expand arc last
+  delivered are the key's state; every change sends the expand arc's
+  subscriber the shortest equivalent sequence (the cause itself, or A*), as
+  the reference interpreter does. Its output, the derived events, goes to the
+  group's log through Spark's file sink (exactly once), which the next
+  level's queries stream.
+* sinks: per subscription point and micro-batch, Parquet or JSON lines written
+  to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")`` -- a replayed
+  micro-batch rewrites its own directory, so with the checkpoints output is
+  exactly once -- or the console, or a Python callback. A run resumes from its
+  checkpoints when started again on the same ``OUT``.
+
+Every output row carries ``_order``; sorted by it, a point's events come in the
+reference interpreter's order (see :mod:`flowbus.flow.plan`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import pickle
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial, reduce
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from flowbus.filters.ast import Undefined
+from flowbus.flow.collapse import BoundRules, Key
+from flowbus.flow.collapse import Row as StateRow
+from flowbus.flow.errors import FlowError
+from flowbus.flow.eventlog import InputLog
+from flowbus.flow.graph import Collapse, Expand, Graph, Route
+from flowbus.flow.local import Deliverer
+from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
+from flowbus.flow.rewrite import rewrite
+from flowbus.flow.validate import bind_rules
+from flowbus.matching import Matcher
+from flowbus.model import Schema
+from flowbus.spark.columns import ColumnCompiler
+from flowbus.spark.routes import route_columns
+
+__all__ = ["BatchReport", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
+
+SinkFormat = Literal["parquet", "jsonl", "console"]
+Callback = Callable[[str, int, DataFrame], None]
+
+_SPARK_TYPES: Mapping[type, DataType] = {
+    str: StringType(),
+    int: LongType(),
+    float: DoubleType(),
+    bool: BooleanType(),
+}
+STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def spark_type(kind: type) -> DataType:
+    return _SPARK_TYPES[kind]
+
+
+def _struct(schema: Schema) -> StructType:
+    return StructType([StructField(n, spark_type(k)) for n, k in schema.fields.items()])
+
+
+def log_schema(g: Graph, log: Log) -> StructType:
+    fields = [StructField("_point", StringType()), StructField("_order", ArrayType(LongType()))]
+    fields += [StructField(log.column(p), _struct(g.event_space(p).schema)) for p in log.points]
+    return StructType(fields)
+
+
+def _extend(order: Column, position: int) -> Column:
+    return F.concat(order, F.array(F.lit(position).cast("long")))
+
+
+# --------------------------------------------------------------- the state fold
+
+
+class _Fold:
+    """One collapse arc of a group, bound, with the deliverers of the expand arcs out of its state."""
+
+    def __init__(self, g: Graph, arc: Collapse, targets: Sequence[str]) -> None:
+        self.name = arc.name
+        self.bound: BoundRules = bind_rules(g, arc)
+        self.deliverers: list[tuple[Deliverer, int, list[str], list[type]]] = []
+        for e in g.out_arcs(arc.target):
+            assert isinstance(e, Expand)
+            schema = g.event_space(e.target).schema
+            self.deliverers.append(
+                (
+                    Deliverer(g, e, arc),
+                    targets.index(e.target),
+                    list(schema.fields),
+                    list(schema.fields.values()),
+                )
+            )
+
+
+class GroupFolder:
+    """The per-key fold of a stateful group: what ``transformWithState`` runs for each key.
+
+    :meth:`fold` takes the key's stored state (the rows of its collapses, the
+    rows its expand arcs last delivered), the key's new events and returns the
+    new state and the derived events, each ``(target index, _order, event)``.
+    Pure Python: the state processor wraps it, and tests call it directly.
+    """
+
+    def __init__(self, g: Graph, group: StatefulGroup) -> None:
+        self.fields = list(g.event_space(group.space).schema.fields)
+        self.folds = [_Fold(g, arc, group.targets) for arc in group.collapses]
+
+    def fold(
+        self,
+        stored: tuple[dict[str, StateRow], dict[str, StateRow]] | None,
+        events: Iterable[tuple[list[int], dict[str, Any]]],
+    ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, list[int], dict[str, Any]]]]:
+        rows, last = stored if stored is not None else ({}, {})
+        out: list[tuple[int, list[int], dict[str, Any]]] = []
+        for order, ev in sorted(events, key=lambda oe: oe[0]):
+            for position, fold in enumerate(self.folds):
+                bound = fold.bound
+                try:
+                    key: Key = bound.key_of(ev)
+                except Undefined:
+                    continue
+                old = rows.get(fold.name, bound.initial)
+                new = bound.step(key, old, ev)
+                if new is None or new == old:
+                    continue
+                rows[fold.name] = new
+                k = 0
+                for deliverer, target, names, kinds in fold.deliverers:
+                    name = deliverer.arc.name
+                    had = last.get(name, deliverer.bound.initial)
+                    now, events_out = deliverer.events(key, had, old, new, ev)
+                    if not events_out:
+                        continue
+                    last[name] = now
+                    for e in events_out:
+                        fixed = {
+                            n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
+                        }
+                        out.append((target, [*order, position, k], fixed))
+                        k += 1
+        return (rows, last), out
+
+
+class _StateProcessor(StatefulProcessor):
+    """``transformWithState`` over one stateful group (its folder is built on the executor)."""
+
+    def __init__(self, graph: Graph, group: StatefulGroup, log: Log) -> None:
+        self.graph = graph
+        self.group = group
+        self.log = log
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("fold", StructType([StructField("data", BinaryType())]))
+        self.folder = GroupFolder(self.graph, self.group)
+        self.columns = [self.log.column(t) for t in self.group.targets]
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
+        fields = self.folder.fields
+        events = [(list(r["_order"]), {f: r[f] for f in fields if r[f] is not None}) for r in rows]
+        got = self.state.get()
+        stored = pickle.loads(got[0]) if got is not None else None
+        state, out = self.folder.fold(stored, events)
+        self.state.update((pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),))
+        results = []
+        for target, order, ev in out:
+            cols: dict[str, Any] = dict.fromkeys(self.columns)
+            cols[self.columns[target]] = Row(**ev)
+            results.append(Row(_point=self.group.targets[target], _order=order, **cols))
+        return iter(results)
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------- matched routes
+
+
+@dataclass
+class _MatchedPoint:
+    """The routes of one point served through a broadcast matcher (their selects as subscriptions)."""
+
+    routes: list[tuple[int, Route]]
+    version: int = 0
+    shipped: Any = None
+
+
+_MATCHERS: dict[str, Matcher] = {}
+
+
+def _executor_matcher(version: str, payload: Any) -> Matcher:
+    matcher = _MATCHERS.get(version)
+    if matcher is None:
+        matcher = pickle.loads(payload.value)
+        matcher.workers = 1
+        _MATCHERS.clear()
+        _MATCHERS[version] = matcher
+    return matcher
+
+
+def _match_routes(
+    batches: Iterator[pa.RecordBatch], version: str, payload: Any, fields: list[str]
+) -> Iterator[pa.RecordBatch]:
+    """Each event once per route whose select it passes, with the route's index in ``_route``."""
+    matcher = _executor_matcher(version, payload)
+    for batch in batches:
+        results = matcher.match_batch(batch.select(fields))
+        if not results:
+            continue
+        counts = np.fromiter((r.size for r in results), np.int64, len(results))
+        if not counts.any():
+            continue
+        take = np.repeat(np.arange(len(results)), counts)
+        routes = np.concatenate(results).astype(np.int64)
+        out = batch.take(pa.array(take))
+        yield out.append_column("_route", pa.array(routes))
+
+
+# ------------------------------------------------------------------ reporting
+
+
+@dataclass
+class BatchReport:
+    """One micro-batch of one query: rows in, rows out per subscription point."""
+
+    query: str
+    batch: int
+    rows_in: int
+    out: dict[str, int]
+    seconds: float
+
+
+@dataclass
+class _Stats:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    batches: int = 0
+    events_in: int = 0
+    out: dict[str, int] = field(default_factory=dict)
+    reports: list[BatchReport] = field(default_factory=list)
+
+    def add(self, report: BatchReport, *, counts_input: bool) -> None:
+        with self.lock:
+            self.batches += 1
+            if counts_input:
+                self.events_in += report.rows_in
+            for point, n in report.out.items():
+                self.out[point] = self.out.get(point, 0) + n
+            self.reports.append(report)
+
+
+# ------------------------------------------------------------------- the run
+
+
+class SparkFlow:
+    """Graph ``graph`` (original or rewritten) run on ``spark``, outputs and state under ``out``.
+
+    Build, :meth:`ingest` (or :meth:`ingest_generator`), :meth:`start`, then
+    :meth:`process_available` (blocks until every query has processed all its
+    input) or let it run; :meth:`stop` always (it is a context manager too).
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        graph: Graph,
+        out: Path,
+        *,
+        sink: SinkFormat = "parquet",
+        callback: Callback | None = None,
+        batch_events: int = 2000,
+        files_per_batch: int = 1,
+        matcher_min: int = 64,
+        on_batch: Callable[[BatchReport], None] | None = None,
+    ) -> None:
+        if sink not in ("parquet", "jsonl", "console"):
+            raise FlowError(f"unknown sink {sink!r} (parquet, jsonl or console)")
+        self.spark = spark
+        self.source_graph = graph
+        self.graph = rewrite(graph)
+        self.plan: FlowPlan = plan(self.graph)
+        self.out = Path(out)
+        self.work = self.out / "_flowbus"
+        self.sink = sink
+        self.callback = callback
+        self.batch_events = batch_events
+        self.files_per_batch = files_per_batch
+        self.matcher_min = matcher_min
+        self.on_batch = on_batch
+        self.functions = self.graph.all_functions
+        self.stats = _Stats()
+        self.queries: dict[str, StreamingQuery] = {}
+        self._query_logs: dict[str, str] = {}
+        self._matched: dict[str, _MatchedPoint] = {}
+        self._lock = threading.Lock()
+        self._compiled: dict[str, list[tuple[str, list[tuple[int, Route, Column, list[Column]]]]]] = {}
+        for log in self.plan.logs:
+            self._compiled[log.name] = self._compile_deliveries(log)
+
+    # ------------------------------------------------------------ input
+
+    def _log_dir(self, name: str) -> Path:
+        return self.work / "logs" / name
+
+    def input_log(self) -> InputLog:
+        return InputLog(
+            self.graph, self.plan.log(INPUT), self._log_dir(INPUT), batch_events=self.batch_events
+        )
+
+    def ingest_generator(self, events: Iterable[tuple[str, Mapping[str, Any]]], *, fingerprint: str) -> int:
+        """Write ``events`` to the input log, unless this ``out`` already holds them (then resume).
+
+        ``fingerprint`` names the input (spec, generator, count, seed): a
+        directory holding another input is refused rather than mixed.
+        """
+        marker = self.work / "ingested.json"
+        if marker.exists():
+            done = json.loads(marker.read_text())
+            if done.get("fingerprint") != fingerprint:
+                raise FlowError(
+                    f"{str(self.out)!r} holds the outputs of another input ({done.get('fingerprint')}); "
+                    "choose another --out or delete it"
+                )
+            return int(done["events"])
+        if self.work.exists():  # an ingest that did not finish: no query has read it
+            shutil.rmtree(self.work)
+        n = self.input_log().publish_all(events)
+        marker.write_text(json.dumps({"fingerprint": fingerprint, "events": n}))
+        return n
+
+    # -------------------------------------------------------- compiling
+
+    def _compiler(self, point: str) -> ColumnCompiler:
+        return ColumnCompiler(self.functions, dict(self.graph.event_space(point).schema.fields))
+
+    def _route_columns(self, point: str, route: Route, position: int) -> tuple[Column, list[Column]]:
+        cond, outputs = route_columns(route, self._compiler(point))
+        schema = self.graph.event_space(route.target).schema
+        cast = [
+            c.cast(spark_type(schema.fields[name])).alias(name)
+            for c, (name, _) in zip(outputs, route.outputs, strict=True)
+        ]
+        return cond, [_extend(F.col("_order"), position).alias("_order"), *cast]
+
+    def _compile_deliveries(
+        self, log: Log
+    ) -> list[tuple[str, list[tuple[int, Route, Column, list[Column]]]]]:
+        compiled: list[tuple[str, list[tuple[int, Route, Column, list[Column]]]]] = []
+        for point, routes in self.plan.deliveries(log):
+            if len(routes) >= self.matcher_min:
+                self._matched[point] = _MatchedPoint(routes)
+                compiled.append((point, []))
+                continue
+            compiled.append((point, [(pos, r, *self._route_columns(point, r, pos)) for pos, r in routes]))
+        return compiled
+
+    def replace_routes(self, point: str, routes: Sequence[Route]) -> None:
+        """Serve ``point``'s matched routes by ``routes`` from the next micro-batch on (a new broadcast).
+
+        Only for a point served through the matcher (``matcher_min`` routes or
+        more at start); each route's target must be a subscription point.
+        """
+        mp = self._matched.get(point)
+        if mp is None:
+            raise FlowError(f"{point!r} is not a point served through the matcher")
+        for r in routes:
+            if r.source != point:
+                raise FlowError(f"route {r.name!r} leaves {r.source!r}, not {point!r}")
+            if not self.graph.has_space(r.target) or r.target not in self.plan.recorded:
+                raise FlowError(f"route {r.name!r}: {r.target!r} is not a subscription point")
+        with self._lock:
+            mp.routes = list(enumerate(routes))
+            mp.version += 1
+            mp.shipped = None
+
+    def _shipped(self, point: str, mp: _MatchedPoint) -> tuple[str, Any, list[tuple[int, Route]]]:
+        with self._lock:
+            if mp.shipped is None:
+                matcher = Matcher(functions=self.functions)
+                matcher.add_many((i, r.select) for i, r in mp.routes)
+                data = pickle.dumps(matcher, protocol=pickle.HIGHEST_PROTOCOL)
+                version = f"{point}/{mp.version}/{uuid.uuid4().hex}"
+                mp.shipped = (version, self.spark.sparkContext.broadcast(data), list(mp.routes))
+            return mp.shipped  # type: ignore[no-any-return]
+
+    def _matched_rows(self, point: str, pdf: DataFrame) -> list[DataFrame]:
+        mp = self._matched[point]
+        version, payload, routes = self._shipped(point, mp)
+        schema = pdf.schema.add(StructField("_route", LongType()))
+        fields = list(self.graph.event_space(point).schema.fields)
+        matched = pdf.mapInArrow(
+            partial(_match_routes, version=version, payload=payload, fields=fields), schema
+        )
+        out: list[DataFrame] = []
+        # routes with the same outputs share one projection
+        groups: dict[tuple[Any, ...], list[tuple[int, Route]]] = {}
+        for i, r in routes:
+            groups.setdefault((r.outputs, r.requires), []).append((i, r))
+        for members in groups.values():
+            _, first = members[0]
+            _, columns = self._route_columns(point, first, 0)
+            ids = [i for i, _ in members]
+            targets = F.create_map(*(x for i, r in members for x in (F.lit(i), F.lit(r.target))))
+            rows = matched.where(F.col("_route").isin(ids))
+            defined = self._defined_columns(point, first)
+            if defined is not None:
+                rows = rows.where(defined)
+            rows = rows.select(
+                F.concat(F.col("_order"), F.array(F.col("_route"))).alias("_order"),
+                *columns[1:],
+                targets[F.col("_route")].alias("_target"),
+            )
+            out.append(rows)
+        return out
+
+    def _defined_columns(self, point: str, route: Route) -> Column | None:
+        """The route's requirements and outputs defined (its select is the matcher's business)."""
+        compiler = self._compiler(point)
+        parts = [compiler.defined(e) for e in route.requires] + [
+            compiler.defined(e) for _, e in route.outputs
+        ]
+        return reduce(lambda a, b: a & b, parts) if parts else None
+
+    # ----------------------------------------------------------- queries
+
+    def _stream(self, log: Log) -> DataFrame:
+        reader = self.spark.readStream.schema(log_schema(self.graph, log))
+        if log.name == INPUT:
+            reader = reader.option("maxFilesPerTrigger", self.files_per_batch)
+        path = self._log_dir(log.name)
+        path.mkdir(parents=True, exist_ok=True)
+        return reader.parquet(str(path))
+
+    def _point_rows(self, df: DataFrame, log: Log, point: str) -> DataFrame:
+        return df.where(F.col("_point") == point).select("_order", f"{log.column(point)}.*")
+
+    def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        df = df.persist()
+        try:
+            rows_in = df.count()
+            targets: dict[str, list[DataFrame]] = {}
+            matched: list[tuple[str, DataFrame]] = []
+            for point, routes in self._compiled[log.name]:
+                pdf = self._point_rows(df, log, point)
+                if point in self.plan.recorded:
+                    targets.setdefault(point, []).append(pdf)
+                if point in self._matched:
+                    matched.extend((point, m) for m in self._matched_rows(point, pdf))
+                for _pos, route, cond, columns in routes:
+                    targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
+            counts: dict[str, int] = {}
+            for target, frames in targets.items():
+                counts[target] = self._write(target, _union(frames), log.name, batch_id)
+            for point, frame in matched:
+                counts.update(self._write_matched(point, frame, log.name, batch_id))
+        finally:
+            df.unpersist()
+        self._report(BatchReport(f"deliver {log.name}", batch_id, rows_in, counts, time.perf_counter() - t0))
+
+    def _report(self, report: BatchReport) -> None:
+        self.stats.add(report, counts_input=report.query == f"deliver {INPUT}")
+        if self.on_batch is not None:
+            self.on_batch(report)
+
+    def _write(self, point: str, rows: DataFrame, log: str, batch_id: int) -> int:
+        path = self.out / point / f"{log}-{batch_id:06d}"
+        if self.callback is not None:
+            rows = rows.persist()
+            try:
+                n = rows.count()
+                self.callback(point, batch_id, rows)
+            finally:
+                rows.unpersist()
+            return n
+        if self.sink == "console":
+            rows = rows.persist()
+            try:
+                n = rows.count()
+                if n:
+                    print(f"-- {point}: batch {log}-{batch_id}, {n} events")
+                    rows.orderBy("_order").show(20, truncate=False)
+            finally:
+                rows.unpersist()
+            return n
+        observed = Observation(f"{point}-{log}-{batch_id}")
+        writer = rows.observe(observed, F.count(F.lit(1)).alias("n")).write.mode("overwrite")
+        if self.sink == "parquet":
+            writer.parquet(str(path))
+        else:
+            writer.json(str(path))
+        return int(observed.get.get("n", 0))
+
+    def _write_matched(self, point: str, rows: DataFrame, log: str, batch_id: int) -> dict[str, int]:
+        """Rows of many subscription points: one dataset per point, partitioned by ``_target``."""
+        path = self.out / f"{point}.matched" / f"{log}-{batch_id:06d}"
+        rows = rows.persist()
+        try:
+            counts = {
+                r["_target"]: r["n"]
+                for r in rows.groupBy("_target").agg(F.count(F.lit(1)).alias("n")).collect()
+            }
+            if self.callback is not None:
+                self.callback(f"{point}.matched", batch_id, rows)
+            elif self.sink == "console":
+                rows.orderBy("_order").show(20, truncate=False)
+            else:
+                writer = rows.write.mode("overwrite").partitionBy("_target")
+                writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
+        finally:
+            rows.unpersist()
+        return counts
+
+    def _state_query(self, group: StatefulGroup) -> DataFrame:
+        log_in = self.plan.log(group.log_in)
+        src = self._stream(log_in)
+        space = self.graph.event_space(group.space)
+        names = list(space.schema.fields)
+        frames = []
+        for feed in group.feeds:
+            pdf = self._point_rows(src, log_in, feed.point)
+            if feed.route is None:
+                frames.append(pdf.select("_order", *names))
+            else:
+                cond, columns = self._route_columns(feed.point, feed.route, feed.position)
+                frames.append(pdf.where(cond).select(*columns))
+        rows = _union(frames)
+        compiler = ColumnCompiler(self.functions, dict(space.schema.fields))
+        keys = []
+        for i, (_, e) in enumerate(group.key):
+            keys.append(f"_k{i}")
+            rows = rows.withColumn(f"_k{i}", compiler.single(compiler.value(e), e))
+        log_out = self.plan.log(group.log_out)
+        processor = _StateProcessor(self.graph, group, log_out)
+        return rows.groupBy(*keys).transformWithState(
+            processor, log_schema(self.graph, log_out), "Append", "None"
+        )
+
+    def start(self) -> None:
+        """Start every query (state queries write the logs the next level's delivery queries read)."""
+        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", STATE_STORE)
+        ck = self.work / "checkpoints"
+        try:
+            for log in self.plan.logs:
+                name = f"deliver-{log.name}"
+                q = (
+                    self._stream(log)
+                    .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
+                    .option("checkpointLocation", str(ck / name))
+                    .foreachBatch(partial(self._deliver_batch, log))
+                    .start()
+                )
+                self.queries[name] = q
+                self._query_logs[name] = log.name
+            for group in self.plan.groups:
+                name = f"state-{group.name}"
+                q = (
+                    self._state_query(group)
+                    .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
+                    .format("parquet")
+                    .option("path", str(self._log_dir(group.log_out)))
+                    .option("checkpointLocation", str(ck / name))
+                    .start()
+                )
+                self.queries[name] = q
+                self._query_logs[name] = group.log_in
+        except Exception:
+            self.stop()
+            raise
+
+    def process_available(self) -> None:
+        """Block until every query has processed all the input there is (level by level)."""
+        for level in self.plan.levels():
+            for name, q in self.queries.items():
+                if self._query_logs[name] in level:
+                    try:
+                        q.processAllAvailable()
+                    except Exception as exc:  # a StreamingQueryException: the query failed
+                        raise FlowError(f"query {name} failed: {_first_line(exc)}") from exc
+
+    def check(self) -> None:
+        """Raise :class:`FlowError` if a query has failed."""
+        for name, q in self.queries.items():
+            exc = q.exception()
+            if exc is not None:
+                raise FlowError(f"query {name} failed: {_first_line(exc)}")
+
+    def stop(self) -> None:
+        for q in self.queries.values():
+            with contextlib.suppress(Exception):
+                q.stop()
+
+    def __enter__(self) -> SparkFlow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _union(frames: Sequence[DataFrame]) -> DataFrame:
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:500]
+    return type(exc).__name__
+
+
+def fingerprint(spec_text: str, generator: str, events: int, seed: int) -> str:
+    digest = hashlib.sha256(spec_text.encode()).hexdigest()[:12]
+    return f"{generator}:{events}:{seed}:{digest}"
+
+
+def read_outputs(
+    spark: SparkSession, out: Path, point: str, sink: SinkFormat = "parquet"
+) -> list[dict[str, Any]]:
+    """The events written for ``point`` (without ``_order``), in ``_order``."""
+    base = Path(out) / point
+    if not base.exists() or not any(base.iterdir()):
+        return []
+    reader = spark.read.parquet if sink == "parquet" else spark.read.json
+    df = reader(str(base / "*"))
+    rows = [r.asDict(recursive=True) for r in df.orderBy("_order").collect()]
+    return [{k: v for k, v in r.items() if k != "_order" and v is not None} for r in rows]

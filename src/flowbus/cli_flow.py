@@ -154,24 +154,55 @@ def expand(
 
 def run(
     spec: SpecArgument,
-    engine: Annotated[str, typer.Option(help="local (the reference interpreter) or spark.")] = "local",
+    engine: Annotated[
+        str, typer.Option(help="spark (default) or local (the reference interpreter).")
+    ] = "spark",
     events: Annotated[
         int | None, typer.Option(min=0, help="Events to generate (default: the spec's).")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Write one JSONL file per subscription point here.")
+        Path | None,
+        typer.Option(help="Output directory (spark default: out/FLOW; local: none unless given)."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the generator (default: the spec's).")] = None,
-    graph: Annotated[str, typer.Option(help="rewritten (default) or original.")] = "rewritten",
+    graph: Annotated[str, typer.Option(help="local engine: rewritten (default) or original.")] = "rewritten",
+    master: Annotated[
+        str | None, typer.Option(help="spark: a cluster's master URL (default: local[*]).")
+    ] = None,
+    remote: Annotated[
+        str | None, typer.Option(help="spark: a Spark Connect server (sc://HOST:PORT).")
+    ] = None,
+    sink: Annotated[
+        str, typer.Option("--format", help="spark: parquet, jsonl or console, per subscription point.")
+    ] = "parquet",
+    batch_events: Annotated[
+        int, typer.Option(min=1, help="spark: events per input file, one file per micro-batch.")
+    ] = 2000,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(help="spark: POINT=DIR, JSON lines or Parquet files of a publication point."),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option(help="spark: keep ingesting new files of the sources until Ctrl-C.")
+    ] = False,
+    timeout: Annotated[float | None, typer.Option(min=0, help="spark: stop after this many seconds.")] = None,
+    fresh: Annotated[
+        bool, typer.Option(help="spark: start over rather than resume a run found in --out.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Run a flow spec over its generated input; outputs go to one JSONL file per subscription point."""
-    if engine == "spark":
-        _fail("the spark engine is not available yet")
-    if engine != "local":
-        _fail(f"unknown engine {engine!r} (expected local or spark)")
+    """Run a flow spec: on Spark (Structured Streaming) by default, or the local reference interpreter."""
+    if engine not in ("spark", "local"):
+        _fail(f"unknown engine {engine!r} (expected spark or local)")
     if graph not in ("rewritten", "original"):
         _fail(f"unknown graph {graph!r} (expected rewritten or original)")
+    if engine == "spark":
+        _run_spark_cli(
+            spec, master=master, remote=remote, events=events, seed=seed, out=out, sink=sink,
+            batch_events=batch_events, sources=source or [], follow=follow, timeout=timeout,
+            fresh=fresh, as_json=as_json,
+        )  # fmt: skip
+        return
     try:
         doc = _run_local(spec, events=events, seed=seed, out=out, rewritten=graph == "rewritten")
     except FlowbusError as exc:
@@ -185,6 +216,30 @@ def run(
     flat.update({f"output {name}": o["events"] for name, o in doc["outputs"].items()})
     flat.update({f"state {name}": f"{n} rows" for name, n in doc["states"].items()})
     _cli().emit(flat, as_json=False, title=f"flowbus run {spec} (local engine)")
+
+
+def _run_spark_cli(spec: Path, *, as_json: bool, **options: Any) -> None:
+    from flowbus.cli_run import run_spark
+
+    cli = _cli()
+    try:
+        doc = run_spark(spec, live=not as_json and cli.err.is_terminal, err_console=cli.err, **options)
+    except FlowbusError as exc:
+        _fail(str(exc))
+    if as_json:
+        cli.emit(doc, as_json=True, title="")
+        return
+    flat = {k: v for k, v in doc.items() if k != "outputs"}
+    flat.update(
+        {f"output {name}": f"{o['events']:,} events  {o['path'] or ''}" for name, o in doc["outputs"].items()}
+    )
+    cli.emit(flat, as_json=False, title=f"flowbus run {spec} (Spark)")
+    if doc["format"] != "console":
+        cli.out.print(
+            f"outputs: {doc['out']}/<point>/<log>-<batch>/ ({doc['format']}); "
+            f"read one with spark.read.{'parquet' if doc['format'] == 'parquet' else 'json'}"
+            f"('{doc['out']}/<point>/*')"
+        )
 
 
 def _run_local(

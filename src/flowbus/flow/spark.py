@@ -72,7 +72,7 @@ from flowbus.filters.ast import Undefined
 from flowbus.flow.collapse import BoundRules, Key
 from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.errors import FlowError
-from flowbus.flow.eventlog import InputLog
+from flowbus.flow.eventlog import InputLog, read_source_dir
 from flowbus.flow.graph import Collapse, Expand, Graph, Route
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
@@ -371,6 +371,31 @@ class SparkFlow:
         n = self.input_log().publish_all(events)
         marker.write_text(json.dumps({"fingerprint": fingerprint, "events": n}))
         return n
+
+    def ingest_dirs(self, dirs: Mapping[str, Path]) -> int:
+        """Write the events of the files not yet read in ``dirs`` (point -> directory); events so far.
+
+        Files are read in name order, directory by directory; the names read
+        are kept under ``OUT/_flowbus``, so a resumed or following run reads
+        each file once.
+        """
+        record = self.work / "ingested-files.json"
+        state: dict[str, Any] = {"seq": 0, "files": {}}
+        if record.exists():
+            state = json.loads(record.read_text())
+        log = self.input_log()
+        log.seq = int(state["seq"])
+        for point, directory in dirs.items():
+            done = set(state["files"].get(point, []))
+            for _name, ev in read_source_dir(Path(directory), done):
+                log.publish(point, ev)
+            state["files"][point] = sorted(done)
+        log.flush()
+        state["seq"] = log.seq
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(record)
+        return log.seq
 
     # -------------------------------------------------------- compiling
 

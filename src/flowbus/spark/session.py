@@ -16,6 +16,8 @@ How it works:
   The executors still need numpy, numba and pyarrow installed; an interpreter
   named by ``PYSPARK_PYTHON`` in the environment is kept for clusters (its path
   on the workers may differ from the driver's).
+* The JVM's standard output is the process's standard error, so that
+  ``--json`` output is never mixed with what Spark prints.
 * Without pyspark, or without Java for a JVM-backed session, a
   :class:`~flowbus.errors.FlowbusError` says what to install.
 """
@@ -42,6 +44,7 @@ _LOCAL_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.showConsoleProgress": "false",
 }
 
 
@@ -115,14 +118,35 @@ def spark_session(
         builder = builder.remote(remote)
     else:
         builder = builder.master(master or "local[*]")
-        for key, value in (_LOCAL_CONF if local else {"spark.ui.enabled": "false"}).items():
+        for key, value in (
+            _LOCAL_CONF if local else {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+        ).items():
             builder = builder.config(key, value)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    spark: SparkSession = builder.getOrCreate()
+    spark: SparkSession = _quiet_stdout(builder.getOrCreate) if remote is None else builder.getOrCreate()
     if not local:
         spark.addArtifacts(str(flowbus_zip()), pyfile=True)
     return spark
+
+
+def _quiet_stdout(start: Any) -> Any:
+    """Call ``start`` with file descriptor 1 pointing at standard error.
+
+    The JVM a session starts inherits the descriptors of the moment; what it and
+    the Python workers it spawns print (``transformWithState`` workers do) then
+    goes to standard error, and standard output stays ours (``--json`` prints
+    exactly one document there).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        return start()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _set_python(*, override: bool) -> None:

@@ -109,7 +109,11 @@ def test_expand_several_keys_and_another_state() -> None:
             "neither",
         ),
         (("flow", "expand", SPEC, "--state", "max_cur", "--from", TO, "--to", FROM), "no event sequence"),
-        (("run", SPEC, "--engine", "spark"), "the spark engine is not available yet"),
+        (("run", SPEC, "--remote", "sc://127.0.0.1:1"), "Spark Connect"),
+        (("run", SPEC, "--source", "NYSE"), "POINT=DIR"),
+        (("run", SPEC, "--source", "nope=."), "no space 'nope'"),
+        (("run", SPEC, "--follow"), "--follow needs --source"),
+        (("run", SPEC, "--format", "csv"), "unknown --format 'csv'"),
         (("run", SPEC, "--engine", "flink"), "unknown engine 'flink'"),
     ],
 )
@@ -134,7 +138,19 @@ def test_run_writes_one_jsonl_file_per_subscription_point(tmp_path: Path) -> Non
     for name, o in doc["outputs"].items():
         assert len((out / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()) == o["events"]
     again = json.loads(
-        invoke("run", SPEC, "--events", "1500", "--seed", "5", "--graph", "original", "--json").stdout
+        invoke(
+            "run",
+            SPEC,
+            "--engine",
+            "local",
+            "--events",
+            "1500",
+            "--seed",
+            "5",
+            "--graph",
+            "original",
+            "--json",
+        ).stdout
     )
     assert {k: v["events"] for k, v in again["outputs"].items()} == {
         k: v["events"] for k, v in doc["outputs"].items()
@@ -169,9 +185,9 @@ def test_python_m_flowbus_flow_expand() -> None:
         {"name": "IBM", "price": 120.0},
     ]
     bad = subprocess.run(
-        [sys.executable, "-m", "flowbus", "run", SPEC, "--engine", "spark"],
+        [sys.executable, "-m", "flowbus", "run", SPEC, "--format", "csv"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert bad.returncode == 2 and "not available yet" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "unknown --format" in bad.stderr and "Traceback" not in bad.stderr

@@ -455,7 +455,7 @@ class SparkFlow:
     def _matched_rows(self, point: str, pdf: DataFrame) -> list[DataFrame]:
         mp = self._matched[point]
         version, payload, routes = self._shipped(point, mp)
-        schema = pdf.schema.add(StructField("_route", LongType()))
+        schema = StructType([*pdf.schema.fields, StructField("_route", LongType())])
         fields = list(self.graph.event_space(point).schema.fields)
         matched = pdf.mapInArrow(
             partial(_match_routes, version=version, payload=payload, fields=fields), schema
@@ -697,3 +697,20 @@ def read_outputs(
     df = reader(str(base / "*"))
     rows = [r.asDict(recursive=True) for r in df.orderBy("_order").collect()]
     return [{k: v for k, v in r.items() if k != "_order" and v is not None} for r in rows]
+
+
+def read_matched(spark: SparkSession, out: Path, point: str) -> dict[str, list[dict[str, Any]]]:
+    """The events delivered through ``point``'s matcher (Parquet), per subscription point, in ``_order``."""
+    base = Path(out) / f"{point}.matched"
+    if not base.is_dir():
+        return {}
+    frames = [spark.read.parquet(str(d)) for d in sorted(base.iterdir()) if d.is_dir() and any(d.iterdir())]
+    if not frames:
+        return {}
+    got: dict[str, list[dict[str, Any]]] = {}
+    for r in _union(frames).orderBy("_order").collect():
+        row = r.asDict(recursive=True)
+        target = row.pop("_target")
+        row.pop("_order")
+        got.setdefault(target, []).append({k: v for k, v in row.items() if v is not None})
+    return got

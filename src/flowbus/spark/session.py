@@ -45,6 +45,9 @@ _LOCAL_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.showConsoleProgress": "false",
+    # Python workers connect back to the JVM within this time: on a loaded two-core machine several
+    # transformWithState queries starting at once take longer than the default 15 s
+    "spark.python.authenticate.socketTimeout": "120s",
 }
 
 

@@ -1,0 +1,216 @@
+"""The Spark engine against the reference interpreter: same events, same order, at every point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.spark.flowgen import random_events, random_flow
+
+from flowbus.errors import FlowbusError
+from flowbus.flow import FlowBuilder, Graph, LocalRun, load_spec, rewrite
+from flowbus.flow.errors import FlowError
+from flowbus.flow.generators import generate
+from flowbus.flow.plan import INPUT, plan
+from flowbus.flow.spark import GroupFolder, SparkFlow, fingerprint, read_matched, read_outputs
+
+STOCKS = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
+
+
+def _local(g: Graph, events: list[tuple[str, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {k: [dict(e) for e in v] for k, v in LocalRun(rewrite(g)).run(events).outputs.items()}
+
+
+def _run(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], out: Path, **kw: Any) -> SparkFlow:
+    flow = SparkFlow(spark, g, out, **kw)
+    flow.ingest_generator(events, fingerprint="test")
+    with flow:
+        flow.start()
+        flow.process_available()
+    return flow
+
+
+def _same(spark: Any, out: Path, expected: dict[str, list[dict[str, Any]]], sink: str = "parquet") -> None:
+    for point, events in expected.items():
+        got = read_outputs(spark, out, point, sink)  # type: ignore[arg-type]
+        assert got == events, f"{point}: {len(got)} events, expected {len(events)}"
+
+
+@pytest.fixture(scope="module")
+def stocks() -> Graph:
+    return load_spec(STOCKS)
+
+
+def test_the_stock_example_delivers_what_the_interpreter_delivers(
+    spark: Any, stocks: Graph, tmp_path: Path
+) -> None:
+    events = list(generate(stocks, events=1500, seed=3))
+    flow = _run(spark, stocks, events, tmp_path, batch_events=500)
+    expected = _local(stocks, events)
+    assert set(expected) == {"combined.sub", "big_trades", "compressed", "alarms"}
+    assert all(expected[p] for p in ("combined.sub", "big_trades", "compressed"))
+    _same(spark, tmp_path, expected)
+    assert flow.stats.events_in == 1500
+    # one micro-batch per input file: three for the input log's delivery query
+    assert sum(1 for r in flow.stats.reports if r.query == f"deliver {INPUT}") == 3
+
+
+def test_random_graphs_of_selects_transforms_and_collapses(spark: Any, tmp_path: Path) -> None:
+    g = random_flow(seed=7, components=3)
+    events = random_events(g, seed=7, n=600)
+    expected = _local(g, events)
+    assert sum(len(v) for v in expected.values()) > 300
+    _run(spark, g, events, tmp_path, batch_events=200, sink="jsonl")
+    _same(spark, tmp_path, expected, sink="jsonl")
+
+
+def test_a_run_resumes_from_its_checkpoints_without_duplicates(
+    spark: Any, stocks: Graph, tmp_path: Path
+) -> None:
+    events = list(generate(stocks, events=400, seed=5))
+    _run(spark, stocks, events, tmp_path, batch_events=200)
+    again = _run(spark, stocks, events, tmp_path, batch_events=200)  # same input: nothing new to do
+    assert again.stats.batches == 0
+    _same(spark, tmp_path, _local(stocks, events))
+    other = SparkFlow(spark, stocks, tmp_path)
+    with pytest.raises(FlowError, match="outputs of another input"):
+        other.ingest_generator(iter(events), fingerprint="another")
+
+
+def _subscriptions(n: int) -> Graph:
+    b = FlowBuilder("many").source("trades", {"sym": "str", "price": "float"})
+    for i in range(n):
+        b.sink(f"sub{i}", {"sym": "str", "price": "float"})
+        b.select(f"s{i}", "trades", f"sub{i}", f'sym = "S{i % 7}" & price > {i % 50}')
+    return b.build()
+
+
+def test_many_subscriptions_go_through_the_broadcast_matcher(spark: Any, tmp_path: Path) -> None:
+    g = _subscriptions(80)
+    events = [("trades", {"sym": f"S{i % 9}", "price": float(i % 60)}) for i in range(300)]
+    flow = SparkFlow(spark, g, tmp_path, batch_events=150, matcher_min=64)
+    assert "trades" in flow._matched  # no Column OR: the matcher serves the 80 routes
+    flow.ingest_generator(events, fingerprint="m")
+    with flow:
+        flow.start()
+        flow.process_available()
+        expected = _local(g, events)
+        assert read_matched(spark, tmp_path, "trades") == {k: v for k, v in expected.items() if v}
+        # subscriptions change while the query runs: the next micro-batch uses a new broadcast
+        fewer = [r for r in rewrite(g).arcs if getattr(r, "source", None) == "trades"][:3]
+        flow.replace_routes("trades", fewer)
+        log = flow.input_log()
+        log.seq = 300
+        log.publish_all(events[:150])
+        flow.process_available()
+    later = spark.read.parquet(str(tmp_path / "trades.matched" / f"{INPUT}-000002"))
+    assert {r["_target"] for r in later.select("_target").distinct().collect()} <= {r.target for r in fewer}
+    assert later.count() == sum(
+        len(v) for k, v in _local(g, events[:150]).items() if k in {r.target for r in fewer}
+    )
+    with pytest.raises(FlowError, match="not a point served through the matcher"):
+        flow.replace_routes("sub1", [])
+
+
+def test_a_callback_sink_sees_every_micro_batch(spark: Any, stocks: Graph, tmp_path: Path) -> None:
+    seen: dict[str, int] = {}
+
+    def callback(point: str, batch: int, df: Any) -> None:
+        seen[point] = seen.get(point, 0) + df.count()
+
+    events = list(generate(stocks, events=300, seed=9))
+    _run(spark, stocks, events, tmp_path, batch_events=300, callback=callback)
+    assert seen == {k: len(v) for k, v in _local(stocks, events).items() if v or k in seen}
+
+
+def test_directory_sources_are_read_once_in_name_order(spark: Any, stocks: Graph, tmp_path: Path) -> None:
+    events = list(generate(stocks, events=200, seed=4))
+    src = {"NYSE": tmp_path / "nyse", "NASDAQ": tmp_path / "nasdaq", "combined": tmp_path / "direct"}
+    for d in src.values():
+        d.mkdir()
+    chunks = (events[:120], events[120:])
+    for i, chunk in enumerate(chunks):
+        for space in src:
+            lines = [json.dumps(e) for s, e in chunk if s == space]
+            (src[space] / f"part{i}.jsonl").write_text("\n".join(lines) + "\n")
+    # the order the engine ingests in: directory by directory, files in name order
+    order = [(s, e) for space in src for chunk in chunks for s, e in chunk if s == space]
+    out = tmp_path / "out"
+    flow = SparkFlow(spark, stocks, out, batch_events=1000)
+    assert flow.ingest_dirs(src) == 200
+    assert flow.ingest_dirs(src) == 200  # nothing new
+    with flow:
+        flow.start()
+        flow.process_available()
+    _same(spark, out, _local(stocks, order))
+
+
+# ------------------------------------------------------------ no Spark needed
+
+
+def test_the_plan_of_the_stock_example(stocks: Graph) -> None:
+    p = plan(rewrite(stocks))
+    assert [log.name for log in p.logs] == [INPUT, "g0"]
+    assert p.log(INPUT).points == ("NYSE", "NASDAQ", "combined.pub")
+    (group,) = p.groups
+    assert group.space == "ticks" and [c.name for c in group.collapses] == ["C4", "C5"]
+    assert group.targets == ("compressed", "drops") and p.log("g0").points == ("compressed", "drops")
+    assert [f.point for f in group.feeds] == ["NYSE", "NASDAQ", "combined.pub"]
+    assert p.levels() == [[INPUT], ["g0"]]
+    drops = dict(p.deliveries(p.log("g0")))
+    assert [r.target for _, r in drops["drops"]] == ["alarms"] and drops["compressed"] == []
+
+
+def test_the_group_folder_is_the_interpreter_per_key(stocks: Graph) -> None:
+    g = rewrite(stocks)
+    (group,) = plan(g).groups
+    folder = GroupFolder(g, group)
+    ticks = [{"name": "IBM", "price": p} for p in (100.0, 120.0, 90.0, 60.0, 130.0)]
+    state, out = folder.fold(None, [([i], t) for i, t in enumerate(ticks[:3])])
+    state, more = folder.fold(state, [([i + 3], t) for i, t in enumerate(ticks[3:])])  # a later batch
+    run = LocalRun(g)
+    for t in ticks:
+        run._arrive("ticks", t)
+    assert [e for t, _, e in out + more if group.targets[t] == "compressed"] == run.outputs["compressed"]
+    # the largest recent drop: 30 and 60 below the peak of 120, then none after the rise to 130
+    assert [e["drop"] for t, _, e in out + more if group.targets[t] == "drops"] == [30.0, 60.0, 0.0]
+    orders = [o for _, o, _ in out + more]
+    assert orders == sorted(orders) and orders[0][:2] == [0, 0]
+
+
+def test_bad_input_is_refused_and_changes_nothing(stocks: Graph, tmp_path: Path) -> None:
+    from flowbus.flow.eventlog import InputLog
+
+    p = plan(rewrite(stocks))
+    log = InputLog(rewrite(stocks), p.log(INPUT), tmp_path, batch_events=10)
+    with pytest.raises(FlowError, match="not a publication point"):
+        log.publish("alarms", {"name": "x", "drop": 1.0})
+    with pytest.raises(FlowError, match="price"):
+        log.publish("NYSE", {"issue": "IBM", "price": "high", "vol": 1})
+    assert log.seq == 0 and log.flush() is None
+    log.publish("combined", {"com": "IBM", "price": 1, "vol": 2})  # the original graph's name
+    assert log.seq == 1 and log.flush() is not None
+
+
+def test_fingerprints_tell_inputs_apart() -> None:
+    assert fingerprint("a", "stocks", 10, 1) != fingerprint("a", "stocks", 10, 2)
+    assert fingerprint("a", "stocks", 10, 1) != fingerprint("b", "stocks", 10, 1)
+
+
+def test_no_query_is_left_running(spark: Any) -> None:
+    assert not [q for q in spark.streams.active if (q.name or "").startswith("flowbus-")]
+
+
+def _boom(x: float) -> float:
+    return x
+
+
+def test_a_function_with_no_column_is_refused_before_any_query(spark: Any, tmp_path: Path) -> None:
+    b = FlowBuilder("bad").source("a", {"x": "float"}).sink("b", {"x": "float"})
+    b.function("boom", _boom)  # a Python callable: no Column for it
+    b.transform("t", "a", "b", {"x": "boom(x)"})
+    with pytest.raises(FlowbusError, match="boom"):
+        SparkFlow(spark, b.build(), tmp_path)
+    assert not list(tmp_path.iterdir())

@@ -58,5 +58,12 @@ def match(
     except FlowbusError as exc:
         cli.fail(str(exc))
         return
-    summary = {"command": "match", "events": str(events), **result.to_dict(), "session_s": session_s}
+    where = remote if remote is not None else spark.sparkContext.master
+    summary = {
+        "command": "match",
+        "master": where,
+        "events": str(events),
+        **result.to_dict(),
+        "session_s": session_s,
+    }
     cli.emit(summary, as_json=json, title="flowbus match")

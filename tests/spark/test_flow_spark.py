@@ -55,6 +55,12 @@ def test_the_stock_example_delivers_what_the_interpreter_delivers(
     assert flow.stats.events_in == 1500
     # one micro-batch per input file: three for the input log's delivery query
     assert sum(1 for r in flow.stats.reports if r.query == f"deliver {INPUT}") == 3
+    # run again on the same directory: it resumes from the checkpoints, nothing is delivered twice
+    again = _run(spark, stocks, events, tmp_path, batch_events=500)
+    assert again.stats.batches == 0
+    _same(spark, tmp_path, expected)
+    with pytest.raises(FlowError, match="outputs of another input"):
+        SparkFlow(spark, stocks, tmp_path).ingest_generator(iter(events), fingerprint="another")
 
 
 def test_random_graphs_of_selects_transforms_and_collapses(spark: Any, tmp_path: Path) -> None:
@@ -64,19 +70,6 @@ def test_random_graphs_of_selects_transforms_and_collapses(spark: Any, tmp_path:
     assert sum(len(v) for v in expected.values()) > 300
     _run(spark, g, events, tmp_path, batch_events=200, sink="jsonl")
     _same(spark, tmp_path, expected, sink="jsonl")
-
-
-def test_a_run_resumes_from_its_checkpoints_without_duplicates(
-    spark: Any, stocks: Graph, tmp_path: Path
-) -> None:
-    events = list(generate(stocks, events=400, seed=5))
-    _run(spark, stocks, events, tmp_path, batch_events=200)
-    again = _run(spark, stocks, events, tmp_path, batch_events=200)  # same input: nothing new to do
-    assert again.stats.batches == 0
-    _same(spark, tmp_path, _local(stocks, events))
-    other = SparkFlow(spark, stocks, tmp_path)
-    with pytest.raises(FlowError, match="outputs of another input"):
-        other.ingest_generator(iter(events), fingerprint="another")
 
 
 def _subscriptions(n: int) -> Graph:

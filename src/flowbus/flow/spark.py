@@ -52,13 +52,11 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import (
     ArrayType,
-    BinaryType,
     BooleanType,
     DataType,
     DoubleType,
@@ -68,22 +66,18 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from flowbus.filters.ast import Undefined
-from flowbus.flow.collapse import BoundRules, Key
-from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.errors import FlowError
 from flowbus.flow.eventlog import InputLog, read_source_dir
-from flowbus.flow.graph import Collapse, Expand, Graph, Route
-from flowbus.flow.local import Deliverer
+from flowbus.flow.graph import Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
-from flowbus.flow.validate import bind_rules
+from flowbus.flow.spark_state import GroupFolder, StateProcessor
 from flowbus.matching import Matcher
 from flowbus.model import Schema
 from flowbus.spark.columns import ColumnCompiler
 from flowbus.spark.routes import route_columns
 
-__all__ = ["BatchReport", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
+__all__ = ["BatchReport", "GroupFolder", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
 
 SinkFormat = Literal["parquet", "jsonl", "console"]
 Callback = Callable[[str, int, DataFrame], None]
@@ -94,6 +88,8 @@ _SPARK_TYPES: Mapping[type, DataType] = {
     float: DoubleType(),
     bool: BooleanType(),
 }
+_TRANSIENT = ("failed to connect back", "CANNOT_OPEN_SOCKET")
+_MAX_RESTARTS = 3
 STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -113,109 +109,6 @@ def log_schema(g: Graph, log: Log) -> StructType:
 
 def _extend(order: Column, position: int) -> Column:
     return F.concat(order, F.array(F.lit(position).cast("long")))
-
-
-# --------------------------------------------------------------- the state fold
-
-
-class _Fold:
-    """One collapse arc of a group, bound, with the deliverers of the expand arcs out of its state."""
-
-    def __init__(self, g: Graph, arc: Collapse, targets: Sequence[str]) -> None:
-        self.name = arc.name
-        self.bound: BoundRules = bind_rules(g, arc)
-        self.deliverers: list[tuple[Deliverer, int, list[str], list[type]]] = []
-        for e in g.out_arcs(arc.target):
-            assert isinstance(e, Expand)
-            schema = g.event_space(e.target).schema
-            self.deliverers.append(
-                (
-                    Deliverer(g, e, arc),
-                    targets.index(e.target),
-                    list(schema.fields),
-                    list(schema.fields.values()),
-                )
-            )
-
-
-class GroupFolder:
-    """The per-key fold of a stateful group: what ``transformWithState`` runs for each key.
-
-    :meth:`fold` takes the key's stored state (the rows of its collapses, the
-    rows its expand arcs last delivered), the key's new events and returns the
-    new state and the derived events, each ``(target index, _order, event)``.
-    Pure Python: the state processor wraps it, and tests call it directly.
-    """
-
-    def __init__(self, g: Graph, group: StatefulGroup) -> None:
-        self.fields = list(g.event_space(group.space).schema.fields)
-        self.folds = [_Fold(g, arc, group.targets) for arc in group.collapses]
-
-    def fold(
-        self,
-        stored: tuple[dict[str, StateRow], dict[str, StateRow]] | None,
-        events: Iterable[tuple[list[int], dict[str, Any]]],
-    ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, list[int], dict[str, Any]]]]:
-        rows, last = stored if stored is not None else ({}, {})
-        out: list[tuple[int, list[int], dict[str, Any]]] = []
-        for order, ev in sorted(events, key=lambda oe: oe[0]):
-            for position, fold in enumerate(self.folds):
-                bound = fold.bound
-                try:
-                    key: Key = bound.key_of(ev)
-                except Undefined:
-                    continue
-                old = rows.get(fold.name, bound.initial)
-                new = bound.step(key, old, ev)
-                if new is None or new == old:
-                    continue
-                rows[fold.name] = new
-                k = 0
-                for deliverer, target, names, kinds in fold.deliverers:
-                    name = deliverer.arc.name
-                    had = last.get(name, deliverer.bound.initial)
-                    now, events_out = deliverer.events(key, had, old, new, ev)
-                    if not events_out:
-                        continue
-                    last[name] = now
-                    for e in events_out:
-                        fixed = {
-                            n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
-                        }
-                        out.append((target, [*order, position, k], fixed))
-                        k += 1
-        return (rows, last), out
-
-
-class _StateProcessor(StatefulProcessor):
-    """``transformWithState`` over one stateful group (its folder is built on the executor)."""
-
-    def __init__(self, graph: Graph, group: StatefulGroup, log: Log) -> None:
-        self.graph = graph
-        self.group = group
-        self.log = log
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = handle.getValueState("fold", StructType([StructField("data", BinaryType())]))
-        self.folder = GroupFolder(self.graph, self.group)
-        self.columns = [self.log.column(t) for t in self.group.targets]
-
-    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
-        fields = self.folder.fields
-        events = [(list(r["_order"]), {f: r[f] for f in fields if r[f] is not None}) for r in rows]
-        got = self.state.get()
-        stored = pickle.loads(got[0]) if got is not None else None
-        state, out = self.folder.fold(stored, events)
-        self.state.update((pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),))
-        results = []
-        for target, order, ev in out:
-            cols: dict[str, Any] = dict.fromkeys(self.columns)
-            cols[self.columns[target]] = Row(**ev)
-            results.append(Row(_point=self.group.targets[target], _order=order, **cols))
-        return iter(results)
-
-    def close(self) -> None:
-        pass
 
 
 # ------------------------------------------------------------- matched routes
@@ -335,6 +228,8 @@ class SparkFlow:
         self.stats = _Stats()
         self.queries: dict[str, StreamingQuery] = {}
         self._query_logs: dict[str, str] = {}
+        self._starters: dict[str, Callable[[], StreamingQuery]] = {}
+        self._restarts: dict[str, int] = {}
         self._matched: dict[str, _MatchedPoint] = {}
         self._lock = threading.Lock()
         self._compiled: dict[str, list[tuple[str, list[tuple[int, Route, Column, list[Column]]]]]] = {}
@@ -600,58 +495,83 @@ class SparkFlow:
             keys.append(f"_k{i}")
             rows = rows.withColumn(f"_k{i}", compiler.single(compiler.value(e), e))
         log_out = self.plan.log(group.log_out)
-        processor = _StateProcessor(self.graph, group, log_out)
+        processor = StateProcessor(self.graph, group, log_out)
         return rows.groupBy(*keys).transformWithState(
             processor, log_schema(self.graph, log_out), "Append", "None"
+        )
+
+    def _start_delivery(self, log: Log) -> StreamingQuery:
+        name = f"deliver-{log.name}"
+        return (
+            self._stream(log)
+            .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
+            .option("checkpointLocation", str(self.work / "checkpoints" / name))
+            .foreachBatch(partial(self._deliver_batch, log))
+            .start()
+        )
+
+    def _start_state(self, group: StatefulGroup) -> StreamingQuery:
+        name = f"state-{group.name}"
+        return (
+            self._state_query(group)
+            .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
+            .format("parquet")
+            .option("path", str(self._log_dir(group.log_out)))
+            .option("checkpointLocation", str(self.work / "checkpoints" / name))
+            .start()
         )
 
     def start(self) -> None:
         """Start every query (state queries write the logs the next level's delivery queries read)."""
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", STATE_STORE)
-        ck = self.work / "checkpoints"
         try:
             for log in self.plan.logs:
-                name = f"deliver-{log.name}"
-                q = (
-                    self._stream(log)
-                    .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
-                    .option("checkpointLocation", str(ck / name))
-                    .foreachBatch(partial(self._deliver_batch, log))
-                    .start()
-                )
-                self.queries[name] = q
-                self._query_logs[name] = log.name
+                self._starters[f"deliver-{log.name}"] = partial(self._start_delivery, log)
+                self._query_logs[f"deliver-{log.name}"] = log.name
             for group in self.plan.groups:
-                name = f"state-{group.name}"
-                q = (
-                    self._state_query(group)
-                    .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
-                    .format("parquet")
-                    .option("path", str(self._log_dir(group.log_out)))
-                    .option("checkpointLocation", str(ck / name))
-                    .start()
-                )
-                self.queries[name] = q
-                self._query_logs[name] = group.log_in
+                self._starters[f"state-{group.name}"] = partial(self._start_state, group)
+                self._query_logs[f"state-{group.name}"] = group.log_in
+            for name, starter in self._starters.items():
+                self.queries[name] = starter()
         except Exception:
             self.stop()
             raise
 
+    def _restart(self, name: str, exc: BaseException) -> bool:
+        """Restart query ``name`` from its checkpoint after a transient failure (False: not transient).
+
+        A Python worker that starts too slowly on a busy machine misses the
+        JVM's connect-back deadline; the query restarts where its checkpoint
+        says, so nothing is lost or delivered twice.
+        """
+        text = str(exc)
+        if not any(t in text for t in _TRANSIENT) or self._restarts.get(name, 0) >= _MAX_RESTARTS:
+            return False
+        self._restarts[name] = self._restarts.get(name, 0) + 1
+        with contextlib.suppress(Exception):
+            self.queries[name].stop()
+        self.queries[name] = self._starters[name]()
+        return True
+
     def process_available(self) -> None:
         """Block until every query has processed all the input there is (level by level)."""
         for level in self.plan.levels():
-            for name, q in self.queries.items():
-                if self._query_logs[name] in level:
+            for name in list(self.queries):
+                if self._query_logs[name] not in level:
+                    continue
+                while True:
                     try:
-                        q.processAllAvailable()
+                        self.queries[name].processAllAvailable()
+                        break
                     except Exception as exc:  # a StreamingQueryException: the query failed
-                        raise FlowError(f"query {name} failed: {_first_line(exc)}") from exc
+                        if not self._restart(name, exc):
+                            raise FlowError(f"query {name} failed: {_first_line(exc)}") from exc
 
     def check(self) -> None:
-        """Raise :class:`FlowError` if a query has failed."""
-        for name, q in self.queries.items():
+        """Raise :class:`FlowError` if a query has failed (one that failed transiently is restarted)."""
+        for name, q in list(self.queries.items()):
             exc = q.exception()
-            if exc is not None:
+            if exc is not None and not self._restart(name, exc):
                 raise FlowError(f"query {name} failed: {_first_line(exc)}")
 
     def stop(self) -> None:
@@ -695,6 +615,8 @@ def read_outputs(
         return []
     reader = spark.read.parquet if sink == "parquet" else spark.read.json
     df = reader(str(base / "*"))
+    if "_order" not in df.columns:  # JSON lines of micro-batches that delivered nothing
+        return []
     rows = [r.asDict(recursive=True) for r in df.orderBy("_order").collect()]
     return [{k: v for k, v in r.items() if k != "_order" and v is not None} for r in rows]
 

@@ -1,0 +1,140 @@
+"""``flowbus match`` on a real standalone cluster: a master and a worker on 127.0.0.1 (see cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flowbus.filters import parse
+
+from .cluster import StandaloneCluster, run_flowbus, standalone
+
+SYMBOLS = ["IBM", "MSFT", "AAPL", "AMZN", "MU", "ORCL"]
+VENUES = ["NYSE", "NASDAQ", "LSE"]
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """One master and one worker (1 core, 1 GiB) shared by this module's tests; stopped after them."""
+    with standalone(tmp_path_factory.mktemp("spark-standalone")) as cluster:
+        yield cluster
+
+
+def _events(n: int, rng: random.Random) -> pa.Table:
+    rows = [
+        {
+            "event_id": 10_000 + 3 * i,  # not 0..n-1: the ids must come from the column
+            "sym": rng.choice(SYMBOLS),
+            "price": round(rng.uniform(0, 200), 2),
+            "vol": rng.randrange(0, 1000),
+            "venue": rng.choice(VENUES) if i % 5 else None,  # a missing attribute
+        }
+        for i in range(n)
+    ]
+    schema = pa.schema(
+        [("event_id", pa.int64()), ("sym", pa.string()), ("price", pa.float64()), ("vol", pa.int64()),
+         ("venue", pa.string())]
+    )  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _filters(n: int, rng: random.Random) -> list[str]:
+    fixed = [
+        'price > 100 & sym = "IBM"',
+        'sym = "MSFT" | vol < 50',
+        'sym prefix "A" & price <= 42.5',
+        "vol between 100 and 120",
+        'exists venue & venue = "LSE" & price > 150',
+        'not exists venue & sym in {"MU", "ORCL"}',
+        'sym != "IBM" & vol >= 990',
+    ]
+    made = [
+        f'sym = "{rng.choice(SYMBOLS)}" & price {rng.choice(["<", ">", "<=", ">="])} {rng.randrange(0, 200)}'
+        if i % 2
+        else f'venue = "{rng.choice(VENUES)}" & vol > {rng.randrange(0, 1000)}'
+        for i in range(n - len(fixed))
+    ]
+    return fixed + made
+
+
+def test_match_on_a_standalone_cluster_equals_brute_force(
+    standalone_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    rng = random.Random(20240611)
+    events = _events(400, rng)
+    texts = _filters(60, rng)
+    sub_ids = [f"s{i}" for i in range(len(texts))]
+    events_path, subs_path, out_path = tmp_path / "events.parquet", tmp_path / "subs.parquet", tmp_path / "o"
+    pq.write_table(events, events_path)
+    pq.write_table(pa.table({"sub_id": sub_ids, "filter": texts}), subs_path)
+    cluster = standalone_cluster
+    apps_before = {app["id"] for app in cluster.completed_apps()}
+
+    res = run_flowbus(
+        cluster,
+        "match", "--events", str(events_path), "--subscriptions", str(subs_path), "--out", str(out_path),
+        "--master", cluster.master_url, "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-5000:]}\n{cluster.logs()}"
+
+    out = pq.read_table(out_path)
+    got = sorted(zip(out.column("event_id").to_pylist(), out.column("sub_id").to_pylist(), strict=True))
+    filters = [(sid, parse(text)) for sid, text in zip(sub_ids, texts, strict=True)]
+    want = sorted(
+        (row["event_id"], sid)
+        for row in events.to_pylist()
+        for sid, f in filters
+        if f.matches({k: v for k, v in row.items() if v is not None and k != "event_id"})
+    )
+    assert len(want) > 200 and len({s for _, s in want}) > 30  # the check has teeth
+    assert got == want
+
+    doc: dict[str, Any] = json.loads(res.stdout)
+    assert doc["command"] == "match"
+    assert doc["pairs"] == len(want) and doc["subscriptions"] == len(texts)
+    assert doc["master"] == cluster.master_url
+    # It ran on the cluster: the master saw the application through, whose executor (launched by our
+    # worker) called the driver back on 127.0.0.1.
+    apps = cluster.apps_completed_since(apps_before)
+    assert [(app["name"], app["state"]) for app in apps] == [("flowbus-match", "FINISHED")], apps
+    logs = cluster.executor_logs(apps[0]["id"])
+    assert logs, f"no executor was launched\n{cluster.logs()}"
+    assert '--driver-url" "spark://CoarseGrainedScheduler@127.0.0.1:' in logs[0].read_text(errors="replace")
+
+
+def test_run_on_a_standalone_cluster_delivers_what_the_interpreter_delivers(
+    standalone_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    from flowbus.flow import LocalRun, load_spec, rewrite
+    from flowbus.flow.generators import generate
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
+    out = tmp_path / "out"
+    res = run_flowbus(
+        standalone_cluster,
+        "run", str(spec), "--master", standalone_cluster.master_url, "--events", "800", "--seed", "2",
+        "--batch-events", "400", "--format", "jsonl", "--out", str(out), "--json",
+        cwd=tmp_path, timeout=400,
+    )  # fmt: skip
+    assert res.returncode == 0, (
+        f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-5000:]}\n{standalone_cluster.logs()}"
+    )
+    doc: dict[str, Any] = json.loads(res.stdout)
+    assert doc["master"] == standalone_cluster.master_url and doc["events"] == 800
+    g = load_spec(spec)
+    expected = LocalRun(rewrite(g)).run(generate(g, events=800, seed=2)).outputs
+    for point, events in expected.items():
+        rows = [json.loads(line) for f in sorted((out / point).glob("*/part-*.json")) for line in f.open()]
+        rows.sort(key=lambda r: r["_order"])
+        assert [{k: v for k, v in r.items() if k != "_order"} for r in rows] == [dict(e) for e in events], (
+            point
+        )
+        assert doc["outputs"][point]["events"] == len(events)

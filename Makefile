@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/flowbus demo
+	$(BIN)/flowbus run examples/stocks/flow.yaml --fresh
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -189,6 +189,13 @@ def run(
     fresh: Annotated[
         bool, typer.Option(help="spark: start over rather than resume a run found in --out.")
     ] = False,
+    collapse: Annotated[
+        str,
+        typer.Option(
+            help="spark: state (transformWithState, expand per event) or aggregate (Spark's own "
+            "aggregation for max/min/last/count/sum rule sets, expand per micro-batch)."
+        ),
+    ] = "state",
     as_json: JsonOption = False,
 ) -> None:
     """Run a flow spec: on Spark (Structured Streaming) by default, or the local reference interpreter."""
@@ -200,7 +207,7 @@ def run(
         _run_spark_cli(
             spec, master=master, remote=remote, events=events, seed=seed, out=out, sink=sink,
             batch_events=batch_events, sources=source or [], follow=follow, timeout=timeout,
-            fresh=fresh, as_json=as_json,
+            fresh=fresh, collapse=collapse, as_json=as_json,
         )  # fmt: skip
         return
     try:
@@ -229,17 +236,18 @@ def _run_spark_cli(spec: Path, *, as_json: bool, **options: Any) -> None:
     if as_json:
         cli.emit(doc, as_json=True, title="")
         return
-    flat = {k: v for k, v in doc.items() if k != "outputs"}
+    flat = {k: v for k, v in doc.items() if k not in ("outputs", "collapse")}
+    flat.update(
+        {f"state {n}": f"{', '.join(c['collapses'])}: {c['path']}" for n, c in doc["collapse"].items()}
+    )
     flat.update(
         {f"output {name}": f"{o['events']:,} events  {o['path'] or ''}" for name, o in doc["outputs"].items()}
     )
     cli.emit(flat, as_json=False, title=f"flowbus run {spec} (Spark)")
     if doc["format"] != "console":
-        cli.out.print(
-            f"outputs: {doc['out']}/<point>/<log>-<batch>/ ({doc['format']}); "
-            f"read one with spark.read.{'parquet' if doc['format'] == 'parquet' else 'json'}"
-            f"('{doc['out']}/<point>/*')"
-        )
+        reader = "parquet" if doc["format"] == "parquet" else "json"
+        where = f"outputs: {doc['out']}/<point>/<log>-<batch>/ ({doc['format']}); "
+        cli.out.print(where + f"read one with spark.read.{reader}('{doc['out']}/<point>/*')", markup=False)
 
 
 def _run_local(

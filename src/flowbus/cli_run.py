@@ -85,7 +85,7 @@ class _Summary:
                 self.events_in += report.rows_in
             for p, n in report.out.items():
                 self.out[p] = self.out.get(p, 0) + n
-            self.last = dict(report.out)
+            self.last.update(report.out)
 
     def render(self) -> Table:
         with self.lock:
@@ -118,6 +118,7 @@ def run_spark(
     follow: bool,
     timeout: float | None,
     fresh: bool,
+    collapse: str,
     live: bool,
     err_console: Any,
 ) -> dict[str, Any]:
@@ -132,6 +133,8 @@ def run_spark(
         )
     if sink not in ("parquet", "jsonl", "console"):
         raise FlowError(f"unknown --format {sink!r} (parquet, jsonl or console)")
+    if collapse not in ("state", "aggregate"):
+        raise FlowError(f"unknown --collapse {collapse!r} (state or aggregate)")
     g = load_spec(spec)
     dirs = _sources(sources, g)
     if follow and not dirs:
@@ -156,7 +159,10 @@ def run_spark(
     session_s = time.perf_counter() - t0
     flow_points: list[str] = []
     summary = _Summary(flow_points, total)
-    flow = SparkFlow(spark, g, target, sink=sink, batch_events=batch_events, on_batch=summary.add)  # type: ignore[arg-type]
+    flow = SparkFlow(
+        spark, g, target, sink=sink, batch_events=batch_events, collapse=collapse,  # type: ignore[arg-type]
+        on_batch=summary.add,
+    )  # fmt: skip
     flow_points.extend(flow.plan.recorded)
     summary.out = dict.fromkeys(flow_points, 0)
     if dirs:
@@ -214,6 +220,13 @@ def run_spark(
         "stopped_by": stopped_by,
         "out": str(target),
         "format": sink,
+        "collapse": {
+            grp.name: {
+                "collapses": [c.name for c in grp.collapses],
+                "path": "aggregate (expand per micro-batch)" if grp.aggregate else "transformWithState",
+            }
+            for grp in flow.plan.groups
+        },
         "outputs": {
             p: {"events": counts.get(p, 0), "path": str(target / p) if sink != "console" else None}
             for p in flow.plan.recorded

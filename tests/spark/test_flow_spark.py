@@ -72,6 +72,33 @@ def test_random_graphs_of_selects_transforms_and_collapses(spark: Any, tmp_path:
     _same(spark, tmp_path, expected, sink="jsonl")
 
 
+def test_plain_aggregates_fold_in_spark_and_expand_per_micro_batch(
+    spark: Any, stocks: Graph, tmp_path: Path
+) -> None:
+    events = list(generate(stocks, events=900, seed=11))
+    flow = _run(spark, stocks, events, tmp_path, batch_events=300, collapse="aggregate")
+    assert set(flow.aggregates) == {"C4"}  # max_cur is max and last; trend is no aggregate
+    assert [(g.name, g.aggregate) for g in flow.plan.groups] == [("g0", True), ("g1", False)]
+    # the reference: the subscriber of E4 takes, after each micro-batch, the shortest sequence per key
+    run = LocalRun(rewrite(stocks))
+    run.disconnect("E4")
+    for i in range(0, len(events), 300):
+        run.run(events[i : i + 300])
+        run.reconnect("E4")
+        run.disconnect("E4")
+
+    def per_key(evs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for e in evs:
+            out.setdefault(e["name"], []).append(dict(e))
+        return out
+
+    compressed = read_outputs(spark, tmp_path, "compressed")
+    assert per_key(compressed) == per_key(run.outputs["compressed"])
+    assert len(compressed) < len(_local(stocks, events)["compressed"])  # compressed per micro-batch
+    assert read_outputs(spark, tmp_path, "alarms") == [dict(e) for e in run.outputs["alarms"]]
+
+
 def _subscriptions(n: int) -> Graph:
     b = FlowBuilder("many").source("trades", {"sym": "str", "price": "float"})
     for i in range(n):

@@ -32,6 +32,7 @@ event.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flowbus.filters.ast import Expr
@@ -79,6 +80,7 @@ class StatefulGroup:
     log_in: str
     log_out: str
     targets: tuple[str, ...]  # the expand arcs' targets: the points of log_out
+    aggregate: bool = False  # folded by the engine's built-in aggregation (see plan's ``aggregate``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,21 +137,26 @@ def _input_points(g: Graph) -> tuple[str, ...]:
     return tuple(s.name for s in g.spaces if isinstance(s, EventSpace) and s.is_publication)
 
 
-def plan(g: Graph) -> FlowPlan:
-    """The logs, stateful groups and deliveries of the rewritten graph ``g``."""
+def plan(g: Graph, aggregate: Callable[[Collapse], bool] | None = None) -> FlowPlan:
+    """The logs, stateful groups and deliveries of the rewritten graph ``g``.
+
+    ``aggregate`` says which collapses an engine folds with its built-in
+    aggregation: they are grouped apart from the others (``aggregate=True``).
+    """
     recorded = tuple(s.name for s in g.spaces if isinstance(s, EventSpace) and s.is_subscription)
     logs = [Log(INPUT, _input_points(g))]
     groups: list[StatefulGroup] = []
     # collapse arcs grouped by (space, key); each group writes one derived log
-    by_space: dict[tuple[str, tuple[tuple[str, Expr], ...]], list[Collapse]] = {}
+    by_space: dict[tuple[str, tuple[tuple[str, Expr], ...], bool], list[Collapse]] = {}
     for arc in g.arcs:
         if isinstance(arc, Collapse):
-            by_space.setdefault((arc.source, tuple(arc.rules.key)), []).append(arc)
+            flag = aggregate is not None and aggregate(arc)
+            by_space.setdefault((arc.source, tuple(arc.rules.key), flag), []).append(arc)
     pending = list(by_space.items())
     placed: dict[str, str] = {p: INPUT for p in logs[0].points}
     while pending:
         progressed = False
-        for (space, key), collapses in list(pending):
+        for (space, key, flag), collapses in list(pending):
             feeds = _feeds(g, space)
             if not all(f.point in placed for f in feeds):
                 continue
@@ -166,14 +173,16 @@ def plan(g: Graph) -> FlowPlan:
                 )
             )
             log_in = sources[0] if sources else INPUT
-            groups.append(StatefulGroup(name, space, tuple(collapses), key, feeds, log_in, name, targets))
+            groups.append(
+                StatefulGroup(name, space, tuple(collapses), key, feeds, log_in, name, targets, flag)
+            )
             logs.append(Log(name, targets))
             for t in targets:
                 placed.setdefault(t, name)
-            pending.remove(((space, key), collapses))
+            pending.remove(((space, key, flag), collapses))
             progressed = True
         if not progressed:
-            stuck = ", ".join(sorted({s for (s, _), _ in pending}))
+            stuck = ", ".join(sorted({s for (s, _, _), _ in pending}))
             raise FlowError(f"the collapses out of {stuck} are fed by events that never arrive")
     return FlowPlan(g, tuple(logs), tuple(groups), recorded)
 

@@ -66,12 +66,18 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from flowbus.filters.ast import Field
+from flowbus.flow.aggregates import Aggregate, Aggregates, as_aggregates
+from flowbus.flow.collapse import Key
+from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.errors import FlowError
-from flowbus.flow.eventlog import InputLog, read_source_dir
-from flowbus.flow.graph import Graph, Route
+from flowbus.flow.eventlog import InputLog, arrow_schema, read_source_dir
+from flowbus.flow.graph import Collapse, Expand, Graph, Route
+from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
 from flowbus.flow.spark_state import GroupFolder, StateProcessor
+from flowbus.flow.validate import bind_rules
 from flowbus.matching import Matcher
 from flowbus.model import Schema
 from flowbus.spark.columns import ColumnCompiler
@@ -80,6 +86,7 @@ from flowbus.spark.routes import route_columns
 __all__ = ["BatchReport", "GroupFolder", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
 
 SinkFormat = Literal["parquet", "jsonl", "console"]
+CollapseMode = Literal["state", "aggregate"]
 Callback = Callable[[str, int, DataFrame], None]
 
 _SPARK_TYPES: Mapping[type, DataType] = {
@@ -208,14 +215,24 @@ class SparkFlow:
         batch_events: int = 2000,
         files_per_batch: int = 1,
         matcher_min: int = 64,
+        collapse: CollapseMode = "state",
         on_batch: Callable[[BatchReport], None] | None = None,
     ) -> None:
         if sink not in ("parquet", "jsonl", "console"):
             raise FlowError(f"unknown sink {sink!r} (parquet, jsonl or console)")
+        if collapse not in ("state", "aggregate"):
+            raise FlowError(f"unknown collapse mode {collapse!r} (state or aggregate)")
         self.spark = spark
         self.source_graph = graph
         self.graph = rewrite(graph)
-        self.plan: FlowPlan = plan(self.graph)
+        self.aggregates: dict[str, Aggregates] = {}
+        if collapse == "aggregate":
+            for arc in self.graph.arcs:
+                if isinstance(arc, Collapse):
+                    found = as_aggregates(bind_rules(self.graph, arc))
+                    if found is not None:
+                        self.aggregates[arc.name] = found
+        self.plan: FlowPlan = plan(self.graph, aggregate=lambda arc: arc.name in self.aggregates)
         self.out = Path(out)
         self.work = self.out / "_flowbus"
         self.sink = sink
@@ -475,7 +492,8 @@ class SparkFlow:
             rows.unpersist()
         return counts
 
-    def _state_query(self, group: StatefulGroup) -> DataFrame:
+    def _group_rows(self, group: StatefulGroup) -> tuple[DataFrame, list[str]]:
+        """The events a stateful group folds (the routes into its space), with key columns ``_k<i>``."""
         log_in = self.plan.log(group.log_in)
         src = self._stream(log_in)
         space = self.graph.event_space(group.space)
@@ -494,11 +512,116 @@ class SparkFlow:
         for i, (_, e) in enumerate(group.key):
             keys.append(f"_k{i}")
             rows = rows.withColumn(f"_k{i}", compiler.single(compiler.value(e), e))
+        return rows, keys
+
+    def _state_query(self, group: StatefulGroup) -> DataFrame:
+        rows, keys = self._group_rows(group)
         log_out = self.plan.log(group.log_out)
         processor = StateProcessor(self.graph, group, log_out)
         return rows.groupBy(*keys).transformWithState(
             processor, log_schema(self.graph, log_out), "Append", "None"
         )
+
+    def _aggregate_query(self, group: StatefulGroup) -> DataFrame:
+        """Spark's own streaming aggregation of a group whose collapses are plain aggregates."""
+        rows, keys = self._group_rows(group)
+        space = self.graph.event_space(group.space).schema.fields
+        columns = [F.max("_order").alias("_last")]
+        for ci, arc in enumerate(group.collapses):
+            for a in self.aggregates[arc.name].components:
+                columns.append(_aggregate_column(a, space).alias(f"_c{ci}_{a.component}"))
+        return rows.where(F.col("_k0").isNotNull()).groupBy(*keys).agg(*columns)
+
+    def _expand_batch(self, group: StatefulGroup, df: DataFrame, batch_id: int) -> None:
+        """A micro-batch of changed aggregate rows: per key, the expand arcs' shortest sequences.
+
+        The rows each expand arc last delivered are kept per micro-batch under
+        ``OUT/_flowbus``, so a replayed micro-batch starts from the same rows and
+        writes the same derived events (to the group's log, as one file).
+        """
+        t0 = time.perf_counter()
+        delivered = self._delivered(group, batch_id)
+        folds = self._aggregate_folds(group)
+        log = self.plan.log(group.log_out)
+        out_rows: list[dict[str, Any]] = []
+        changed = df.collect()
+        for r in sorted(changed, key=lambda r: r["_last"]):
+            key = tuple(r[f"_k{i}"] for i in range(len(group.key)))
+            for ci, (_arc, aggs, deliverers) in enumerate(folds):
+                row = tuple(_combine(a, r[f"_c{ci}_{a.component}"]) for a in aggs.components)
+                k = 0
+                for deliverer, target, names, kinds in deliverers:
+                    last = delivered.setdefault(deliverer.arc.name, {})
+                    had = last.get(key, deliverer.bound.initial)
+                    new = deliverer.project(row)
+                    if new == had:
+                        continue
+                    last[key] = new
+                    for e in deliverer.search(key, had, new).events:
+                        ev = {
+                            n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
+                        }
+                        point = group.targets[target]
+                        order = [*r["_last"], ci, k]
+                        out_rows.append({"_point": point, "_order": order, log.column(point): ev})
+                        k += 1
+        self._write_log(log, batch_id, out_rows)
+        self._save_delivered(group, batch_id, delivered)
+        self._report(
+            BatchReport(f"aggregate {group.name}", batch_id, len(changed), {}, time.perf_counter() - t0)
+        )
+
+    def _aggregate_folds(self, group: StatefulGroup) -> list[tuple[Collapse, Aggregates, list[Any]]]:
+        folds = []
+        for arc in group.collapses:
+            deliverers = []
+            for e in self.graph.out_arcs(arc.target):
+                assert isinstance(e, Expand)
+                schema = self.graph.event_space(e.target).schema
+                deliverers.append(
+                    (Deliverer(self.graph, e, arc), group.targets.index(e.target), list(schema.fields),
+                     list(schema.fields.values()))
+                )  # fmt: skip
+            folds.append((arc, self.aggregates[arc.name], deliverers))
+        return folds
+
+    def _delivered_dir(self, group: StatefulGroup) -> Path:
+        return self.work / "delivered" / group.name
+
+    def _delivered(self, group: StatefulGroup, batch_id: int) -> dict[str, dict[Key, StateRow]]:
+        """The rows the group's expand arcs had delivered before micro-batch ``batch_id``."""
+        d = self._delivered_dir(group)
+        if not d.is_dir():
+            return {}
+        before = sorted(int(p.stem) for p in d.glob("*.pkl") if int(p.stem) < batch_id)
+        if not before:
+            return {}
+        data: dict[str, dict[Key, StateRow]] = pickle.loads((d / f"{before[-1]}.pkl").read_bytes())
+        return data
+
+    def _save_delivered(
+        self, group: StatefulGroup, batch_id: int, rows: dict[str, dict[Key, StateRow]]
+    ) -> None:
+        d = self._delivered_dir(group)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{batch_id}.tmp"
+        tmp.write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
+        tmp.replace(d / f"{batch_id}.pkl")
+        for p in d.glob("*.pkl"):  # keep the last two: a replay needs the one before
+            if int(p.stem) < batch_id - 1:
+                p.unlink(missing_ok=True)
+
+    def _write_log(self, log: Log, batch_id: int, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        import pyarrow.parquet as pq
+
+        d = self._log_dir(log.name)
+        d.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist(rows, schema=arrow_schema(self.graph, log))
+        tmp = d / f".batch-{batch_id:06d}.tmp"
+        pq.write_table(table, tmp)
+        tmp.replace(d / f"batch-{batch_id:06d}.parquet")
 
     def _start_delivery(self, log: Log) -> StreamingQuery:
         name = f"deliver-{log.name}"
@@ -512,6 +635,15 @@ class SparkFlow:
 
     def _start_state(self, group: StatefulGroup) -> StreamingQuery:
         name = f"state-{group.name}"
+        if group.aggregate:
+            return (
+                self._aggregate_query(group)
+                .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
+                .outputMode("update")
+                .option("checkpointLocation", str(self.work / "checkpoints" / name))
+                .foreachBatch(partial(self._expand_batch, group))
+                .start()
+            )
         return (
             self._state_query(group)
             .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
@@ -584,6 +716,34 @@ class SparkFlow:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _aggregate_column(a: Aggregate, space: Mapping[str, type]) -> Column:
+    """The Spark aggregate of one component (NaN skipped by max and min, as the rules skip it)."""
+    if a.kind == "count":
+        return F.count(F.lit(1))
+    assert a.arg is not None
+    arg = F.col(a.arg.name) if isinstance(a.arg, Field) else F.lit(a.arg.value)
+    if a.kind == "last":
+        return F.max_by(arg, F.col("_order"))
+    if a.kind == "sum":
+        return F.sum(arg)
+    if isinstance(a.arg, Field) and space.get(a.arg.name) is float:
+        arg = F.when(~F.isnan(arg), arg)
+    return F.max(arg) if a.kind == "max" else F.min(arg)
+
+
+def _combine(a: Aggregate, value: Any) -> Any:
+    """A component's value: the aggregate over the key's events so far, merged with the initial value."""
+    if a.kind in ("count", "sum"):
+        return a.initial + (value or 0)  # type: ignore[operator]
+    if value is None:
+        return a.initial
+    if a.kind == "last":
+        return value
+    if a.kind == "max":
+        return value if value > a.initial or (a.inclusive and value == a.initial) else a.initial
+    return value if value < a.initial or (a.inclusive and value == a.initial) else a.initial
 
 
 def _union(frames: Sequence[DataFrame]) -> DataFrame:

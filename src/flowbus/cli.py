@@ -141,12 +141,13 @@ def bench_match(
 
 def _mount() -> None:
     from flowbus.cli_flow import bench_flow, flow_app, run
-    from flowbus.cli_spark import match
+    from flowbus.cli_spark import bench_spark, match
 
     app.add_typer(flow_app, name="flow")
     app.command("run")(run)
     app.command("match")(match)
     bench_app.command("flow")(bench_flow)
+    bench_app.command("spark")(bench_spark)
 
 
 _mount()

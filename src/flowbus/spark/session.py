@@ -24,6 +24,7 @@ How it works:
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -73,9 +74,15 @@ def _is_local(master: str | None) -> bool:
 
 
 def flowbus_zip(directory: Path | None = None) -> Path:
-    """Zip the flowbus package (code and data files) into ``directory`` (a temp dir by default)."""
+    """Zip the flowbus package (code and data files) into ``directory``.
+
+    Without ``directory``: a temporary directory removed when this process exits.
+    """
     package = Path(__file__).resolve().parents[1]
-    target = Path(directory or tempfile.mkdtemp(prefix="flowbus-pyfiles-")) / "flowbus.zip"
+    if directory is None:
+        directory = Path(tempfile.mkdtemp(prefix="flowbus-pyfiles-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    target = Path(directory) / "flowbus.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted(package.rglob("*")):
             if (

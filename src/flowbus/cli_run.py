@@ -6,7 +6,8 @@ or ``--source POINT=DIR`` directories) is written to the run's input log under
 cluster), and :class:`flowbus.flow.spark.SparkFlow` starts one query per event
 log and per stateful group. Without ``--follow`` the run ends when every query
 has processed all its input; with it, new files in the source directories are
-ingested every second until Ctrl-C or ``--timeout``. Queries are stopped on
+ingested every second (and processed before the next look) until Ctrl-C or
+``--timeout``. Queries are stopped on
 every way out, Ctrl-C included. Started again on the same ``OUT``, a run
 resumes from its checkpoints (``--fresh`` starts over).
 """
@@ -240,9 +241,14 @@ def _process(flow: Any) -> None:
 
 
 def _follow(flow: Any, dirs: Mapping[str, Path], timeout: float | None, summary: _Summary, live: Any) -> str:
+    """Every second: ingest the new files of ``dirs`` and, if there were any, process them all."""
     t0 = time.perf_counter()
+    seen = -1
     while True:
-        flow.ingest_dirs(dirs)
+        published = flow.ingest_dirs(dirs)
+        if published != seen:
+            seen = published
+            flow.process_available()
         flow.check()
         if live is not None:
             live.update(summary.render())

@@ -234,3 +234,30 @@ def test_a_function_with_no_column_is_refused_before_any_query(spark: Any, tmp_p
     with pytest.raises(FlowbusError, match="boom"):
         SparkFlow(spark, b.build(), tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_run_command_follows_source_directories_until_its_timeout(
+    spark: Any, stocks: Graph, tmp_path: Path
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from flowbus.cli_flow import run
+
+    app = typer.Typer()
+    app.command("run")(run)
+    app.command("other")(lambda: None)
+    events = list(generate(stocks, events=150, seed=8))
+    nyse = tmp_path / "nyse"
+    nyse.mkdir()
+    trades = [e for s, e in events if s == "NYSE"]
+    (nyse / "a.jsonl").write_text("".join(json.dumps(e) + "\n" for e in trades))
+    out = tmp_path / "out"
+    args = ["run", str(STOCKS), "--source", f"NYSE={nyse}", "--follow", "--timeout", "8"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out), "--format", "jsonl", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["stopped_by"] == "--timeout 8 s" and doc["published"] == len(trades)
+    expected = _local(stocks, [("NYSE", e) for e in trades])
+    assert {p: o["events"] for p, o in doc["outputs"].items()} == {p: len(v) for p, v in expected.items()}
+    _same(spark, out, expected, sink="jsonl")

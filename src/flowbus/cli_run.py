@@ -127,11 +127,6 @@ def run_spark(
     from flowbus.flow.generators import generate
     from flowbus.flow.spec import load_spec
 
-    if remote is not None:
-        raise FlowError(
-            "flowbus run delivers in foreachBatch functions that run in this process, which Spark "
-            "Connect does not offer (it runs them on the server): use --master with the cluster's URL"
-        )
     if sink not in ("parquet", "jsonl", "console"):
         raise FlowError(f"unknown --format {sink!r} (parquet, jsonl or console)")
     if collapse not in ("state", "aggregate"):
@@ -154,9 +149,11 @@ def run_spark(
 
     t0 = time.perf_counter()
     spark = spark_session(
-        master=master, app_name=f"flowbus-run-{g.name}", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+        master=master, remote=remote, app_name=f"flowbus-run-{g.name}",
+        conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
+    )  # fmt: skip
+    if remote is None:
+        spark.sparkContext.setLogLevel("ERROR")
     session_s = time.perf_counter() - t0
     flow_points: list[str] = []
     summary = _Summary(flow_points, total)
@@ -211,7 +208,7 @@ def run_spark(
     return {
         "engine": "spark",
         "spec": str(spec),
-        "master": spark.sparkContext.master,
+        "master": remote if remote is not None else spark.sparkContext.master,
         "events": summary.events_in,
         "published": published,
         "micro_batches": summary.batches,

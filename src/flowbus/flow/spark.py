@@ -136,7 +136,7 @@ _MATCHERS: dict[str, Matcher] = {}
 def _executor_matcher(version: str, payload: Any) -> Matcher:
     matcher = _MATCHERS.get(version)
     if matcher is None:
-        matcher = pickle.loads(payload.value)
+        matcher = pickle.loads(payload if isinstance(payload, bytes) else payload.value)
         matcher.workers = 1
         _MATCHERS.clear()
         _MATCHERS[version] = matcher
@@ -222,7 +222,11 @@ class SparkFlow:
             raise FlowError(f"unknown sink {sink!r} (parquet, jsonl or console)")
         if collapse not in ("state", "aggregate"):
             raise FlowError(f"unknown collapse mode {collapse!r} (state or aggregate)")
-        self.spark = spark
+        from flowbus.spark.session import is_connect
+
+        self.spark: SparkSession | None = spark
+        self._remote = is_connect(spark)
+        self._on_server = False
         self.source_graph = graph
         self.graph = rewrite(graph)
         self.aggregates: dict[str, Aggregates] = {}
@@ -233,7 +237,7 @@ class SparkFlow:
                     if found is not None:
                         self.aggregates[arc.name] = found
         self.plan: FlowPlan = plan(self.graph, aggregate=lambda arc: arc.name in self.aggregates)
-        self.out = Path(out)
+        self.out = Path(out).resolve()  # a cluster or Connect server reads and writes these paths too
         self.work = self.out / "_flowbus"
         self.sink = sink
         self.callback = callback
@@ -252,6 +256,54 @@ class SparkFlow:
         self._compiled: dict[str, list[tuple[str, list[tuple[int, Route, Column, list[Column]]]]]] = {}
         for log in self.plan.logs:
             self._compiled[log.name] = self._compile_deliveries(log)
+
+    # --------------------------------------------- pickling (Spark Connect)
+
+    _LOCAL_ONLY = ("spark", "queries", "_starters", "_restarts", "_lock", "stats", "on_batch")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a Spark Connect server needs to run the ``foreachBatch`` functions (no session, no queries).
+
+        On Connect, ``foreachBatch`` functions run in a Python process of the
+        server: the flow travels there pickled, and reports its micro-batches
+        as files under ``OUT/_flowbus/reports`` that this side reads.
+        """
+        state = {k: v for k, v in self.__dict__.items() if k not in self._LOCAL_ONLY}
+        state["_matched"] = {p: _MatchedPoint(m.routes, m.version) for p, m in self._matched.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.spark = None
+        self.queries = {}
+        self._starters = {}
+        self._restarts = {}
+        self._lock = threading.Lock()
+        self.stats = _Stats()
+        self.on_batch = None
+        self._on_server = True
+
+    def _spark(self) -> SparkSession:
+        if self.spark is None:
+            raise FlowError("this flow has no Spark session here")
+        return self.spark
+
+    def _session(self, df: DataFrame) -> SparkSession:
+        if self.spark is None:
+            self.spark = df.sparkSession
+        return self.spark
+
+    def _collect_reports(self) -> None:
+        """Connect: read the reports the server side wrote since the last look."""
+        if not self._remote:
+            return
+        d = self.work / "reports"
+        if not d.is_dir():
+            return
+        for f in sorted(d.glob("*.json")):
+            data = json.loads(f.read_text())
+            f.unlink()
+            self._take(BatchReport(**data))
 
     # ------------------------------------------------------------ input
 
@@ -361,7 +413,9 @@ class SparkFlow:
                 matcher.add_many((i, r.select) for i, r in mp.routes)
                 data = pickle.dumps(matcher, protocol=pickle.HIGHEST_PROTOCOL)
                 version = f"{point}/{mp.version}/{uuid.uuid4().hex}"
-                mp.shipped = (version, self.spark.sparkContext.broadcast(data), list(mp.routes))
+                # Spark Connect has no broadcast variables: the pickle then travels with the tasks
+                shipped = data if self._remote else self._spark().sparkContext.broadcast(data)
+                mp.shipped = (version, shipped, list(mp.routes))
             return mp.shipped  # type: ignore[no-any-return]
 
     def _matched_rows(self, point: str, pdf: DataFrame) -> list[DataFrame]:
@@ -405,7 +459,7 @@ class SparkFlow:
     # ----------------------------------------------------------- queries
 
     def _stream(self, log: Log) -> DataFrame:
-        reader = self.spark.readStream.schema(log_schema(self.graph, log))
+        reader = self._spark().readStream.schema(log_schema(self.graph, log))
         if log.name == INPUT:
             reader = reader.option("maxFilesPerTrigger", self.files_per_batch)
         path = self._log_dir(log.name)
@@ -417,6 +471,7 @@ class SparkFlow:
 
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
+        self._session(df)
         df = df.persist()
         try:
             rows_in = df.count()
@@ -440,6 +495,17 @@ class SparkFlow:
         self._report(BatchReport(f"deliver {log.name}", batch_id, rows_in, counts, time.perf_counter() - t0))
 
     def _report(self, report: BatchReport) -> None:
+        if self._on_server:  # a Connect server's Python process: the client reads the file
+            d = self.work / "reports"
+            d.mkdir(parents=True, exist_ok=True)
+            name = f"{report.query.replace(' ', '-')}-{report.batch:08d}-{uuid.uuid4().hex[:6]}"
+            tmp = d / f".{name}.tmp"
+            tmp.write_text(json.dumps(report.__dict__))
+            tmp.replace(d / f"{name}.json")
+            return
+        self._take(report)
+
+    def _take(self, report: BatchReport) -> None:
         self.stats.add(report, counts_input=report.query == f"deliver {INPUT}")
         if self.on_batch is not None:
             self.on_batch(report)
@@ -540,6 +606,7 @@ class SparkFlow:
         writes the same derived events (to the group's log, as one file).
         """
         t0 = time.perf_counter()
+        self._session(df)
         delivered = self._delivered(group, batch_id)
         folds = self._aggregate_folds(group)
         log = self.plan.log(group.log_out)
@@ -655,7 +722,7 @@ class SparkFlow:
 
     def start(self) -> None:
         """Start every query (state queries write the logs the next level's delivery queries read)."""
-        self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", STATE_STORE)
+        self._spark().conf.set("spark.sql.streaming.stateStore.providerClass", STATE_STORE)
         try:
             for log in self.plan.logs:
                 self._starters[f"deliver-{log.name}"] = partial(self._start_delivery, log)
@@ -694,6 +761,7 @@ class SparkFlow:
                 while True:
                     try:
                         self.queries[name].processAllAvailable()
+                        self._collect_reports()
                         break
                     except Exception as exc:  # a StreamingQueryException: the query failed
                         if not self._restart(name, exc):
@@ -701,6 +769,7 @@ class SparkFlow:
 
     def check(self) -> None:
         """Raise :class:`FlowError` if a query has failed (one that failed transiently is restarted)."""
+        self._collect_reports()
         for name, q in list(self.queries.items()):
             exc = q.exception()
             if exc is not None and not self._restart(name, exc):

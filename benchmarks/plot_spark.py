@@ -22,7 +22,9 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     plans = doc["plans"]
     out.append({"what": "stock flow plan", "variant": "rewritten", "value": plans["rewritten_events_per_s"]})
-    out.append({"what": "stock flow plan", "variant": "hop by hop", "value": plans["hop_by_hop_events_per_s"]})
+    out.append(
+        {"what": "stock flow plan", "variant": "hop by hop", "value": plans["hop_by_hop_events_per_s"]}
+    )
     out.append({"what": "flowbus run (stock flow)", "variant": "transformWithState",
                 "value": doc["engine"]["events_per_s"]})  # fmt: skip
     col = doc["collapse"]
@@ -33,9 +35,11 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         r["unit"] = "events/s"
     for run in doc["bulk_match"]["runs"]:
         n = run["subscriptions"]
-        for variant, key in (("flowbus", "flowbus_s"), ("broadcast hash join", "join_total_s")):
+        for variant, key in (("flowbus", "flowbus_total_s"), ("broadcast hash join", "join_total_s")):
             if key in run:
-                out.append({"what": f"bulk match {n:,} subs", "variant": variant, "value": run[key], "unit": "s"})
+                out.append(
+                    {"what": f"bulk match {n:,} subs", "variant": variant, "value": run[key], "unit": "s"}
+                )
     return out
 
 
@@ -58,7 +62,7 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     runs = doc["bulk_match"]["runs"]
     labels = [f"{r['subscriptions']:,}" for r in runs]
     xs = range(len(runs))
-    ax.bar([x - 0.2 for x in xs], [r["flowbus_s"] for r in runs], 0.4, label="flowbus (broadcast matcher)")
+    ax.bar([x - 0.2 for x in xs], [r["flowbus_total_s"] for r in runs], 0.4, label="flowbus (broadcast matcher)")
     ax.bar([x + 0.2 for x in xs], [r["join_total_s"] for r in runs], 0.4, label="broadcast hash join")
     ax.set_xticks(list(xs), labels)
     ax.set_xlabel("W1 subscriptions")

@@ -20,11 +20,14 @@ a few events so Python workers, numba kernels and the JVM's code are warm.
 
 from __future__ import annotations
 
+import argparse
 import gc
+import json
 import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +117,7 @@ def _warm_up(spark: Any, tmp: Path) -> None:
 def run(
     *,
     events: int = 100_000,
-    subscriptions: tuple[int, ...] = (100_000, 1_000_000),
+    subscriptions: Sequence[int] = (100_000, 1_000_000),
     seed: int = 1,
     master: str | None = None,
     progress: Progress | None = None,
@@ -128,7 +131,7 @@ def run(
     )
     spark.sparkContext.setLogLevel("ERROR")
     cores = spark.sparkContext.defaultParallelism
-    results = []
+    results: list[dict[str, Any]] = []
     tmp = Path(tempfile.mkdtemp(prefix="flowbus-bench-spark-"))
     try:
         for n in subscriptions:
@@ -150,3 +153,32 @@ def run(
         "cores": cores,
         "runs": results,
     }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m benchmarks.spark_match [--events N] [--subscriptions N ...] [--seed S] [--master URL]``:
+    print the result of :func:`run` as one JSON document."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.spark_match", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--subscriptions", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--master", default=None)
+    args = parser.parse_args(argv)
+
+    def progress(what: str, done: int, total: int) -> None:
+        print(f"{what}: {done}/{total}", file=sys.stderr, flush=True)
+
+    result = run(
+        events=args.events,
+        subscriptions=args.subscriptions,
+        seed=args.seed,
+        master=args.master,
+        progress=progress,
+    )
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -48,6 +48,8 @@ def match(
         from flowbus.spark.bulk import bulk_match, check_out, event_format, read_subscriptions
         from flowbus.spark.session import spark_session
 
+        # a cluster or a Connect server reads and writes these paths: never relative to its directory
+        events, subscriptions, out = events.resolve(), subscriptions.resolve(), out.resolve()
         check_out(out)
         event_format(events)
         subs = read_subscriptions(subscriptions)  # every row checked before Spark starts (5-7 s)

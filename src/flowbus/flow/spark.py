@@ -393,6 +393,11 @@ class SparkFlow:
         Only for a point served through the matcher (``matcher_min`` routes or
         more at start); each route's target must be a subscription point.
         """
+        if self._remote:
+            raise FlowError(
+                "replace_routes: on Spark Connect the deliveries run on the server, with the routes they "
+                "started with; stop the run and start it again (it resumes) with the new subscriptions"
+            )
         mp = self._matched.get(point)
         if mp is None:
             raise FlowError(f"{point!r} is not a point served through the matcher")

@@ -102,7 +102,7 @@ def bench_spark(
             conf={"spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "2"},
         )
         spark.sparkContext.setLogLevel("ERROR")
-        with cli.progress_bar(not json) as progress:
+        with cli.progress_bar(True) as progress:
             doc = {"master": master, "cores": spark.sparkContext.defaultParallelism}
             doc.update(
                 spark_flow.run(

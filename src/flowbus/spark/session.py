@@ -16,8 +16,8 @@ How it works:
   The executors still need numpy, numba and pyarrow installed; an interpreter
   named by ``PYSPARK_PYTHON`` in the environment is kept for clusters (its path
   on the workers may differ from the driver's).
-* The JVM's standard output is the process's standard error, so that
-  ``--json`` output is never mixed with what Spark prints.
+* The JVM's standard output goes to ``/dev/null`` (its logs go to standard
+  error), so ``--json`` output is never mixed with what Spark's workers print.
 * Without pyspark, or without Java for a JVM-backed session, a
   :class:`~flowbus.errors.FlowbusError` says what to install.
 """
@@ -141,22 +141,25 @@ def spark_session(
 
 
 def _quiet_stdout(start: Any) -> Any:
-    """Call ``start`` with file descriptor 1 pointing at standard error.
+    """Call ``start`` with file descriptor 1 pointing at ``/dev/null``.
 
-    The JVM a session starts inherits the descriptors of the moment; what it and
-    the Python workers it spawns print (``transformWithState`` workers do) then
-    goes to standard error, and standard output stays ours (``--json`` prints
-    exactly one document there).
+    The JVM a session starts inherits the descriptors of the moment. Its logs go
+    to standard error (log4j's console appender); on its standard output come
+    only the chatter of the Python workers it spawns (``transformWithState``'s
+    print a line per call), which would garble ``--json`` output and the live
+    summary.
     """
     sys.stdout.flush()
     saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(null, 1)
         return start()
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(null)
 
 
 def _set_python(*, override: bool) -> None:

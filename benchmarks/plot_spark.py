@@ -62,7 +62,9 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     runs = doc["bulk_match"]["runs"]
     labels = [f"{r['subscriptions']:,}" for r in runs]
     xs = range(len(runs))
-    ax.bar([x - 0.2 for x in xs], [r["flowbus_total_s"] for r in runs], 0.4, label="flowbus (broadcast matcher)")
+    ax.bar(
+        [x - 0.2 for x in xs], [r["flowbus_total_s"] for r in runs], 0.4, label="flowbus (broadcast matcher)"
+    )
     ax.bar([x + 0.2 for x in xs], [r["join_total_s"] for r in runs], 0.4, label="broadcast hash join")
     ax.set_xticks(list(xs), labels)
     ax.set_xlabel("W1 subscriptions")

@@ -1,0 +1,290 @@
+"""The discrete-event simulator: one heap, one virtual clock, many sans-IO cores.
+
+How it works: every pending happening -- a message in flight, a timer, a crash,
+a scheduled control call -- is one tuple ``(time, seq, kind, node, x, y)`` in a
+binary heap. ``seq`` comes from one counter, so events at the same time run in
+the order they were scheduled and a run never compares two messages. Popping an
+event advances the clock and hands it to the node's core (``on_message`` or
+``on_timer``); the effects the core returns are carried out at once:
+
+* ``Send`` -- counted, then sent through the transport :class:`~flowbus.sim.transport.Chain`
+  (a drop is counted as a loss with its reason, otherwise the message is pushed
+  at ``now + delay``);
+* ``Deliver`` -- counted by :class:`~flowbus.sim.metrics.Metrics` (duplicates
+  detected) and passed to the optional ``on_deliver`` callback;
+* ``SetTimer`` / ``CancelTimer`` -- each node maps a timer key to the ``seq`` of
+  its live heap entry; setting a key again or cancelling it makes the old entry
+  stale, and a stale entry is skipped when popped.
+
+A crashed node gets no more messages (those in flight or sent later are counted
+as ``"crash"`` losses) and its timers are dropped. All randomness derives from
+the master seed through ``rng(name)`` (SHA-256 of ``"{seed}/{name}"``, never the
+salted built-in ``hash``), so one config and seed give byte-identical results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Final, Protocol
+
+from flowbus.errors import FlowbusError, ProtocolError
+from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.sim.metrics import Metrics
+from flowbus.sim.transport import Chain, Layer
+
+__all__ = ["EXTERNAL", "Core", "SimError", "Simulator", "derive_seed"]
+
+EXTERNAL: Final = -1
+"""The ``src`` of a message injected from outside the simulated network."""
+
+_MSG: Final = 0
+_TIMER: Final = 1
+_CRASH: Final = 2
+_CALL: Final = 3
+
+Entry = tuple[float, int, int, int, Any, Any]
+DeliverHook = Callable[[int, Hashable, Any, float], object]
+ProgressHook = Callable[[int, float], object]
+
+
+class SimError(FlowbusError):
+    """The simulator was asked something impossible (a duplicate node, a time in the past...)."""
+
+
+class Core(Protocol):
+    """A sans-IO protocol core as the simulator drives it."""
+
+    def on_message(self, src: int, msg: Any, now: float) -> Sequence[Effect]: ...
+
+    def on_timer(self, key: Hashable, now: float) -> Sequence[Effect]: ...
+
+
+def derive_seed(seed: int | str, name: str) -> int:
+    """A 256-bit integer derived from the master ``seed`` and a stream ``name``."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest(), "big")
+
+
+class Simulator:
+    """A heap-based event loop over integer-addressed protocol cores."""
+
+    def __init__(
+        self,
+        *,
+        seed: int | str = 0,
+        transport: Sequence[Layer] = (),
+        metrics: Metrics | None = None,
+        on_deliver: DeliverHook | None = None,
+        progress: ProgressHook | None = None,
+        progress_every: int = 100_000,
+    ) -> None:
+        if progress_every < 1:
+            raise SimError(f"progress_every must be >= 1, got {progress_every}")
+        self.seed = seed
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.on_deliver = on_deliver
+        self.progress = progress
+        self.progress_every = progress_every
+        self._now = 0.0
+        self._heap: list[Entry] = []
+        self._next_seq = itertools.count().__next__
+        self._cores: dict[int, Core] = {}
+        self._timers: dict[int, dict[Hashable, int]] = {}
+        self._down: set[int] = set()
+        self._events = 0
+        self._chain = Chain(transport, self)
+        self._fate = self._chain.fate
+
+    # -- set-up ---------------------------------------------------------------
+
+    def rng(self, name: str) -> random.Random:
+        """A random stream named ``name``, derived from the master seed only."""
+        return random.Random(derive_seed(self.seed, name))
+
+    def derive(self, name: str) -> int:
+        """A 256-bit integer derived from the master seed and ``name``."""
+        return derive_seed(self.seed, name)
+
+    def add_node(self, node_id: int, core: Core) -> None:
+        if type(node_id) is not int:
+            raise SimError(f"a node id is an int, got {node_id!r}")
+        if node_id in self._cores:
+            raise SimError(f"node {node_id} already exists")
+        self._cores[node_id] = core
+        self._timers[node_id] = {}
+
+    def core(self, node_id: int) -> Core:
+        return self._cores[node_id]
+
+    @property
+    def nodes(self) -> list[int]:
+        return list(self._cores)
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def pending(self) -> int:
+        """How many heap entries wait (stale timers included)."""
+        return len(self._heap)
+
+    @property
+    def events_processed(self) -> int:
+        return self._events
+
+    def is_down(self, node_id: int) -> bool:
+        return node_id in self._down
+
+    # -- scheduling from outside ------------------------------------------------
+
+    def _at(self, at: float | None) -> float:
+        if at is None:
+            return self._now
+        if not at >= self._now:
+            raise SimError(f"cannot schedule at {at!r}: the clock is already at {self._now!r}")
+        return float(at)
+
+    def inject(self, node: int, msg: Any, *, at: float | None = None, src: int = EXTERNAL) -> None:
+        """Hand ``msg`` to ``node`` at time ``at`` (default now), bypassing the transport."""
+        if node not in self._cores:
+            raise SimError(f"inject: no node {node}")
+        heapq.heappush(self._heap, (self._at(at), self._next_seq(), _MSG, node, src, msg))
+        self.metrics.injected += 1
+
+    def crash(self, node: int, *, at: float | None = None) -> None:
+        """Stop ``node`` at time ``at`` (default now): no more messages, no more timers."""
+        when = self._at(at)
+        if when <= self._now:
+            self._crash_now(node)
+        else:
+            heapq.heappush(self._heap, (when, self._next_seq(), _CRASH, node, None, None))
+
+    def schedule(self, at: float, action: Callable[[], object]) -> None:
+        """Call ``action()`` at time ``at`` (a control step: fail a link, heal a partition...)."""
+        heapq.heappush(self._heap, (self._at(at), self._next_seq(), _CALL, EXTERNAL, action, None))
+
+    def _crash_now(self, node: int) -> None:
+        self._down.add(node)
+        timers = self._timers.get(node)
+        if timers:
+            timers.clear()
+
+    # -- running -------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Process the next event; ``False`` if there was none (no progress report)."""
+        if not self._heap:
+            return False
+        entry = heapq.heappop(self._heap)
+        self._now = entry[0]
+        self._events += 1
+        self.metrics.events += 1
+        self._process(entry)
+        return True
+
+    def run(self, *, until: float | None = None, max_events: int | None = None) -> int:
+        """Process events up to time ``until`` and/or ``max_events`` of them; return how many.
+
+        When the run stops because the next event lies past ``until`` (or none is
+        left), the clock is moved to ``until``.
+        """
+        heap, pop, process, apply = self._heap, heapq.heappop, self._process, self._apply
+        cores, down = self._cores, self._down
+        limit = math.inf if until is None else until
+        budget = -1 if max_events is None else max_events
+        every = self.progress_every if self.progress is not None else 0
+        report = (self._events // every + 1) * every if every else -1
+        done = received = 0
+        try:
+            while heap and done != budget:
+                if heap[0][0] > limit:
+                    break
+                entry = pop(heap)
+                now = self._now = entry[0]
+                done += 1
+                node = entry[3]
+                if entry[2] == _MSG and node not in down:  # the hot path, inlined
+                    received += 1
+                    effects = cores[node].on_message(entry[4], entry[5], now)
+                    if effects:
+                        apply(node, effects, now)
+                else:
+                    process(entry)
+                if done + self._events == report:
+                    report += every
+                    self.progress(done + self._events, now)  # type: ignore[misc]
+        finally:
+            self._events += done
+            self.metrics.events += done
+            self.metrics.received += received
+        if until is not None and (not heap or heap[0][0] > until) and self._now < until:
+            self._now = float(until)
+        return done
+
+    def _process(self, entry: Entry) -> None:
+        now, seq, kind, node, x, y = entry
+        if kind == _MSG:
+            if node in self._down:
+                self.metrics.lost("crash")
+                return
+            self.metrics.received += 1
+            effects = self._cores[node].on_message(x, y, now)
+        elif kind == _TIMER:
+            timers = self._timers[node]
+            if timers.get(x) != seq:
+                return
+            del timers[x]
+            self.metrics.timers_fired += 1
+            effects = self._cores[node].on_timer(x, now)
+        elif kind == _CRASH:
+            self._crash_now(node)
+            return
+        else:
+            x()
+            return
+        if effects:
+            self._apply(node, effects, now)
+
+    def _apply(self, node: int, effects: Sequence[Effect], now: float) -> None:
+        metrics = self.metrics
+        for e in effects:
+            c = e.__class__
+            if c is Send:
+                self._send(node, e.dst, e.msg, now)  # type: ignore[union-attr]
+            elif c is Deliver:
+                metrics.deliver(node, e.sub, e.event, now)  # type: ignore[union-attr]
+                if self.on_deliver is not None:
+                    self.on_deliver(node, e.sub, e.event, now)  # type: ignore[union-attr]
+            elif c is SetTimer:
+                self._set_timer(node, e.key, now + e.delay)  # type: ignore[union-attr]
+            elif c is CancelTimer:
+                self._timers[node].pop(e.key, None)  # type: ignore[union-attr]
+            else:
+                raise ProtocolError(f"node {node} returned {e!r}, which is not an Effect")
+
+    def _send(self, src: int, dst: int, msg: Any, now: float) -> None:
+        metrics = self.metrics
+        metrics.sent(msg)
+        if dst not in self._cores:
+            metrics.lost("no_node")
+            return
+        if dst in self._down:
+            metrics.lost("crash")
+            return
+        r = self._fate(src, dst, msg, now)
+        if r.__class__ is str:
+            metrics.lost(r)  # type: ignore[arg-type]
+            return
+        heapq.heappush(self._heap, (now + r, self._next_seq(), _MSG, dst, src, msg))  # type: ignore[operator]
+
+    def _set_timer(self, node: int, key: Hashable, when: float) -> None:
+        if node in self._down:
+            return
+        seq = self._next_seq()
+        self._timers[node][key] = seq
+        heapq.heappush(self._heap, (when, seq, _TIMER, node, key, None))

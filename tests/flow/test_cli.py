@@ -109,7 +109,10 @@ def test_expand_several_keys_and_another_state() -> None:
             "neither",
         ),
         (("flow", "expand", SPEC, "--state", "max_cur", "--from", TO, "--to", FROM), "no event sequence"),
-        (("run", SPEC, "--remote", "sc://127.0.0.1:1"), "Spark Connect"),
+        (
+            ("run", SPEC, "--remote", "sc://127.0.0.1:1"),
+            "cannot reach the Spark Connect server at 127.0.0.1:1",
+        ),
         (("run", SPEC, "--source", "NYSE"), "POINT=DIR"),
         (("run", SPEC, "--source", "nope=."), "no space 'nope'"),
         (("run", SPEC, "--follow"), "--follow needs --source"),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import zipfile
@@ -117,6 +118,8 @@ def spark_session(
     if remote is not None and not remote.startswith("sc://"):
         raise FlowbusError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
     _require_pyspark()
+    if remote is not None:
+        _check_reachable(remote)
     if remote is None and not java_available():
         raise FlowbusError("Java was not found (set JAVA_HOME or put java on the PATH): Spark needs Java 17+")
     from pyspark.sql import SparkSession
@@ -138,6 +141,22 @@ def spark_session(
     if not local:
         spark.addArtifacts(str(flowbus_zip()), pyfile=True)
     return spark
+
+
+def _check_reachable(remote: str, timeout: float = 5.0) -> None:
+    """Fail fast on a Spark Connect server that does not answer (the client would retry for minutes)."""
+    from urllib.parse import urlparse
+
+    url = urlparse(remote)
+    host, port = url.hostname, url.port or 15002
+    if not host:
+        raise FlowbusError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise FlowbusError(
+            f"cannot reach the Spark Connect server at {host}:{port}: {exc.strerror or exc}"
+        ) from None
 
 
 def _quiet_stdout(start: Any) -> Any:

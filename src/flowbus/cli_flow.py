@@ -247,7 +247,11 @@ def _run_spark_cli(spec: Path, *, as_json: bool, **options: Any) -> None:
     if doc["format"] != "console":
         reader = "parquet" if doc["format"] == "parquet" else "json"
         where = f"outputs: {doc['out']}/<point>/<log>-<batch>/ ({doc['format']}); "
-        cli.out.print(where + f"read one with spark.read.{reader}('{doc['out']}/<point>/*')", markup=False)
+        cli.out.print(
+            where + f"read one with spark.read.{reader}('{doc['out']}/<point>/*')",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _run_local(

@@ -151,6 +151,7 @@ def run_spark(
     spark = spark_session(
         master=master, remote=remote, app_name=f"flowbus-run-{g.name}",
         conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
+        jvm_log=(target / "_spark.log").resolve() if live else None,
     )  # fmt: skip
     if remote is None:
         spark.sparkContext.setLogLevel("ERROR")

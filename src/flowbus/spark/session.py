@@ -106,12 +106,14 @@ def spark_session(
     remote: str | None = None,
     app_name: str = "flowbus",
     conf: Mapping[str, str] | None = None,
+    jvm_log: Path | None = None,
 ) -> SparkSession:
     """A SparkSession: embedded ``local[*]`` by default, ``master`` for a cluster, ``remote`` for Connect.
 
     ``conf`` adds Spark settings (``spark.driver.memory`` and the like must come
     here: they only take effect when the session's JVM starts). An existing
     session with the same master is reused by Spark (``getOrCreate``).
+    ``jvm_log`` receives what the JVM writes to standard error (a new JVM only).
     """
     if master is not None and remote is not None:
         raise FlowbusError("give either a master URL or a Spark Connect remote, not both")
@@ -137,7 +139,9 @@ def spark_session(
             builder = builder.config(key, value)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    spark: SparkSession = _quiet_stdout(builder.getOrCreate) if remote is None else builder.getOrCreate()
+    spark: SparkSession = (
+        _quiet_stdout(builder.getOrCreate, jvm_log) if remote is None else builder.getOrCreate()
+    )
     if not local:
         spark.addArtifacts(str(flowbus_zip()), pyfile=True)
     return spark
@@ -159,26 +163,35 @@ def _check_reachable(remote: str, timeout: float = 5.0) -> None:
         ) from None
 
 
-def _quiet_stdout(start: Any) -> Any:
-    """Call ``start`` with file descriptor 1 pointing at ``/dev/null``.
+def _quiet_stdout(start: Any, log: Path | None = None) -> Any:
+    """Call ``start`` with file descriptor 1 pointing at ``/dev/null`` (and 2 at ``log``, if given).
 
     The JVM a session starts inherits the descriptors of the moment. Its logs go
-    to standard error (log4j's console appender); on its standard output come
-    only the chatter of the Python workers it spawns (``transformWithState``'s
-    print a line per call), which would garble ``--json`` output and the live
-    summary.
+    to standard error (log4j's console appender); its standard output carries
+    only the chatter of the Python workers it spawns, which would garble
+    ``--json`` output. With ``log``, standard error goes to that file too, so
+    a live display on the terminal stays readable (``transformWithState``
+    workers print a line per call there as well).
     """
     sys.stdout.flush()
-    saved = os.dup(1)
-    null = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    targets = [os.open(os.devnull, os.O_WRONLY)]
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        targets.append(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
     try:
-        os.dup2(null, 1)
+        for fd, target in enumerate(targets, 1):
+            os.dup2(target, fd)
         return start()
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(null)
+        sys.stderr.flush()
+        for fd, old in enumerate(saved, 1):
+            os.dup2(old, fd)
+            os.close(old)
+        for target in targets:
+            os.close(target)
 
 
 def _set_python(*, override: bool) -> None:

@@ -141,9 +141,11 @@ def bench_match(
 
 def _mount() -> None:
     from flowbus.cli_flow import bench_flow, flow_app, run
+    from flowbus.cli_sim import sim_app
     from flowbus.cli_spark import bench_spark, match
 
     app.add_typer(flow_app, name="flow")
+    app.add_typer(sim_app, name="sim")
     app.command("run")(run)
     app.command("match")(match)
     bench_app.command("flow")(bench_flow)

@@ -88,7 +88,7 @@ def master_state(web_url: str, *, timeout: float = 2.0) -> dict[str, Any]:
         return doc
 
 
-def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
+def tail(path: Path, lines: int = _TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError as exc:
@@ -170,7 +170,7 @@ class StandaloneCluster:
     def logs(self) -> str:
         """The tail of each daemon's log, for a failure message."""
         return "\n".join(
-            f"----- {name}.log (last {_TAIL_LINES} lines) -----\n{_tail(self.log_dir / f'{name}.log')}"
+            f"----- {name}.log (last {_TAIL_LINES} lines) -----\n{tail(self.log_dir / f'{name}.log')}"
             for name in self.processes
         )
 
@@ -299,9 +299,18 @@ def run_flowbus(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m flowbus ARGS`` as a driver on this machine, with ``env`` added to its environment.
+    """``python -m flowbus ARGS`` as a driver on this machine, with ``env`` added to its environment."""
+    return run_python_flowbus(
+        list(args), env=cluster.driver_env(env), timeout=timeout, cwd=cwd, logs=cluster.logs
+    )
 
-    Its whole process group (the driver's JVM included) is killed when it ends or times out.
+
+def run_python_flowbus(
+    args: list[str], *, env: dict[str, str], timeout: float, cwd: Path | None, logs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``python -m flowbus ARGS`` in a process group of its own, killed (JVM included) when it ends.
+
+    Still running after ``timeout`` seconds: an AssertionError quoting its output and ``logs()``.
     """
     proc = subprocess.Popen(
         [sys.executable, "-m", "flowbus", *args],
@@ -309,7 +318,7 @@ def run_flowbus(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=cluster.driver_env(env),
+        env=env,
         cwd=cwd,
         start_new_session=True,
     )
@@ -321,7 +330,7 @@ def run_flowbus(
         stdout, stderr = proc.communicate()
         raise AssertionError(
             f"flowbus {' '.join(args)} did not finish in {timeout:.0f} s\n"
-            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}\n{cluster.logs()}"
+            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}\n{logs()}"
         ) from None
     finally:
         with contextlib.suppress(ProcessLookupError):  # a JVM it left behind

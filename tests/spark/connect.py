@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cluster import JVM_OPTIONS, free_port, spark_home, stop_process
+from .cluster import JVM_OPTIONS, free_port, run_python_flowbus, spark_home, stop_process, tail
 
 __all__ = [
     "SERVER_CLASS",
@@ -90,14 +90,6 @@ def missing_client_modules() -> list[str]:
     return missing
 
 
-def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"<cannot read {path}: {exc}>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def _clean_env(base: Path) -> dict[str, str]:
     """This process's environment without Spark's variables, temporary files under ``base``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
@@ -126,7 +118,7 @@ class ConnectServer:
 
     def logs(self, lines: int = _TAIL_LINES) -> str:
         """The tail of the server's log, for a failure message."""
-        return f"----- {self.log_path.name} (last {lines} lines) -----\n{_tail(self.log_path, lines)}"
+        return f"----- {self.log_path.name} (last {lines} lines) -----\n{tail(self.log_path, lines)}"
 
     def sessions(self) -> set[str]:
         """The ids of the client sessions the server's log mentions so far."""
@@ -290,33 +282,7 @@ def run_flowbus(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m flowbus ARGS`` as a client of ``server`` (the caller passes ``--remote server.url``).
-
-    ``env`` is added to :meth:`ConnectServer.client_env`. Its whole process group is killed when it ends;
-    if it is still running after ``timeout`` seconds, that raises an AssertionError quoting its output and
-    the server's log.
-    """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flowbus", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=server.client_env(env),
-        cwd=cwd,
-        start_new_session=True,
+    """``python -m flowbus ARGS`` as a client of ``server`` (the caller passes ``--remote server.url``)."""
+    return run_python_flowbus(
+        list(args), env=server.client_env(env), timeout=timeout, cwd=cwd, logs=server.logs
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        raise AssertionError(
-            f"flowbus {' '.join(args)} did not finish in {timeout:.0f} s\n"
-            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}\n{server.logs()}"
-        ) from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # anything it left behind
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

@@ -15,9 +15,7 @@ import pytest
 from flowbus.filters import parse
 
 from .cluster import StandaloneCluster, run_flowbus, standalone
-
-SYMBOLS = ["IBM", "MSFT", "AAPL", "AMZN", "MU", "ORCL"]
-VENUES = ["NYSE", "NASDAQ", "LSE"]
+from .matchdata import match_events, match_filters
 
 
 @pytest.fixture(scope="module")
@@ -27,49 +25,12 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         yield cluster
 
 
-def _events(n: int, rng: random.Random) -> pa.Table:
-    rows = [
-        {
-            "event_id": 10_000 + 3 * i,  # not 0..n-1: the ids must come from the column
-            "sym": rng.choice(SYMBOLS),
-            "price": round(rng.uniform(0, 200), 2),
-            "vol": rng.randrange(0, 1000),
-            "venue": rng.choice(VENUES) if i % 5 else None,  # a missing attribute
-        }
-        for i in range(n)
-    ]
-    schema = pa.schema(
-        [("event_id", pa.int64()), ("sym", pa.string()), ("price", pa.float64()), ("vol", pa.int64()),
-         ("venue", pa.string())]
-    )  # fmt: skip
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
-def _filters(n: int, rng: random.Random) -> list[str]:
-    fixed = [
-        'price > 100 & sym = "IBM"',
-        'sym = "MSFT" | vol < 50',
-        'sym prefix "A" & price <= 42.5',
-        "vol between 100 and 120",
-        'exists venue & venue = "LSE" & price > 150',
-        'not exists venue & sym in {"MU", "ORCL"}',
-        'sym != "IBM" & vol >= 990',
-    ]
-    made = [
-        f'sym = "{rng.choice(SYMBOLS)}" & price {rng.choice(["<", ">", "<=", ">="])} {rng.randrange(0, 200)}'
-        if i % 2
-        else f'venue = "{rng.choice(VENUES)}" & vol > {rng.randrange(0, 1000)}'
-        for i in range(n - len(fixed))
-    ]
-    return fixed + made
-
-
 def test_match_on_a_standalone_cluster_equals_brute_force(
     standalone_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
     rng = random.Random(20240611)
-    events = _events(400, rng)
-    texts = _filters(60, rng)
+    events = match_events(400, rng)
+    texts = match_filters(60, rng)
     sub_ids = [f"s{i}" for i in range(len(texts))]
     events_path, subs_path, out_path = tmp_path / "events.parquet", tmp_path / "subs.parquet", tmp_path / "o"
     pq.write_table(events, events_path)

@@ -15,9 +15,7 @@ import pytest
 from flowbus.filters import parse
 
 from .connect import ConnectServer, connect_server, run_flowbus
-
-SYMBOLS = ["IBM", "MSFT", "AAPL", "AMZN", "MU", "ORCL"]
-VENUES = ["NYSE", "NASDAQ", "LSE"]
+from .matchdata import match_events, match_filters
 
 
 @pytest.fixture(scope="module")
@@ -27,47 +25,10 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]
         yield server
 
 
-def _events(n: int, rng: random.Random) -> pa.Table:
-    rows = [
-        {
-            "event_id": 10_000 + 3 * i,  # not 0..n-1: the ids must come from the column
-            "sym": rng.choice(SYMBOLS),
-            "price": round(rng.uniform(0, 200), 2),
-            "vol": rng.randrange(0, 1000),
-            "venue": rng.choice(VENUES) if i % 5 else None,  # a missing attribute
-        }
-        for i in range(n)
-    ]
-    schema = pa.schema(
-        [("event_id", pa.int64()), ("sym", pa.string()), ("price", pa.float64()), ("vol", pa.int64()),
-         ("venue", pa.string())]
-    )  # fmt: skip
-    return pa.Table.from_pylist(rows, schema=schema)
-
-
-def _filters(n: int, rng: random.Random) -> list[str]:
-    fixed = [
-        'price > 100 & sym = "IBM"',
-        'sym = "MSFT" | vol < 50',
-        'sym prefix "A" & price <= 42.5',
-        "vol between 100 and 120",
-        'exists venue & venue = "LSE" & price > 150',
-        'not exists venue & sym in {"MU", "ORCL"}',
-        'sym != "IBM" & vol >= 990',
-    ]
-    made = [
-        f'sym = "{rng.choice(SYMBOLS)}" & price {rng.choice(["<", ">", "<=", ">="])} {rng.randrange(0, 200)}'
-        if i % 2
-        else f'venue = "{rng.choice(VENUES)}" & vol > {rng.randrange(0, 1000)}'
-        for i in range(n - len(fixed))
-    ]
-    return fixed + made
-
-
 def test_match_through_spark_connect_equals_brute_force(connect: ConnectServer, tmp_path: Path) -> None:
     rng = random.Random(20240612)
-    events = _events(200, rng)
-    texts = _filters(40, rng)
+    events = match_events(200, rng)
+    texts = match_filters(40, rng)
     sub_ids = [f"s{i}" for i in range(len(texts))]
     # absolute paths: the server resolves relative ones against its own working directory
     events_path, subs_path, out_path = tmp_path / "events.parquet", tmp_path / "subs.parquet", tmp_path / "o"

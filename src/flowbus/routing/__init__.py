@@ -1,0 +1,1 @@
+"""Content-based routing protocols over structured overlays (sans-IO cores)."""

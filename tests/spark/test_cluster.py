@@ -12,10 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flowbus.filters import parse
-
 from .cluster import StandaloneCluster, run_flowbus, standalone
-from .matchdata import match_events, match_filters
+from .matchdata import (
+    RUN_ARGS,
+    STOCKS,
+    brute_force_pairs,
+    check_run,
+    match_events,
+    match_filters,
+    written_pairs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +52,8 @@ def test_match_on_a_standalone_cluster_equals_brute_force(
     )  # fmt: skip
     assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-5000:]}\n{cluster.logs()}"
 
-    out = pq.read_table(out_path)
-    got = sorted(zip(out.column("event_id").to_pylist(), out.column("sub_id").to_pylist(), strict=True))
-    filters = [(sid, parse(text)) for sid, text in zip(sub_ids, texts, strict=True)]
-    want = sorted(
-        (row["event_id"], sid)
-        for row in events.to_pylist()
-        for sid, f in filters
-        if f.matches({k: v for k, v in row.items() if v is not None and k != "event_id"})
-    )
+    got = written_pairs(out_path)
+    want = brute_force_pairs(events, sub_ids, texts)
     assert len(want) > 200 and len({s for _, s in want}) > 30  # the check has teeth
     assert got == want
 
@@ -74,15 +73,11 @@ def test_match_on_a_standalone_cluster_equals_brute_force(
 def test_run_on_a_standalone_cluster_delivers_what_the_interpreter_delivers(
     standalone_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
-    from flowbus.flow import LocalRun, load_spec, rewrite
-    from flowbus.flow.generators import generate
-
-    spec = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
     out = tmp_path / "out"
     res = run_flowbus(
         standalone_cluster,
-        "run", str(spec), "--master", standalone_cluster.master_url, "--events", "800", "--seed", "2",
-        "--batch-events", "400", "--format", "jsonl", "--out", str(out), "--json",
+        "run", str(STOCKS), *RUN_ARGS, "--master", standalone_cluster.master_url,
+        "--out", str(out), "--json",
         cwd=tmp_path, timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, (
@@ -90,12 +85,4 @@ def test_run_on_a_standalone_cluster_delivers_what_the_interpreter_delivers(
     )
     doc: dict[str, Any] = json.loads(res.stdout)
     assert doc["master"] == standalone_cluster.master_url and doc["events"] == 800
-    g = load_spec(spec)
-    expected = LocalRun(rewrite(g)).run(generate(g, events=800, seed=2)).outputs
-    for point, events in expected.items():
-        rows = [json.loads(line) for f in sorted((out / point).glob("*/part-*.json")) for line in f.open()]
-        rows.sort(key=lambda r: r["_order"])
-        assert [{k: v for k, v in r.items() if k != "_order"} for r in rows] == [dict(e) for e in events], (
-            point
-        )
-        assert doc["outputs"][point]["events"] == len(events)
+    check_run(out, doc)

@@ -12,10 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flowbus.filters import parse
-
 from .connect import ConnectServer, connect_server, run_flowbus
-from .matchdata import match_events, match_filters
+from .matchdata import (
+    RUN_ARGS,
+    STOCKS,
+    brute_force_pairs,
+    check_run,
+    match_events,
+    match_filters,
+    written_pairs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +50,8 @@ def test_match_through_spark_connect_equals_brute_force(connect: ConnectServer, 
     )  # fmt: skip
     assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-5000:]}\n{connect.logs()}"
 
-    out = pq.read_table(out_path)
-    got = sorted(zip(out.column("event_id").to_pylist(), out.column("sub_id").to_pylist(), strict=True))
-    filters = [(sid, parse(text)) for sid, text in zip(sub_ids, texts, strict=True)]
-    want = sorted(
-        (row["event_id"], sid)
-        for row in events.to_pylist()
-        for sid, f in filters
-        if f.matches({k: v for k, v in row.items() if v is not None and k != "event_id"})
-    )
+    got = written_pairs(out_path)
+    want = brute_force_pairs(events, sub_ids, texts)
     assert len(want) > 200 and len({s for _, s in want}) > 20  # the check has teeth
     assert got == want
 
@@ -67,26 +66,14 @@ def test_match_through_spark_connect_equals_brute_force(connect: ConnectServer, 
 def test_run_through_spark_connect_delivers_what_the_interpreter_delivers(
     connect: ConnectServer, tmp_path: Path
 ) -> None:
-    from flowbus.flow import LocalRun, load_spec, rewrite
-    from flowbus.flow.generators import generate
-
-    spec = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
     res = run_flowbus(
         connect,
-        "run", str(spec), "--remote", connect.url, "--events", "800", "--seed", "2",
-        "--batch-events", "400", "--format", "jsonl", "--out", "out", "--json",
+        "run", str(STOCKS), *RUN_ARGS, "--remote", connect.url,
+        "--out", "out", "--json",
         cwd=tmp_path, timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-5000:]}\n{connect.logs()}"
     doc: dict[str, Any] = json.loads(res.stdout)
     assert doc["master"] == connect.url and doc["events"] == 800  # reported from the server's side
     out = tmp_path / "out"  # relative on the command line: the client resolves it for the server
-    g = load_spec(spec)
-    expected = LocalRun(rewrite(g)).run(generate(g, events=800, seed=2)).outputs
-    for point, events in expected.items():
-        rows = [json.loads(line) for f in sorted((out / point).glob("*/part-*.json")) for line in f.open()]
-        rows.sort(key=lambda r: r["_order"])
-        assert [{k: v for k, v in r.items() if k != "_order"} for r in rows] == [dict(e) for e in events], (
-            point
-        )
-        assert doc["outputs"][point]["events"] == len(events)
+    check_run(out, doc)

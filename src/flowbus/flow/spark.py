@@ -80,6 +80,7 @@ from flowbus.flow.spark_state import GroupFolder, StateProcessor
 from flowbus.flow.validate import bind_rules
 from flowbus.matching import Matcher
 from flowbus.model import Schema
+from flowbus.spark.bulk import Shipped, executor_matcher, ship
 from flowbus.spark.columns import ColumnCompiler
 from flowbus.spark.routes import route_columns
 
@@ -130,24 +131,11 @@ class _MatchedPoint:
     shipped: Any = None
 
 
-_MATCHERS: dict[str, Matcher] = {}
-
-
-def _executor_matcher(version: str, payload: Any) -> Matcher:
-    matcher = _MATCHERS.get(version)
-    if matcher is None:
-        matcher = pickle.loads(payload if isinstance(payload, bytes) else payload.value)
-        matcher.workers = 1
-        _MATCHERS.clear()
-        _MATCHERS[version] = matcher
-    return matcher
-
-
 def _match_routes(
-    batches: Iterator[pa.RecordBatch], version: str, payload: Any, fields: list[str]
+    batches: Iterator[pa.RecordBatch], ref: Shipped, fields: list[str]
 ) -> Iterator[pa.RecordBatch]:
     """Each event once per route whose select it passes, with the route's index in ``_route``."""
-    matcher = _executor_matcher(version, payload)
+    matcher = executor_matcher(ref)
     for batch in batches:
         results = matcher.match_batch(batch.select(fields))
         if not results:
@@ -411,26 +399,24 @@ class SparkFlow:
             mp.version += 1
             mp.shipped = None
 
-    def _shipped(self, point: str, mp: _MatchedPoint) -> tuple[str, Any, list[tuple[int, Route]]]:
+    def _shipped(self, point: str, mp: _MatchedPoint) -> tuple[Shipped, list[tuple[int, Route]]]:
         with self._lock:
             if mp.shipped is None:
                 matcher = Matcher(functions=self.functions)
                 matcher.add_many((i, r.select) for i, r in mp.routes)
-                data = pickle.dumps(matcher, protocol=pickle.HIGHEST_PROTOCOL)
-                version = f"{point}/{mp.version}/{uuid.uuid4().hex}"
                 # Spark Connect has no broadcast variables: the pickle then travels with the tasks
-                shipped = data if self._remote else self._spark().sparkContext.broadcast(data)
-                mp.shipped = (version, shipped, list(mp.routes))
+                ref = ship(
+                    self.spark, matcher, int_ids=True, remote=self._remote, tag=f"{point}/{mp.version}/"
+                )
+                mp.shipped = (ref, list(mp.routes))
             return mp.shipped  # type: ignore[no-any-return]
 
     def _matched_rows(self, point: str, pdf: DataFrame) -> list[DataFrame]:
         mp = self._matched[point]
-        version, payload, routes = self._shipped(point, mp)
+        ref, routes = self._shipped(point, mp)
         schema = StructType([*pdf.schema.fields, StructField("_route", LongType())])
         fields = list(self.graph.event_space(point).schema.fields)
-        matched = pdf.mapInArrow(
-            partial(_match_routes, version=version, payload=payload, fields=fields), schema
-        )
+        matched = pdf.mapInArrow(partial(_match_routes, ref=ref, fields=fields), schema)
         out: list[DataFrame] = []
         # routes with the same outputs share one projection
         groups: dict[tuple[Any, ...], list[tuple[int, Route]]] = {}

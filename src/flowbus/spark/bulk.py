@@ -66,17 +66,20 @@ if TYPE_CHECKING:
 __all__ = [
     "BulkResult",
     "PlainConjunctions",
+    "Shipped",
     "Subscriptions",
     "build_matcher",
     "bulk_match",
     "check_out",
     "event_format",
+    "executor_matcher",
     "join_baseline",
     "match_events",
     "pairs_of",
     "parse_filter",
     "read_events",
     "read_subscriptions",
+    "ship",
 ]
 
 T = TypeVar("T")
@@ -423,7 +426,7 @@ def _spread(spark: SparkSession, df: DataFrame) -> DataFrame:
 
 
 @dataclass(frozen=True, slots=True)
-class _Shipped:
+class Shipped:
     """How a task finds the matcher: a broadcast of its pickle, or the pickle itself (Spark Connect)."""
 
     version: str
@@ -452,7 +455,19 @@ _MATCHERS: dict[str, Matcher] = {}
 """The matcher each Python worker process has unpickled (only the latest is kept)."""
 
 
-def _executor_matcher(ref: _Shipped) -> Matcher:
+def ship(
+    spark: SparkSession | None, matcher: Matcher, *, int_ids: bool, remote: bool, tag: str = ""
+) -> Shipped:
+    """``matcher`` pickled under a fresh version: broadcast, or carried by the tasks (``remote``: Connect)."""
+    data = _without_gc(pickle.dumps, matcher, protocol=pickle.HIGHEST_PROTOCOL)
+    version = f"{tag}{uuid.uuid4().hex}"
+    if remote or spark is None:
+        return Shipped(version, int_ids, payload=data)
+    return Shipped(version, int_ids, broadcast=spark.sparkContext.broadcast(data))
+
+
+def executor_matcher(ref: Shipped) -> Matcher:
+    """The matcher ``ref`` names, unpickled once per Python worker (only the latest is kept)."""
     matcher = _MATCHERS.get(ref.key())
     if matcher is None:
         data: bytes = ref.payload if ref.broadcast is None else ref.broadcast.value  # type: ignore[assignment]
@@ -480,8 +495,8 @@ def pairs_of(matcher: Matcher, batch: pa.RecordBatch, *, int_ids: bool) -> pa.Re
     return pa.record_batch([pa.array(event_ids, pa.int64()), sub_array], schema=schema)
 
 
-def _match_partition(batches: Iterator[pa.RecordBatch], ref: _Shipped) -> Iterator[pa.RecordBatch]:
-    matcher = _executor_matcher(ref)
+def _match_partition(batches: Iterator[pa.RecordBatch], ref: Shipped) -> Iterator[pa.RecordBatch]:
+    matcher = executor_matcher(ref)
     for batch in batches:
         yield pairs_of(matcher, batch, int_ids=ref.int_ids)
 
@@ -490,12 +505,7 @@ def match_events(spark: SparkSession, events: DataFrame, matcher: Matcher, subs:
     """The (event_id, sub_id) pairs of ``events`` (lazy: nothing runs until an action)."""
     from flowbus.spark.session import is_connect
 
-    data = _without_gc(pickle.dumps, matcher, protocol=pickle.HIGHEST_PROTOCOL)
-    version = uuid.uuid4().hex
-    if is_connect(spark):
-        ref = _Shipped(version, subs.int_ids, payload=data)
-    else:
-        ref = _Shipped(version, subs.int_ids, broadcast=spark.sparkContext.broadcast(data))
+    ref = ship(spark, matcher, int_ids=subs.int_ids, remote=is_connect(spark))
     columns = ["event_id", *(c for c in events.columns if c in subs.fields and c != "event_id")]
     schema = "event_id long, sub_id " + ("long" if subs.int_ids else "string")
     return events.select(*columns).mapInArrow(partial(_match_partition, ref=ref), schema)

@@ -72,11 +72,10 @@ from flowbus.flow.collapse import Key
 from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.errors import FlowError
 from flowbus.flow.eventlog import InputLog, arrow_schema, read_source_dir
-from flowbus.flow.graph import Collapse, Expand, Graph, Route
-from flowbus.flow.local import Deliverer
+from flowbus.flow.graph import Collapse, Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
-from flowbus.flow.spark_state import GroupFolder, StateProcessor
+from flowbus.flow.spark_state import Fold, GroupFolder, StateProcessor
 from flowbus.flow.validate import bind_rules
 from flowbus.matching import Matcher
 from flowbus.model import Schema
@@ -630,18 +629,10 @@ class SparkFlow:
         )
 
     def _aggregate_folds(self, group: StatefulGroup) -> list[tuple[Collapse, Aggregates, list[Any]]]:
-        folds = []
-        for arc in group.collapses:
-            deliverers = []
-            for e in self.graph.out_arcs(arc.target):
-                assert isinstance(e, Expand)
-                schema = self.graph.event_space(e.target).schema
-                deliverers.append(
-                    (Deliverer(self.graph, e, arc), group.targets.index(e.target), list(schema.fields),
-                     list(schema.fields.values()))
-                )  # fmt: skip
-            folds.append((arc, self.aggregates[arc.name], deliverers))
-        return folds
+        return [
+            (arc, self.aggregates[arc.name], Fold(self.graph, arc, group.targets).deliverers)
+            for arc in group.collapses
+        ]
 
     def _delivered_dir(self, group: StatefulGroup) -> Path:
         return self.work / "delivered" / group.name

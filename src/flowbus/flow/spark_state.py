@@ -29,10 +29,10 @@ from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import bind_rules
 
-__all__ = ["GroupFolder", "StateProcessor"]
+__all__ = ["Fold", "GroupFolder", "StateProcessor"]
 
 
-class _Fold:
+class Fold:
     """One collapse arc of a group, bound, with the deliverers of the expand arcs out of its state."""
 
     def __init__(self, g: Graph, arc: Collapse, targets: Sequence[str]) -> None:
@@ -63,7 +63,7 @@ class GroupFolder:
 
     def __init__(self, g: Graph, group: StatefulGroup) -> None:
         self.fields = list(g.event_space(group.space).schema.fields)
-        self.folds = [_Fold(g, arc, group.targets) for arc in group.collapses]
+        self.folds = [Fold(g, arc, group.targets) for arc in group.collapses]
 
     def fold(
         self,

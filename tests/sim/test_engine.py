@@ -9,7 +9,7 @@ import pytest
 
 from flowbus.errors import FlowbusError, ProtocolError
 from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
-from flowbus.sim import EXTERNAL, ConstantLatency, SimError, Simulator, derive_seed
+from flowbus.sim import EXTERNAL, ConstantLatency, LinkFailure, Loss, SimError, Simulator, derive_seed
 
 from .cores import Do, Ping, PingPong, Pong, Recorder
 
@@ -206,3 +206,66 @@ def test_rng_streams_are_derived_from_seed_and_name() -> None:
     assert a.rng("x").random() != a.rng("y").random()
     assert Simulator(seed=8).rng("x").random() != a.rng("x").random()
     assert derive_seed(7, "x") == derive_seed(7, "x") and derive_seed(7, "x").bit_length() <= 256
+
+
+class _Notified(Recorder):
+    """A recorder that also logs the failure notices it gets."""
+
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> Sequence[Effect]:
+        self.log.append((now, "failed", dst, msg))
+        return [Deliver("notice", (dst, msg))]
+
+
+def test_failure_notice_reports_sends_to_dead_nodes_after_the_delay() -> None:
+    sim = Simulator(transport=[ConstantLatency(1.0)], failure_notice=3.0)
+    a, b, c = _Notified(), Recorder(), Recorder()
+    for i, core in enumerate((a, b, c)):
+        sim.add_node(i, core)
+    sim.crash(1)
+    sim.inject(0, Do((Send(1, "x"), Send(2, "y"))))  # 1 is dead at send time
+    sim.inject(0, Do((Send(2, "z"),)), at=0.5)
+    sim.crash(2, at=1.2)  # "z" is in flight when 2 dies: reported too, from its arrival time
+    sim.run()
+    failed = [e for e in a.log if e[1] == "failed"]
+    assert failed == [(3.0, "failed", 1, "x"), (4.5, "failed", 2, "z")]
+    assert sim.metrics.failure_notices == 2 and sim.metrics.lost_by_reason() == {"crash": 2}
+    assert [e[3] for e in c.log] == ["y"]
+
+
+def test_failure_notices_are_off_by_default_and_skip_cores_without_the_hook() -> None:
+    for notice, core in ((None, _Notified()), (1.0, Recorder())):
+        sim = Simulator(failure_notice=notice)
+        sim.add_node(0, core)
+        sim.add_node(1, Recorder())
+        sim.crash(1)
+        sim.inject(0, Do((Send(1, "x"),)))
+        sim.run()
+        assert not [e for e in core.log if e[1] == "failed"]
+        assert sim.metrics.deliveries == 0
+    with pytest.raises(SimError, match="failure_notice"):
+        Simulator(failure_notice=-1.0)
+
+
+def test_failure_notice_for_cut_links_but_not_random_loss() -> None:
+    links = LinkFailure([(0, 1)])
+    sim = Simulator(transport=[links, Loss(1.0)], failure_notice=0.0)
+    a = _Notified()
+    sim.add_node(0, a)
+    sim.add_node(1, Recorder())
+    sim.add_node(2, Recorder())
+    sim.inject(0, Do((Send(1, "cut"), Send(2, "lossy"))))
+    sim.run()
+    assert [e[2:] for e in a.log if e[1] == "failed"] == [(1, "cut")]
+    assert sim.metrics.lost_by_reason() == {"link": 1, "loss": 1}
+
+
+def test_a_dead_sender_gets_no_notice() -> None:
+    sim = Simulator(transport=[ConstantLatency(1.0)], failure_notice=1.0)
+    a = _Notified()
+    sim.add_node(0, a)
+    sim.add_node(1, Recorder())
+    sim.inject(0, Do((Send(1, "x"),)))
+    sim.crash(1, at=0.5)
+    sim.crash(0, at=1.5)
+    sim.run()
+    assert not [e for e in a.log if e[1] == "failed"]

@@ -56,7 +56,7 @@ def test_to_dict_is_json_and_has_every_counter() -> None:
     d = sim.metrics.to_dict()
     assert set(d) == {
         "events", "sent", "sent_by_type", "received", "injected", "lost", "lost_by_reason",
-        "deliveries", "duplicates", "hops", "timers_fired",
+        "deliveries", "duplicates", "hops", "timers_fired", "failure_notices",
     }  # fmt: skip
     assert d["events"] == sim.events_processed == d["received"]
     assert json.loads(json.dumps(d)) == d

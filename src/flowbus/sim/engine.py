@@ -17,7 +17,12 @@ event advances the clock and hands it to the node's core (``on_message`` or
   stale, and a stale entry is skipped when popped.
 
 A crashed node gets no more messages (those in flight or sent later are counted
-as ``"crash"`` losses) and its timers are dropped. All randomness derives from
+as ``"crash"`` losses) and its timers are dropped. With ``failure_notice=d`` the
+transport behaves like an acknowledged link: a message dropped because its
+destination is unreachable (crashed, or a ``"link"`` / ``"partition"`` drop) is
+reported back to its live sender ``d`` time units later through the core's
+``on_send_failed(dst, msg, now)``, if the core has one; random loss is never
+reported. All randomness derives from
 the master seed through ``rng(name)`` (SHA-256 of ``"{seed}/{name}"``, never the
 salted built-in ``hash``), so one config and seed give byte-identical results.
 """
@@ -37,7 +42,7 @@ from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import Chain, Layer
 
-__all__ = ["EXTERNAL", "Core", "SimError", "Simulator", "derive_seed"]
+__all__ = ["EXTERNAL", "UNREACHABLE", "Core", "SimError", "Simulator", "derive_seed"]
 
 EXTERNAL: Final = -1
 """The ``src`` of a message injected from outside the simulated network."""
@@ -46,6 +51,10 @@ _MSG: Final = 0
 _TIMER: Final = 1
 _CRASH: Final = 2
 _CALL: Final = 3
+_FAILED: Final = 4
+
+UNREACHABLE: Final = frozenset({"crash", "link", "partition"})
+"""The drop reasons a ``failure_notice`` reports to the sender (a dead peer, a cut link)."""
 
 Entry = tuple[float, int, int, int, Any, Any]
 DeliverHook = Callable[[int, Hashable, Any, float], object]
@@ -81,9 +90,13 @@ class Simulator:
         on_deliver: DeliverHook | None = None,
         progress: ProgressHook | None = None,
         progress_every: int = 100_000,
+        failure_notice: float | None = None,
     ) -> None:
         if progress_every < 1:
             raise SimError(f"progress_every must be >= 1, got {progress_every}")
+        if failure_notice is not None and not failure_notice >= 0:
+            raise SimError(f"failure_notice must be >= 0, got {failure_notice!r}")
+        self.failure_notice = failure_notice
         self.seed = seed
         self.metrics = metrics if metrics is not None else Metrics()
         self.on_deliver = on_deliver
@@ -231,6 +244,7 @@ class Simulator:
         if kind == _MSG:
             if node in self._down:
                 self.metrics.lost("crash")
+                self._notify(x, node, y, now)
                 return
             self.metrics.received += 1
             effects = self._cores[node].on_message(x, y, now)
@@ -244,6 +258,13 @@ class Simulator:
         elif kind == _CRASH:
             self._crash_now(node)
             return
+        elif kind == _FAILED:
+            if node in self._down:
+                return
+            handler = getattr(self._cores[node], "on_send_failed", None)
+            if handler is None:
+                return
+            effects = handler(x, y, now)
         else:
             x()
             return
@@ -275,12 +296,22 @@ class Simulator:
             return
         if dst in self._down:
             metrics.lost("crash")
+            self._notify(src, dst, msg, now)
             return
         r = self._fate(src, dst, msg, now)
         if r.__class__ is str:
             metrics.lost(r)  # type: ignore[arg-type]
+            if r in UNREACHABLE:
+                self._notify(src, dst, msg, now)
             return
         heapq.heappush(self._heap, (now + r, self._next_seq(), _MSG, dst, src, msg))  # type: ignore[operator]
+
+    def _notify(self, src: int, dst: int, msg: Any, now: float) -> None:
+        """Tell ``src`` (later) that ``msg`` could not reach ``dst``, if notices are on."""
+        if self.failure_notice is None or src not in self._cores:
+            return
+        heapq.heappush(self._heap, (now + self.failure_notice, self._next_seq(), _FAILED, src, dst, msg))
+        self.metrics.failure_notices += 1
 
     def _set_timer(self, node: int, key: Hashable, when: float) -> None:
         if node in self._down:

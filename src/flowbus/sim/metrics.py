@@ -45,6 +45,7 @@ class Metrics:
         "deliveries",
         "duplicates",
         "events",
+        "failure_notices",
         "injected",
         "log",
         "received",
@@ -61,6 +62,7 @@ class Metrics:
         self.received = 0
         self.injected = 0
         self.timers_fired = 0
+        self.failure_notices = 0
         self.events = 0
         self.log: list[DeliveryRecord] | None = [] if log else None
 
@@ -128,4 +130,5 @@ class Metrics:
             "duplicates": self.duplicates,
             "hops": {str(h): n for h, n in self.hops().items()},
             "timers_fired": self.timers_fired,
+            "failure_notices": self.failure_notices,
         }

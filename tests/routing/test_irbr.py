@@ -78,7 +78,7 @@ class Net:
 def make_net(ids: list[int], seed: int, *, covering: bool = True, shuffle: bool = False) -> Net:
     rng = random.Random(seed)
     pastry = build_static(ids, rng)
-    nodes = {p.address: IrbrNode(p.state, p.book, covering=covering) for p in pastry}
+    nodes = {p.address: IrbrNode(p, covering=covering) for p in pastry}
     return Net(nodes, shuffle=random.Random(seed + 1) if shuffle else None)
 
 
@@ -110,9 +110,10 @@ def test_table_add_covered_duplicate_and_match() -> None:
     assert t.add(a, "s", parse("x > 10"), 1) is AddResult.IGNORED  # duplicate
     assert t.add(b, "s", parse("x > 100"), 2) is AddResult.NEW  # other prefix
     assert t.add(hex_id("2100"), "u", parse("x > 50"), 3) is AddResult.COVERED  # same prefix "210"
-    assert t.matching_prefixes({"x": 60}) == {(3, 0x210)}
-    assert t.matching_prefixes({"x": 200}) == {(3, 0x210), (3, 0x211)}
-    assert t.matching_prefixes({"x": 1}) == set()
+    assert t.matching({"x": 60}, below=0) == {(3, 0x210): a}  # a key inside the range
+    assert t.matching({"x": 200}, below=0) == {(3, 0x210): a, (3, 0x211): b}
+    assert t.matching({"x": 200}, below=3) == {}  # only ranges longer than 3 digits
+    assert t.matching({"x": 1}, below=0) == {}
     assert len(t) == 3
 
 

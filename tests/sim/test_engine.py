@@ -269,3 +269,17 @@ def test_a_dead_sender_gets_no_notice() -> None:
     sim.crash(0, at=1.5)
     sim.run()
     assert not [e for e in a.log if e[1] == "failed"]
+
+
+def test_invoke_applies_the_effects_of_a_local_call() -> None:
+    sim = Simulator(transport=[ConstantLatency(1.0)])
+    a, b = Recorder(), Recorder()
+    sim.add_node(0, a)
+    sim.add_node(1, b)
+    sim.invoke(0, lambda core: [Send(1, ("hello", len(core.log)))], at=2.0)
+    sim.crash(0, at=3.0)
+    sim.invoke(0, lambda core: [Send(1, "never")], at=4.0)  # a dead node makes no calls
+    sim.run()
+    assert b.log == [(3.0, "msg", 0, ("hello", 0))]
+    with pytest.raises(SimError, match="no node 7"):
+        sim.invoke(7, lambda core: [])

@@ -467,6 +467,7 @@ class Filter:
     """
 
     disjuncts: tuple[Conjunction, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         kept = {c: None for c in self.disjuncts if not c.is_contradiction()}
@@ -476,7 +477,17 @@ class Filter:
             )
         if Conjunction(()) in kept:
             kept = {Conjunction(()): None}
-        object.__setattr__(self, "disjuncts", tuple(sorted(kept, key=lambda c: c.sort_key())))
+        disjuncts = tuple(sorted(kept, key=lambda c: c.sort_key()))
+        object.__setattr__(self, "disjuncts", disjuncts)
+        object.__setattr__(self, "_hash", hash(disjuncts))
+
+    def __hash__(self) -> int:
+        """Computed once: filters key many caches and tables (routing, covering)."""
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Filter], tuple[tuple[Conjunction, ...]]]:
+        """Pickled without the hash, which differs between processes (string hashing)."""
+        return (Filter, (self.disjuncts,))
 
     @classmethod
     def true(cls) -> Filter:

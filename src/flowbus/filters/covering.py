@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from flowbus.filters.ast import ORDERING_OPS, Conjunction, Filter, Op, Predicate, value_class
 from flowbus.model import Value
@@ -304,8 +305,10 @@ def _tests_hold(tests: tuple[Test, ...], g: _Values, prefixes: Iterable[str]) ->
 # -------------------------------------------------------------- covering
 
 
+@lru_cache(maxsize=1 << 16)
 def _attribute_sets(conj: Conjunction) -> tuple[dict[str, _Values], dict[str, list[str]]]:
-    """Per attribute: the values ``conj``'s simple predicates allow, and its positive prefixes."""
+    """Per attribute: the values ``conj``'s simple predicates allow, and its positive prefixes
+    (memoised: routing tables test the same conjunctions again and again; read-only)."""
     sets: dict[str, _Values] = {}
     prefixes: dict[str, list[str]] = {}
     for lit in conj.simple:

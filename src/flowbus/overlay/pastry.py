@@ -57,6 +57,7 @@ from flowbus.errors import ProtocolError
 from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
 
 __all__ = [
+    "BASE",
     "BITS",
     "HEARTBEAT",
     "LEAF_SIZE",
@@ -276,7 +277,7 @@ class AddressBook:
 class PastryState:
     """Routing table, leaf set and neighbourhood set of one node (section 2.1)."""
 
-    __slots__ = ("half", "larger", "neighbours", "node_id", "rows", "smaller", "wraps")
+    __slots__ = ("half", "larger", "neighbours", "node_id", "rows", "smaller", "vacated", "wraps")
 
     def __init__(self, node_id: int, *, leaf_size: int = LEAF_SIZE) -> None:
         _check_id(node_id, "PastryState")
@@ -289,6 +290,7 @@ class PastryState:
         self.larger: list[int] = []  # clockwise neighbours, closest first
         self.neighbours: list[int] = []
         self.wraps = True  # the leaf set covers the whole circle (we know every node)
+        self.vacated: dict[tuple[int, int], int] = {}  # slot -> the dead node it held, until refilled
 
     # -- queries
 
@@ -367,6 +369,7 @@ class PastryState:
         c = digit(node_id, r)
         if row[c] is None:
             row[c] = node_id
+            self.vacated.pop((r, c), None)
             changed = True
         return changed
 
@@ -404,6 +407,7 @@ class PastryState:
             if self.rows[r][c] == node_id:
                 self.rows[r][c] = None
                 slot = (r, c)
+                self.vacated[slot] = node_id
         return Removal(in_smaller, in_larger, slot)
 
 

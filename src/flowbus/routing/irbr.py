@@ -31,23 +31,51 @@ How it works (the IRBR paper, "基于编码区间的路由协议", section 3):
   a subscription not newer than its tombstone is ignored, so an unsubscribe that overtakes
   its subscribe does no harm.
 
-Not implemented: node arrival/departure (section 3.5, item 3: FT initialisation of a
-joining node, re-routing around a dead routing-table entry) and tombstone garbage
-collection.
+* Failures (section 3.2: "a message only needs to reach some node of the target range, not
+  a fixed node"): a range message goes to the routing-table entry of its range; if that
+  entry is gone (a slot a failure emptied, see ``PastryState.vacated``) or the send fails
+  (the driver's failure notice), it is routed through Pastry towards an id inside the range
+  (the dead entry's id, or a matching subscriber's) and taken up by the first node of the
+  range on the way. Pastry delivers a key to the numerically closest live node; if that
+  node lies outside the range, the range's live nodes, if any, begin at its leaf-set
+  neighbour towards the key. So each live node of a range with a matching filter gets the
+  event once, whichever nodes on the way died (as long as no l/2 adjacent ids die at once).
+* Join and leave (section 3.5, item 3): a node that has joined Pastry asks its numerically
+  closest leaf for its filter table and files every entry under its own prefixes -- any
+  node's table will do: an entry's prefix seen from the newcomer only depends on digits the
+  two share, and a subscription cut short by covering is covered there too. A leaving node
+  withdraws its subscriptions; the dead routing-table entries it leaves behind are repaired
+  like failures.
+
+Not implemented: garbage collection of tombstones and of the entries of crashed subscribers
+(they only cost extra forwards); a subscription made while a node is joining may miss the
+newcomer (its table copy is taken once).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache, partial
 from typing import Any
 
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
+from flowbus.flow.compile import Compiler
 from flowbus.overlay.effects import Deliver, Effect, Send
-from flowbus.overlay.pastry import BITS, NDIGITS, AddressBook, B, PastryState, shared_prefix_len
+from flowbus.overlay.pastry import (
+    BASE,
+    BITS,
+    NDIGITS,
+    B,
+    PastryNode,
+    PastryState,
+    Route,
+    circular_distance,
+    shared_prefix_len,
+)
+from flowbus.overlay.pastry_app import PastryApp
 
 __all__ = [
     "ROOT",
@@ -103,10 +131,30 @@ def prefix_text(prefix: Prefix) -> str:
 # --------------------------------------------------------------------------- filter table
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=1 << 18)
 def _covers(f: Filter, g: Filter) -> bool:
     """``f`` covers ``g`` (memoised: the same filters meet again at every node)."""
     return f == g or f.covers(g)
+
+
+_COMPILER = Compiler({})
+
+
+@lru_cache(maxsize=1 << 16)
+def _test(f: Filter) -> Callable[[Mapping[str, Any]], bool]:
+    """``f`` compiled to a closure (memoised: the same filters meet again at every node)."""
+    fn, memo = _COMPILER.filter(f), _COMPILER.new_memo()
+    return lambda event: fn(event, memo)
+
+
+def _roots(entries: Iterable[Entry]) -> list[Entry]:
+    """The entries no other entry covers (one of each group of equal filters)."""
+    roots: list[Entry] = []
+    for e in entries:
+        if not any(_covers(r.filter, e.filter) for r in roots):
+            roots = [r for r in roots if not _covers(e.filter, r.filter)]
+            roots.append(e)
+    return roots
 
 
 class AddResult(Enum):
@@ -136,11 +184,12 @@ class Entry:
 class FilterTable:
     """``FT^n`` of node ``owner`` (section 3.1), with Lamport tombstones (section 3.5)."""
 
-    __slots__ = ("_by_key", "_by_prefix", "_tombstones", "owner")
+    __slots__ = ("_by_key", "_by_prefix", "_roots", "_tombstones", "owner")
 
     def __init__(self, owner: int) -> None:
         self.owner = owner
         self._by_prefix: dict[Prefix, list[Entry]] = {}
+        self._roots: dict[Prefix, list[Entry]] = {}  # per prefix, the entries none covers
         self._by_key: dict[tuple[int, Hashable], Entry] = {}
         self._tombstones: dict[tuple[int, Hashable], int] = {}
 
@@ -171,9 +220,11 @@ class FilterTable:
                 return AddResult.IGNORED
             self._drop(old)
         entry = Entry(prefix_of(self.owner, node), filt, node, sub, clock)
-        same = self._by_prefix.setdefault(entry.prefix, [])
-        covered = any(_covers(e.filter, filt) for e in same)
-        same.append(entry)
+        self._by_prefix.setdefault(entry.prefix, []).append(entry)
+        roots = self._roots.get(entry.prefix, [])
+        covered = any(_covers(r.filter, filt) for r in roots)  # a cover of any entry covers it
+        if not covered:
+            self._roots[entry.prefix] = [r for r in roots if not _covers(filt, r.filter)] + [entry]
         self._by_key[key] = entry
         return AddResult.COVERED if covered else AddResult.NEW
 
@@ -202,10 +253,35 @@ class FilterTable:
         same.remove(entry)
         if not same:
             del self._by_prefix[entry.prefix]
+            del self._roots[entry.prefix]
+        elif entry in self._roots[entry.prefix]:
+            self._roots[entry.prefix] = _roots(same)
 
-    def matching_prefixes(self, event: Mapping[str, Any]) -> set[Prefix]:
-        """The ranges where some filter matches ``event``."""
-        return {p for p, entries in self._by_prefix.items() if any(e.filter.matches(event) for e in entries)}
+    def matching(self, event: Mapping[str, Any], *, below: int) -> dict[Prefix, int]:
+        """The ranges of length > ``below`` where some filter matches ``event``, each with
+        the id of one matching subscriber (a key inside the range). Only the filters no
+        other of their range covers are tried: if a covered one matches, its cover does."""
+        out: dict[Prefix, int] = {}
+        for p, roots in self._roots.items():
+            if p[0] > below:
+                for e in roots:
+                    if _test(e.filter)(event):
+                        out[p] = e.node
+                        break
+        return out
+
+    def snapshot(self) -> TableReply:
+        """The whole table as a message (what a joining node initialises itself from)."""
+        rows = tuple((e.node, e.sub, e.filter, e.clock) for e in self._by_key.values())
+        dead = tuple((node, sub, clock) for (node, sub), clock in self._tombstones.items())
+        return TableReply(rows, dead)
+
+    def load(self, reply: TableReply) -> None:
+        """File another node's entries under our own prefixes (tombstones first)."""
+        for node, sub, clock in reply.tombstones:
+            self.remove(node, sub, clock)
+        for node, sub, filt, clock in reply.entries:
+            self.add(node, sub, filt, clock)
 
     def local(self) -> list[Entry]:
         """The owner's own subscriptions."""
@@ -248,31 +324,59 @@ class Publish:
     prefix: Prefix
 
 
+@dataclass(frozen=True, slots=True)
+class TableRequest:
+    """A node that just joined asks a leaf for its filter table (section 3.5, item 3)."""
+
+    addr: int
+
+
+@dataclass(frozen=True, slots=True)
+class TableReply:
+    """A filter table as data: ``(node, sub, filter, clock)`` rows and ``(node, sub, clock)``
+    tombstones."""
+
+    entries: tuple[tuple[int, Hashable, Filter, int], ...]
+    tombstones: tuple[tuple[int, Hashable, int], ...]
+
+
+RangeMessage = Publish | Subscribe | Unsubscribe
+
+
 # ---------------------------------------------------------------------------------- node
 
 
-class IrbrNode:
+class IrbrNode(PastryApp):
     """The IRBR event-notification layer of one Pastry node, as a sans-IO core.
 
-    ``state`` gives the routing table (the children of each sub-range); ``book`` maps Pastry
-    ids to the driver's addresses (what ``Send.dst`` names). Local subscribers get
-    ``Deliver(sub_id, event)``. ``covering=False`` turns off the covering optimisation of
-    section 3.3 (every subscription goes to every node), for comparison.
+    It owns its :class:`PastryNode` (routing table, leaf set, failure repair); ``Send.dst``
+    are the driver's addresses. Local subscribers get ``Deliver(sub_id, event)``.
+    ``covering=False`` turns off the covering optimisation of section 3.3 (every
+    subscription goes to every node), for comparison.
+
+    A message for a range goes to the routing-table entry of that range; when there is none
+    (a slot emptied by a failure, or a range with a subscriber but no entry yet) or the send
+    fails, it is routed through Pastry towards an id inside the range and taken up by the
+    first node of the range it reaches -- "a message only needs to reach some node of the
+    target range" (section 3.2). If Pastry delivers it outside the range, the range's live
+    nodes (if any) are that node's leaf-set neighbours towards the key.
     """
 
-    __slots__ = ("book", "clock", "covering", "rows_from", "state", "table")
+    app_messages = (Publish, Subscribe, Unsubscribe, TableRequest, TableReply)
 
-    def __init__(self, state: PastryState, book: AddressBook, *, covering: bool = True) -> None:
-        self.state = state
+    __slots__ = ("clock", "covering", "empty_ranges", "rows_from", "table")
+
+    def __init__(self, pastry: PastryNode, *, covering: bool = True) -> None:
+        super().__init__(pastry)
         self.covering = covering
-        self.book = book
-        self.table = FilterTable(state.node_id)
+        self.table = FilterTable(pastry.node_id)
         self.clock = 0
         self.rows_from: dict[Hashable, int] = {}  # local sub id -> first row it was sent to
+        self.empty_ranges = 0  # range messages dropped: no live node of the range was found
 
     @property
-    def node_id(self) -> int:
-        return self.state.node_id
+    def state(self) -> PastryState:
+        return self.pastry.state
 
     # -- local calls
 
@@ -301,61 +405,135 @@ class IrbrNode:
         return out
 
     def publish(self, event: Mapping[str, Any]) -> list[Effect]:
-        return self._on_publish(Publish(event, ROOT))
+        return self._on_range(Publish(event, ROOT))
 
-    # -- messages
+    def join(self, bootstrap: int | None) -> list[Effect]:
+        """Join the Pastry network through ``bootstrap``; once joined, the filter table is
+        copied from the numerically closest node (section 3.5, item 3)."""
+        return self.pastry.join(bootstrap)
 
-    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        if isinstance(msg, Publish):
-            return self._on_publish(msg)
-        if isinstance(msg, Subscribe):
-            return self._on_subscribe(msg)
-        if isinstance(msg, Unsubscribe):
-            return self._on_unsubscribe(msg)
-        raise ProtocolError(f"IrbrNode: unknown message {msg!r} from {src}")
-
-    def _on_publish(self, msg: Publish) -> list[Effect]:
-        self._check_range(msg.prefix)
-        event = msg.event
-        out: list[Effect] = [Deliver(e.sub, event) for e in self.table.local() if e.filter.matches(event)]
-        matching = self.table.matching_prefixes(event)
-        for prefix, child in self._children(msg.prefix[0], NDIGITS):
-            if prefix in matching:
-                out.append(Send(self.book.addr_of[child], Publish(event, prefix)))
+    def leave(self) -> list[Effect]:
+        """Withdraw every local subscription before the node goes away: what is left of the
+        departure (the dead routing-table entries elsewhere) is repaired like a failure."""
+        out: list[Effect] = []
+        for sub_id in sorted(self.rows_from, key=repr):
+            out.extend(self.unsubscribe(sub_id))
         return out
 
-    def _on_subscribe(self, msg: Subscribe) -> list[Effect]:
-        self._check_range(msg.prefix)
-        self.clock = max(self.clock, msg.clock) + 1
-        self.table.add(msg.node, msg.sub, msg.filter, msg.clock)
-        return self._broadcast(msg.prefix[0], NDIGITS, lambda p: replace(msg, prefix=p))
+    # -- the driver's entry points (see PastryApp)
 
-    def _on_unsubscribe(self, msg: Unsubscribe) -> list[Effect]:
-        self._check_range(msg.prefix)
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        joining = not self.pastry.ready
+        out = super().on_message(src, msg, now)
+        if joining and self.pastry.ready:
+            out.extend(self._ask_table())
+        return out
+
+    def on_app_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        if isinstance(msg, Publish | Subscribe | Unsubscribe):
+            if not in_prefix(self.node_id, msg.prefix):
+                raise ProtocolError(f"IrbrNode {self.node_id:x}: not in range {prefix_text(msg.prefix)!r}")
+            return self._on_range(msg)
+        if isinstance(msg, TableRequest):
+            return [Send(msg.addr, self.table.snapshot())]
+        if isinstance(msg, TableReply):
+            self.table.load(msg)
+            return []
+        return super().on_app_message(src, msg, now)
+
+    def on_route(self, src: int, route: Route, now: float) -> list[Effect]:
+        """A range message routed towards a key of its range: taken up by the first node of
+        the range on the way, else by a leaf-set neighbour of the node the key ends at."""
+        msg = route.payload
+        if isinstance(msg, TableRequest | TableReply):
+            raise ProtocolError(f"IrbrNode {self.node_id:x}: {type(msg).__name__} is never routed")
+        if in_prefix(self.node_id, msg.prefix):
+            return self._on_range(msg)
+        out = self.forward(route)
+        if out:
+            return out
+        member = self._leaf_in(msg.prefix, route.key)
+        if member is None:
+            self.empty_ranges += 1
+            return []
+        return [Send(self.pastry.book.addr_of[member], msg)]
+
+    def on_route_failed(self, dst: int, route: Route, now: float) -> list[Effect]:
+        return self.on_route(self.address, route, now)
+
+    def on_app_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+        if isinstance(msg, TableRequest):
+            return self._ask_table()
+        if isinstance(msg, Publish | Subscribe | Unsubscribe):
+            dead = self.pastry.book.id_of[dst]
+            return self.route(dead, msg)
+        return []
+
+    # -- transitions
+
+    def _on_range(self, msg: RangeMessage) -> list[Effect]:
+        """Take responsibility for ``msg.prefix``: handle the message here, pass it on to
+        every sub-range of our rows >= its length."""
+        if isinstance(msg, Publish):
+            return self._on_publish(msg)
         self.clock = max(self.clock, msg.clock) + 1
+        if isinstance(msg, Subscribe):
+            self.table.add(msg.node, msg.sub, msg.filter, msg.clock)
+            return self._broadcast(msg.prefix[0], NDIGITS, partial(_subscribe_msg, msg))
         removed, _ = self.table.remove(msg.node, msg.sub, msg.clock)
-        out = self._broadcast(msg.prefix[0], NDIGITS, lambda p: replace(msg, prefix=p))
+        out = self._broadcast(msg.prefix[0], NDIGITS, partial(_unsubscribe_msg, msg))
         if removed is not None:
             out.extend(self._reexpose(removed))
         return out
 
-    # -- helpers
+    def _on_publish(self, msg: Publish) -> list[Effect]:
+        event = msg.event
+        out: list[Effect] = [Deliver(e.sub, event) for e in self.table.local() if _test(e.filter)(event)]
+        own = (NDIGITS, self.node_id)
+        for prefix, key in self.table.matching(event, below=msg.prefix[0]).items():
+            if prefix != own:
+                out.extend(self._to_range(prefix, Publish(event, prefix), key))
+        return out
 
-    def _check_range(self, prefix: Prefix) -> None:
-        if not in_prefix(self.node_id, prefix):
-            raise ProtocolError(f"IrbrNode {self.node_id:x}: not in range {prefix_text(prefix)!r}")
-
-    def _children(self, lo: int, hi: int) -> Iterator[tuple[Prefix, int]]:
-        """(sub-range, routing-table entry) of rows lo..hi-1: the tree below a node responsible
-        for its own range of length ``lo``."""
+    def _to_range(self, prefix: Prefix, msg: RangeMessage, key: int) -> list[Effect]:
+        """Send ``msg`` to our routing-table entry for ``prefix``, or route it into the range."""
+        length, value = prefix
+        row = length - 1
         rows = self.state.rows
+        entry = rows[row][value & (BASE - 1)] if row < len(rows) else None
+        if entry is not None:
+            return [Send(self.pastry.book.addr_of[entry], msg)]
+        return self.route(key, msg)
+
+    def _ask_table(self) -> list[Effect]:
+        """Ask the numerically closest leaf for its filter table."""
+        leaves = self.state.leaf_set()
+        if not leaves:
+            return []
+        me = self.node_id
+        closest = min(leaves, key=lambda n: (circular_distance(n, me), n))
+        return [Send(self.pastry.book.addr_of[closest], TableRequest(self.address))]
+
+    def _leaf_in(self, prefix: Prefix, key: int) -> int | None:
+        """The leaf of range ``prefix`` numerically closest to ``key``, if any."""
+        inside = [n for n in self.state.leaf_set() if in_prefix(n, prefix)]
+        return min(inside, key=lambda n: (circular_distance(n, key), n), default=None)
+
+    def _targets(self, lo: int, hi: int) -> Iterator[tuple[Prefix, int]]:
+        """(sub-range, key inside it) for rows lo..hi-1: the routing-table entries, and the
+        slots a failure emptied (the range may still hold live nodes)."""
+        rows, vacated = self.state.rows, self.state.vacated
         for r in range(lo, min(hi, len(rows))):
             for d, child in enumerate(rows[r]):
-                if child is not None:
-                    yield child_prefix(self.node_id, r, d), child
+                key = child if child is not None else vacated.get((r, d))
+                if key is not None:
+                    yield child_prefix(self.node_id, r, d), key
 
-    def _broadcast(self, lo: int, hi: int, make: Callable[[Prefix], object]) -> list[Effect]:
-        return [Send(self.book.addr_of[child], make(prefix)) for prefix, child in self._children(lo, hi)]
+    def _broadcast(self, lo: int, hi: int, make: Callable[[Prefix], RangeMessage]) -> list[Effect]:
+        out: list[Effect] = []
+        for prefix, key in self._targets(lo, hi):
+            out.extend(self._to_range(prefix, make(prefix), key))
+        return out
 
     def _reexpose(self, removed: Entry) -> list[Effect]:
         """Extend our own subscriptions that ``removed`` may have been sparing (section 3.4)."""
@@ -379,5 +557,9 @@ class IrbrNode:
         ]
 
 
-def _subscribe_msg(entry: Entry, prefix: Prefix) -> Subscribe:
+def _subscribe_msg(entry: Entry | Subscribe, prefix: Prefix) -> Subscribe:
     return Subscribe(entry.node, entry.sub, entry.filter, entry.clock, prefix)
+
+
+def _unsubscribe_msg(msg: Unsubscribe, prefix: Prefix) -> Unsubscribe:
+    return Unsubscribe(msg.node, msg.sub, msg.clock, prefix)

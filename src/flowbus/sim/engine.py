@@ -181,6 +181,20 @@ class Simulator:
         """Call ``action()`` at time ``at`` (a control step: fail a link, heal a partition...)."""
         heapq.heappush(self._heap, (self._at(at), self._next_seq(), _CALL, EXTERNAL, action, None))
 
+    def invoke(self, node: int, call: Callable[[Any], Sequence[Effect]], *, at: float | None = None) -> None:
+        """At time ``at`` (default now), if ``node`` is alive, call ``call(core)`` -- a local
+        API call such as ``subscribe`` or ``publish`` -- and carry out the effects it returns."""
+        if node not in self._cores:
+            raise SimError(f"invoke: no node {node}")
+
+        def act() -> None:
+            if node not in self._down:
+                effects = call(self._cores[node])
+                if effects:
+                    self._apply(node, effects, self._now)
+
+        self.schedule(self._at(at), act)
+
     def _crash_now(self, node: int) -> None:
         self._down.add(node)
         timers = self._timers.get(node)

@@ -1,0 +1,330 @@
+"""One run of the IRBR fault experiment (the IRBR paper's section 4, figure 4).
+
+How it works: :func:`run` builds a static Pastry network of ``nodes`` nodes (correct
+tables, :func:`~flowbus.overlay.pastry.build_static`) and puts one protocol core on every
+node -- :class:`~flowbus.routing.irbr.IrbrNode` or the Scribe-based baseline
+:class:`~flowbus.routing.scribe.ScribeNode` -- in a :class:`~flowbus.sim.engine.Simulator`
+with a constant latency of 1 and failure notices (a send to a dead node is reported to the
+sender ``notice`` time units later, as an acknowledged link would).
+
+1. *Subscribe.* A fraction ``subscribers`` of the nodes subscribe, one subscription each,
+   one per time unit; the run goes on until every message has arrived.
+2. *Fail.* ``round(failure * nodes)`` nodes crash at once (before any repair, as in the
+   paper). The live nodes each *reachable* node is computed from the nodes' state at
+   that instant: a subscriber is reachable from a publisher when a chain of live nodes,
+   each knowing the next (leaf set, routing table, neighbourhood set), leads to it.
+3. *Publish.* ``events`` events, each from a random live node, one at a time: each runs
+   until no message is left, so the messages it took (its *forwards*) are counted alone.
+
+Per event: the interested live subscribers (their filter evaluated offline), how many of
+them were reachable, delivered, lost, and duplicated. The result's ``row`` sums them up
+(total loss = lost / interested; reachable loss = lost among the reachable / reachable);
+``events`` keeps one small row per event for the forwards plot (figure 4b).
+
+The workload ("quotes"): events ``{id, symbol, price}`` with ``symbols`` symbols drawn
+from a Zipf law of exponent ``zipf`` and a price uniform in [0, 100); subscriptions are
+``symbol = s & lo <= price < lo + w`` (70 %), ``symbol = s`` (20 %) or ``price >= t``
+(10 %, t in 80..99): narrow and broad interests, with covering among them.
+
+Every random draw comes from a stream derived from the seed, so a config gives the same
+row and events on every run, byte for byte (``run_s`` aside).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, Final
+
+from flowbus.errors import FlowbusError
+from flowbus.filters import Filter, parse
+from flowbus.overlay.effects import Effect
+from flowbus.overlay.pastry import BITS, build_static
+from flowbus.overlay.pastry_app import PastryApp
+from flowbus.sim.engine import Simulator, derive_seed
+from flowbus.sim.transport import ConstantLatency
+
+__all__ = ["PROTOCOLS", "TIMING_FIELDS", "QuoteWorkload", "RunConfig", "RunResult", "reachable_sets", "run"]
+
+PROTOCOLS: Final = ("irbr", "scribe")
+
+TIMING_FIELDS: Final = ("run_s",)
+"""The fields of a result row that vary from run to run."""
+
+ProgressFn = Callable[[str, int, int], object]
+
+
+class ExperimentError(FlowbusError):
+    """A run's configuration is invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What one run simulates; every field is recorded with the results."""
+
+    protocol: str
+    nodes: int = 1000
+    failure: float = 0.0
+    seed: int = 1
+    events: int = 200
+    subscribers: float = 0.5
+    symbols: int = 20
+    zipf: float = 1.0
+    covering: bool = True
+    latency: float = 1.0
+    notice: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            known = ", ".join(PROTOCOLS)
+            raise ExperimentError(f"unknown protocol {self.protocol!r} (expected one of {known})")
+        if type(self.nodes) is not int or self.nodes < 2:
+            raise ExperimentError(f"nodes must be an int >= 2, got {self.nodes!r}")
+        if type(self.events) is not int or self.events < 1:
+            raise ExperimentError(f"events must be an int >= 1, got {self.events!r}")
+        for name in ("failure", "subscribers"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0 + (name == "subscribers"):
+                raise ExperimentError(f"{name} must be a fraction, got {value!r}")
+        if self.symbols < 1 or self.zipf < 0 or self.latency <= 0 or self.notice < 0:
+            raise ExperimentError(f"invalid workload or timing in {self!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    row: dict[str, Any]
+    events: list[dict[str, Any]]
+
+
+# ------------------------------------------------------------------------------- workload
+
+
+class QuoteWorkload:
+    """Subscriptions and events over ``{id, symbol, price}`` (see the module note)."""
+
+    def __init__(self, symbols: int, zipf: float) -> None:
+        weights = [1.0 / (k + 1) ** zipf for k in range(symbols)]
+        total = sum(weights)
+        self.names = [f"s{k}" for k in range(symbols)]
+        self.cum = [sum(weights[: k + 1]) / total for k in range(symbols)]
+
+    def symbol(self, rng: random.Random) -> str:
+        x = rng.random()
+        lo, hi = 0, len(self.cum) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.cum[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.names[lo]
+
+    def subscription(self, rng: random.Random) -> Filter:
+        kind = rng.random()
+        if kind < 0.7:
+            lo, width = rng.randrange(0, 90, 5), rng.choice((5, 10, 20))
+            return parse(f'symbol = "{self.symbol(rng)}" & price >= {lo} & price < {lo + width}')
+        if kind < 0.9:
+            return parse(f'symbol = "{self.symbol(rng)}"')
+        return parse(f"price >= {rng.randrange(80, 100)}")
+
+    def event(self, rng: random.Random, i: int) -> dict[str, Any]:
+        return {"id": i, "symbol": self.symbol(rng), "price": round(rng.uniform(0.0, 100.0), 2)}
+
+
+# ------------------------------------------------------------------------------ protocols
+
+
+@dataclass(frozen=True, slots=True)
+class _Protocol:
+    make: Callable[[Any, RunConfig], PastryApp]
+    event_messages: frozenset[str]  # the message types an event's forwards are made of
+
+
+def _protocols() -> dict[str, _Protocol]:
+    from flowbus.routing.irbr import IrbrNode
+    from flowbus.routing.scribe import ScribeNode
+
+    return {
+        "irbr": _Protocol(lambda p, c: IrbrNode(p, covering=c.covering), frozenset({"Publish", "Route"})),
+        "scribe": _Protocol(lambda p, c: ScribeNode(p), frozenset({"Multicast", "Route"})),
+    }
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+def reachable_sets(cores: Sequence[PastryApp], live: set[int]) -> Callable[[int], set[int]]:
+    """``reach(src)``: the live addresses reachable from ``src`` through live nodes' state.
+    One forward and one backward search first: if the live nodes are strongly connected
+    (the usual case) every answer is ``live`` itself."""
+    addr_of = cores[0].pastry.book.addr_of
+    out = {a: [addr_of[n] for n in cores[a].pastry.state.known() if addr_of[n] in live] for a in live}
+    back: dict[int, list[int]] = {a: [] for a in live}
+    for a, succ in out.items():
+        for b in succ:
+            back[b].append(a)
+
+    def search(src: int, edges: Mapping[int, list[int]]) -> set[int]:
+        seen, todo = {src}, deque([src])
+        while todo:
+            for b in edges[todo.popleft()]:
+                if b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return seen
+
+    start = min(live)
+    if len(search(start, out)) == len(live) == len(search(start, back)):
+        return lambda src: live
+    cache: dict[int, set[int]] = {}
+    return lambda src: cache.setdefault(src, search(src, out))
+
+
+def run(config: RunConfig, *, progress: ProgressFn | None = None) -> RunResult:
+    """Simulate one run (see the module note)."""
+    t0 = time.perf_counter()
+    c = config
+    proto = _protocols()[c.protocol]
+
+    def stream(name: str) -> random.Random:
+        return random.Random(derive_seed(c.seed, f"irbr/{name}"))
+
+    ids = _distinct_ids(c.nodes, stream("ids"))
+    pastry = build_static(ids, stream("tables"))
+    cores = [proto.make(p, c) for p in pastry]
+    deliveries: list[tuple[Any, int, Hashable]] = []
+    sim = Simulator(
+        seed=c.seed,
+        transport=[ConstantLatency(c.latency)],
+        failure_notice=c.notice,
+        on_deliver=lambda node, sub, event, now: deliveries.append((event["id"], node, sub)),
+    )
+    for core in cores:
+        sim.add_node(core.address, core)
+
+    work = QuoteWorkload(c.symbols, c.zipf)
+    subs = _subscribe(sim, cores, work, c, stream("subscriptions"), progress)
+    sent_before_faults = sim.metrics.total_sent
+
+    failed = set(stream("failures").sample(range(c.nodes), round(c.failure * c.nodes)))
+    for addr in sorted(failed):
+        sim.crash(addr)
+    live = set(range(c.nodes)) - failed
+    reach = reachable_sets(cores, live)
+
+    rng = stream("events")
+    per_event: list[dict[str, Any]] = []
+    publishers = sorted(live)
+    for i in range(c.events):
+        src, event = rng.choice(publishers), work.event(rng, i)
+        per_event.append(_publish(sim, proto, src, event, subs, live, reach(src), deliveries))
+        if progress is not None:
+            progress("publishing", i + 1, c.events)
+    row = _row(c, per_event, len(failed), len(subs), sent_before_faults, sim, time.perf_counter() - t0)
+    return RunResult(row, per_event)
+
+
+def _distinct_ids(n: int, rng: random.Random) -> list[int]:
+    seen: set[int] = set()
+    out: list[int] = []
+    while len(out) < n:
+        x = rng.getrandbits(BITS)
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+def _subscribe(
+    sim: Simulator,
+    cores: Sequence[PastryApp],
+    work: QuoteWorkload,
+    c: RunConfig,
+    rng: random.Random,
+    progress: ProgressFn | None,
+) -> dict[int, Filter]:
+    """One subscription on each chosen node (sub id = its address), one per time unit."""
+    chosen = sorted(rng.sample(range(c.nodes), round(c.subscribers * c.nodes)))
+    subs = {addr: work.subscription(rng) for addr in chosen}
+    start = sim.now
+    for k, (addr, filt) in enumerate(subs.items()):
+        sim.invoke(addr, partial(_call_subscribe, filt, addr), at=start + k)
+    for k in range(0, len(subs), 50):
+        sim.run(until=start + k)
+        if progress is not None:
+            progress("subscribing", k, len(subs))
+    sim.run()
+    return subs
+
+
+def _call_subscribe(filt: Filter, sub: int, core: Any) -> list[Effect]:
+    return core.subscribe(filt, sub)  # type: ignore[no-any-return]
+
+
+def _publish(
+    sim: Simulator,
+    proto: _Protocol,
+    src: int,
+    event: dict[str, Any],
+    subs: Mapping[int, Filter],
+    live: set[int],
+    reachable: set[int],
+    deliveries: list[tuple[Any, int, Hashable]],
+) -> dict[str, Any]:
+    before = sim.metrics.sent_by_type()
+    deliveries.clear()
+    sim.invoke(src, lambda core: core.publish(event))
+    sim.run()
+    after = sim.metrics.sent_by_type()
+    forwards = sum(after.get(t, 0) - before.get(t, 0) for t in proto.event_messages)
+    got = Counter(node for _, node, _ in deliveries)
+    interested = {a for a, f in subs.items() if a in live and f.matches(event)}
+    lost = interested - set(got)
+    return {
+        "event": event["id"],
+        "publisher": src,
+        "interested": len(interested),
+        "reachable": len(interested & reachable),
+        "delivered": len(interested & set(got)),
+        "lost": len(lost),
+        "lost_reachable": len(lost & reachable),
+        "duplicates": sum(n - 1 for n in got.values()),
+        "wrong": len(set(got) - interested),
+        "forwards": forwards,
+    }
+
+
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
+def _row(
+    c: RunConfig,
+    per_event: list[dict[str, Any]],
+    failed: int,
+    subscribers: int,
+    subscribe_messages: int,
+    sim: Simulator,
+    run_s: float,
+) -> dict[str, Any]:
+    total = {k: sum(e[k] for e in per_event) for k in per_event[0] if k not in ("event", "publisher")}
+    return {
+        **c.to_dict(),
+        "failed": failed,
+        "subscriptions": subscribers,
+        "subscribe_messages": subscribe_messages,
+        **total,
+        "loss_rate": _ratio(total["lost"], total["interested"]),
+        "reachable_loss_rate": _ratio(total["lost_reachable"], total["reachable"]),
+        "forwards_per_event": total["forwards"] / len(per_event),
+        "messages": sim.metrics.total_sent,
+        "run_s": run_s,
+    }

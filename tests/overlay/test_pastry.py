@@ -24,7 +24,6 @@ from flowbus.overlay.pastry import (
     Pong,
     Route,
     RowRequest,
-    build_static,
     circular_distance,
     digit,
     digits,
@@ -32,6 +31,7 @@ from flowbus.overlay.pastry import (
     numerically_closest,
     shared_prefix_len,
 )
+from flowbus.overlay.pastry_static import build_static
 
 
 @dataclass

@@ -14,7 +14,8 @@ import pytest
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.overlay.effects import Deliver, Effect, Send
-from flowbus.overlay.pastry import BITS, NDIGITS, build_static, shared_prefix_len
+from flowbus.overlay.pastry import BITS, NDIGITS, shared_prefix_len
+from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.irbr import (
     ROOT,
     AddResult,

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowbus.filters import Filter, parse
-from flowbus.overlay.pastry import BITS, PastryNode, build_static, shared_prefix_len
+from flowbus.overlay.pastry import BITS, PastryNode, shared_prefix_len
+from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.irbr import IrbrNode, Publish, prefix_of
 from flowbus.sim import ConstantLatency, Simulator
 from flowbus.sim.irbr_run import QuoteWorkload, RunConfig, reachable_sets, run

@@ -16,7 +16,8 @@ import pytest
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.overlay.effects import Effect, Send
-from flowbus.overlay.pastry import BITS, Route, build_static, numerically_closest
+from flowbus.overlay.pastry import BITS, Route, numerically_closest
+from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.scribe import (
     TIMER,
     TOPIC,

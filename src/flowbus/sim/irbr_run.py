@@ -1,7 +1,7 @@
 """One run of the IRBR fault experiment (the IRBR paper's section 4, figure 4).
 
 How it works: :func:`run` builds a static Pastry network of ``nodes`` nodes (correct
-tables, :func:`~flowbus.overlay.pastry.build_static`) and puts one protocol core on every
+tables, :func:`~flowbus.overlay.pastry_static.build_static`) and puts one protocol core on every
 node -- :class:`~flowbus.routing.irbr.IrbrNode` or the Scribe-based baseline
 :class:`~flowbus.routing.scribe.ScribeNode` -- in a :class:`~flowbus.sim.engine.Simulator`
 with a constant latency of 1 and failure notices (a send to a dead node is reported to the
@@ -43,8 +43,9 @@ from typing import Any, Final
 from flowbus.errors import FlowbusError
 from flowbus.filters import Filter, parse
 from flowbus.overlay.effects import Effect
-from flowbus.overlay.pastry import BITS, build_static
+from flowbus.overlay.pastry import BITS
 from flowbus.overlay.pastry_app import PastryApp
+from flowbus.overlay.pastry_static import build_static
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import ConstantLatency
 

@@ -2,7 +2,7 @@
 
 How it works: :func:`run` draws ``nodes`` random 128-bit Pastry ids from a stream derived
 from the seed, fills every node's leaf set and routing table with
-:func:`~flowbus.overlay.pastry.build_static` (the "correct tables" construction, no joins)
+:func:`~flowbus.overlay.pastry_static.build_static` (the "correct tables" construction, no joins)
 and adds each :class:`~flowbus.overlay.pastry.PastryNode` to a
 :class:`~flowbus.sim.engine.Simulator` with a constant latency of 1.0. Each lookup is a
 random key handed to a random source node as a ``Route(key, i, hops=0, origin=source)``
@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Final
 
-from flowbus.overlay.pastry import BITS, Route, build_static, numerically_closest
+from flowbus.overlay.pastry import BITS, Route, numerically_closest
+from flowbus.overlay.pastry_static import build_static
 from flowbus.sim.engine import SimError, Simulator, derive_seed
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import ConstantLatency

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -34,31 +34,6 @@ SETTLE = 40.0
 """Time units to let a local call's messages settle (latency 1, notices 0.5)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """An injected local call on the node's core."""
-
-    fn: Callable[[ScribeNode], list[Effect]]
-
-
-class Host:
-    """Wraps a ScribeNode for the simulator; runs injected :class:`Call` s."""
-
-    def __init__(self, core: ScribeNode) -> None:
-        self.core = core
-
-    def on_message(self, src: int, msg: Any, now: float) -> Sequence[Effect]:
-        if isinstance(msg, Call):
-            return msg.fn(self.core)
-        return self.core.on_message(src, msg, now)
-
-    def on_timer(self, key: Hashable, now: float) -> Sequence[Effect]:
-        return self.core.on_timer(key, now)
-
-    def on_send_failed(self, dst: int, msg: Any, now: float) -> Sequence[Effect]:
-        return self.core.on_send_failed(dst, msg, now)
-
-
 class Count:
     """A transport layer counting sends by message type (a Route by its payload's type)."""
 
@@ -84,7 +59,7 @@ class World:
     subs: dict[tuple[int, Hashable], Filter] = field(default_factory=dict)
 
     def call(self, addr: int, fn: Callable[[ScribeNode], list[Effect]]) -> None:
-        self.sim.inject(addr, Call(fn))
+        self.sim.invoke(addr, fn)
         self.sim.run(until=self.sim.now + SETTLE)
 
     def subscribe(self, addr: int, filt: Filter, sub: Hashable) -> None:
@@ -149,7 +124,7 @@ def make_world(
     world = World(sim, nodes, ids, count)
     sim.on_deliver = lambda node, sub, event, now: world.got.append((node, sub))
     for nd in nodes:
-        sim.add_node(nd.address, Host(nd))
+        sim.add_node(nd.address, nd)
     return world
 
 
@@ -328,12 +303,12 @@ def test_concurrent_churn_on_a_reordering_transport_settles(seed: int) -> None:
     sim = world.sim
     for i in range(80):
         addr, filt = rng.randrange(120), random_filter(rng)
-        sim.inject(addr, Call(partial(ScribeNode.subscribe, filt=filt, sub_id=i)))
+        sim.invoke(addr, partial(ScribeNode.subscribe, filt=filt, sub_id=i))
         world.subs[(addr, i)] = filt
         if i % 3 == 2:
             key = rng.choice(sorted(world.subs, key=repr))
             del world.subs[key]
-            sim.inject(key[0], Call(partial(ScribeNode.unsubscribe, sub_id=key[1])))
+            sim.invoke(key[0], partial(ScribeNode.unsubscribe, sub_id=key[1]))
         sim.run(until=sim.now + rng.random() * 2)
     sim.run()
     check_exact(world, rng, 10)

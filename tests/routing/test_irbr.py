@@ -107,15 +107,20 @@ def test_prefix_helpers() -> None:
 def test_table_add_covered_duplicate_and_match() -> None:
     t = FilterTable(hex_id("213"))
     a, b = hex_id("210"), hex_id("211")
-    assert t.add(a, "s", parse("x > 10"), 1) is AddResult.NEW
+    assert t.add(a, "s", parse("x > 10"), 1) is AddResult.ADDED
     assert t.add(a, "s", parse("x > 10"), 1) is AddResult.IGNORED  # duplicate
-    assert t.add(b, "s", parse("x > 100"), 2) is AddResult.NEW  # other prefix
-    assert t.add(hex_id("2100"), "u", parse("x > 50"), 3) is AddResult.COVERED  # same prefix "210"
+    assert t.add(b, "s", parse("x > 100"), 2) is AddResult.ADDED  # other prefix
+    assert [e.node for e in t.roots((3, 0x210))] == [a]
+    assert t.add(hex_id("2100"), "u", parse("x > 50"), 3) is AddResult.ADDED  # same prefix "210"
+    assert [e.sub for e in t.roots((3, 0x210))] == ["s"]  # covered by x > 10: never tried
+    assert t.add(hex_id("2101"), "v", parse("x < 5"), 4) is AddResult.ADDED
+    assert [e.sub for e in t.roots((3, 0x210))] == ["s", "v"]
     assert t.matching({"x": 60}, below=0) == {(3, 0x210): a}  # a key inside the range
     assert t.matching({"x": 200}, below=0) == {(3, 0x210): a, (3, 0x211): b}
     assert t.matching({"x": 200}, below=3) == {}  # only ranges longer than 3 digits
-    assert t.matching({"x": 1}, below=0) == {}
-    assert len(t) == 3
+    assert t.matching({"x": 1}, below=0) == {(3, 0x210): hex_id("2101")}
+    assert t.matching({"x": 7}, below=0) == {}
+    assert len(t) == 4
 
 
 def test_table_remove_reexposes_and_tombstones() -> None:
@@ -127,10 +132,11 @@ def test_table_remove_reexposes_and_tombstones() -> None:
     removed, exposed = t.remove(a, "s", 4)
     assert removed is not None and removed.filter == parse("x > 10")
     assert [e.sub for e in exposed] == ["s"]  # x > 60 is still covered by x > 50
+    assert [e.filter for e in t.roots((3, 0x210))] == [parse("x > 50")]
     # an unsubscribe overtaking its subscribe leaves a tombstone
     assert t.remove(hex_id("3"), "z", 7) == (None, [])
     assert t.add(hex_id("3"), "z", parse("x > 1"), 6) is AddResult.IGNORED
-    assert t.add(hex_id("3"), "z", parse("x > 1"), 8) is AddResult.NEW  # a later re-subscribe
+    assert t.add(hex_id("3"), "z", parse("x > 1"), 8) is AddResult.ADDED  # a later re-subscribe
     # an unsubscribe older than the entry does not remove it
     assert t.remove(c, "t", 2) == (None, [])
     assert t.get(c, "t") is not None

@@ -158,8 +158,7 @@ def _roots(entries: Iterable[Entry]) -> list[Entry]:
 
 
 class AddResult(Enum):
-    NEW = "new"  # no other filter of the prefix covers it
-    COVERED = "covered"  # kept, but an existing filter of the same prefix covers it
+    ADDED = "added"
     IGNORED = "ignored"  # a duplicate, or not newer than a removal already seen
 
 
@@ -184,12 +183,16 @@ class Entry:
 class FilterTable:
     """``FT^n`` of node ``owner`` (section 3.1), with Lamport tombstones (section 3.5)."""
 
-    __slots__ = ("_by_key", "_by_prefix", "_roots", "_tombstones", "owner")
+    __slots__ = ("_by_key", "_by_prefix", "_fresh", "_roots", "_tombstones", "owner")
 
     def __init__(self, owner: int) -> None:
         self.owner = owner
         self._by_prefix: dict[Prefix, list[Entry]] = {}
-        self._roots: dict[Prefix, list[Entry]] = {}  # per prefix, the entries none covers
+        # Per prefix, the entries no other covers (what matching tries), kept up to date
+        # lazily: entries added since (``_fresh``) are merged in at the next match, and a
+        # prefix whose roots lost one is recomputed then (absent from ``_roots``).
+        self._roots: dict[Prefix, list[Entry]] = {}
+        self._fresh: dict[Prefix, list[Entry]] = {}
         self._by_key: dict[tuple[int, Hashable], Entry] = {}
         self._tombstones: dict[tuple[int, Hashable], int] = {}
 
@@ -221,12 +224,10 @@ class FilterTable:
             self._drop(old)
         entry = Entry(prefix_of(self.owner, node), filt, node, sub, clock)
         self._by_prefix.setdefault(entry.prefix, []).append(entry)
-        roots = self._roots.get(entry.prefix, [])
-        covered = any(_covers(r.filter, filt) for r in roots)  # a cover of any entry covers it
-        if not covered:
-            self._roots[entry.prefix] = [r for r in roots if not _covers(filt, r.filter)] + [entry]
+        if entry.prefix in self._roots:
+            self._fresh.setdefault(entry.prefix, []).append(entry)
         self._by_key[key] = entry
-        return AddResult.COVERED if covered else AddResult.NEW
+        return AddResult.ADDED
 
     def remove(self, node: int, sub: Hashable, clock: int) -> tuple[Entry | None, list[Entry]]:
         """Forget subscription ``sub`` of ``node`` if it is older than ``clock``; remember
@@ -253,18 +254,34 @@ class FilterTable:
         same.remove(entry)
         if not same:
             del self._by_prefix[entry.prefix]
+        fresh = self._fresh.get(entry.prefix)
+        if fresh is not None and entry in fresh:
+            fresh.remove(entry)
+        elif entry in self._roots.get(entry.prefix, ()):
             del self._roots[entry.prefix]
-        elif entry in self._roots[entry.prefix]:
-            self._roots[entry.prefix] = _roots(same)
+            self._fresh.pop(entry.prefix, None)
+
+    def roots(self, prefix: Prefix) -> list[Entry]:
+        """The entries of ``prefix`` that no other entry of it covers (one of equal filters):
+        if a covered filter matches an event, so does its cover."""
+        roots = self._roots.get(prefix)
+        if roots is None:
+            self._fresh.pop(prefix, None)
+            roots = self._roots[prefix] = _roots(self._by_prefix.get(prefix, ()))
+        elif fresh := self._fresh.pop(prefix, None):
+            roots = self._roots[prefix] = _roots(roots + fresh)
+        if not roots:
+            del self._roots[prefix]
+        return roots
 
     def matching(self, event: Mapping[str, Any], *, below: int) -> dict[Prefix, int]:
         """The ranges of length > ``below`` where some filter matches ``event``, each with
         the id of one matching subscriber (a key inside the range). Only the filters no
         other of their range covers are tried: if a covered one matches, its cover does."""
         out: dict[Prefix, int] = {}
-        for p, roots in self._roots.items():
+        for p in self._by_prefix:
             if p[0] > below:
-                for e in roots:
+                for e in self.roots(p):
                     if _test(e.filter)(event):
                         out[p] = e.node
                         break
@@ -341,6 +358,7 @@ class TableReply:
 
 
 RangeMessage = Publish | Subscribe | Unsubscribe
+_RANGE_MESSAGES = frozenset({Publish, Subscribe, Unsubscribe})
 
 
 # ---------------------------------------------------------------------------------- node
@@ -423,6 +441,8 @@ class IrbrNode(PastryApp):
     # -- the driver's entry points (see PastryApp)
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        if msg.__class__ in _RANGE_MESSAGES:  # the hot path: straight to the range handler
+            return self.on_app_message(src, msg, now)
         joining = not self.pastry.ready
         out = super().on_message(src, msg, now)
         if joining and self.pastry.ready:
@@ -519,20 +539,19 @@ class IrbrNode(PastryApp):
         inside = [n for n in self.state.leaf_set() if in_prefix(n, prefix)]
         return min(inside, key=lambda n: (circular_distance(n, key), n), default=None)
 
-    def _targets(self, lo: int, hi: int) -> Iterator[tuple[Prefix, int]]:
-        """(sub-range, key inside it) for rows lo..hi-1: the routing-table entries, and the
-        slots a failure emptied (the range may still hold live nodes)."""
-        rows, vacated = self.state.rows, self.state.vacated
-        for r in range(lo, min(hi, len(rows))):
-            for d, child in enumerate(rows[r]):
-                key = child if child is not None else vacated.get((r, d))
-                if key is not None:
-                    yield child_prefix(self.node_id, r, d), key
-
     def _broadcast(self, lo: int, hi: int, make: Callable[[Prefix], RangeMessage]) -> list[Effect]:
+        """``make(prefix)`` to every sub-range of rows lo..hi-1: to the routing-table entries,
+        and routed into the slots a failure emptied (the range may still hold live nodes)."""
         out: list[Effect] = []
-        for prefix, key in self._targets(lo, hi):
-            out.extend(self._to_range(prefix, make(prefix), key))
+        rows, vacated, addr_of = self.state.rows, self.state.vacated, self.pastry.book.addr_of
+        me = self.node_id
+        for r in range(lo, min(hi, len(rows))):
+            base = (me >> (BITS - B * r)) << B
+            for d, child in enumerate(rows[r]):
+                if child is not None:
+                    out.append(Send(addr_of[child], make((r + 1, base | d))))
+                elif (r, d) in vacated:
+                    out.extend(self.route(vacated[(r, d)], make((r + 1, base | d))))
         return out
 
     def _reexpose(self, removed: Entry) -> list[Effect]:

@@ -1,20 +1,33 @@
-"""The simulator commands: ``flowbus sim pastry-hops``.
+"""The simulator commands: ``flowbus sim pastry-hops``, ``irbr-faults`` and ``irbr-forwards``.
 
 ``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`). As
 everywhere in the command line, ``--json`` prints exactly one JSON document on standard
 output (progress, if any, goes to standard error), otherwise a two-column table; a bad
 input prints a red message on standard error and exits with status 2, without a traceback.
+
+``irbr-faults`` and ``irbr-forwards`` run a sweep of the IRBR fault experiment
+(:mod:`flowbus.sim.sweep`): the sweep is read from ``--config`` (default
+``experiments/<command>.yaml`` under the current directory, else the built-in defaults,
+the same values) with the command line overrides, and checked before anything runs. The
+runs go to Spark as one task each (``--master`` / ``--remote``; ``local[*]`` by default)
+or, with ``--serial``, run one after the other in this process. CSV files, a manifest and
+a PNG go to ``--out``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, NoReturn
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from flowbus.errors import FlowbusError
 
-__all__ = ["pastry_hops", "sim_app"]
+if TYPE_CHECKING:
+    from flowbus.sim.sweep import Sweep, SweepResult
+
+__all__ = ["irbr_faults", "irbr_forwards", "pastry_hops", "sim_app"]
 
 sim_app = typer.Typer(help="Discrete-event simulations of the overlay cores.", no_args_is_help=True)
 
@@ -55,3 +68,213 @@ def pastry_hops(
     flat = {k: ("-" if v is None else v) for k, v in result.items() if k != "hops"}
     flat.update({f"hops = {h}": n for h, n in result["hops"].items()})
     cli.emit(flat, as_json=False, title=f"Pastry hops: {nodes:,} nodes, {lookups:,} lookups")
+
+
+# ------------------------------------------------------------------------ IRBR sweeps
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="Sweep config (YAML). Default: experiments/<command>.yaml, else built-in defaults."
+    ),
+]
+NodesOption = Annotated[int | None, typer.Option(help="Pastry nodes per run.")]
+SeedsOption = Annotated[str | None, typer.Option(help="N (seeds 1..N), A-B, or a list 1,2,3.")]
+EventsOption = Annotated[int | None, typer.Option(help="Events published per run.")]
+ProtocolsOption = Annotated[str | None, typer.Option(help="Protocols, e.g. irbr,scribe.")]
+SerialOption = Annotated[bool, typer.Option("--serial", help="Run in this process, without Spark.")]
+MasterOption = Annotated[str | None, typer.Option(help="Spark master URL (default: local[*]).")]
+RemoteOption = Annotated[str | None, typer.Option(help="Spark Connect server, sc://HOST:PORT.")]
+
+
+def _load(experiment: str, config: Path | None, **overrides: Any) -> tuple[Sweep, str | None]:
+    """The sweep, and the config file it came from (None: the built-in defaults)."""
+    from flowbus.sim.sweep import SweepError, load_sweep
+
+    if config is None:
+        default = Path("experiments") / f"{experiment}.yaml"
+        config = default if default.is_file() else None
+    elif not config.is_file():
+        raise SweepError(f"sweep config not found: {config}")
+    return load_sweep(experiment, config, **overrides), None if config is None else str(config)
+
+
+def _run_sweep(
+    sweep: Sweep, *, serial: bool, master: str | None, remote: str | None, progress: Any
+) -> SweepResult:
+    from flowbus.sim.sweep import SweepError, run_serial
+
+    if serial:
+        if master is not None or remote is not None:
+            raise SweepError("--serial runs without Spark: drop --master / --remote")
+        return run_serial(sweep, progress=progress)
+    from flowbus.spark.session import is_connect, spark_session
+    from flowbus.spark.sweep import run_spark
+
+    t = time.perf_counter()
+    spark = spark_session(
+        master=master, remote=remote, app_name=f"flowbus-{sweep.experiment}",
+        conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
+    )  # fmt: skip
+    if not is_connect(spark):
+        spark.sparkContext.setLogLevel("ERROR")
+    session_s = time.perf_counter() - t
+    result = run_spark(spark, sweep, master=remote or master, progress=progress)
+    result.extra["session_s"] = session_s
+    return result
+
+
+def _sweep_command(
+    experiment: str,
+    config: Path | None,
+    out: Path | None,
+    serial: bool,
+    master: str | None,
+    remote: str | None,
+    **overrides: Any,
+) -> tuple[Sweep, str | None, SweepResult, dict[str, str]]:
+    from flowbus.sim.sweep import write_outputs
+
+    cli = _cli()
+    try:
+        sweep, config_file = _load(experiment, config, **overrides)
+        target = out if out is not None else Path("out") / experiment
+        with cli.progress_bar(True) as progress:
+            result = _run_sweep(sweep, serial=serial, master=master, remote=remote, progress=progress)
+        outputs = write_outputs(result, target, config_file=config_file)
+    except FlowbusError as exc:
+        _fail(str(exc))
+    return sweep, config_file, result, outputs
+
+
+def _rate(row: dict[str, Any], rate: str) -> dict[str, Any]:
+    return {
+        f"{rate}_mean": row[f"{rate}_mean"],
+        f"{rate}_ci95": row[f"{rate}_ci95"],
+        f"{rate}_interval": [row[f"{rate}_lo"], row[f"{rate}_hi"]],
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.3f}"
+
+
+@sim_app.command("irbr-faults")
+def irbr_faults(
+    config: ConfigOption = None,
+    nodes: NodesOption = None,
+    seeds: SeedsOption = None,
+    failures: Annotated[
+        str | None, typer.Option(help="Failure rates (fractions), e.g. 0.005,0.01,0.02,0.05,0.1.")
+    ] = None,
+    events: EventsOption = None,
+    protocols: ProtocolsOption = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: out/irbr-faults).")] = None,
+    serial: SerialOption = False,
+    master: MasterOption = None,
+    remote: RemoteOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Event loss of IRBR and Scribe when nodes fail at once (the IRBR paper's figure 4a)."""
+    sweep, config_file, result, outputs = _sweep_command(
+        "irbr-faults", config, out, serial, master, remote,
+        nodes=nodes, seeds=seeds, failures=failures, events=events, protocols=protocols,
+    )  # fmt: skip
+    rows = [
+        {
+            "protocol": r["protocol"], "failure": r["failure"], "runs": r["runs"],
+            **_rate(r, "loss_rate"), **_rate(r, "reachable_loss_rate"),
+            "forwards_per_event_mean": r["forwards_per_event_mean"],
+            "duplicates_max": r["duplicates_max"], "wrong_max": r["wrong_max"],
+        }
+        for r in result.summary
+    ]  # fmt: skip
+    doc = {
+        "experiment": "irbr-faults",
+        "config": {"file": config_file, **sweep.to_dict()},
+        "runner": result.runner,
+        "rows": rows,
+        "runs": len(result.runs),
+        "outputs": outputs,
+        "run_s": result.run_s,
+    }
+    if as_json:
+        _cli().emit(doc, as_json=True, title="")
+        return
+    _table(
+        f"IRBR faults: {sweep.nodes:,} nodes, {len(sweep.seeds)} seeds x {sweep.events} events "
+        f"({len(result.runs)} runs, {result.run_s:.1f} s, {result.runner['name']})",
+        ["protocol", "failed %", "runs", "loss %", "± 95 %", "reachable loss %", "± 95 %", "fwd/event"],
+        [
+            [r["protocol"], f"{100 * r['failure']:g}", str(r["runs"]),
+             _pct(r["loss_rate_mean"]), _pct(r["loss_rate_ci95"]),
+             _pct(r["reachable_loss_rate_mean"]), _pct(r["reachable_loss_rate_ci95"]),
+             f"{r['forwards_per_event_mean']:.2f}"]
+            for r in result.summary
+        ],
+        outputs,
+    )  # fmt: skip
+
+
+@sim_app.command("irbr-forwards")
+def irbr_forwards(
+    config: ConfigOption = None,
+    nodes: NodesOption = None,
+    seeds: SeedsOption = None,
+    events: EventsOption = None,
+    protocols: ProtocolsOption = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: out/irbr-forwards).")] = None,
+    serial: SerialOption = False,
+    master: MasterOption = None,
+    remote: RemoteOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Forwards per event against interested nodes, IRBR vs Scribe, no failures (the paper's figure 4b)."""
+    from flowbus.sim.sweep import forwards_by_interest, irbr_below_scribe
+
+    sweep, config_file, result, outputs = _sweep_command(
+        "irbr-forwards", config, out, serial, master, remote,
+        nodes=nodes, seeds=seeds, events=events, protocols=protocols,
+    )  # fmt: skip
+    binned = forwards_by_interest(result.events)
+    below = irbr_below_scribe(binned)
+    doc = {
+        "experiment": "irbr-forwards",
+        "config": {"file": config_file, **sweep.to_dict()},
+        "runner": result.runner,
+        "rows": binned,
+        "forwards_per_event": {r["protocol"]: r["forwards_per_event_mean"] for r in result.summary},
+        "irbr_below_scribe": below,
+        "runs": len(result.runs),
+        "outputs": outputs,
+        "run_s": result.run_s,
+    }
+    if as_json:
+        _cli().emit(doc, as_json=True, title="")
+        return
+    _table(
+        f"IRBR forwards: {sweep.nodes:,} nodes, {len(sweep.seeds)} seeds x {sweep.events} events "
+        f"({len(result.runs)} runs, {result.run_s:.1f} s, {result.runner['name']}); "
+        f"IRBR below Scribe in every bin: {below}",
+        ["protocol", "interested", "events", "mean interested", "mean forwards"],
+        [
+            [r["protocol"], r["bin"], str(r["events"]), f"{r['interested_mean']:.2f}",
+             f"{r['forwards_mean']:.2f}"]
+            for r in binned
+        ],
+        outputs,
+    )  # fmt: skip
+
+
+def _table(title: str, header: list[str], rows: list[list[str]], outputs: dict[str, str]) -> None:
+    from rich.table import Table
+
+    cli = _cli()
+    table = Table(title=title)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    cli.out.print(table)
+    for name, path in outputs.items():
+        cli.out.print(f"{name}: {path}")

@@ -22,8 +22,10 @@ rounding).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +135,37 @@ def aggregate_dataframe(runs: DataFrame) -> DataFrame:
     return g.select(*SUMMARY_COLUMNS)
 
 
+@contextmanager
+def _task_progress(
+    spark: SparkSession, progress: ProgressFn | None, total: int, per_task: int
+) -> Iterator[None]:
+    """While the block runs, report the runs of finished tasks (a classic session's status
+    tracker, polled twice a second; a Connect session has none: 0, then the total)."""
+    from flowbus.spark.session import is_connect
+
+    if progress is None or is_connect(spark):
+        yield
+        return
+    tracker = spark.sparkContext.statusTracker()
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.5):
+            done = 0
+            for stage in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage)
+                done = max(done, info.numCompletedTasks if info is not None else 0)
+            progress("runs (spark)", min(done * per_task, total), total)
+
+    thread = threading.Thread(target=poll, name="flowbus-sweep-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def run_spark(
     spark: SparkSession,
     sweep: Sweep,
@@ -149,11 +182,14 @@ def run_spark(
     configs = sweep.configs()
     if progress is not None:
         progress("runs (spark)", 0, len(configs))
-    results = run_dataframe(spark, sweep.groups()).cache()
+    groups = sweep.groups()
+    results = run_dataframe(spark, groups).cache()
     try:
         runs: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
-        for r in results.collect():  # one row per run: a few kB each, the event rows included
+        with _task_progress(spark, progress, len(configs), len(configs) // len(groups)):
+            collected = results.collect()  # one row per run: a few kB each, the event rows included
+        for r in collected:
             row = r.asDict(recursive=True)
             key = {"protocol": row["protocol"], "failure": row["failure"], "seed": row["seed"]}
             events.extend({**key, **e} for e in row.pop("event_rows"))

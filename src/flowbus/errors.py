@@ -49,5 +49,9 @@ class SchemaError(FlowbusError):
         super().__init__(message)
 
 
+class OverlayError(FlowbusError):
+    """A change or query of a broker overlay that cannot be done (the overlay is unchanged)."""
+
+
 class ProtocolError(FlowbusError):
     """A protocol core received a message it cannot handle."""

@@ -1,0 +1,364 @@
+"""CBR: covering-based content routing between brokers of an acyclic overlay (sans-IO core).
+
+How it works (the pub/sub lecture, 001: "subscription forwarding", "covering"; Siena and
+PADRES style routing on a tree of brokers):
+
+* Routing table: for each direction -- each neighbour broker, and the broker itself for its
+  local clients -- the subscriptions that came from it, keyed by their origin
+  ``(broker, sub_id)`` so a duplicate or a removal is exact.
+* Subscription forwarding with covering: towards each neighbour ``m`` a broker forwards the
+  *roots* of its candidates for ``m`` (the subscriptions of every other direction): those no
+  other candidate dominates. ``a`` dominates ``b`` if ``a``'s filter covers ``b``'s and, when
+  the two cover each other (identical filters, say), ``a`` has the smaller origin. So the
+  forwarded set only depends on the current subscriptions, never on their order: a new
+  subscription a forwarded root dominates is not sent; one that dominates roots withdraws
+  them (listed in its ``Subscribe.withdraw``: one message, not one per withdrawn root); an
+  unsubscription of a root re-exposes the candidates it was hiding that no remaining
+  candidate dominates. ``covering=False`` forwards every candidate.
+* Events: reverse path forwarding. An event from direction ``d`` (or published locally) is
+  delivered to the matching local subscriptions and sent once to each neighbour ``m != d``
+  from which a matching filter came. On a tree every matching subscriber gets it exactly once.
+* Reordering: each ``Subscribe``/``Unsubscribe`` carries the sender's sequence number; the
+  receiver keeps the last one per (neighbour, origin) -- a tombstone after a removal -- and
+  ignores older messages, so a link need not be FIFO.
+* Topology changes (``set_neighbours``, the overlay's failure repair): a removed neighbour's
+  subscriptions are dropped (and withdrawn from the others where they were roots); an added
+  neighbour gets every root of its candidates. Since what is forwarded is a function of the
+  tables, once messages settle the state equals that of building the final tree from scratch.
+
+Not implemented: advertisements; garbage collection of tombstones. Messages from a former
+neighbour (in flight when its link was removed) are dropped and counted in ``dropped``; a
+link re-added while messages of its earlier incarnation are still in flight may keep them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from flowbus.errors import ProtocolError
+from flowbus.filters import Filter
+from flowbus.flow.compile import Compiler
+from flowbus.overlay.effects import Deliver, Effect, Send
+
+__all__ = ["ContentRouter", "Origin", "Publish", "RoutingState", "Subscribe", "Unsubscribe"]
+
+Origin = tuple[int, Hashable]
+"""Who subscribed: (the subscriber's broker, its subscription id there)."""
+
+RoutingState = tuple[dict[int, dict[Origin, Filter]], dict[int, dict[Origin, Filter]]]
+"""(filters received per direction, filters forwarded per neighbour); empty maps left out."""
+
+
+# ------------------------------------------------------------------------------- messages
+
+
+def _check_origin(origin: Any, where: str) -> None:
+    if not (isinstance(origin, tuple) and len(origin) == 2 and type(origin[0]) is int):
+        raise ProtocolError(f"{where}: an origin is (broker id, sub id), got {origin!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """``origin`` wants ``filter``; ``seq`` orders the sender's messages on this link.
+    ``withdraw``: origins the sender no longer forwards (mostly those this one covers),
+    each as if by an ``Unsubscribe`` with the same ``seq`` -- one message instead of many."""
+
+    origin: Origin
+    filter: Filter
+    seq: int
+    withdraw: tuple[Origin, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_origin(self.origin, "Subscribe")
+        if not isinstance(self.filter, Filter):
+            raise ProtocolError(f"Subscribe: a Filter is needed, got {self.filter!r}")
+        for w in self.withdraw:
+            _check_origin(w, "Subscribe.withdraw")
+        if self.origin in self.withdraw:
+            raise ProtocolError(f"Subscribe: {self.origin!r} both added and withdrawn")
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    """``origin``'s subscription no longer comes from the sender's side."""
+
+    origin: Origin
+    seq: int
+
+    def __post_init__(self) -> None:
+        _check_origin(self.origin, "Unsubscribe")
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    event: Mapping[str, Any]
+
+
+# ------------------------------------------------------------------------------- filters
+
+
+@lru_cache(maxsize=1 << 18)
+def _covers(f: Filter, g: Filter) -> bool:
+    """``f`` covers ``g`` (memoised: the same filters meet again at every broker)."""
+    return f == g or f.covers(g)
+
+
+_COMPILER = Compiler({})
+
+
+@lru_cache(maxsize=1 << 16)
+def _test(f: Filter) -> Callable[[Mapping[str, Any]], bool]:
+    """``f`` compiled to a closure (memoised like :func:`_covers`)."""
+    fn, memo = _COMPILER.filter(f), _COMPILER.new_memo()
+    return lambda event: fn(event, memo)
+
+
+def _okey(o: Origin) -> tuple[int, str]:
+    return (o[0], repr(o[1]))
+
+
+def _dominates(a: Origin, fa: Filter, b: Origin, fb: Filter) -> bool:
+    """``a`` makes ``b`` unnecessary: it covers it, strictly or with a smaller origin."""
+    return _covers(fa, fb) and (not _covers(fb, fa) or _okey(a) < _okey(b))
+
+
+def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
+    """The entries no other entry dominates (the maximal ones: domination is a strict order)."""
+    roots: dict[Origin, Filter] = {}
+    for o, f in entries:
+        if not any(_dominates(r, g, o, f) for r, g in roots.items()):
+            for r in [r for r, g in roots.items() if _dominates(o, f, r, g)]:
+                del roots[r]
+            roots[o] = f
+    return roots
+
+
+# -------------------------------------------------------------------------------- router
+
+
+class ContentRouter:
+    """The content-based routing layer of one broker of a tree of brokers (sans-IO).
+
+    ``Send.dst`` is a neighbour broker id; local subscribers get ``Deliver(sub_id, event)``.
+    The direction of local subscriptions is the broker's own id.
+    """
+
+    __slots__ = (
+        "_dirs",
+        "_former",
+        "_neighbours",
+        "_seen",
+        "_sent",
+        "_seq",
+        "_table",
+        "broker",
+        "covering",
+        "dropped",
+    )
+
+    def __init__(self, broker: int, neighbours: Iterable[int], *, covering: bool = True) -> None:
+        if type(broker) is not int:
+            raise ProtocolError(f"ContentRouter: a broker id is an int, got {broker!r}")
+        self.broker = broker
+        self.covering = covering
+        self.dropped = 0  # messages from former neighbours, ignored
+        self._neighbours: set[int] = set()
+        self._former: set[int] = set()
+        # direction -> origin -> filter (received), and origin -> direction -> filter
+        self._table: dict[int, dict[Origin, Filter]] = {broker: {}}
+        self._dirs: dict[Origin, dict[int, Filter]] = {}
+        self._sent: dict[int, dict[Origin, Filter]] = {}  # neighbour -> forwarded roots
+        self._seen: dict[int, dict[Origin, int]] = {}  # neighbour -> origin -> last seq
+        self._seq = 0
+        self._add_neighbours(self._checked(neighbours))
+
+    # -- local calls
+
+    @property
+    def neighbours(self) -> frozenset[int]:
+        return frozenset(self._neighbours)
+
+    def subscribe(self, sub_id: Hashable, filt: Filter) -> list[Effect]:
+        if not isinstance(filt, Filter):
+            raise ProtocolError(f"broker {self.broker}: subscribe needs a Filter, got {filt!r}")
+        if (self.broker, sub_id) in self._table[self.broker]:
+            raise ProtocolError(f"broker {self.broker}: subscription {sub_id!r} exists already")
+        return self._set(self.broker, (self.broker, sub_id), filt)
+
+    def unsubscribe(self, sub_id: Hashable) -> list[Effect]:
+        if (self.broker, sub_id) not in self._table[self.broker]:
+            raise ProtocolError(f"broker {self.broker}: no subscription {sub_id!r}")
+        return self._set(self.broker, (self.broker, sub_id), None)
+
+    def publish(self, event: Mapping[str, Any]) -> list[Effect]:
+        return self._route(event, self.broker)
+
+    def set_neighbours(self, new: Iterable[int]) -> list[Effect]:
+        """Change the broker's links: drop what removed neighbours sent, send added ones
+        every root of their candidates."""
+        wanted = self._checked(new)
+        out: list[Effect] = []
+        for r in sorted(self._neighbours - wanted):
+            self._neighbours.discard(r)
+            self._former.add(r)
+            del self._sent[r], self._seen[r]
+            for o in list(self._table[r]):
+                out.extend(self._set(r, o, None))
+            del self._table[r]
+        out.extend(self._add_neighbours(wanted - self._neighbours))
+        return out
+
+    # -- the driver's entry point
+
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        cls = msg.__class__
+        if cls is not Publish and cls is not Subscribe and cls is not Unsubscribe:
+            raise ProtocolError(f"broker {self.broker}: unknown message {msg!r}")
+        if src not in self._neighbours:
+            if src in self._former:
+                self.dropped += 1
+                return []
+            raise ProtocolError(f"broker {self.broker}: {cls.__name__} from {src}, not a neighbour")
+        if cls is Publish:
+            return self._route(msg.event, src)
+        out = self._receive(src, msg.origin, msg.filter if cls is Subscribe else None, msg.seq)
+        if cls is Subscribe:  # the covered ones go after their cover came: nothing re-exposed
+            for w in msg.withdraw:
+                out.extend(self._receive(src, w, None, msg.seq))
+        return out
+
+    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        raise ProtocolError(f"broker {self.broker}: no timer {key!r} (the router sets none)")
+
+    # -- inspection (tests, experiments)
+
+    def table_size(self) -> dict[int, int]:
+        """Subscriptions received per direction (the broker's own id: local ones)."""
+        return {d: len(t) for d, t in self._table.items()}
+
+    def forwarded_size(self) -> dict[int, int]:
+        """Subscriptions forwarded to (and held by) each neighbour."""
+        return {m: len(s) for m, s in self._sent.items()}
+
+    def routing_state(self) -> RoutingState:
+        tables = {d: dict(t) for d, t in self._table.items() if t}
+        sent = {m: dict(s) for m, s in self._sent.items() if s}
+        return tables, sent
+
+    # -- transitions
+
+    def _checked(self, neighbours: Iterable[int]) -> set[int]:
+        out = set()
+        for n in neighbours:
+            if type(n) is not int or n == self.broker:
+                raise ProtocolError(f"broker {self.broker}: bad neighbour {n!r}")
+            out.add(n)
+        return out
+
+    def _add_neighbours(self, added: Iterable[int]) -> list[Effect]:
+        out: list[Effect] = []
+        for a in sorted(added):
+            self._neighbours.add(a)
+            self._former.discard(a)
+            self._table[a], self._seen[a] = {}, {}
+            cands = [(o, f) for o in self._dirs if (f := self._cand(a, o)) is not None]
+            self._sent[a] = roots = _roots(cands) if self.covering else dict(cands)
+            out.extend(Send(a, Subscribe(o, f, self._next())) for o, f in roots.items())
+        return out
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _route(self, event: Mapping[str, Any], src: int) -> list[Effect]:
+        local = self._table[self.broker]
+        out: list[Effect] = [Deliver(o[1], event) for o, f in local.items() if _test(f)(event)]
+        msg: Publish | None = None
+        for m in sorted(self._neighbours):
+            if m != src and any(_test(f)(event) for f in self._table[m].values()):
+                msg = msg or Publish(event)
+                out.append(Send(m, msg))
+        return out
+
+    def _receive(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
+        seen = self._seen[src]
+        if seq <= seen.get(o, -1):
+            return []  # overtaken by a newer message about the same origin
+        seen[o] = seq
+        return self._set(src, o, f)
+
+    def _cand(self, m: int, o: Origin) -> Filter | None:
+        """``o``'s filter as a candidate for neighbour ``m``: from its smallest direction
+        other than ``m`` (on a settled tree an origin comes from one direction only)."""
+        dirs = self._dirs.get(o)
+        if not dirs:
+            return None
+        ds = [d for d in dirs if d != m]
+        return dirs[min(ds)] if ds else None
+
+    def _set(self, d: int, o: Origin, f: Filter | None) -> list[Effect]:
+        """Direction ``d`` now sends ``o`` with filter ``f`` (None: no longer)."""
+        others = sorted(m for m in self._neighbours if m != d)
+        before = [self._cand(m, o) for m in others]
+        dirs = self._dirs.setdefault(o, {})
+        if f is None:
+            self._table[d].pop(o, None)
+            dirs.pop(d, None)
+            if not dirs:
+                del self._dirs[o]
+        else:
+            self._table[d][o] = f
+            dirs[d] = f
+        out: list[Effect] = []
+        for m, old in zip(others, before, strict=True):
+            new = self._cand(m, o)
+            if old != new:
+                out.extend(self._update(m, o, old, new))
+        return out
+
+    def _update(self, m: int, o: Origin, old: Filter | None, new: Filter | None) -> list[Effect]:
+        """``o``'s candidate filter for ``m`` went from ``old`` to ``new``: keep the roots
+        forwarded to ``m`` up to date and send the difference."""
+        sent = self._sent[m]
+        before = dict(sent)
+        if not self.covering:
+            if new is None:
+                del sent[o]
+            else:
+                sent[o] = new
+        else:
+            if old is not None and sent.get(o) == old:
+                del sent[o]
+                sent.update(self._exposed(m, o, old))
+            if new is not None and not any(_dominates(r, g, o, new) for r, g in sent.items()):
+                for r in [r for r, g in sent.items() if _dominates(o, new, r, g)]:
+                    del sent[r]
+                sent[o] = new
+        gone = tuple(r for r in before if r not in sent)
+        added = [(r, g) for r, g in sent.items() if before.get(r) != g]
+        if not added:
+            return [Send(m, Unsubscribe(r, self._next())) for r in gone]
+        (r, g), rest = added[0], added[1:]
+        out: list[Effect] = [Send(m, Subscribe(r, g, self._next(), gone))]
+        out.extend(Send(m, Subscribe(r, g, self._next())) for r, g in rest)
+        return out
+
+    def _exposed(self, m: int, gone: Origin, f: Filter) -> dict[Origin, Filter]:
+        """The candidates for ``m`` that the root (``gone``, ``f``) hid and that no remaining
+        root dominates, reduced to their own roots (the new roots of ``m``)."""
+        sent = self._sent[m]
+        hidden: list[tuple[Origin, Filter]] = []
+        for o in self._dirs:
+            g = self._cand(m, o)
+            if (
+                g is not None
+                and o != gone
+                and o not in sent
+                and _dominates(gone, f, o, g)
+                and not any(_dominates(r, h, o, g) for r, h in sent.items())
+            ):
+                hidden.append((o, g))
+        return _roots(hidden)

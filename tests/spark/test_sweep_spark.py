@@ -38,7 +38,7 @@ def test_same_runs_and_events(on_spark: SweepResult, serial: SweepResult) -> Non
     assert on_spark.events == serial.events
     assert all(r["run_s"] > 0 for r in on_spark.runs)
     assert on_spark.runner["name"] == "spark" and on_spark.runner["tasks"] == 4  # (protocol, seed)
-    assert on_spark.runner["master"] == "local[2]"
+    assert str(on_spark.runner["master"]).startswith("local[")  # the shared session's master
 
 
 def test_same_aggregates(on_spark: SweepResult, serial: SweepResult) -> None:

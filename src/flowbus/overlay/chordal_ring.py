@@ -1,0 +1,770 @@
+"""The chordal reliability ring: a broker overlay that survives broker and link failures
+(sans-IO core).
+
+How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", section 3):
+
+* Ids (section 3.3): a 2^32 circle. The first broker takes 0, the second 2^16 - 1, and
+  every later one the id midway between its two neighbours-to-be.
+* The ring (figure 4): each broker links to Left, Right, Leftleft and Rightright. It keeps
+  them as its *window*: the up-to-four other brokers nearest to it on each side, sorted
+  clockwise. With five brokers or fewer the window is everyone else, so the pointers
+  coincide, or point back to the broker itself, and nothing special-cases small rings.
+* Chords (a choice the document leaves open): the brokers 2^j ring positions clockwise,
+  j = 2, 3, ... while 2^j < n, about log2 n of them. They are built by pointer doubling:
+  chord j = chord j-1 of chord j-1, and chord 1 is Rightright. Each broker asks its
+  chord j-1 for that broker's own chord j-1, and a broker asked for a level it does not
+  have yet answers once it has it. Greedy clockwise routing through these chords (the
+  farthest known broker that does not overshoot the target) takes at most about log2 n
+  hops, and the degree stays 4 + log2 n - 2, bounded by log n as the document assumes.
+* Join (section 3.3, Process-join-request): the newcomer pings the candidate brokers it is
+  given and sends a ``JoinRequest`` to the one with the lowest round-trip time. That broker
+  y takes the newcomer as its left neighbour if there is at least as much id space on its
+  left as on its right (and some), else as its right neighbour if there is space there,
+  else it forwards the request to its Rightright.
+  - The newcomer gets the midway id and its window.
+  - The brokers whose window changes (at most four besides the newcomer) get an
+    ``Insert``. The document's pseudo-code updates four of them and omits the
+    far-left broker's Rightright; here all are updated.
+  - The document's left-case formula reads ``id[y] + gap/2``. That lies on y's *right*;
+    the midway point meant is ``id[Left] + gap/2``.
+* Backups (section 3.5): a broker's state (an opaque mapping the layers above own:
+  subscriptions, routing entries, undelivered events) is copied to its first ``backup``
+  holders in the order Right, Left, Rightright, Leftleft. It is copied again to the new
+  holders whenever the window changes.
+* Node failure (section 3.4.1, figure 5): A suspects its neighbour B, from a missed
+  heartbeat or a failed send.
+  - A asks C, B's other ring neighbour, to test B (``TestNeighbour``). C probes B.
+  - If B does not answer, C tells A ``Failed``. A and C then run *divide-neighbour(B)*:
+    they close the ring over B, tell the brokers whose windows held B, and ``Redirect``
+    B's other neighbours (its chords, known from B's backup) to A or C. The holder of
+    B's backup takes B's state over. All of this costs O(degree(B)) messages.
+  - If B answers, the failure was of the link A-B. A then sends B's traffic through C.
+  - If C is dead too (two adjacent failures), A looks for the next live broker beyond
+    them through its chords and walks back counter-clockwise to it (``Reconnect``).
+* Link failure off the ring (section 3.4.2 b): when a chord A-B fails, A routes a
+  ``TracedQuery`` to B through other links, each hop appending itself. B answers with
+  ``LinkDown`` along the reversed trace, and A keeps the trace as its route to B.
+
+Addresses are the driver's node ids (``Send.dst``). Randomness is never needed: every
+choice is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus.errors import ProtocolError
+from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.overlay.ring_messages import (
+    BACKUP_ORDER,
+    MAX_HOPS,
+    SECOND_ID,
+    SPACE,
+    WINDOW,
+    Alive,
+    BackupCopy,
+    ChordQuery,
+    ChordReply,
+    Failed,
+    Heartbeat,
+    Insert,
+    JoinAccept,
+    JoinRequest,
+    LinkDown,
+    Peer,
+    Ping,
+    Pong,
+    Probe,
+    ProbeAck,
+    Reconnect,
+    Redirect,
+    RingRoute,
+    SetSide,
+    TestNeighbour,
+    TracedQuery,
+    cw,
+)
+
+__all__ = [
+    "SECOND_ID",
+    "SPACE",
+    "Alive",
+    "BackupCopy",
+    "ChordQuery",
+    "ChordReply",
+    "Failed",
+    "Heartbeat",
+    "Insert",
+    "JoinAccept",
+    "JoinRequest",
+    "LinkDown",
+    "Peer",
+    "Ping",
+    "Pong",
+    "Probe",
+    "ProbeAck",
+    "Reconnect",
+    "Redirect",
+    "RingNode",
+    "RingRoute",
+    "SetSide",
+    "TestNeighbour",
+    "TracedQuery",
+    "cw",
+]
+
+
+@dataclass(slots=True)
+class _Held:
+    version: int
+    state: Mapping[Hashable, Any]
+    links: tuple[Peer, ...]
+    holders: tuple[Peer, ...]
+    rank: int  # our place among the holders: the first live one takes over
+
+
+# ---------------------------------------------------------------------------------- node
+
+
+class RingNode:
+    """One broker of the chordal reliability ring (see the module note).
+
+    ``backup`` (1..4) is how many ring neighbours hold a copy of this broker's state;
+    ``heartbeat`` the period of the ring-neighbour heartbeats (None: failures are only
+    found through failed sends, the driver's failure notices); ``probe_timeout`` how long
+    a tester waits for a probed broker.
+    """
+
+    def __init__(
+        self,
+        addr: int,
+        *,
+        backup: int = 2,
+        heartbeat: float | None = None,
+        probe_timeout: float = 4.0,
+        ping_timeout: float = 4.0,
+    ) -> None:
+        if not 1 <= backup <= 4:
+            raise ProtocolError(f"RingNode: the backup factor is 1..4, got {backup!r}")
+        if heartbeat is not None and not heartbeat > 0:
+            raise ProtocolError(f"RingNode: the heartbeat period must be > 0, got {heartbeat!r}")
+        self.addr = addr
+        self.id: int | None = None
+        self.backup = backup
+        self.heartbeat = heartbeat
+        self.probe_timeout = probe_timeout
+        self.ping_timeout = ping_timeout
+        self.succ: list[Peer] = []  # Right, Rightright (the nearest others clockwise)
+        self.pred: list[Peer] = []  # Left, Leftleft (the nearest others counter-clockwise)
+        self.open: set[int] = set()  # sides (1: right, -1: left) that lost a broker, not yet refilled
+        self.chords: dict[int, Peer] = {}  # level j >= 2 -> the broker 2^j positions clockwise
+        self.state: dict[Hashable, Any] = {}
+        self.held: dict[int, _Held] = {}  # backups we hold, by owner id
+        self.redirect: dict[int, Peer] = {}  # dead broker id -> who took over
+        self.detour: dict[int, tuple[Peer, ...]] = {}  # broker id -> path when our link to it is down
+        self.dead: set[int] = set()
+        self.version = 0
+        self._holders: tuple[Peer, ...] = ()
+        self._rtt: dict[int, float] = {}
+        self._candidates: set[int] = set()
+        self._waiting: dict[int, list[Peer]] = {}  # chord level -> askers to answer once known
+        self._testing: dict[int, Peer] = {}  # suspect id -> asker (we probe for them)
+        self._asker_side: dict[int, tuple[Peer, ...]] = {}  # suspect id -> the asker's far side
+        self._was_side: dict[int, int] = {}  # dead neighbour id -> the side it was on
+        self._suspects: dict[int, Peer] = {}  # suspect id -> the broker we asked to test it
+        self._heard: dict[int, float] = {}
+        self.dropped = 0  # routed messages given up (hop limit, no next hop)
+        self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
+
+    # -- views
+
+    @property
+    def me(self) -> Peer:
+        if self.id is None:
+            raise ProtocolError(f"RingNode {self.addr}: not in the ring yet")
+        return Peer(self.id, self.addr)
+
+    @property
+    def joined(self) -> bool:
+        return self.id is not None
+
+    @property
+    def window(self) -> list[Peer]:
+        """The ring neighbours we know, without repeats, clockwise from us."""
+        if not self.joined:
+            return []
+        me = self.me.id
+        return sorted({p.id: p for p in (*self.succ, *self.pred)}.values(), key=lambda p: cw(me, p.id))
+
+    def _at(self, side: int, k: int) -> Peer | None:
+        """The k-th (1 or 2) neighbour clockwise (side = 1) or counter-clockwise (-1); in a
+        ring of fewer brokers the pointers wrap round (Rightright may be Left, or us)."""
+        w = self.succ if side > 0 else self.pred
+        if not w:
+            return None
+        if len(w) < k and side in self.open:
+            return None  # a gap: not known until the ring is closed again
+        return w[(k - 1) % len(w)]
+
+    @property
+    def right(self) -> Peer | None:
+        return self._at(1, 1)
+
+    @property
+    def rightright(self) -> Peer | None:
+        return self._at(1, 2)
+
+    @property
+    def left(self) -> Peer | None:
+        return self._at(-1, 1)
+
+    @property
+    def leftleft(self) -> Peer | None:
+        return self._at(-1, 2)
+
+    def links(self) -> list[Peer]:
+        """Every broker we link to: the window and the chords, without repeats."""
+        out = {p.id: p for p in self.window}
+        out.update((p.id, p) for p in self.chords.values())
+        out.pop(self.id, None)  # type: ignore[arg-type]
+        return sorted(out.values(), key=lambda p: cw(self.me.id, p.id))
+
+    def holders(self) -> tuple[Peer, ...]:
+        """The ring neighbours that hold our backup (distinct, at most ``backup``)."""
+        out: list[Peer] = []
+        for name in BACKUP_ORDER:
+            p = getattr(self, name)
+            if p is not None and p not in out:
+                out.append(p)
+        return tuple(out[: self.backup])
+
+    def _take(self, peers: Iterable[Peer], *, closes: bool = False) -> bool:
+        """Merge ``peers`` into the window: the 2 nearest known brokers on each side. A side
+        that lost a broker stays as it is until news that ``closes`` the gap (the window of
+        a broker beyond it); without it, a lone side would fill up with the other side's
+        brokers. True if the window changed."""
+        me = self.me
+        known = {p.id: p for p in (*self.succ, *self.pred)}
+        for p in peers:
+            if p.id != me.id and p.id not in self.dead:
+                known[p.id] = p
+        if closes:
+            self.open.clear()
+        peers_ = known.values()
+        succ = self.succ if 1 in self.open else sorted(peers_, key=lambda p: cw(me.id, p.id))[:WINDOW]
+        pred = self.pred if -1 in self.open else sorted(peers_, key=lambda p: cw(p.id, me.id))[:WINDOW]
+        changed = (succ, pred) != (self.succ, self.pred)
+        self.succ, self.pred = succ, pred
+        return changed
+
+    # -- local calls
+
+    def start(self) -> list[Effect]:
+        """Be the first broker of a new ring (id 0)."""
+        self.id = 0
+        return self._after_change()
+
+    def join(self, candidates: Sequence[int]) -> list[Effect]:
+        """Join through the candidate with the lowest round-trip time (pinged first)."""
+        if self.joined:
+            raise ProtocolError(f"RingNode {self.addr}: already in the ring")
+        if not candidates:
+            raise ProtocolError(f"RingNode {self.addr}: no broker to join through")
+        self._candidates = set(candidates)
+        out: list[Effect] = [Send(c, Ping(self.addr, -1.0)) for c in sorted(self._candidates)]
+        out.append(SetTimer(self.ping_timeout, ("ring", "join")))
+        return out
+
+    def set_state(self, key: Hashable, value: Any) -> list[Effect]:
+        self.state[key] = value
+        return self._send_backups(force=True)
+
+    def del_state(self, key: Hashable) -> list[Effect]:
+        self.state.pop(key, None)
+        return self._send_backups(force=True)
+
+    def refresh_chords(self) -> list[Effect]:
+        """(Re)build the chords by pointer doubling from Rightright."""
+        self.chords.clear()
+        rr = self.rightright
+        if rr is None or rr == self.right:
+            return []
+        return [Send(rr.addr, ChordQuery(1, self.me))]
+
+    def route(self, target: int, payload: Any) -> list[Effect]:
+        """Send ``payload`` over the overlay to the broker with id ``target``."""
+        return self._on_route(RingRoute(target, payload, 0))
+
+    # -- driver entry points
+
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            raise ProtocolError(f"RingNode {self.addr}: unknown message {msg!r} from {src}")
+        return handler(self, src, msg, now)
+
+    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        match key:
+            case ("ring", "join"):
+                return self._choose_bootstrap()
+            case ("ring", "heartbeat"):
+                return self._heartbeat_round(now)
+            case ("ring", "probe", int(suspect)):
+                return self._probe_expired(suspect)
+            case ("ring", "test", int(suspect)):
+                return self._test_expired(suspect)
+        raise ProtocolError(f"RingNode {self.addr}: unknown timer {key!r}")
+
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+        """A send could not reach ``dst``: suspect it if it is a neighbour, re-route a route."""
+        peer = next((p for p in self.links() if p.addr == dst), None) if self.joined else None
+        out: list[Effect] = []
+        if isinstance(msg, Probe) and msg.asker.id in self._testing:
+            return self._probe_expired(self._peer_id(dst))
+        if isinstance(msg, TestNeighbour):
+            return self._test_expired(msg.suspect.id)
+        if peer is not None:
+            out.extend(self._suspect(peer))
+        if isinstance(msg, RingRoute):
+            self.detour.setdefault(self._peer_id(dst), ())
+            out.extend(self._on_route(msg))
+        return out
+
+    def _peer_id(self, addr: int) -> int:
+        for p in (*self.window, *self.chords.values(), *self._suspects.values()):
+            if p.addr == addr:
+                return p.id
+        for sid in self._testing:
+            return sid
+        return -1
+
+    # -- join
+
+    def _on_ping(self, src: int, msg: Ping, now: float) -> list[Effect]:
+        return [Send(msg.addr, Pong(self.addr, msg.sent))]
+
+    def _on_pong(self, src: int, msg: Pong, now: float) -> list[Effect]:
+        if msg.addr in self._candidates:
+            self._rtt[msg.addr] = now
+        return []
+
+    def _choose_bootstrap(self) -> list[Effect]:
+        if self.joined or not self._rtt:
+            return [] if self.joined else self.join(sorted(self._candidates))
+        best = min(self._rtt, key=lambda a: (self._rtt[a], a))
+        self._rtt.clear()
+        return [Send(best, JoinRequest(self.addr))]
+
+    def _on_join_request(self, src: int, msg: JoinRequest, now: float) -> list[Effect]:
+        me = self.me
+        if not self.succ:
+            new_id = SECOND_ID if me.id == 0 else (me.id + SPACE // 2) % SPACE
+        else:
+            left, right = self.left, self.right
+            assert left is not None and right is not None
+            lgap, rgap = cw(left.id, me.id), cw(me.id, right.id)
+            if lgap >= rgap and lgap > 1:
+                new_id = (left.id + lgap // 2) % SPACE
+            elif rgap > 1:
+                new_id = (me.id + rgap // 2) % SPACE
+            else:  # no id space next to us: ask our Rightright
+                rr = self.rightright
+                assert rr is not None
+                return [Send(rr.addr, JoinRequest(msg.addr, msg.hops + 1))]
+        new = Peer(new_id, msg.addr)
+        everyone = [me, *self.window]
+        self._take([new])
+        affected = {p.id: p for p in _window_of(new, everyone) if p.id != me.id}
+        window = tuple(_window_of(new, everyone))
+        out: list[Effect] = [Send(new.addr, JoinAccept(new_id, window))]
+        out.extend(Send(p.addr, Insert(new)) for p in sorted(affected.values()))
+        return out + self._after_change()
+
+    def _on_join_accept(self, src: int, msg: JoinAccept, now: float) -> list[Effect]:
+        self.id = msg.id
+        self._take(msg.window, closes=True)
+        return self._after_change()
+
+    def _on_insert(self, src: int, msg: Insert, now: float) -> list[Effect]:
+        return self._after_change() if self._take([msg.new]) else []
+
+    def _after_change(self) -> list[Effect]:
+        """Our window changed: re-send the backup if its holders changed; start heartbeats."""
+        out = self._send_backups(force=False)
+        if self.heartbeat is not None:
+            out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
+        return out
+
+    # -- chords
+
+    def _on_chord_query(self, src: int, msg: ChordQuery, now: float) -> list[Effect]:
+        have = self._chord(msg.level)
+        if have is None and msg.level >= 2 and msg.level not in self.chords:
+            self._waiting.setdefault(msg.level, []).append(msg.asker)
+            return []
+        return [Send(msg.asker.addr, ChordReply(msg.level, have))]
+
+    def _chord(self, level: int) -> Peer | None:
+        return self.rightright if level == 1 else self.chords.get(level)
+
+    def _on_chord_reply(self, src: int, msg: ChordReply, now: float) -> list[Effect]:
+        level = msg.level + 1
+        prev = self._chord(msg.level)
+        got = msg.chord
+        me = self.me
+        if got is None or prev is None or got.id == me.id or cw(me.id, got.id) <= cw(me.id, prev.id):
+            return self._answer_waiting(level, None)  # 2^level positions go round the ring
+        self.chords[level] = got
+        out = self._answer_waiting(level, got)
+        out.append(Send(got.addr, ChordQuery(level, me)))
+        return out
+
+    def _answer_waiting(self, level: int, chord: Peer | None) -> list[Effect]:
+        askers = self._waiting.pop(level, [])
+        if chord is None:  # nobody will ever have this level from us: end their doubling too
+            for higher in [k for k in self._waiting if k > level]:
+                askers += self._waiting.pop(higher)
+        return [Send(a.addr, ChordReply(level, chord)) for a in askers]
+
+    # -- routing
+
+    def _on_route_msg(self, src: int, msg: RingRoute, now: float) -> list[Effect]:
+        return self._on_route(RingRoute(msg.target, msg.payload, msg.hops + 1))
+
+    def _on_route(self, msg: RingRoute) -> list[Effect]:
+        me = self.me
+        target = self.redirect.get(msg.target, None)
+        target_id = target.id if target is not None else msg.target
+        if target_id == me.id or self._responsible(target_id):
+            return [Deliver(("ring", msg.target), msg)]  # (a gone broker's id: its successor's)
+        nxt = self._next_hop(target_id)
+        if nxt is None or msg.hops >= MAX_HOPS:
+            self.dropped += 1
+            return []
+        return [Send(nxt.addr, RingRoute(target_id, msg.payload, msg.hops))]
+
+    def _responsible(self, target: int) -> bool:
+        """``target`` lies between our Left (excluded) and us: with no broker of that id
+        alive, we answer for it, as a successor does in Chord."""
+        left = self.left
+        return left is not None and 0 < cw(left.id, target) < cw(left.id, self.me.id)
+
+    def _next_hop(self, target: int) -> Peer | None:
+        """The farthest known broker clockwise that does not overshoot ``target`` (a broker
+        we link to directly is used at once; a link that is down goes through its detour)."""
+        me = self.me
+        links = [p for p in self.links() if p.id not in self.dead]
+        direct = next((p for p in links if p.id == target), None)
+        if direct is not None and direct.id not in self.detour:
+            return direct
+        if self.detour.get(target):  # our link to it is down, and a way round is known
+            return self.detour[target][0]
+        usable = [p for p in links if p.id not in self.detour]
+        goal = cw(me.id, target)
+        ahead = [p for p in usable if cw(me.id, p.id) < goal]
+        if ahead:
+            return max(ahead, key=lambda p: cw(me.id, p.id))
+        return min(usable, key=lambda p: cw(p.id, target), default=None)
+
+    # -- backups
+
+    def _send_backups(self, *, force: bool) -> list[Effect]:
+        if not self.joined:
+            return []
+        holders = self.holders()
+        if not force and holders == self._holders:
+            return []
+        self.version += 1
+        links = tuple(self.links())
+        copy = BackupCopy(self.me, self.version, dict(self.state), links, holders)
+        out: list[Effect] = [Send(h.addr, copy) for h in holders]
+        gone = [h for h in self._holders if h not in holders]
+        out += [Send(h.addr, BackupCopy(self.me, self.version, None, ())) for h in gone]
+        self._holders = holders
+        return out
+
+    def _on_backup(self, src: int, msg: BackupCopy, now: float) -> list[Effect]:
+        held = self.held.get(msg.owner.id)
+        if held is not None and held.version > msg.version:
+            return []
+        if msg.state is None:
+            self.held.pop(msg.owner.id, None)
+        else:
+            rank = next((i for i, h in enumerate(msg.holders) if h.addr == self.addr), 0)
+            self.held[msg.owner.id] = _Held(msg.version, msg.state, msg.links, msg.holders, rank)
+        return []
+
+    # -- failure detection (section 3.4)
+
+    def _heartbeat_round(self, now: float) -> list[Effect]:
+        assert self.heartbeat is not None
+        out: list[Effect] = []
+        for p in {self.left, self.right} - {None}:
+            assert p is not None
+            last = self._heard.setdefault(p.id, now)
+            if now - last > 2 * self.heartbeat and p.id not in self._suspects:
+                out.extend(self._suspect(p))
+            out.append(Send(p.addr, Heartbeat(self.me)))
+        out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
+        return out
+
+    def _on_heartbeat(self, src: int, msg: Heartbeat, now: float) -> list[Effect]:
+        self._heard[msg.peer.id] = now
+        return []
+
+    def _side_of(self, b: Peer) -> int:
+        """1 if ``b`` is (or, dead, was) our Right, -1 our Left, 0 otherwise (a chord...)."""
+        if b == self.right:
+            return 1
+        if b == self.left:
+            return -1
+        return self._was_side.get(b.id, 0)
+
+    def _suspect(self, b: Peer) -> list[Effect]:
+        """A thinks B failed: ask C, B's other ring neighbour, to test it (figure 5)."""
+        if b.id in self._suspects or b.id in self.dead:
+            return []
+        me = self.me
+        side = self._side_of(b)
+        if side == 0:  # a chord: confirm the link through a traced query (section 3.4.2 b)
+            self.detour[b.id] = ()
+            self._suspects[b.id] = b
+            return self._traced_query(b)
+        c = self._at(side, 2)
+        if c is None or c in (b, me):  # no third broker: test it ourselves
+            self._suspects[b.id] = b
+            self._testing[b.id] = me
+            return [Send(b.addr, Probe(me)), SetTimer(self.probe_timeout, ("ring", "probe", b.id))]
+        self._suspects[b.id] = c
+        test = TestNeighbour(b, me, tuple(self.pred if side > 0 else self.succ))
+        return [Send(c.addr, test), SetTimer(2 * self.probe_timeout, ("ring", "test", b.id))]
+
+    def _on_test(self, src: int, msg: TestNeighbour, now: float) -> list[Effect]:
+        self._testing[msg.suspect.id] = msg.asker
+        self._asker_side[msg.suspect.id] = msg.window
+        key = ("ring", "probe", msg.suspect.id)
+        return [Send(msg.suspect.addr, Probe(self.me)), SetTimer(self.probe_timeout, key)]
+
+    def _on_probe(self, src: int, msg: Probe, now: float) -> list[Effect]:
+        return [Send(msg.asker.addr, ProbeAck(self.me))]
+
+    def _on_probe_ack(self, src: int, msg: ProbeAck, now: float) -> list[Effect]:
+        asker = self._testing.pop(msg.peer.id, None)
+        self._asker_side.pop(msg.peer.id, None)
+        out: list[Effect] = [CancelTimer(("ring", "probe", msg.peer.id))]
+        if asker is None:
+            return out
+        if asker == self.me:  # our own test: the broker is up, our link to it is not
+            self._suspects.pop(msg.peer.id, None)
+            return out
+        return [*out, Send(asker.addr, Alive(msg.peer, self.me))]
+
+    def _on_alive(self, src: int, msg: Alive, now: float) -> list[Effect]:
+        """B is up: the link A-B failed. B's traffic now goes through C."""
+        self._suspects.pop(msg.suspect.id, None)
+        self.detour[msg.suspect.id] = (msg.via,)
+        self._heard[msg.suspect.id] = now
+        return [CancelTimer(("ring", "test", msg.suspect.id))]
+
+    def _probe_expired(self, suspect: int) -> list[Effect]:
+        """C's probe of B went unanswered: B is dead. C closes the ring with A."""
+        asker = self._testing.pop(suspect, None)
+        asker_side = self._asker_side.pop(suspect, ())
+        if asker is None:
+            return []
+        dead = next((p for p in (*self.window, *self._suspects.values()) if p.id == suspect), None)
+        dead = dead or Peer(suspect, -1)
+        me = self.me
+        if asker == me:  # we tested it ourselves (a ring of two)
+            return self._bury((dead,))
+        side = self._side_of(dead)  # where B was, seen from C
+        out = self._bury((dead,))
+        if side:
+            out += self._set_side(side, (asker, *asker_side), gone=(dead,))
+        out.append(Send(asker.addr, Failed(dead, (me, *self._side(-side)))))
+        return out
+
+    def _on_failed(self, src: int, msg: Failed, now: float) -> list[Effect]:
+        """C confirms B's failure: A closes the ring with C (divide-neighbour(B))."""
+        side = self._side_of(msg.suspect)
+        out: list[Effect] = [CancelTimer(("ring", "test", msg.suspect.id))]
+        out += self._bury((msg.suspect,))
+        return out + (self._set_side(side, msg.window, gone=(msg.suspect,)) if side else [])
+
+    def _test_expired(self, suspect: int) -> list[Effect]:
+        """C did not answer: it is dead too. Find the first live broker beyond both and walk
+        back to the gap (``Reconnect``)."""
+        tester = self._suspects.pop(suspect, None)
+        b = next((p for p in self.window if p.id == suspect), None)
+        if b is None or tester is None:
+            return []
+        side = self._side_of(b)
+        gone = (b,) if tester == b else (b, tester)
+        beyond = self._first_beyond(gone, side)
+        out = self._bury(gone)
+        if beyond is not None:
+            out.append(Send(beyond.addr, Reconnect(self.me, gone, tuple(self._side(-side)), side)))
+        return out
+
+    def _first_beyond(self, gone: Sequence[Peer], side: int) -> Peer | None:
+        me = self.me
+        skip = {p.id for p in gone} | self.dead
+        cands = [p for p in (*self.window, *self.chords.values()) if p.id not in skip and p.id != me.id]
+        dist = (lambda p: cw(me.id, p.id)) if side > 0 else (lambda p: cw(p.id, me.id))
+        return min(cands, key=dist, default=None)
+
+    def _on_reconnect(self, src: int, msg: Reconnect, now: float) -> list[Effect]:
+        """Walk back towards the asker until the broker next to the gap, which closes it."""
+        out = self._bury(msg.dead)
+        me, asker = self.me, msg.asker
+        back = self._at(-msg.side, 1)  # the next broker towards the asker
+        if back is not None and back.id != asker.id and back.id not in self.dead:
+            d_back = cw(asker.id, back.id) if msg.side > 0 else cw(back.id, asker.id)
+            d_me = cw(asker.id, me.id) if msg.side > 0 else cw(me.id, asker.id)
+            if 0 < d_back < d_me:
+                return [*out, Send(back.addr, msg)]
+        out += self._set_side(-msg.side, (asker, *msg.window), gone=msg.dead)
+        out.append(Send(asker.addr, SetSide(msg.side, (me, *self._side(msg.side)), msg.dead)))
+        return out
+
+    # -- divide-neighbour(B)
+
+    def _side(self, side: int) -> list[Peer]:
+        return self.succ if side > 0 else self.pred
+
+    def _set_side(self, side: int, peers: Iterable[Peer], *, gone: Sequence[Peer] = ()) -> list[Effect]:
+        """Our ``side`` now begins with ``peers`` (nearest first). If our nearest neighbour
+        there changed (``gone`` left it), the neighbour on the other side must update its
+        second one."""
+        me = self.me
+        peers = list(dict.fromkeys(peers))
+        fresh = [p for p in peers if p.id != me.id and p.id not in self.dead][:WINDOW]
+        old = list(self._side(side))
+        if any(p.id == me.id for p in peers):  # it wraps round to us: the whole ring is known
+            cut = next(i for i, p in enumerate(peers) if p.id == me.id)
+            self.open.clear()
+            self.succ, self.pred = [], []
+            self._take(peers[:cut], closes=True)
+        elif side > 0:
+            self.succ = fresh
+        else:
+            self.pred = fresh
+        self.open.discard(side)
+        if not self.succ and not self.pred:
+            self.open.clear()
+        out: list[Effect] = []
+        other = self._at(-side, 1)
+        if (gone or fresh[:1] != old[:1]) and other is not None and other.id not in {p.id for p in fresh}:
+            out.append(Send(other.addr, SetSide(side, (me, *fresh), tuple(gone))))
+        return out + self._after_change()
+
+    def _on_set_side(self, src: int, msg: SetSide, now: float) -> list[Effect]:
+        out = self._bury(msg.dead)
+        return out + self._set_side(msg.side, msg.peers)
+
+    def _bury(self, gone: Iterable[Peer]) -> list[Effect]:
+        """Forget dead brokers; take over the state of those whose backup we are the first
+        live holder of, and redirect their other neighbours to us (O(degree))."""
+        out: list[Effect] = []
+        me = self.me
+        fresh = [d for d in dict.fromkeys(gone) if d.id not in self.dead and d.id != me.id]
+        for dead in fresh:  # all of them first: a dead holder must not block a takeover
+            self._forget(dead)
+        for dead in fresh:
+            held = self.held.pop(dead.id, None)
+            if held is None or any(h.id not in self.dead for h in held.holders[: held.rank]):
+                continue  # an earlier holder is alive (as far as we know): it takes over
+            self.state.update(held.state)
+            self.redirect[dead.id] = me
+            self.taken_over.append(dead.id)
+            notify = {p.id: p for p in held.links if p.id not in self.dead and p.id != me.id}
+            out += [Send(p.addr, Redirect(dead, me)) for p in sorted(notify.values())]
+        if out:
+            out += self._send_backups(force=True)
+        return out
+
+    def _forget(self, dead: Peer) -> None:
+        side = self._side_of(dead)
+        if side:
+            self._was_side[dead.id] = side
+        self.dead.add(dead.id)
+        for side, lst in ((1, self.succ), (-1, self.pred)):
+            if any(p.id == dead.id for p in lst):
+                lst[:] = [p for p in lst if p.id != dead.id]
+                self.open.add(side)
+        if not self.succ and not self.pred:
+            self.open.clear()
+        self.chords = {k: p for k, p in self.chords.items() if p.id != dead.id}
+        self._suspects.pop(dead.id, None)
+        self.detour.pop(dead.id, None)
+
+    def _on_redirect(self, src: int, msg: Redirect, now: float) -> list[Effect]:
+        out = self._bury((msg.dead,))
+        self.redirect[msg.dead.id] = msg.to
+        return out
+
+    # -- link failures off the ring (section 3.4.2 b)
+
+    def _traced_query(self, b: Peer) -> list[Effect]:
+        q = TracedQuery(self.me, b, (self.me,))
+        nxt = self._next_hop(b.id)
+        return [] if nxt is None else [Send(nxt.addr, q)]
+
+    def _on_traced(self, src: int, msg: TracedQuery, now: float) -> list[Effect]:
+        me = self.me
+        trace = (*msg.trace, me)
+        if msg.target.id == me.id:
+            back = trace[-2]
+            return [Send(back.addr, LinkDown(msg.origin, me, trace))]
+        if msg.target.id in self.dead or self._responsible(msg.target.id):  # B itself is gone
+            to = self.redirect.get(msg.target.id, me)
+            return [Send(msg.origin.addr, Redirect(msg.target, to))]
+        if len(trace) > MAX_HOPS:
+            return []
+        nxt = self._next_hop(msg.target.id)
+        return [] if nxt is None else [Send(nxt.addr, TracedQuery(msg.origin, msg.target, trace))]
+
+    def _on_link_down(self, src: int, msg: LinkDown, now: float) -> list[Effect]:
+        me = self.me
+        i = msg.trace.index(me)
+        if i == 0:  # we are the origin: keep the path as our route to the target
+            self.detour[msg.target.id] = msg.trace[1:]
+            self._suspects.pop(msg.target.id, None)
+            return []
+        return [Send(msg.trace[i - 1].addr, msg)]
+
+
+def _window_of(who: Peer, everyone: Iterable[Peer]) -> list[Peer]:
+    """The window ``who`` would have among ``everyone`` (2 nearest on each side)."""
+    others = sorted({p for p in everyone if p.id != who.id}, key=lambda p: cw(who.id, p.id))
+    if len(others) > 2 * WINDOW:
+        others = others[:WINDOW] + others[-WINDOW:]
+    return others
+
+
+_Handler = Callable[[RingNode, int, Any, float], list[Effect]]
+
+_HANDLERS: dict[type, _Handler] = {
+    Ping: RingNode._on_ping,
+    Pong: RingNode._on_pong,
+    JoinRequest: RingNode._on_join_request,
+    JoinAccept: RingNode._on_join_accept,
+    Insert: RingNode._on_insert,
+    ChordQuery: RingNode._on_chord_query,
+    ChordReply: RingNode._on_chord_reply,
+    RingRoute: RingNode._on_route_msg,
+    BackupCopy: RingNode._on_backup,
+    Heartbeat: RingNode._on_heartbeat,
+    TestNeighbour: RingNode._on_test,
+    Probe: RingNode._on_probe,
+    ProbeAck: RingNode._on_probe_ack,
+    Alive: RingNode._on_alive,
+    Failed: RingNode._on_failed,
+    SetSide: RingNode._on_set_side,
+    Redirect: RingNode._on_redirect,
+    Reconnect: RingNode._on_reconnect,
+    TracedQuery: RingNode._on_traced,
+    LinkDown: RingNode._on_link_down,
+}

@@ -1,0 +1,210 @@
+"""The chordal reliability ring's ids and messages (the protocol is in
+:mod:`flowbus.overlay.chordal_ring`).
+
+Every message is a frozen dataclass; brokers are named by :class:`Peer` (ring id and
+address). Ids live on a 2^32 circle, :func:`cw` measures it clockwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "BACKUP_ORDER",
+    "MAX_HOPS",
+    "SECOND_ID",
+    "SPACE",
+    "WINDOW",
+    "Alive",
+    "BackupCopy",
+    "ChordQuery",
+    "ChordReply",
+    "Failed",
+    "Heartbeat",
+    "Insert",
+    "JoinAccept",
+    "JoinRequest",
+    "LinkDown",
+    "Peer",
+    "Ping",
+    "Pong",
+    "Probe",
+    "ProbeAck",
+    "Reconnect",
+    "Redirect",
+    "RingRoute",
+    "SetSide",
+    "TestNeighbour",
+    "TracedQuery",
+    "cw",
+]
+
+SPACE: Final = 1 << 32
+"""The size of the id circle."""
+
+SECOND_ID: Final = (1 << 16) - 1
+"""The id of the second broker (section 3.3)."""
+
+WINDOW: Final = 2
+"""Ring neighbours kept on each side: Left, Leftleft and Right, Rightright."""
+
+BACKUP_ORDER: Final = ("right", "left", "rightright", "leftleft")
+
+MAX_HOPS: Final = 128
+"""A routed message that took this many hops is dropped (a safety net while links change)."""
+
+
+def cw(a: int, b: int) -> int:
+    """The clockwise distance from id ``a`` to id ``b``."""
+    return (b - a) % SPACE
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Peer:
+    """A broker: its ring id and its address."""
+
+    id: int
+    addr: int
+
+
+# ------------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    addr: int
+    sent: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    addr: int
+    sent: float
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    addr: int
+    hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAccept:
+    id: int
+    window: tuple[Peer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """A broker joined: take it into your window (and re-send your backup if needed)."""
+
+    new: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class ChordQuery:
+    level: int
+    asker: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class ChordReply:
+    level: int
+    chord: Peer | None  # None: the doubling went round the ring (no such chord)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    peer: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class TestNeighbour:
+    suspect: Peer
+    asker: Peer
+    window: tuple[Peer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    asker: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAck:
+    peer: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class Alive:
+    suspect: Peer
+    via: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    suspect: Peer
+    window: tuple[Peer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetSide:
+    """Your ``side`` (1: Right, Rightright; -1: Left, Leftleft) now begins with ``peers``,
+    nearest first; ``dead`` are the brokers that left it."""
+
+    side: int
+    peers: tuple[Peer, ...]
+    dead: tuple[Peer, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """Route what was meant for ``dead`` to ``to``."""
+
+    dead: Peer
+    to: Peer
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """``asker`` lost its neighbours ``dead`` on one side: the first live broker on that side
+    takes it as its neighbour (walked counter-clockwise from a chord)."""
+
+    asker: Peer
+    dead: tuple[Peer, ...]
+    window: tuple[Peer, ...]  # the asker's other side
+    side: int  # the side of the asker that lost them
+
+
+@dataclass(frozen=True, slots=True)
+class BackupCopy:
+    owner: Peer
+    version: int
+    state: Mapping[Hashable, Any] | None  # None: you are not my backup holder any more
+    links: tuple[Peer, ...]  # the owner's neighbours (window and chords)
+    holders: tuple[Peer, ...] = ()  # every holder, in takeover order
+
+
+@dataclass(frozen=True, slots=True)
+class RingRoute:
+    """An application message routed over the overlay to broker id ``target``."""
+
+    target: int
+    payload: Any
+    hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TracedQuery:
+    origin: Peer
+    target: Peer
+    trace: tuple[Peer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkDown:
+    origin: Peer
+    target: Peer
+    trace: tuple[Peer, ...]  # origin ... target

@@ -1,0 +1,162 @@
+"""A chordal reliability ring in the simulator: building it by joins, checking it, failing it.
+
+How it works: :class:`RingSim` puts :class:`~flowbus.overlay.chordal_ring.RingNode` cores
+in a :class:`~flowbus.sim.engine.Simulator` whose latency comes from a 2-D coordinate
+model, so "the broker with the lowest round-trip time" means something. Failure notices
+are on (an acknowledged link reports a dead peer).
+
+- :meth:`RingSim.grow` adds brokers one at a time. Each newcomer pings ``candidates``
+  random brokers already in, as the document's ``ping-broker()`` returns a list, and the
+  run settles before the next one joins. The messages and distinct brokers each join
+  touched are recorded.
+- :meth:`RingSim.refresh_chords` builds every broker's chords.
+- :func:`ring_errors` compares each live broker's pointers and chords with the ring
+  computed from global knowledge and lists every difference; a consistent ring gives
+  none.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowbus.overlay.chordal_ring import Peer, RingNode
+from flowbus.overlay.effects import Effect
+from flowbus.sim.engine import Simulator
+from flowbus.sim.transport import CoordinateLatency, Layer
+
+__all__ = ["JoinCost", "RingSim", "ring_errors"]
+
+
+@dataclass(frozen=True, slots=True)
+class JoinCost:
+    """What one join took: messages sent, and brokers other than the newcomer that received one."""
+
+    brokers: int
+    messages: int
+    touched: int
+
+
+@dataclass
+class RingSim:
+    """Brokers of one ring in a simulator (see the module note)."""
+
+    seed: int = 1
+    backup: int = 2
+    heartbeat: float | None = None
+    notice: float = 8.0
+    probe_timeout: float = 10.0
+    candidates: int = 3
+    layers: Sequence[Layer] = ()
+    nodes: list[RingNode] = field(default_factory=list)
+    joins: list[JoinCost] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        transport = [CoordinateLatency(base=0.5, scale=2.0), *self.layers]  # 0.5 .. 3.3
+        self.sim = Simulator(seed=self.seed, transport=transport, failure_notice=self.notice)
+        self.rng = random.Random(self.sim.derive("ring/joins"))
+        self._receivers: Counter[int] = Counter()
+        self.sim.on_deliver = None
+
+    @property
+    def live(self) -> list[RingNode]:
+        return [n for n in self.nodes if not self.sim.is_down(n.addr)]
+
+    def call(self, addr: int, fn: Any) -> None:
+        self.sim.invoke(addr, fn)
+
+    def settle(self, span: float = 60.0) -> None:
+        """Run until nothing but heartbeats is left (or ``span`` time units pass)."""
+        if self.heartbeat is None:
+            self.sim.run()
+        else:
+            self.sim.run(until=self.sim.now + span)
+
+    def grow(self, n: int, *, chords: bool = True) -> RingSim:
+        """Add ``n`` brokers, one join at a time."""
+        for _ in range(n):
+            self._join_one()
+        if chords:
+            self.refresh_chords()
+        return self
+
+    def _join_one(self) -> None:
+        addr = len(self.nodes)
+        node = RingNode(
+            addr, backup=self.backup, heartbeat=self.heartbeat, probe_timeout=self.probe_timeout,
+            ping_timeout=self.probe_timeout,
+        )  # fmt: skip
+        self.nodes.append(node)
+        self.sim.add_node(addr, _Counting(node, self._receivers))
+        self._receivers.clear()
+        sent = self.sim.metrics.total_sent
+        if addr == 0:
+            self.call(0, lambda c: c.start())
+        else:
+            live = [nd.addr for nd in self.live if nd.joined]
+            picks = sorted(self.rng.sample(live, min(self.candidates, len(live))))
+            self.call(addr, lambda c: c.join(picks))
+        self.settle(4 * self.probe_timeout)
+        touched = sum(1 for a in self._receivers if a != addr)
+        self.joins.append(JoinCost(addr + 1, self.sim.metrics.total_sent - sent, touched))
+
+    def refresh_chords(self) -> None:
+        for nd in self.live:
+            self.call(nd.addr, lambda c: c.refresh_chords())
+        self.settle()
+
+    def crash(self, brokers: Iterable[RingNode]) -> None:
+        for nd in brokers:
+            self.sim.crash(nd.addr)
+
+    def by_id(self) -> list[RingNode]:
+        """The live brokers in ring order."""
+        return sorted((n for n in self.live if n.joined), key=lambda n: n.me.id)
+
+
+class _Counting:
+    """A core wrapper counting which brokers receive messages (the brokers a join touched)."""
+
+    def __init__(self, core: RingNode, counter: Counter[int]) -> None:
+        self.core = core
+        self.counter = counter
+
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        self.counter[self.core.addr] += 1
+        return self.core.on_message(src, msg, now)
+
+    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        return self.core.on_timer(key, now)
+
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+        return self.core.on_send_failed(dst, msg, now)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.core, name)
+
+
+def ring_errors(nodes: Sequence[RingNode], *, chords: bool = False) -> list[str]:
+    """Every pointer (and chord) of the live ``nodes`` that differs from the true ring."""
+    order = sorted(nodes, key=lambda n: n.me.id)
+    k = len(order)
+    out: list[str] = []
+    for i, nd in enumerate(order):
+        truth = {
+            "right": order[(i + 1) % k].me if k > 1 else None,
+            "rightright": order[(i + 2) % k].me if k > 2 else (order[(i + 1) % k].me if k == 2 else None),
+            "left": order[(i - 1) % k].me if k > 1 else None,
+            "leftleft": order[(i - 2) % k].me if k > 2 else (order[(i - 1) % k].me if k == 2 else None),
+        }
+        for name, want in truth.items():
+            got: Peer | None = getattr(nd, name)
+            if got != want:
+                out.append(f"broker {nd.addr} (#{i}): {name} is {got}, should be {want}")
+        if chords:
+            for level, peer in nd.chords.items():
+                want_peer = order[(i + 2**level) % k].me
+                if peer != want_peer:
+                    out.append(f"broker {nd.addr} (#{i}): chord {level} is {peer}, should be {want_peer}")
+    return out

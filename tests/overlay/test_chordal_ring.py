@@ -1,0 +1,195 @@
+"""The chordal reliability ring, driven by the simulator without sockets: ids and joins
+(small rings included), chords, routing, the document's figure 5, node failures (single,
+adjacent, one apart) with state takeover for backup factors 1..4, link failures on and off
+the ring."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+
+from flowbus.errors import ProtocolError
+from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
+from flowbus.sim import LinkFailure
+from flowbus.sim.ring import RingSim, ring_errors
+
+
+def ring(n: int, *, seed: int = 1, backup: int = 2, heartbeat: float | None = 5.0, **kw: Any) -> RingSim:
+    r = RingSim(seed=seed, backup=backup, heartbeat=heartbeat, **kw)
+    r.grow(n)
+    for nd in r.live:  # every broker's state: one subscription of its own
+        r.call(nd.addr, lambda c, a=nd.addr: c.set_state(("sub", a), f"filter {a}"))
+    r.settle(100.0)
+    return r
+
+
+def owners(r: RingSim) -> dict[object, list[int]]:
+    out: dict[object, list[int]] = {}
+    for nd in r.live:
+        for key in nd.state:
+            out.setdefault(key, []).append(nd.addr)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 9])
+def test_small_rings_have_consistent_pointers(n: int) -> None:
+    r = ring(n)
+    assert ring_errors(r.live, chords=True) == []
+    if n == 1:
+        assert r.nodes[0].right is None and r.nodes[0].holders() == ()
+    if n == 2:
+        a, b = r.nodes
+        assert a.right == a.left == a.rightright == b.me  # the pointers coincide
+        assert a.holders() == (b.me,)
+
+
+def test_ids_first_second_and_midway() -> None:
+    r = RingSim(heartbeat=None).grow(3, chords=False)
+    ids = sorted(nd.me.id for nd in r.nodes)
+    assert ids[:2] == [0, SECOND_ID]
+    third = next(nd.me.id for nd in r.nodes if nd.me.id not in (0, SECOND_ID))
+    assert third == SECOND_ID + (SPACE - SECOND_ID) // 2  # midway in the larger gap
+
+
+def test_join_is_constant_cost_and_touches_few_brokers() -> None:
+    r = RingSim(heartbeat=None, backup=2).grow(200, chords=False)
+    assert ring_errors(r.live) == []
+    later = r.joins[20:]
+    assert max(j.touched for j in later) <= 4 + r.candidates  # the four neighbours and the pinged
+    small, large = later[:30], later[-30:]
+    mean = lambda js: sum(j.messages for j in js) / len(js)  # noqa: E731
+    assert mean(large) < 1.3 * mean(small)  # flat in n
+
+
+def test_chords_double_and_route_in_log_hops() -> None:
+    r = RingSim(heartbeat=None).grow(128)
+    assert ring_errors(r.live, chords=True) == []
+    order = r.by_id()
+    assert all(len(nd.chords) == int(math.log2(128)) - 2 for nd in order)
+    rng = random.Random(3)
+    hops = []
+    got: list[tuple[int, RingRoute]] = []
+    r.sim.on_deliver = lambda node, sub, event, now: got.append((node, event))
+    for _ in range(200):
+        a, b = rng.sample(order, 2)
+        got.clear()
+        r.call(a.addr, lambda c, t=b.me.id: c.route(t, "hello"))
+        r.settle()
+        ((node, route),) = got
+        assert node == b.addr
+        hops.append(route.hops)
+    assert max(hops) <= math.ceil(math.log2(128)) + 1
+
+
+def test_figure_5_three_brokers_node_failure() -> None:
+    r = ring(3, backup=2)
+    a, b, c = r.by_id()
+    r.crash([b])
+    r.settle(100.0)
+    assert ring_errors(r.live) == []
+    assert a.right == c.me and c.left == a.me
+    assert owners(r)[("sub", b.addr)] in ([a.addr], [c.addr])  # taken over once
+    assert b.me.id in a.dead and b.me.id in c.dead
+
+
+@pytest.mark.parametrize("backup", [1, 2, 3, 4])
+def test_single_failure_keeps_the_ring_and_the_state(backup: int) -> None:
+    r = ring(24, seed=backup, backup=backup)
+    order = r.by_id()
+    victim = order[7]
+    r.crash([victim])
+    r.settle(100.0)
+    assert ring_errors(r.live) == []
+    took = owners(r)[("sub", victim.addr)]
+    assert len(took) == 1 and took[0] in {order[6].addr, order[8].addr}
+    assert all(len(v) == 1 for v in owners(r).values())  # nothing duplicated
+
+
+@pytest.mark.parametrize(
+    ("gap", "backup", "survives"), [(1, 2, True), (2, 2, True), (1, 1, False), (1, 3, True)]
+)
+def test_two_failures_at_once(gap: int, backup: int, survives: bool) -> None:
+    """Adjacent brokers (gap 1) or a broker and its neighbour's neighbour (gap 2). With
+    backup 1 the only copy of B's state is on its Right, which dies with it."""
+    r = ring(24, seed=5, backup=backup)
+    order = r.by_id()
+    b, other = order[10], order[10 + gap]
+    r.crash([b, other])
+    r.settle(150.0)
+    assert ring_errors(r.live) == []
+    state = owners(r)
+    assert (("sub", b.addr) in state) is survives
+    assert ("sub", other.addr) in state
+    assert all(len(v) == 1 for v in state.values())
+
+
+def test_link_failure_on_the_ring_is_told_from_a_node_failure() -> None:
+    cut = LinkFailure()
+    r = ring(12, layers=[cut])
+    order = r.by_id()
+    a, b, c = order[3], order[4], order[5]
+    cut.fail(a.addr, b.addr)
+    r.settle(100.0)
+    assert ring_errors(r.live) == []  # nobody was declared dead
+    assert not any(b.me.id in nd.dead for nd in r.live)
+    assert a.detour[b.me.id] == (c.me,)  # A reaches B through C
+    got: list[RingRoute] = []
+    r.sim.on_deliver = lambda node, sub, event, now: got.append(event)
+    r.call(a.addr, lambda n: n.route(b.me.id, "x"))
+    r.settle(30.0)
+    assert [g.payload for g in got] == ["x"] and got[0].hops == 2
+
+
+def test_chord_link_failure_finds_a_traced_path() -> None:
+    cut = LinkFailure()
+    r = ring(64, heartbeat=None, layers=[cut])
+    a = r.by_id()[0]
+    far = a.chords[4]
+    cut.fail(a.addr, far.addr)
+    got: list[RingRoute] = []
+    r.sim.on_deliver = lambda node, sub, event, now: got.append(event)
+    r.call(a.addr, lambda n: n.route(far.id, "first"))  # the send fails: traced query, re-route
+    r.settle()
+    path = a.detour[far.id]
+    assert path and path[-1] == far and len(path) >= 2
+    assert [g.payload for g in got] == ["first"]
+    r.call(a.addr, lambda n: n.route(far.id, "second"))
+    r.settle()
+    assert [g.payload for g in got] == ["first", "second"]
+
+
+def test_errors() -> None:
+    with pytest.raises(ProtocolError, match="backup"):
+        RingNode(0, backup=5)
+    with pytest.raises(ProtocolError, match="heartbeat"):
+        RingNode(0, heartbeat=0.0)
+    nd = RingNode(0)
+    with pytest.raises(ProtocolError, match="no broker"):
+        nd.join([])
+    nd.start()
+    with pytest.raises(ProtocolError, match="already"):
+        nd.join([1])
+    with pytest.raises(ProtocolError, match="unknown message"):
+        nd.on_message(1, "hello", 0.0)
+    with pytest.raises(ProtocolError, match="unknown timer"):
+        nd.on_timer("tick", 0.0)
+
+
+def test_a_dead_chord_is_redirected_to_who_took_over() -> None:
+    r = ring(64, seed=2)
+    order = r.by_id()
+    a = order[0]
+    far = a.chords[4]
+    dead = next(nd for nd in order if nd.me == far)
+    r.crash([dead])
+    r.settle(100.0)  # its ring neighbours close the ring and take its state over
+    taker = next(nd for nd in r.live if dead.me.id in nd.taken_over)
+    got: list[tuple[int, RingRoute]] = []
+    r.sim.on_deliver = lambda node, sub, event, now: got.append((node, event))
+    r.call(a.addr, lambda n: n.route(far.id, "late"))
+    r.settle(100.0)
+    assert [(node, e.payload) for node, e in got] == [(taker.addr, "late")]
+    assert ring_errors(r.live) == []

@@ -278,3 +278,70 @@ def _table(title: str, header: list[str], rows: list[list[str]], outputs: dict[s
     cli.out.print(table)
     for name, path in outputs.items():
         cli.out.print(f"{name}: {path}")
+
+
+# ------------------------------------------------------------------------ chordal ring
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"sizes must be integers separated by commas, got {text!r}")
+        raise
+
+
+def _ring_command(result_fn: Any, out: Path, as_json: bool, title: str) -> None:
+    from flowbus.sim.ring_experiments import write_outputs
+
+    cli = _cli()
+    try:
+        with cli.progress_bar(True) as progress:
+            result = result_fn(progress)
+        result["outputs"] = write_outputs(result, out)
+    except FlowbusError as exc:
+        _fail(str(exc))
+    if as_json:
+        cli.emit(result, as_json=True, title="")
+        return
+    rows = result["rows"]
+    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
+    _table(title, list(rows[0]), cells, result["outputs"])
+
+
+@sim_app.command("ring-join")
+def ring_join(
+    sizes: Annotated[
+        str, typer.Option(help="Ring sizes to report, e.g. 16,64,256,1024,4096.")
+    ] = "16,64,256,1024,4096",
+    seed: Annotated[int, typer.Option(help="Master seed.")] = 1,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-join"),
+    as_json: JsonOption = False,
+) -> None:
+    """Messages and brokers touched by one join of the chordal ring, against its size (O(1) claimed)."""
+    from flowbus.sim.ring_experiments import join_cost
+
+    ns = _sizes(sizes)
+    _ring_command(
+        lambda p: join_cost(sizes=ns, seed=seed, progress=p), out, as_json, "chordal ring: join cost"
+    )
+
+
+@sim_app.command("ring-repair")
+def ring_repair(
+    sizes: Annotated[str, typer.Option(help="Ring sizes, e.g. 64,256,1024,4096,10000.")] = "64,256,1024,4096",
+    trials: Annotated[int, typer.Option(help="Failures of each kind per size.")] = 5,
+    seed: Annotated[int, typer.Option(help="Master seed.")] = 1,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-repair"),
+    as_json: JsonOption = False,
+) -> None:
+    """Messages and time to repair a broker, ring-link and chord-link failure against n (O(log n)?)."""
+    from flowbus.sim.ring_experiments import repair_cost
+
+    ns = _sizes(sizes)
+    _ring_command(
+        lambda p: repair_cost(sizes=ns, trials=trials, seed=seed, progress=p),
+        out,
+        as_json,
+        "chordal ring: repair cost",
+    )

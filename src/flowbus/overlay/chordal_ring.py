@@ -285,6 +285,13 @@ class RingNode:
         self.state.pop(key, None)
         return self._send_backups(force=True)
 
+    def start_heartbeats(self, period: float) -> list[Effect]:
+        """Turn on the ring-neighbour heartbeats (a ring built without them, then watched)."""
+        if not period > 0:
+            raise ProtocolError(f"RingNode: the heartbeat period must be > 0, got {period!r}")
+        self.heartbeat = period
+        return [SetTimer(period, ("ring", "heartbeat"))]
+
     def refresh_chords(self) -> list[Effect]:
         """(Re)build the chords by pointer doubling from Rightright."""
         self.chords.clear()
@@ -503,6 +510,8 @@ class RingNode:
         out: list[Effect] = []
         for p in {self.left, self.right} - {None}:
             assert p is not None
+            if self.detour.get(p.id):
+                continue  # the link is down and known to be: its traffic goes round
             last = self._heard.setdefault(p.id, now)
             if now - last > 2 * self.heartbeat and p.id not in self._suspects:
                 out.extend(self._suspect(p))
@@ -524,7 +533,7 @@ class RingNode:
 
     def _suspect(self, b: Peer) -> list[Effect]:
         """A thinks B failed: ask C, B's other ring neighbour, to test it (figure 5)."""
-        if b.id in self._suspects or b.id in self.dead:
+        if b.id in self._suspects or b.id in self.dead or self.detour.get(b.id):
             return []
         me = self.me
         side = self._side_of(b)

@@ -161,10 +161,12 @@ def _one_repair(r: RingSim, cut: LinkFailure, kind: str, rng: random.Random) -> 
         target = order[(order.index(a) + 1) % len(order)]
         cut.fail(a.addr, target.addr)
     else:
-        far = max(a.chords.values(), key=lambda p: p.id, default=None) if a.chords else None
-        if far is None:
+        alive = {nd.me: nd for nd in order}
+        chords = [p for p in a.chords.values() if p in alive]  # (a chord may point at a broker
+        if not chords:  # an earlier trial crashed: its death reaches only its own neighbours)
             return {"messages": 0, "time": 0.0, "repaired": False}
-        target = next(nd for nd in order if nd.me == far)
+        far = max(chords, key=lambda p: p.id)
+        target = alive[far]
         cut.fail(a.addr, target.addr)
         r.call(a.addr, lambda c: c.route(far.id, "probe"))  # the first use of the link finds it down
     seen = before

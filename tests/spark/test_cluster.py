@@ -1,4 +1,5 @@
-"""``flowbus match`` on a real standalone cluster: a master and a worker on 127.0.0.1 (see cluster.py)."""
+"""``flowbus match``, ``run`` and ``sim irbr-faults`` on a real standalone cluster: a master and a worker on
+127.0.0.1 (see cluster.py)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,28 @@ def test_run_on_a_standalone_cluster_delivers_what_the_interpreter_delivers(
     doc: dict[str, Any] = json.loads(res.stdout)
     assert doc["master"] == standalone_cluster.master_url and doc["events"] == 800
     check_run(out, doc)
+
+
+def test_irbr_sweep_on_a_standalone_cluster_equals_the_serial_runs(
+    standalone_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    """The sweep's groups run as tasks on the cluster's executor (each forks per failure rate)."""
+    small = ["--nodes", "60", "--seeds", "2", "--failures", "0,0.1", "--events", "15"]
+    res = run_flowbus(
+        standalone_cluster,
+        "sim", "irbr-faults", *small, "--master", standalone_cluster.master_url,
+        "--out", str(tmp_path / "cluster"), "--json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, (
+        f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-5000:]}\n{standalone_cluster.logs()}"
+    )
+    doc: dict[str, Any] = json.loads(res.stdout)
+    assert doc["runner"]["master"] == standalone_cluster.master_url and doc["runs"] == 8
+    serial = run_flowbus(
+        standalone_cluster, "sim", "irbr-faults", *small, "--serial", "--out", str(tmp_path / "serial"),
+        "--json", cwd=tmp_path,
+    )  # fmt: skip
+    assert serial.returncode == 0, serial.stderr[-3000:]
+    for name in ("runs.csv", "events.csv"):
+        assert (tmp_path / "cluster" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()

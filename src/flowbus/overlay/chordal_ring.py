@@ -334,9 +334,14 @@ class RingNode:
             return self._test_expired(msg.suspect.id)
         if peer is not None:
             out.extend(self._suspect(peer))
-        if isinstance(msg, RingRoute):
+        if isinstance(msg, RingRoute | TracedQuery | LinkDown):
             self.detour.setdefault(self._peer_id(dst), ())
+        if isinstance(msg, RingRoute):
             out.extend(self._on_route(msg))
+        elif isinstance(msg, TracedQuery):  # the query goes on by another link
+            nxt = self._next_hop(msg.target.id)
+            if nxt is not None:
+                out.append(Send(nxt.addr, msg))
         return out
 
     def _peer_id(self, addr: int) -> int:

@@ -181,6 +181,11 @@ class ContentRouter:
     def neighbours(self) -> frozenset[int]:
         return frozenset(self._neighbours)
 
+    @property
+    def former(self) -> frozenset[int]:
+        """Brokers that were neighbours once and are not any more."""
+        return frozenset(self._former - self._neighbours)
+
     def subscribe(self, sub_id: Hashable, filt: Filter) -> list[Effect]:
         if not isinstance(filt, Filter):
             raise ProtocolError(f"broker {self.broker}: subscribe needs a Filter, got {filt!r}")

@@ -173,6 +173,7 @@ class RingNode:
         self._testing: dict[int, Peer] = {}  # suspect id -> asker (we probe for them)
         self._asker_side: dict[int, tuple[Peer, ...]] = {}  # suspect id -> the asker's far side
         self._was_side: dict[int, int] = {}  # dead neighbour id -> the side it was on
+        self._was_side_addr: dict[int, int] = {}  # the same by address
         self._suspects: dict[int, Peer] = {}  # suspect id -> the broker we asked to test it
         self._heard: dict[int, float] = {}
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
@@ -230,6 +231,15 @@ class RingNode:
         out.update((p.id, p) for p in self.chords.values())
         out.pop(self.id, None)  # type: ignore[arg-type]
         return sorted(out.values(), key=lambda p: cw(self.me.id, p.id))
+
+    def side_of_addr(self, addr: int) -> int:
+        """1 if the broker at ``addr`` is (or, dead, was) our Right, -1 our Left, else 0."""
+        right, left = self.right, self.left
+        if right is not None and right.addr == addr:
+            return 1
+        if left is not None and left.addr == addr:
+            return -1
+        return self._was_side_addr.get(addr, 0)
 
     def holders(self) -> tuple[Peer, ...]:
         """The ring neighbours that hold our backup (distinct, at most ``backup``)."""
@@ -703,6 +713,7 @@ class RingNode:
         side = self._side_of(dead)
         if side:
             self._was_side[dead.id] = side
+            self._was_side_addr[dead.addr] = side
         self.dead.add(dead.id)
         for side, lst in ((1, self.succ), (-1, self.pred)):
             if any(p.id == dead.id for p in lst):

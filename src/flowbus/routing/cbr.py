@@ -201,11 +201,23 @@ class ContentRouter:
     def publish(self, event: Mapping[str, Any]) -> list[Effect]:
         return self._route(event, self.broker)
 
-    def set_neighbours(self, new: Iterable[int]) -> list[Effect]:
+    def set_neighbours(
+        self, new: Iterable[int], *, handover: Mapping[int, int] | None = None
+    ) -> list[Effect]:
         """Change the broker's links: drop what removed neighbours sent, send added ones
-        every root of their candidates."""
+        every root of their candidates.
+
+        ``handover`` maps a removed neighbour to the added one that replaces it (a dead
+        broker's place in the tree, taken by the broker beyond it). What came from the
+        removed one is kept as coming from its replacement, not withdrawn, so routing goes
+        on while the replacement's own subscriptions arrive (make before break); what does
+        not come from the replacement then is the dead broker's own, see
+        :meth:`forget_broker`."""
         wanted = self._checked(new)
         out: list[Effect] = []
+        for r, h in sorted((handover or {}).items()):
+            if r in self._neighbours and r not in wanted and h in wanted and h not in self._neighbours:
+                self._move(r, h)
         for r in sorted(self._neighbours - wanted):
             self._neighbours.discard(r)
             self._former.add(r)
@@ -263,12 +275,48 @@ class ContentRouter:
             out.add(n)
         return out
 
+    def adopt(self, origin: Origin, filt: Filter) -> list[Effect]:
+        """Serve another broker's subscription here, under its own origin (a dead broker's,
+        taken over): the tables elsewhere stay valid, only its direction changes."""
+        _check_origin(origin, "adopt")
+        out = self._set(self.broker, origin, filt)
+        for d in sorted(self._dirs.get(origin, {})):
+            if d != self.broker:
+                out.extend(self._set(d, origin, None))
+        return out
+
+    def received_from(self, neighbour: int) -> dict[Origin, Filter]:
+        """The subscriptions that came from ``neighbour`` (a copy)."""
+        return dict(self._table.get(neighbour, {}))
+
+    def directions(self, origin: Origin) -> frozenset[int]:
+        """The directions ``origin`` comes from here (the broker's own id: local)."""
+        return frozenset(self._dirs.get(origin, {}))
+
+    def drop(self, origin: Origin) -> list[Effect]:
+        """Stop serving a local (own or adopted) subscription."""
+        if origin not in self._table[self.broker]:
+            raise ProtocolError(f"broker {self.broker}: no local subscription {origin!r}")
+        return self._set(self.broker, origin, None)
+
+    def _move(self, old: int, new: int) -> None:
+        """Direction ``old`` becomes direction ``new`` (see :meth:`set_neighbours`)."""
+        table = self._table.pop(old)
+        for o in table:
+            dirs = self._dirs[o]
+            dirs[new] = dirs.pop(old)
+        self._table[new] = table
+        self._neighbours.discard(old)
+        self._former.add(old)
+        del self._sent[old], self._seen[old]
+
     def _add_neighbours(self, added: Iterable[int]) -> list[Effect]:
         out: list[Effect] = []
         for a in sorted(added):
             self._neighbours.add(a)
             self._former.discard(a)
-            self._table[a], self._seen[a] = {}, {}
+            self._table.setdefault(a, {})
+            self._seen[a] = {}
             cands = [(o, f) for o in self._dirs if (f := self._cand(a, o)) is not None]
             self._sent[a] = roots = _roots(cands) if self.covering else dict(cands)
             out.extend(Send(a, Subscribe(o, f, self._next())) for o, f in roots.items())

@@ -193,3 +193,27 @@ def test_a_dead_chord_is_redirected_to_who_took_over() -> None:
     r.settle(100.0)
     assert [(node, e.payload) for node, e in got] == [(taker.addr, "late")]
     assert ring_errors(r.live) == []
+
+
+def test_a_taker_over_its_load_limit_shares_with_the_next_neighbour() -> None:
+    r = RingSim(seed=4, backup=2, heartbeat=5.0, probe_timeout=10.0)
+    r.grow(10)
+    for nd in r.live:
+        nd.load_limit = 3
+    order = r.by_id()
+    victim, taker, beyond = order[4], order[5], order[6]
+    for k in range(3):  # the victim holds 3 entries, everyone else 1
+        r.call(victim.addr, lambda c, k=k: c.set_state(("v", k), k))
+    for nd in order:
+        if nd is not victim:
+            r.call(nd.addr, lambda c, a=nd.addr: c.set_state(("own", a), a))
+    r.settle(100.0)
+    r.crash([victim])
+    r.settle(150.0)
+    assert victim.me.id in taker.taken_over
+    assert len(taker.state) == 3 and len(beyond.state) == 2  # 1 + 3 = 4 > 3: one passed on
+    keys = [k for nd in r.live for k in nd.state]
+    assert sorted(keys, key=repr) == sorted({*keys}, key=repr)  # nothing twice
+    assert {("v", k) for k in range(3)} <= set(keys)
+    with pytest.raises(ProtocolError, match="load limit"):
+        RingNode(0, load_limit=0)

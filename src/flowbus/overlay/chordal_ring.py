@@ -82,6 +82,7 @@ from flowbus.overlay.ring_messages import (
     Redirect,
     RingRoute,
     SetSide,
+    ShareState,
     TestNeighbour,
     TracedQuery,
     cw,
@@ -110,6 +111,7 @@ __all__ = [
     "RingNode",
     "RingRoute",
     "SetSide",
+    "ShareState",
     "TestNeighbour",
     "TracedQuery",
     "cw",
@@ -145,14 +147,18 @@ class RingNode:
         heartbeat: float | None = None,
         probe_timeout: float = 4.0,
         ping_timeout: float = 4.0,
+        load_limit: int | None = None,
     ) -> None:
         if not 1 <= backup <= 4:
             raise ProtocolError(f"RingNode: the backup factor is 1..4, got {backup!r}")
         if heartbeat is not None and not heartbeat > 0:
             raise ProtocolError(f"RingNode: the heartbeat period must be > 0, got {heartbeat!r}")
+        if load_limit is not None and load_limit < 1:
+            raise ProtocolError(f"RingNode: the load limit is >= 1 state entries, got {load_limit!r}")
         self.addr = addr
         self.id: int | None = None
         self.backup = backup
+        self.load_limit = load_limit
         self.heartbeat = heartbeat
         self.probe_timeout = probe_timeout
         self.ping_timeout = ping_timeout
@@ -705,9 +711,31 @@ class RingNode:
             self.taken_over.append(dead.id)
             notify = {p.id: p for p in held.links if p.id not in self.dead and p.id != me.id}
             out += [Send(p.addr, Redirect(dead, me)) for p in sorted(notify.values())]
+            out += self._share(held.state, away_from=self._was_side.get(dead.id, 1))
         if out:
             out += self._send_backups(force=True)
         return out
+
+    def _share(self, taken: Mapping[Hashable, Any], *, away_from: int) -> list[Effect]:
+        """Over the load limit after a takeover: pass the excess of what was taken to the
+        next neighbour on the other side, if its load (as its backup with us says) leaves
+        room (section 3.4: "shared with next neighbours when the load limit is exceeded")."""
+        if self.load_limit is None or len(self.state) <= self.load_limit:
+            return []
+        nxt = self._at(-away_from, 1)
+        if nxt is None:
+            return []
+        theirs = self.held.get(nxt.id)
+        room = self.load_limit - (len(theirs.state) if theirs is not None else self.load_limit)
+        excess = min(len(self.state) - self.load_limit, room)
+        if excess <= 0:
+            return []
+        moved = {k: self.state.pop(k) for k in sorted(taken, key=repr)[:excess] if k in self.state}
+        return [Send(nxt.addr, ShareState(self.me, moved))]
+
+    def _on_share(self, src: int, msg: ShareState, now: float) -> list[Effect]:
+        self.state.update(msg.entries)
+        return self._send_backups(force=True)
 
     def _forget(self, dead: Peer) -> None:
         side = self._side_of(dead)
@@ -788,6 +816,7 @@ _HANDLERS: dict[type, _Handler] = {
     Alive: RingNode._on_alive,
     Failed: RingNode._on_failed,
     SetSide: RingNode._on_set_side,
+    ShareState: RingNode._on_share,
     Redirect: RingNode._on_redirect,
     Reconnect: RingNode._on_reconnect,
     TracedQuery: RingNode._on_traced,

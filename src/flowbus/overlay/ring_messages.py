@@ -36,6 +36,7 @@ __all__ = [
     "Redirect",
     "RingRoute",
     "SetSide",
+    "ShareState",
     "TestNeighbour",
     "TracedQuery",
     "cw",
@@ -185,6 +186,15 @@ class BackupCopy:
     state: Mapping[Hashable, Any] | None  # None: you are not my backup holder any more
     links: tuple[Peer, ...]  # the owner's neighbours (window and chords)
     holders: tuple[Peer, ...] = ()  # every holder, in takeover order
+
+
+@dataclass(frozen=True, slots=True)
+class ShareState:
+    """Part of a dead broker's state, passed on by the broker that took it over and is
+    over its load limit."""
+
+    sender: Peer
+    entries: Mapping[Hashable, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ class RingBroker:
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
         self._orphan_side: dict[int, int] = {}
+        self._adopted: dict[Hashable, tuple[int, Hashable]] = {}  # taken-over sub -> its origin
         self._seq = 0
         self._delivered: OrderedDict[tuple[Hashable, Any], None] = OrderedDict()  # (sub, event id)
         self._taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
@@ -201,10 +202,16 @@ class RingBroker:
                 self.subs.add(key[1])
                 filt = parse(text)
                 self._taken_from[key[1]] = (filt, {a for a in fresh_dead if a is not None})
+                self._adopted[key[1]] = origin_of(key)
                 out.extend(self.router.adopt(origin_of(key), filt))
                 out.extend(
                     Deliver(key[1], e) for e, d, _ in self._retry if d in fresh_dead and filt.matches(e)
                 )
+        held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)}
+        for sub in sorted(set(self._adopted) - held, key=repr):  # passed on (load sharing)
+            out.extend(self.router.drop(self._adopted.pop(sub)))
+            self.subs.discard(sub)
+            self._taken_from.pop(sub, None)
         if ring.joined:
             self._known.update((p.id, p.addr) for p in ring.links())
         wanted = self.tree_neighbours()

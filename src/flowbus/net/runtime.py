@@ -1,0 +1,227 @@
+"""The asyncio driver of the sans-IO protocol cores: the simulator's effects, over TCP.
+
+How it works: a :class:`Runtime` drives one core (a ring node, a Pastry node, a broker...)
+under the same integer address the core uses in ``Send.dst``. A :class:`Directory` says
+where each address listens.
+
+* ``Send(dst, msg)``. The message goes out as one frame, ``(src, msg)`` encoded by
+  :mod:`flowbus.net.codec`, on a persistent connection to ``dst``, opened on first use.
+  - There is one connection per destination, so messages to one peer stay in order.
+  - If connecting or writing fails, the core's ``on_send_failed(dst, msg, now)`` is called
+    when it has one. This is the failure notice the simulator's ``failure_notice`` models,
+    given here by TCP.
+  - A reader on each outgoing connection notices when the peer closes it. The next send
+    then opens a new connection, which fails if the peer is gone.
+* **Incoming.** A server accepts connections and decodes frames. Each message goes to
+  ``on_message(src, msg, now)``. A malformed or oversized frame closes that connection
+  (counted in ``bad_frames``) and changes nothing else.
+* ``SetTimer`` / ``CancelTimer`` map to ``loop.call_later`` handles, keyed as in the
+  simulator: setting a key again replaces its timer.
+* ``Deliver(sub, event)`` goes to the ``on_deliver`` callback.
+* ``now`` is the event loop's clock.
+* :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
+  core and carries out the effects it returns.
+
+Everything runs on one event loop thread, so a core is never entered twice at once: the
+single-threaded contract the cores are written for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from flowbus.errors import FlowbusError
+from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame
+from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
+
+__all__ = ["Directory", "Runtime"]
+
+DeliverHook = Callable[[int, Hashable, Any], object]
+
+
+class Directory:
+    """Where each address listens: ``{address: (host, port)}``."""
+
+    def __init__(self) -> None:
+        self._where: dict[int, tuple[str, int]] = {}
+
+    def set(self, addr: int, host: str, port: int) -> None:
+        self._where[addr] = (host, port)
+
+    def get(self, addr: int) -> tuple[str, int] | None:
+        return self._where.get(addr)
+
+
+class Runtime:
+    """One core on real sockets (see the module note)."""
+
+    def __init__(
+        self,
+        addr: int,
+        core: Any,
+        directory: Directory,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_deliver: DeliverHook | None = None,
+    ) -> None:
+        self.addr = addr
+        self.core = core
+        self.directory = directory
+        self.host = host
+        self.port = port
+        self.on_deliver = on_deliver
+        self.bad_frames = 0
+        self.sent = 0
+        self.received = 0
+        self._server: asyncio.Server | None = None
+        self._out: dict[int, asyncio.StreamWriter] = {}
+        self._opening: dict[int, asyncio.Lock] = {}
+        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- life cycle
+
+    async def start(self) -> None:
+        """Listen (port 0: any free port) and record where in the directory."""
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.directory.set(self.addr, self.host, self.port)
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, drop every timer."""
+        self._closed = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for writer in self._out.values():
+            writer.close()
+        self._out.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def call(self, fn: Callable[[Any], Sequence[Effect]]) -> None:
+        """A local call on the core; its effects are carried out."""
+        self._apply(fn(self.core))
+
+    # -- effects
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _apply(self, effects: Sequence[Effect] | None) -> None:
+        if self._closed or not effects:
+            return
+        loop = asyncio.get_running_loop()
+        for e in effects:
+            if isinstance(e, Send):
+                self._spawn(self._send(e.dst, e.msg))
+            elif isinstance(e, Deliver):
+                if self.on_deliver is not None:
+                    self.on_deliver(self.addr, e.sub, e.event)
+            elif isinstance(e, SetTimer):
+                old = self._timers.pop(e.key, None)
+                if old is not None:
+                    old.cancel()
+                self._timers[e.key] = loop.call_later(e.delay, self._fire, e.key)
+            elif isinstance(e, CancelTimer):
+                handle = self._timers.pop(e.key, None)
+                if handle is not None:
+                    handle.cancel()
+            else:
+                raise FlowbusError(f"node {self.addr}: {e!r} is not an effect")
+
+    def _fire(self, key: Hashable) -> None:
+        self._timers.pop(key, None)
+        if not self._closed:
+            self._apply(self.core.on_timer(key, self._now()))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, dst: int, msg: Any) -> None:
+        try:
+            writer = await self._connection(dst)
+            writer.write(frame(encode((self.addr, msg))))
+            await writer.drain()
+            self.sent += 1
+        except (OSError, ConnectionError, FlowbusError):
+            self._drop(dst)
+            self._failed(dst, msg)
+
+    def _failed(self, dst: int, msg: Any) -> None:
+        handler = getattr(self.core, "on_send_failed", None)
+        if handler is not None and not self._closed:
+            self._apply(handler(dst, msg, self._now()))
+
+    async def _connection(self, dst: int) -> asyncio.StreamWriter:
+        writer = self._out.get(dst)
+        if writer is not None and not writer.is_closing():
+            return writer
+        lock = self._opening.setdefault(dst, asyncio.Lock())
+        async with lock:
+            writer = self._out.get(dst)
+            if writer is not None and not writer.is_closing():
+                return writer
+            where = self.directory.get(dst)
+            if where is None:
+                raise ConnectionError(f"node {dst} is in no directory")
+            reader, writer = await asyncio.open_connection(*where)
+            self._out[dst] = writer
+            self._spawn(self._watch(dst, reader, writer))
+            return writer
+
+    async def _watch(self, dst: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The peer never writes on our outgoing connection: EOF means it closed it."""
+        with contextlib.suppress(OSError, ConnectionError):
+            await reader.read()
+        if self._out.get(dst) is writer:
+            self._drop(dst)
+
+    def _drop(self, dst: int) -> None:
+        writer = self._out.pop(dst, None)
+        if writer is not None:
+            writer.close()
+
+    # -- incoming
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)  # closed with the runtime
+        frames = FrameDecoder()
+        try:
+            while not self._closed:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for body in frames.feed(data):
+                    src, msg = _envelope(decode(body))
+                    self.received += 1
+                    self._apply(self.core.on_message(src, msg, self._now()))
+        except FlowbusError:  # a malformed frame, or a message the core refuses
+            self.bad_frames += 1
+        except (OSError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            if task is not None:
+                self._tasks.discard(task)
+
+
+def _envelope(obj: object) -> tuple[int, Any]:
+    if not (isinstance(obj, tuple) and len(obj) == 2 and type(obj[0]) is int):
+        raise FrameError(f"a frame must hold (source address, message), got {type(obj).__name__}")
+    return obj[0], obj[1]

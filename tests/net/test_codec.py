@@ -1,0 +1,565 @@
+"""The wire codec: every message type round-trips, random values round-trip inside a
+message, and the decoders (body and frame) only ever raise FrameError on garbage."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+import struct
+import tracemalloc
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowbus.errors import ProtocolError
+from flowbus.filters import Filter, parse
+from flowbus.net import (
+    MAX_DEPTH,
+    MAX_FRAME,
+    FrameDecoder,
+    FrameError,
+    decode,
+    encode,
+    frame,
+    register,
+    registered,
+)
+from flowbus.overlay import class_router, pastry
+from flowbus.overlay import ring_messages as rm
+from flowbus.overlay.multigraph import LinkClass
+from flowbus.routing import cbr, irbr, ring_broker, scribe
+from strategies import canonical_filters
+
+BIG = 2**127 + 5
+P1, P2, P3 = rm.Peer(5, 3), rm.Peer(2**31 + 7, 11), rm.Peer(rm.SECOND_ID, 0)
+F1 = parse("x > 1")
+F2 = parse('price > 100 & issue = "IBM" | volume <= -3.5')
+EVENT: dict[str, Any] = {
+    "issue": "IBM",
+    "price": 120.25,
+    "volume": -(2**70),
+    "ok": True,
+    "none": None,
+    "raw": b"\x00\xff",
+    "nested": {"a": [1, [2, {"b": (3, 4)}], {5, 6}], 7: frozenset({"u"}), (1, "k"): []},
+}
+
+CASES: list[object] = [
+    # ring_messages
+    P1,
+    rm.Ping(addr=3, sent=1.5),
+    rm.Pong(addr=3, sent=0.0),
+    rm.JoinRequest(addr=9, hops=4),
+    rm.JoinAccept(id=2**32 - 1, window=(P1, P2)),
+    rm.Insert(new=P2),
+    rm.ChordQuery(level=3, asker=P1),
+    rm.ChordReply(level=3, chord=None),
+    rm.ChordReply(level=1, chord=P3),
+    rm.Heartbeat(peer=P1),
+    rm.TestNeighbour(suspect=P2, asker=P1, window=(P1, P3)),
+    rm.Probe(asker=P1),
+    rm.ProbeAck(peer=P2),
+    rm.Alive(suspect=P2, via=P3),
+    rm.Failed(suspect=P2, window=()),
+    rm.SetSide(side=-1, peers=(P1, P2), dead=(P3,)),
+    rm.Redirect(dead=P2, to=P3),
+    rm.Reconnect(asker=P1, dead=(P2,), window=(P3, P1), side=1),
+    rm.BackupCopy(
+        owner=P1, version=7, state={("sub", 1): F2, 3: [1, 2], "s": EVENT}, links=(P2,), holders=(P3, P2)
+    ),
+    rm.BackupCopy(owner=P1, version=0, state=None, links=(), holders=()),
+    rm.ShareState(sender=P2, entries={(1, "a"): {"f": F1}, 2: None}),
+    rm.RingRoute(target=12345, payload={"x": 1}, hops=2),
+    rm.RingRoute(target=1, payload=cbr.Publish(event=EVENT), hops=0),
+    rm.TracedQuery(origin=P1, target=P2, trace=(P1, P3)),
+    rm.LinkDown(origin=P1, target=P2, trace=()),
+    # pastry
+    pastry.Route(key=BIG, payload=irbr.Publish(event=EVENT, prefix=(1, 0xA)), hops=3, origin=4),
+    pastry.Join(joiner_id=2**128 - 1, joiner_addr=6, hops=0),
+    pastry.JoinState(node_id=BIG, addr=2, hop=1, entries=((BIG, 2), (0, 9)), final=True),
+    pastry.Announce(node_id=17, addr=1, entries=((2**100, 3),)),
+    pastry.LeafSetRequest(node_id=BIG, addr=8),
+    pastry.LeafSetReply(node_id=BIG, addr=8, entries=()),
+    pastry.Ping(node_id=0, addr=1),
+    pastry.Pong(node_id=2**128 - 2, addr=1),
+    pastry.RowRequest(node_id=BIG, addr=4, row=31),
+    pastry.RowReply(node_id=BIG, addr=4, entries=((BIG - 1, 5),)),
+    # irbr
+    irbr.Entry(prefix=(2, 0x21), filter=F2, node=BIG, sub=("s", 1), clock=9),
+    irbr.Subscribe(node=BIG, sub="s", filter=F1, clock=3, prefix=(2, 0x21)),
+    irbr.Unsubscribe(node=BIG, sub=7, clock=4, prefix=(0, 0)),
+    irbr.Publish(event=EVENT, prefix=(1, 3)),
+    irbr.TableRequest(addr=5),
+    irbr.TableReply(entries=((BIG, "s", F1, 1), (3, ("t", 2), F2, 2)), tombstones=((BIG, "old", 0),)),
+    # scribe
+    scribe.JoinTree(epoch=1),
+    scribe.LeaveTree(epoch=2),
+    scribe.Publish(event=EVENT),
+    scribe.Multicast(event={"a": 1}),
+    scribe.Heartbeat(),
+    # cbr
+    cbr.Subscribe(origin=(1, "s1"), filter=F2, seq=5, withdraw=((2, "s2"), (3, 7))),
+    cbr.Unsubscribe(origin=(1, "s1"), seq=6),
+    cbr.Publish(event=EVENT),
+    # ring_broker
+    ring_broker.HandedOver(event=EVENT, dead=42),
+    # class_router
+    class_router.Classed(
+        origin=1,
+        dst=2,
+        cls=LinkClass.EXPRESS,
+        payload=cbr.Publish(event={"k": [1]}),
+        link=3,
+        sent=0.25,
+        hops=1,
+        fell_back=False,
+    ),
+    LinkClass.SECURE,
+]
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal and of the same types all the way down (1 == True == 1.0 would hide bugs)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or a == b  # type: ignore[arg-type]
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a) and not isinstance(a, Filter):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
+
+
+@pytest.mark.parametrize(
+    "msg", CASES, ids=lambda m: type(m).__module__.rsplit(".", 1)[-1] + "." + repr(m)[:40]
+)
+def test_round_trip(msg: object) -> None:
+    body = encode(msg)
+    back = decode(body)
+    assert back == msg
+    assert _same(back, msg)
+
+
+def test_every_registered_type_has_a_case() -> None:
+    covered = {type(m) for m in CASES}
+    # the project's message types (this file registers a test class of its own)
+    missing = [tag for tag, cls in registered().items() if tag.startswith("flowbus.") and cls not in covered]
+    assert not missing, f"registered types without a round-trip case in CASES: {missing}"
+
+
+def test_same_named_classes_are_told_apart() -> None:
+    for msg in (cbr.Publish(event={"a": 1}), scribe.Publish(event={"a": 1}), rm.Ping(1, 2.0)):
+        assert type(decode(encode(msg))) is type(msg)
+    assert decode(encode(pastry.Ping(node_id=1, addr=2))) == pastry.Ping(node_id=1, addr=2)
+
+
+def test_big_ints() -> None:
+    for n in (2**63 - 1, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 2**128 - 1, -(2**128), -(2**1000) + 1):
+        assert decode(encode(n)) == n
+    assert len(encode(2**64 - 1)) == 9  # msgpack uint64
+    assert encode(2**64)[2] == 1  # ext type 1
+
+
+def test_documented_example_bytes() -> None:
+    tag = b"flowbus.overlay.ring_messages:Peer"
+    expected = msgpack.packb([msgpack.ExtType(2, tag), 5, 3])
+    assert encode(rm.Peer(5, 3)) == expected
+    assert decode(expected) == rm.Peer(5, 3)
+
+
+# ------------------------------------------------------------------------ random values
+
+
+def _floats() -> st.SearchStrategy[float]:
+    return st.floats(allow_nan=True, allow_infinity=True)
+
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**200), max_value=2**200),
+    _floats(),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+hashables = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8), st.binary(max_size=8)),
+    lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3),
+    max_leaves=5,
+)
+json_like = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        | st.dictionaries(hashables, inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_like)
+def test_random_values_round_trip_in_a_message(value: Any) -> None:
+    msg = rm.RingRoute(target=1, payload=value, hops=0)
+    back = decode(encode(msg))
+    assert isinstance(back, rm.RingRoute)
+    assert _same(back.payload, value)
+    assert _same(decode(encode(value)), value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_like, max_size=5), st.integers(0, 2**128 - 1))
+def test_random_events_round_trip(event: dict[str, Any], key: int) -> None:
+    msg = pastry.Route(key=key, payload=irbr.Publish(event=event, prefix=(0, 0)), hops=1, origin=2)
+    back = decode(encode(msg))
+    assert isinstance(back, pastry.Route) and isinstance(back.payload, irbr.Publish)
+    assert back.payload.prefix == (0, 0) and back.key == key
+    assert _same(back.payload.event, event)
+
+
+@settings(max_examples=100, deadline=None)
+@given(canonical_filters())
+def test_random_filters_round_trip(f: Filter) -> None:
+    msg = cbr.Subscribe(origin=(1, "s"), filter=f, seq=0, withdraw=())
+    assert decode(encode(msg)) == msg
+
+
+# ------------------------------------------------------------------------ encode errors
+
+
+class _Unknown:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unregistered:
+    x: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Local:
+    n: int
+    name: str
+    peer: rm.Peer | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise ValueError("n must be >= 0")
+
+
+register(_Local)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [_Unknown(), _Unregistered(1), [1, object()], {"a": {1.5j}}, rm.Peer("x", 1), rm.Ping(1, "now")],  # type: ignore[arg-type]
+    ids=["object", "unregistered", "nested", "complex", "peer-str-id", "ping-str-sent"],
+)
+def test_encode_rejects(value: object) -> None:
+    with pytest.raises(FrameError):
+        encode(value)
+
+
+def test_encode_rejects_deep_nesting_and_cycles() -> None:
+    deep: list[object] = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(FrameError, match="deeper"):
+        encode(deep)
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(FrameError):
+        encode(loop)
+
+
+def test_register() -> None:
+    assert decode(encode(_Local(1, "a", P1))) == _Local(1, "a", P1)
+    assert register(_Local) is _Local  # again: no-op
+    with pytest.raises(ProtocolError):
+        register(int)
+    with pytest.raises(ProtocolError):
+        register(Filter)
+
+
+# ------------------------------------------------------------------------ decode errors
+
+
+def _tagged(tag: str, *items: object) -> bytes:
+    return bytes(msgpack.packb([msgpack.ExtType(2, tag.encode()), *items]))
+
+
+PEER = "flowbus.overlay.ring_messages:Peer"
+
+
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        (b"", "malformed"),
+        (b"\xc1", "malformed"),  # never used
+        (b"\x01\x02", "malformed"),  # trailing bytes
+        (b"\xa3ab", "malformed"),  # truncated str
+        (b"\xa2\xff\xfe", "malformed"),  # bad UTF-8
+        (_tagged("no.such:Thing", 1), "unknown type tag"),
+        (_tagged(PEER, 1), "2 fields expected"),
+        (_tagged(PEER, 1, 2, 3), "2 fields expected"),
+        (_tagged(PEER, "x", 2), "bad field 'id'"),
+        (_tagged(PEER, True, 2), "bad field 'id'"),
+        (_tagged("flowbus.overlay.pastry:Join", -1, 2, 0), "constructor"),
+        (
+            _tagged("flowbus.overlay.pastry:Join", msgpack.ExtType(1, b"\x01" + bytes(16)), 2, 0),
+            "constructor",
+        ),
+        (_tagged(f"{_Local.__module__}:_Local", -1, "a", None), "constructor"),
+        (_tagged(f"{_Local.__module__}:_Local", 1, "a", 5), "bad field 'peer'"),
+        (_tagged("flowbus.overlay.multigraph:LinkClass", "nope"), "no member"),
+        (_tagged("filter", "x >"), "bad filter"),
+        (_tagged("filter", 3), "one string"),
+        (_tagged("set", [1], 2), "unhashable"),
+        (_tagged("frozenset", 1, 1), "duplicate"),
+        (b"\x82\x01\x01\x01\x02", "duplicate"),  # {1: 1, 1: 2}
+        (bytes(msgpack.packb([1, msgpack.ExtType(2, b"tuple")])), "outside"),
+        (bytes(msgpack.packb(msgpack.ExtType(2, b"tuple"))), "outside"),
+        (bytes(msgpack.packb(msgpack.ExtType(2, b"\xff"))), "UTF-8"),
+        (bytes(msgpack.packb(msgpack.ExtType(9, b""))), "ext type 9"),
+        (bytes(msgpack.packb(msgpack.ExtType(1, b"\x05"))), "non-canonical"),
+        (bytes(msgpack.packb(msgpack.ExtType(1, b""))), "non-canonical"),
+        (bytes(msgpack.packb(msgpack.ExtType(1, b"\x00" + (2**64).to_bytes(9, "big")))), "non-canonical"),
+        (b"\xd6\xff\x00\x00\x00\x00", "unexpected"),  # msgpack timestamp (ext -1)
+        (b"\x91" * 2000 + b"\x01", "deeper|malformed"),
+    ],
+)
+def test_decode_rejects(body: bytes, what: str) -> None:
+    with pytest.raises(FrameError, match=what):
+        decode(body)
+
+
+def test_decode_errors_name_huge_values_safely() -> None:
+    huge = msgpack.ExtType(1, (2**20000).to_bytes(2501, "big", signed=True))
+    with pytest.raises(FrameError, match="bad field 'addr'"):
+        decode(_tagged("flowbus.overlay.ring_messages:Ping", [huge], 1.0))
+    with pytest.raises(FrameError, match="constructor"):
+        decode(_tagged("flowbus.overlay.pastry:Join", huge, 2, 0))
+    assert decode(_tagged(PEER, huge, 1)) == rm.Peer(2**20000, 1)
+
+
+def test_decode_map_with_unhashable_key() -> None:
+    body = b"\x81\x91\x01\x02"  # {[1]: 2}
+    with pytest.raises(FrameError, match="unhashable"):
+        decode(body)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_decode_garbage(body: bytes) -> None:
+    with contextlib.suppress(FrameError):
+        decode(body)
+
+
+_TAGS = [*registered(), "tuple", "set", "frozenset", "filter", "", "no.such:Thing"]
+_wire_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.builds(msgpack.ExtType, st.integers(0, 3), st.binary(max_size=20)),
+    st.sampled_from(["x > 1", "a = 1 | b < 2", "x >"]),
+)
+_wire = st.recursive(
+    _wire_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=9)
+        | st.dictionaries(st.one_of(st.integers(-9, 9), st.text(max_size=4)), inner, max_size=3)
+        | st.builds(
+            lambda tag, items: [msgpack.ExtType(2, tag.encode()), *items],
+            st.sampled_from(_TAGS),
+            st.lists(inner, max_size=9),
+        )
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_wire)
+def test_fuzz_structured_bodies(tree: object) -> None:
+    """Well-formed msgpack with real tags and random contents: a value or a FrameError."""
+    with contextlib.suppress(FrameError):
+        decode(bytes(msgpack.packb(tree)))
+
+
+_VALID = [encode(m) for m in CASES]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.sampled_from(_VALID),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+    st.integers(0, 10_000),
+)
+def test_fuzz_mutated_bodies(body: bytes, flips: list[tuple[int, int]], cut: int) -> None:
+    data = bytearray(body)
+    for pos, byte in flips:
+        data[pos % len(data)] = byte
+    for candidate in (bytes(data), bytes(data[: cut % (len(data) + 1)])):
+        with contextlib.suppress(FrameError):
+            decode(candidate)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_VALID), st.integers(0, 10_000), st.binary(min_size=1, max_size=8))
+def test_fuzz_inserted_bytes(body: bytes, pos: int, junk: bytes) -> None:
+    pos %= len(body) + 1
+    with contextlib.suppress(FrameError):
+        decode(body[:pos] + junk + body[pos:])
+
+
+# ------------------------------------------------------------------------------ framing
+
+
+def test_frame_layout() -> None:
+    assert frame(b"abc") == b"\x00\x00\x00\x03abc"
+    assert frame(b"") == b"\x00\x00\x00\x00"
+    assert FrameDecoder().feed(frame(b"")) == [b""]
+
+
+def test_frame_limit_edges() -> None:
+    assert frame(b"x" * 10, limit=10) == struct.pack(">I", 10) + b"x" * 10
+    with pytest.raises(FrameError, match="over the limit"):
+        frame(b"x" * 11, limit=10)
+    dec = FrameDecoder(limit=10)
+    assert dec.feed(frame(b"y" * 10, limit=10)) == [b"y" * 10]
+    with pytest.raises(FrameError):
+        dec.feed(struct.pack(">I", 11))
+
+
+def test_max_frame_edges() -> None:
+    body = bytes(MAX_FRAME)
+    framed = frame(body)
+    assert FrameDecoder().feed(framed) == [body]
+    with pytest.raises(FrameError):
+        frame(body + b"\x00")
+    with pytest.raises(FrameError):
+        FrameDecoder().feed(struct.pack(">I", MAX_FRAME + 1))
+
+
+def test_oversized_prefix_fails_at_once_without_allocating() -> None:
+    dec = FrameDecoder()
+    assert dec.feed(b"\xff\xff") == []  # half a prefix: just wait
+    tracemalloc.start()
+    try:
+        with pytest.raises(FrameError, match="4294967295"):
+            dec.feed(b"\xff\xff")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    assert dec.pending == 0
+    with pytest.raises(FrameError, match="broken"):
+        dec.feed(frame(b"ok"))  # the connection is to be closed
+
+
+def test_oversized_prefix_after_good_frames() -> None:
+    dec = FrameDecoder(limit=100)
+    with pytest.raises(FrameError):
+        dec.feed(frame(b"a") + struct.pack(">I", 101))
+    with pytest.raises(FrameError):
+        dec.feed(b"")
+
+
+def test_truncated_frames_stay_pending() -> None:
+    data = frame(b"hello") + frame(b"world!")
+    dec = FrameDecoder()
+    assert dec.feed(data[:3]) == []
+    assert dec.pending == 3
+    assert dec.feed(data[3:8]) == []
+    assert dec.feed(data[8:12]) == [b"hello"]
+    assert dec.pending == 3
+    assert dec.feed(data[12:-1]) == []
+    assert dec.feed(data[-1:]) == [b"world!"]
+    assert dec.pending == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(0, 3000), max_size=10))
+def test_fuzz_split_stream(bodies: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(frame(b) for b in bodies)
+    assert FrameDecoder().feed(stream) == bodies
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    dec = FrameDecoder()
+    got: list[bytes] = []
+    prev = 0
+    for p in [*points, len(stream)]:
+        got += dec.feed(stream[prev:p])
+        prev = p
+    assert got == bodies
+    assert dec.pending == 0
+
+
+def _reference(stream: bytes, limit: int) -> tuple[list[bytes], bool]:
+    """Straightforward framing: the complete bodies, and whether a prefix is over the limit."""
+    bodies: list[bytes] = []
+    pos = 0
+    while len(stream) - pos >= 4:
+        (n,) = struct.unpack_from(">I", stream, pos)
+        if n > limit:
+            return bodies, True
+        if len(stream) - pos - 4 < n:
+            break
+        bodies.append(stream[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    return bodies, False
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.binary(max_size=40) | st.binary(max_size=40).map(frame), max_size=6),
+    st.lists(st.integers(0, 400), max_size=6),
+    st.integers(0, 60),
+)
+def test_fuzz_random_stream(chunks: list[bytes], cuts: list[int], limit: int) -> None:
+    """Any byte stream, in any pieces: the bodies a reference framer finds, and a FrameError
+    where it finds an oversized prefix (the bodies before it may come out first)."""
+    stream = b"".join(chunks)
+    expected, oversized = _reference(stream, limit)
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    bounds = [0, *points, len(stream)]
+    for pieces in ([stream], [stream[a:b] for a, b in itertools.pairwise(bounds)]):
+        dec = FrameDecoder(limit=limit)
+        got: list[bytes] = []
+        failed = False
+        for piece in pieces:
+            try:
+                got += dec.feed(piece)
+            except FrameError:
+                failed = True
+                break
+        assert failed == oversized
+        if oversized:
+            assert got == expected[: len(got)]
+            with pytest.raises(FrameError):
+                dec.feed(b"")
+        else:
+            assert got == expected
+
+
+def test_messages_through_frames() -> None:
+    stream = b"".join(frame(encode(m)) for m in CASES)
+    dec = FrameDecoder()
+    out: list[object] = []
+    for i in range(0, len(stream), 7):
+        out += [decode(b) for b in dec.feed(stream[i : i + 7])]
+    assert out == CASES

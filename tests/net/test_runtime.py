@@ -1,0 +1,132 @@
+"""The asyncio driver runs the very cores the simulator runs, over TCP on 127.0.0.1: a
+chordal ring joins, routes and repairs itself after a broker stops; a malformed frame
+closes only its own connection."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Hashable
+from typing import Any
+
+from flowbus.net.codec import frame
+from flowbus.net.runtime import Directory, Runtime
+from flowbus.overlay.chordal_ring import RingNode, RingRoute
+from flowbus.overlay.effects import Effect, Send
+from flowbus.sim.ring import ring_errors
+
+HB = 0.1  # heartbeat period (s): failures are found within a few tenths of a second
+
+
+async def _until(check: Any, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        if loop.time() > end:
+            raise AssertionError("timed out waiting")
+        await asyncio.sleep(0.02)
+
+
+async def _ring(n: int) -> tuple[list[Runtime], list[RingNode], list[tuple[int, Hashable, Any]]]:
+    directory = Directory()
+    got: list[tuple[int, Hashable, Any]] = []
+    nodes = [RingNode(a, backup=2, heartbeat=HB, probe_timeout=0.5, ping_timeout=0.5) for a in range(n)]
+    runtimes = [Runtime(a, nd, directory, on_deliver=lambda *d: got.append(d)) for a, nd in enumerate(nodes)]
+    for rt in runtimes:
+        await rt.start()
+    await runtimes[0].call(lambda c: c.start())
+    rng = random.Random(7)
+    for a in range(1, n):
+        picks = rng.sample(range(a), min(3, a))
+        await runtimes[a].call(lambda c, p=picks: c.join(p))
+        await _until(lambda a=a: nodes[a].joined)
+        await asyncio.sleep(0.05)
+    return runtimes, nodes, got
+
+
+def test_a_ring_over_tcp_joins_routes_and_repairs() -> None:
+    async def main() -> None:
+        runtimes, nodes, got = await _ring(6)
+        try:
+            await _until(lambda: not ring_errors(nodes))
+            order = sorted(nodes, key=lambda nd: nd.me.id)
+            a, b = order[0], order[3]
+            await runtimes[a.addr].call(lambda c: c.route(b.me.id, "over tcp"))
+            await _until(lambda: any(isinstance(e, RingRoute) and e.payload == "over tcp" for _, _, e in got))
+            assert [node for node, _, e in got if isinstance(e, RingRoute)] == [b.addr]
+            for nd in nodes:  # some state to back up and take over
+                await runtimes[nd.addr].call(lambda c, k=nd.addr: c.set_state(("sub", k), k))
+            await asyncio.sleep(0.2)
+            victim = order[2]
+            await runtimes[victim.addr].close()
+            live = [nd for nd in nodes if nd is not victim]
+            await _until(lambda: not ring_errors(live), timeout=15.0)
+            await _until(lambda: any(("sub", victim.addr) in nd.state for nd in live))
+            owners = [nd.addr for nd in live if ("sub", victim.addr) in nd.state]
+            assert len(owners) == 1  # taken over exactly once
+            assert sum(rt.bad_frames for rt in runtimes) == 0
+        finally:
+            for rt in runtimes:
+                await rt.close()
+
+    asyncio.run(main())
+
+
+class _Echo:
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        self.seen.append((src, msg))
+        return []
+
+    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        return []
+
+
+def test_a_malformed_frame_closes_only_its_connection() -> None:
+    async def main() -> None:
+        directory = Directory()
+        echo = _Echo()
+        rt = Runtime(0, echo, directory)
+        await rt.start()
+        peer = Runtime(1, _Echo(), directory)
+        await peer.start()
+        try:
+            where = directory.get(0)
+            assert where is not None
+            _, bad = await asyncio.open_connection(*where)
+            bad.write(frame(b"\xc1garbage"))  # 0xc1 is never valid msgpack
+            await bad.drain()
+            await _until(lambda: rt.bad_frames == 1)
+            await peer.call(lambda c: [Send(0, ("ok", 1))])
+            await _until(lambda: echo.seen == [(1, ("ok", 1))])
+            bad.close()
+        finally:
+            await peer.close()
+            await rt.close()
+
+    asyncio.run(main())
+
+
+def test_a_send_to_a_stopped_node_is_a_failure_notice() -> None:
+    async def main() -> None:
+        directory = Directory()
+        failed: list[tuple[int, Any]] = []
+
+        class Notified(_Echo):
+            def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+                failed.append((dst, msg))
+                return []
+
+        a, b = Runtime(0, Notified(), directory), Runtime(1, _Echo(), directory)
+        await a.start()
+        await b.start()
+        await b.close()
+        try:
+            await a.call(lambda c: [Send(1, "hello"), Send(7, "nobody")])
+            await _until(lambda: sorted(failed, key=repr) == [(1, "hello"), (7, "nobody")])
+        finally:
+            await a.close()
+
+    asyncio.run(main())

@@ -1,0 +1,193 @@
+"""A broker's durable state in SQLite: subscriptions, per-subscriber queues, publisher sequences.
+
+How it works: one SQLite database per broker, in WAL mode (readers never block the writer;
+``synchronous=NORMAL`` is durable across a process crash, which is what a broker's
+``kill -9`` is). Three tables:
+
+* ``subscriptions(sub_id, client, space, filter, durable)``: what a restarted broker
+  serves again. A non-durable subscription is dropped with its client's session
+  (:meth:`Store.drop_client`).
+* ``queue(seq, sub_id, event_id, payload)``: the events accepted for a subscriber and not
+  yet acknowledged, in arrival order (``seq`` is the table's own increasing key). A
+  subscriber acknowledges a prefix (:meth:`Store.ack`); ``(sub_id, event_id)`` is unique,
+  so an event queued twice (a retransmission) is stored once.
+* ``publishers(publisher, last_seq)``: the highest sequence number accepted from each
+  publisher. :meth:`Store.accept` refuses a sequence number at or below it: a publisher
+  that re-sends after a reconnect does not publish twice.
+
+Every change is one transaction. A refused change (a duplicate subscription id, an unknown
+one, a bad value) raises :class:`StoreError` and leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowbus.errors import FlowbusError
+
+__all__ = ["QueuedEvent", "Store", "StoreError", "SubscriptionRow"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS subscriptions (
+    sub_id TEXT PRIMARY KEY,
+    client TEXT NOT NULL,
+    space TEXT NOT NULL,
+    filter TEXT NOT NULL,
+    durable INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sub_id TEXT NOT NULL REFERENCES subscriptions(sub_id) ON DELETE CASCADE,
+    event_id TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    UNIQUE (sub_id, event_id)
+);
+CREATE TABLE IF NOT EXISTS publishers (
+    publisher TEXT PRIMARY KEY,
+    last_seq INTEGER NOT NULL
+);
+"""
+
+
+class StoreError(FlowbusError):
+    """A refused change to a broker's store (the store is unchanged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionRow:
+    sub_id: str
+    client: str
+    space: str
+    filter: str
+    durable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedEvent:
+    seq: int
+    event_id: str
+    payload: bytes
+
+
+class Store:
+    """The durable state of one broker (see the module note)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA foreign_keys = ON")
+        if self.path != ":memory:":
+            mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise StoreError(f"{self.path}: cannot use write-ahead logging (journal mode {mode})")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: schema version {version}, this flowbus reads {SCHEMA_VERSION}")
+        if version == 0:  # a new database (executescript runs in a transaction of its own)
+            self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    def close(self) -> None:
+        self._db.close()
+
+    @property
+    def journal_mode(self) -> str:
+        return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- subscriptions
+
+    def add_subscription(self, sub_id: str, *, client: str, space: str, filter: str, durable: bool) -> None:
+        for name, value in (("sub_id", sub_id), ("client", client), ("space", space), ("filter", filter)):
+            if not isinstance(value, str) or not value:
+                raise StoreError(f"add_subscription: {name} must be a non-empty string, got {value!r}")
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?)",
+                    (sub_id, client, space, filter, int(durable)),
+                )
+        except sqlite3.IntegrityError:
+            raise StoreError(f"subscription {sub_id!r} exists already") from None
+
+    def remove_subscription(self, sub_id: str) -> None:
+        """Forget a subscription and its queue."""
+        with self._tx() as db:
+            if db.execute("DELETE FROM subscriptions WHERE sub_id = ?", (sub_id,)).rowcount == 0:
+                raise StoreError(f"no subscription {sub_id!r}")
+
+    def drop_client(self, client: str) -> list[str]:
+        """A client's session ended: drop its non-durable subscriptions; their ids."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT sub_id FROM subscriptions WHERE client = ? AND durable = 0 ORDER BY sub_id", (client,)
+            ).fetchall()
+            db.execute("DELETE FROM subscriptions WHERE client = ? AND durable = 0", (client,))
+        return [r[0] for r in rows]
+
+    def subscriptions(self) -> list[SubscriptionRow]:
+        rows = self._db.execute(
+            "SELECT sub_id, client, space, filter, durable FROM subscriptions ORDER BY sub_id"
+        )
+        return [SubscriptionRow(a, b, c, d, bool(e)) for a, b, c, d, e in rows]
+
+    # -- queues
+
+    def enqueue(self, sub_id: str, event_id: str, payload: bytes) -> bool:
+        """Queue an event for a subscriber; False if it was queued already."""
+        try:
+            with self._tx() as db:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)",
+                    (sub_id, event_id, bytes(payload)),
+                )
+                return cur.rowcount == 1
+        except sqlite3.IntegrityError:
+            raise StoreError(f"no subscription {sub_id!r} to queue for") from None
+
+    def pending(self, sub_id: str, *, limit: int = 1000) -> list[QueuedEvent]:
+        """The oldest ``limit`` unacknowledged events of a subscriber, in order."""
+        rows = self._db.execute(
+            "SELECT seq, event_id, payload FROM queue WHERE sub_id = ? ORDER BY seq LIMIT ?", (sub_id, limit)
+        )
+        return [QueuedEvent(s, e, bytes(p)) for s, e, p in rows]
+
+    def ack(self, sub_id: str, upto: int) -> int:
+        """Acknowledge every queued event of ``sub_id`` with ``seq <= upto``; how many."""
+        with self._tx() as db:
+            return int(db.execute("DELETE FROM queue WHERE sub_id = ? AND seq <= ?", (sub_id, upto)).rowcount)
+
+    def depth(self, sub_id: str) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM queue WHERE sub_id = ?", (sub_id,)).fetchone()[0])
+
+    # -- publishers
+
+    def accept(self, publisher: str, seq: int) -> bool:
+        """Record a publish; False (and nothing recorded) if ``seq`` was accepted before."""
+        if type(seq) is not int or seq < 0:
+            raise StoreError(f"a publisher sequence number is an int >= 0, got {seq!r}")
+        with self._tx() as db:
+            row = db.execute("SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)).fetchone()
+            if row is not None and seq <= row[0]:
+                return False
+            db.execute("INSERT OR REPLACE INTO publishers VALUES (?, ?)", (publisher, seq))
+            return True
+
+    def last_seq(self, publisher: str) -> int | None:
+        row = self._db.execute("SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)).fetchone()
+        return None if row is None else int(row[0])

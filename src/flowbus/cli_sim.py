@@ -291,14 +291,18 @@ def _sizes(text: str) -> list[int]:
         raise
 
 
-def _ring_command(result_fn: Any, out: Path, as_json: bool, title: str) -> None:
-    from flowbus.sim.ring_experiments import write_outputs
+def _ring_command(result_fn: Any, out: Path, as_json: bool, title: str | Any, *, write: Any = None) -> None:
+    """Run a ring experiment with progress, write its outputs (``write``: the experiment's
+    writer, default ring-join/ring-repair's), print JSON or a table titled ``title`` (a
+    string, or a function of the result)."""
+    if write is None:
+        from flowbus.sim.ring_experiments import write_outputs as write
 
     cli = _cli()
     try:
         with cli.progress_bar(True) as progress:
             result = result_fn(progress)
-        result["outputs"] = write_outputs(result, out)
+        result["outputs"] = write(result, out)
     except FlowbusError as exc:
         _fail(str(exc))
     if as_json:
@@ -306,7 +310,7 @@ def _ring_command(result_fn: Any, out: Path, as_json: bool, title: str) -> None:
         return
     rows = result["rows"]
     cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
-    _table(title, list(rows[0]), cells, result["outputs"])
+    _table(title if isinstance(title, str) else title(result), list(rows[0]), cells, result["outputs"])
 
 
 @sim_app.command("ring-join")
@@ -359,22 +363,11 @@ def ring_classes(
     """Normal, express and secure events over the broker multigraph: violations, latency, hops."""
     from flowbus.sim.ring_classes import run, write_outputs
 
-    cli = _cli()
-    try:
-        with cli.progress_bar(True) as progress:
-            result = run(
-                nodes=nodes, events=events, link_failures=link_failures, seed=seed, progress=progress
-            )
-        result["outputs"] = write_outputs(result, out)
-    except FlowbusError as exc:
-        _fail(str(exc))
-    if as_json:
-        cli.emit(result, as_json=True, title="")
-        return
-    rows = result["rows"]
-    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
-    title = f"events by class: {nodes} brokers, {result['violations']} violations"
-    _table(title, list(rows[0]), cells, result["outputs"])
+    _ring_command(
+        lambda p: run(nodes=nodes, events=events, link_failures=link_failures, seed=seed, progress=p),
+        out, as_json, lambda r: f"events by class: {nodes} brokers, {r['violations']} violations",
+        write=write_outputs,
+    )  # fmt: skip
 
 
 @sim_app.command("ring-faults")
@@ -390,20 +383,9 @@ def ring_faults(
     """Events lost, duplicated and delayed while brokers crash, for backup factors 1..4."""
     from flowbus.sim.ring_faults import run, write_outputs
 
-    cli = _cli()
     names = [s.strip() for s in scenarios.split(",") if s.strip()]
     factors = _sizes(backups)
-    try:
-        with cli.progress_bar(True) as progress:
-            result = run(
-                nodes=nodes, backups=factors, scenarios=names, events=events, seed=seed, progress=progress
-            )
-        result["outputs"] = write_outputs(result, out)
-    except FlowbusError as exc:
-        _fail(str(exc))
-    if as_json:
-        cli.emit(result, as_json=True, title="")
-        return
-    rows = result["rows"]
-    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
-    _table(f"ring faults: {nodes} brokers, {events} events", list(rows[0]), cells, result["outputs"])
+    _ring_command(
+        lambda p: run(nodes=nodes, backups=factors, scenarios=names, events=events, seed=seed, progress=p),
+        out, as_json, f"ring faults: {nodes} brokers, {events} events", write=write_outputs,
+    )  # fmt: skip

@@ -16,7 +16,19 @@ from collections.abc import Callable, Sequence
 from flowbus.errors import ProtocolError
 from flowbus.overlay.pastry import BASE, BITS, LEAF_SIZE, NDIGITS, AddressBook, B, PastryNode
 
-__all__ = ["build_static"]
+__all__ = ["build_static", "random_ids"]
+
+
+def random_ids(n: int, rng: random.Random) -> list[int]:
+    """``n`` distinct random 128-bit ids, in drawing order."""
+    seen: set[int] = set()
+    out: list[int] = []
+    while len(out) < n:
+        x = rng.getrandbits(BITS)
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
 
 
 def build_static(

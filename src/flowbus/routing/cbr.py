@@ -33,15 +33,14 @@ link re-added while messages of its earlier incarnation are still in flight may 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
-from flowbus.flow.compile import Compiler
 from flowbus.overlay.effects import Deliver, Effect, Send
+from flowbus.routing.memo import compiled, covers
 
 __all__ = ["ContentRouter", "Origin", "Publish", "RoutingState", "Subscribe", "Unsubscribe"]
 
@@ -100,29 +99,13 @@ class Publish:
 # ------------------------------------------------------------------------------- filters
 
 
-@lru_cache(maxsize=1 << 18)
-def _covers(f: Filter, g: Filter) -> bool:
-    """``f`` covers ``g`` (memoised: the same filters meet again at every broker)."""
-    return f == g or f.covers(g)
-
-
-_COMPILER = Compiler({})
-
-
-@lru_cache(maxsize=1 << 16)
-def _test(f: Filter) -> Callable[[Mapping[str, Any]], bool]:
-    """``f`` compiled to a closure (memoised like :func:`_covers`)."""
-    fn, memo = _COMPILER.filter(f), _COMPILER.new_memo()
-    return lambda event: fn(event, memo)
-
-
 def _okey(o: Origin) -> tuple[int, str]:
     return (o[0], repr(o[1]))
 
 
 def _dominates(a: Origin, fa: Filter, b: Origin, fb: Filter) -> bool:
     """``a`` makes ``b`` unnecessary: it covers it, strictly or with a smaller origin."""
-    return _covers(fa, fb) and (not _covers(fb, fa) or _okey(a) < _okey(b))
+    return covers(fa, fb) and (not covers(fb, fa) or _okey(a) < _okey(b))
 
 
 def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
@@ -328,10 +311,10 @@ class ContentRouter:
 
     def _route(self, event: Mapping[str, Any], src: int) -> list[Effect]:
         local = self._table[self.broker]
-        out: list[Effect] = [Deliver(o[1], event) for o, f in local.items() if _test(f)(event)]
+        out: list[Effect] = [Deliver(o[1], event) for o, f in local.items() if compiled(f)(event)]
         msg: Publish | None = None
         for m in sorted(self._neighbours):
-            if m != src and any(_test(f)(event) for f in self._table[m].values()):
+            if m != src and any(compiled(f)(event) for f in self._table[m].values()):
                 msg = msg or Publish(event)
                 out.append(Send(m, msg))
         return out

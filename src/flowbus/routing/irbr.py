@@ -57,12 +57,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
-from flowbus.flow.compile import Compiler
 from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.overlay.pastry import (
     BASE,
@@ -76,6 +75,7 @@ from flowbus.overlay.pastry import (
     shared_prefix_len,
 )
 from flowbus.overlay.pastry_app import PastryApp
+from flowbus.routing.memo import compiled, covers
 
 __all__ = [
     "ROOT",
@@ -131,28 +131,12 @@ def prefix_text(prefix: Prefix) -> str:
 # --------------------------------------------------------------------------- filter table
 
 
-@lru_cache(maxsize=1 << 18)
-def _covers(f: Filter, g: Filter) -> bool:
-    """``f`` covers ``g`` (memoised: the same filters meet again at every node)."""
-    return f == g or f.covers(g)
-
-
-_COMPILER = Compiler({})
-
-
-@lru_cache(maxsize=1 << 16)
-def _test(f: Filter) -> Callable[[Mapping[str, Any]], bool]:
-    """``f`` compiled to a closure (memoised: the same filters meet again at every node)."""
-    fn, memo = _COMPILER.filter(f), _COMPILER.new_memo()
-    return lambda event: fn(event, memo)
-
-
 def _roots(entries: Iterable[Entry]) -> list[Entry]:
     """The entries no other entry covers (one of each group of equal filters)."""
     roots: list[Entry] = []
     for e in entries:
-        if not any(_covers(r.filter, e.filter) for r in roots):
-            roots = [r for r in roots if not _covers(e.filter, r.filter)]
+        if not any(covers(r.filter, e.filter) for r in roots):
+            roots = [r for r in roots if not covers(e.filter, r.filter)]
             roots.append(e)
     return roots
 
@@ -243,8 +227,8 @@ class FilterTable:
         exposed = [
             e
             for e in rest
-            if _covers(old.filter, e.filter)
-            and not any(o is not e and _covers(o.filter, e.filter) for o in rest)
+            if covers(old.filter, e.filter)
+            and not any(o is not e and covers(o.filter, e.filter) for o in rest)
         ]
         return old, exposed
 
@@ -282,7 +266,7 @@ class FilterTable:
         for p in self._by_prefix:
             if p[0] > below:
                 for e in self.roots(p):
-                    if _test(e.filter)(event):
+                    if compiled(e.filter)(event):
                         out[p] = e.node
                         break
         return out
@@ -310,7 +294,7 @@ class FilterTable:
         levels = [
             self.level(e)
             for e in self._by_key.values()
-            if e is not entry and e.stamp < entry.stamp and _covers(e.filter, entry.filter)
+            if e is not entry and e.stamp < entry.stamp and covers(e.filter, entry.filter)
         ]
         return max(levels, default=None)
 
@@ -508,7 +492,7 @@ class IrbrNode(PastryApp):
 
     def _on_publish(self, msg: Publish) -> list[Effect]:
         event = msg.event
-        out: list[Effect] = [Deliver(e.sub, event) for e in self.table.local() if _test(e.filter)(event)]
+        out: list[Effect] = [Deliver(e.sub, event) for e in self.table.local() if compiled(e.filter)(event)]
         own = (NDIGITS, self.node_id)
         for prefix, key in self.table.matching(event, below=msg.prefix[0]).items():
             if prefix != own:
@@ -571,9 +555,7 @@ class IrbrNode(PastryApp):
         return 0 if level is None else level
 
     def _own_covered_by(self, removed: Entry) -> Iterable[Entry]:
-        return [
-            e for e in self.table.local() if e.sub in self.rows_from and _covers(removed.filter, e.filter)
-        ]
+        return [e for e in self.table.local() if e.sub in self.rows_from and covers(removed.filter, e.filter)]
 
 
 def _subscribe_msg(entry: Entry | Subscribe, prefix: Prefix) -> Subscribe:

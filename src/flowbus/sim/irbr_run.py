@@ -50,9 +50,8 @@ from typing import Any, Final
 from flowbus.errors import FlowbusError
 from flowbus.filters import Filter, parse
 from flowbus.overlay.effects import Effect
-from flowbus.overlay.pastry import BITS
 from flowbus.overlay.pastry_app import PastryApp
-from flowbus.overlay.pastry_static import build_static
+from flowbus.overlay.pastry_static import build_static, random_ids
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import ConstantLatency
 
@@ -276,7 +275,7 @@ def _stream(c: RunConfig, name: str) -> random.Random:
 def _prepare(c: RunConfig, progress: ProgressFn | None) -> _Prepared:
     t0 = time.perf_counter()
     proto = _protocols()[c.protocol]
-    ids = _distinct_ids(c.nodes, _stream(c, "ids"))
+    ids = random_ids(c.nodes, _stream(c, "ids"))
     cores = [proto.make(p, c) for p in build_static(ids, _stream(c, "tables"))]
     deliveries: list[tuple[Any, int, Hashable]] = []
     sim = Simulator(
@@ -315,17 +314,6 @@ def _finish(p: _Prepared, c: RunConfig, progress: ProgressFn | None) -> RunResul
     run_s = p.setup_s + time.perf_counter() - t0
     row = _row(c, per_event, len(failed), len(p.subs), p.subscribe_messages, sim, run_s)
     return RunResult(row, per_event)
-
-
-def _distinct_ids(n: int, rng: random.Random) -> list[int]:
-    seen: set[int] = set()
-    out: list[int] = []
-    while len(out) < n:
-        x = rng.getrandbits(BITS)
-        if x not in seen:
-            seen.add(x)
-            out.append(x)
-    return out
 
 
 def _subscribe(

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 from flowbus.overlay.pastry import BITS, Route, numerically_closest
-from flowbus.overlay.pastry_static import build_static
+from flowbus.overlay.pastry_static import build_static, random_ids
 from flowbus.sim.engine import SimError, Simulator, derive_seed
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import ConstantLatency
@@ -49,18 +49,6 @@ def hop_bound(nodes: int) -> int:
     return k + 1
 
 
-def _ids(nodes: int, rng: random.Random) -> list[int]:
-    """``nodes`` distinct random 128-bit ids, in drawing order."""
-    seen: set[int] = set()
-    out: list[int] = []
-    while len(out) < nodes:
-        x = rng.getrandbits(BITS)
-        if x not in seen:
-            seen.add(x)
-            out.append(x)
-    return out
-
-
 def run(*, nodes: int, lookups: int, seed: int, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Route ``lookups`` random keys through a static Pastry network of ``nodes`` nodes.
 
@@ -79,7 +67,7 @@ def run(*, nodes: int, lookups: int, seed: int, progress: ProgressFn | None = No
 
     t0 = time.perf_counter()
     report("building", 0, 3)
-    ids = _ids(nodes, random.Random(derive_seed(seed, "pastry-hops/ids")))
+    ids = random_ids(nodes, random.Random(derive_seed(seed, "pastry-hops/ids")))
     report("building", 1, 3)
     cores = build_static(ids, random.Random(derive_seed(seed, "pastry-hops/tables")))
     report("building", 2, 3)

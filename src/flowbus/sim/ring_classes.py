@@ -20,7 +20,6 @@ express fallbacks, mean hops, and the mean, median and 99th-percentile latency.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
@@ -157,16 +156,10 @@ def _send(dst: int, payload: int, cls: LinkClass, now: float, router: ClassRoute
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
-    """``rows.csv``, ``result.json`` and ``ring-classes.png`` in ``out``."""
-    from flowbus.sim.sweep import write_csv
+    """``rows.csv``, ``result.json`` and the PNG in ``out``."""
+    from flowbus.sim.ring_experiments import write_result
 
-    out.mkdir(parents=True, exist_ok=True)
-    rows = result["rows"]
-    paths = {"rows": out / "rows.csv", "json": out / "result.json", "plot": out / "ring-classes.png"}
-    write_csv(paths["rows"], list(rows[0]), rows)
-    paths["json"].write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    _plot(result, paths["plot"])
-    return {k: str(v) for k, v in paths.items()}
+    return write_result(result, out, _plot)
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:

@@ -35,7 +35,7 @@ from flowbus.errors import FlowbusError
 from flowbus.sim import LinkFailure
 from flowbus.sim.ring import RingSim, ring_errors
 
-__all__ = ["fit_log", "join_cost", "repair_cost", "write_outputs"]
+__all__ = ["fit_log", "join_cost", "repair_cost", "write_outputs", "write_result"]
 
 ProgressFn = Callable[[str, int, int], object]
 HEARTBEAT = 5.0
@@ -197,7 +197,15 @@ def _one_repair(r: RingSim, cut: LinkFailure, kind: str, rng: random.Random) -> 
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
-    """``rows.csv``, ``result.json`` and a PNG of ``result`` in ``out``."""
+    """``rows.csv``, ``result.json`` and a PNG of a ring-join or ring-repair ``result``."""
+    return write_result(result, out, _plot_join if result["experiment"] == "ring-join" else _plot_repair)
+
+
+def write_result(
+    result: dict[str, Any], out: Path, plot: Callable[[dict[str, Any], Path], None]
+) -> dict[str, str]:
+    """What every ring experiment writes in ``out``: ``rows.csv`` (the result's rows),
+    ``result.json`` (all of it) and ``<experiment>.png`` (drawn by ``plot``)."""
     from flowbus.sim.sweep import write_csv
 
     out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +217,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
     }
     write_csv(paths["rows"], list(rows[0]), rows)
     paths["json"].write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    (_plot_join if result["experiment"] == "ring-join" else _plot_repair)(result, paths["plot"])
+    plot(result, paths["plot"])
     return {k: str(v) for k, v in paths.items()}
 
 

@@ -25,7 +25,6 @@ publish-to-delivery delay (mean, p99, max).
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections import Counter
@@ -197,18 +196,14 @@ def run(
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
-    from flowbus.sim.sweep import write_csv
+    """``rows.csv``, ``result.json`` and the PNG in ``out``."""
+    from flowbus.sim.ring_experiments import write_result
 
-    out.mkdir(parents=True, exist_ok=True)
+    return write_result(result, out, _plot)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
     rows = result["rows"]
-    paths = {"rows": out / "rows.csv", "json": out / "result.json", "plot": out / "ring-faults.png"}
-    write_csv(paths["rows"], list(rows[0]), rows)
-    paths["json"].write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    _plot(rows, paths["plot"])
-    return {k: str(v) for k, v in paths.items()}
-
-
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

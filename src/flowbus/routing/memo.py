@@ -1,0 +1,28 @@
+"""Filter tests shared by the routing cores, memoised: in a network the same filters meet
+again at every node, so covering is decided and a filter compiled once per process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from flowbus.filters import Filter
+from flowbus.flow.compile import Compiler
+
+__all__ = ["compiled", "covers"]
+
+_COMPILER = Compiler({})
+
+
+@lru_cache(maxsize=1 << 18)
+def covers(f: Filter, g: Filter) -> bool:
+    """``f`` covers ``g`` (equal filters cover each other)."""
+    return f == g or f.covers(g)
+
+
+@lru_cache(maxsize=1 << 16)
+def compiled(f: Filter) -> Callable[[Mapping[str, Any]], bool]:
+    """``f`` compiled to a closure ``event -> bool``."""
+    fn, memo = _COMPILER.filter(f), _COMPILER.new_memo()
+    return lambda event: fn(event, memo)

@@ -140,12 +140,17 @@ def bench_match(
 
 
 def _mount() -> None:
+    from flowbus.cli_broker import broker_app, cluster_app, pub, sub
     from flowbus.cli_flow import bench_flow, flow_app, run
     from flowbus.cli_sim import sim_app
     from flowbus.cli_spark import bench_spark, match
 
     app.add_typer(flow_app, name="flow")
     app.add_typer(sim_app, name="sim")
+    app.add_typer(broker_app, name="broker")
+    app.add_typer(cluster_app, name="cluster")
+    app.command("pub")(pub)
+    app.command("sub")(sub)
     app.command("run")(run)
     app.command("match")(match)
     bench_app.command("flow")(bench_flow)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flowbus.broker import protocol as bp
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.net import (
@@ -108,6 +109,21 @@ CASES: list[object] = [
     cbr.Publish(event=EVENT),
     # ring_broker
     ring_broker.HandedOver(event=EVENT, dead=42),
+    ring_broker.Confirm(ids=(("client-1", 7), (3, 9))),
+    ring_broker.Synced(),
+    # the client protocol
+    bp.Hello(client="c1"),
+    bp.Welcome(broker="127.0.0.1:7001", peers=("127.0.0.1:7002",), spaces={"s": {"x": "int"}, "any": None}),
+    bp.Publish(space="s", items=((1, {"x": 1}), (2, {"x": 2}))),
+    bp.PubAck(pseqs=(1, 2)),
+    bp.Nack(pseq=3, error="field 'x' is missing"),
+    bp.Subscribe(req=1, sub_id="c1/a", space="s", filter="x > 1", durable=True, collapse="last", resume=True),
+    bp.Unsubscribe(req=2, sub_id="c1/a"),
+    bp.Reply(req=2, ok=False, error="no subscription"),
+    bp.Ack(items=(("c1/a", 4),)),
+    bp.Events(items=(("c1/a", 1, ("c2", 5), {"x": 3}),)),
+    bp.Bye(),
+    bp.Error(what="frame too large"),
     # class_router
     class_router.Classed(
         origin=1,

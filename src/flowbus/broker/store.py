@@ -4,7 +4,7 @@ How it works: one SQLite database per broker, in WAL mode (readers never block t
 ``synchronous=NORMAL`` is durable across a process crash, which is what a broker's
 ``kill -9`` is). Three tables:
 
-* ``subscriptions(sub_id, client, space, filter, durable)``: what a restarted broker
+* ``subscriptions(sub_id, client, space, filter, durable, collapse)``: what a restarted broker
   serves again. A non-durable subscription is dropped with its client's session
   (:meth:`Store.drop_client`).
 * ``queue(seq, sub_id, event_id, payload)``: the events accepted for a subscriber and not
@@ -31,7 +31,7 @@ from flowbus.errors import FlowbusError
 
 __all__ = ["QueuedEvent", "Store", "StoreError", "SubscriptionRow"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS subscriptions (
@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     client TEXT NOT NULL,
     space TEXT NOT NULL,
     filter TEXT NOT NULL,
-    durable INTEGER NOT NULL
+    durable INTEGER NOT NULL,
+    collapse TEXT
 );
 CREATE TABLE IF NOT EXISTS queue (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -66,6 +67,7 @@ class SubscriptionRow:
     space: str
     filter: str
     durable: bool
+    collapse: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +90,15 @@ class Store:
                 raise StoreError(f"{self.path}: cannot use write-ahead logging (journal mode {mode})")
             self._db.execute("PRAGMA synchronous = NORMAL")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, SCHEMA_VERSION):
+        if version not in (0, 1, SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this flowbus reads {SCHEMA_VERSION}")
         if version == 0:  # a new database (executescript runs in a transaction of its own)
             self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+        elif version == 1:  # version 2 added the collapse rule set of a subscription
+            self._db.executescript(
+                f"BEGIN; ALTER TABLE subscriptions ADD COLUMN collapse TEXT; "
+                f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            )
 
     def close(self) -> None:
         self._db.close()
@@ -112,15 +119,17 @@ class Store:
 
     # -- subscriptions
 
-    def add_subscription(self, sub_id: str, *, client: str, space: str, filter: str, durable: bool) -> None:
+    def add_subscription(
+        self, sub_id: str, *, client: str, space: str, filter: str, durable: bool, collapse: str | None = None
+    ) -> None:
         for name, value in (("sub_id", sub_id), ("client", client), ("space", space), ("filter", filter)):
             if not isinstance(value, str) or not value:
                 raise StoreError(f"add_subscription: {name} must be a non-empty string, got {value!r}")
         try:
             with self._tx() as db:
                 db.execute(
-                    "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?)",
-                    (sub_id, client, space, filter, int(durable)),
+                    "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?)",
+                    (sub_id, client, space, filter, int(durable), collapse),
                 )
         except sqlite3.IntegrityError:
             raise StoreError(f"subscription {sub_id!r} exists already") from None
@@ -142,9 +151,9 @@ class Store:
 
     def subscriptions(self) -> list[SubscriptionRow]:
         rows = self._db.execute(
-            "SELECT sub_id, client, space, filter, durable FROM subscriptions ORDER BY sub_id"
+            "SELECT sub_id, client, space, filter, durable, collapse FROM subscriptions ORDER BY sub_id"
         )
-        return [SubscriptionRow(a, b, c, d, bool(e)) for a, b, c, d, e in rows]
+        return [SubscriptionRow(a, b, c, d, bool(e), f) for a, b, c, d, e, f in rows]
 
     # -- queues
 
@@ -160,10 +169,24 @@ class Store:
         except sqlite3.IntegrityError:
             raise StoreError(f"no subscription {sub_id!r} to queue for") from None
 
-    def pending(self, sub_id: str, *, limit: int = 1000) -> list[QueuedEvent]:
-        """The oldest ``limit`` unacknowledged events of a subscriber, in order."""
+    def enqueue_many(self, items: list[tuple[str, str, bytes]]) -> int:
+        """Queue many ``(sub_id, event_id, payload)`` in one transaction; how many were new."""
+        try:
+            with self._tx() as db:
+                before = db.total_changes
+                db.executemany(
+                    "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)", items
+                )
+                return int(db.total_changes - before)
+        except sqlite3.IntegrityError:
+            raise StoreError("a queued event names no known subscription") from None
+
+    def pending(self, sub_id: str, *, limit: int = 1000, after: int = 0) -> list[QueuedEvent]:
+        """The oldest ``limit`` unacknowledged events of a subscriber after queue position
+        ``after``, in order."""
         rows = self._db.execute(
-            "SELECT seq, event_id, payload FROM queue WHERE sub_id = ? ORDER BY seq LIMIT ?", (sub_id, limit)
+            "SELECT seq, event_id, payload FROM queue WHERE sub_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (sub_id, after, limit),
         )
         return [QueuedEvent(s, e, bytes(p)) for s, e, p in rows]
 

@@ -22,8 +22,11 @@ How it works:
 
 Every failure is a :class:`FilterSyntaxError` (with 1-based line and column for
 text) or, for well-formed input that means nothing usable (``x < true``), a
-:class:`FilterError`. No lark exception escapes. Filters are immutable, so the
-filters of the last 1024 distinct texts are remembered.
+:class:`FilterError`. No lark exception escapes. Two limits keep every filter
+``parse`` returns usable: expressions nest at most ``MAX_EXPR_DEPTH`` levels
+deep (the AST's equality and evaluation recurse), and a folded integer constant
+must have few enough digits for ``to_text`` to print it. Filters are immutable,
+so the filters of the last 1024 distinct texts are remembered.
 """
 
 from __future__ import annotations
@@ -63,21 +66,35 @@ from flowbus.filters.ast import (
 from flowbus.filters.text import expr_to_text, is_name, value_to_text
 from flowbus.model import Value
 
-__all__ = ["parse"]
+__all__ = ["MAX_EXPR_DEPTH", "parse"]
+
+MAX_EXPR_DEPTH = 100
+"""The deepest an expression may nest (operators and calls; parentheses alone do not count)."""
 
 
 # ------------------------------------------------------------ intermediate nodes
 
 
 class _Value:
-    """An expression and where it starts in the text."""
+    """An expression, where it starts in the text, and how deep it nests."""
 
-    __slots__ = ("column", "expr", "line")
+    __slots__ = ("column", "depth", "expr", "line")
 
-    def __init__(self, expr: Expr, line: int, column: int) -> None:
+    def __init__(self, expr: Expr, line: int, column: int, depth: int = 1) -> None:
+        if depth > MAX_EXPR_DEPTH:
+            raise FilterError(
+                f"filter nested too deeply: an expression at line {line}, column {column} "
+                f"nests more than {MAX_EXPR_DEPTH} levels deep (operators and calls)"
+            )
         self.expr = expr
         self.line = line
         self.column = column
+        self.depth = 1 if isinstance(expr, Const) else depth
+
+
+def _depth(*nodes: object) -> int:
+    """One more than the deepest of ``nodes`` (its operands)."""
+    return 1 + max((n.depth for n in nodes if isinstance(n, _Value)), default=0)
 
 
 class _Not:
@@ -170,21 +187,38 @@ def _membership(left: Expr, members: tuple[Any, ...], op: Op) -> Cond:
     return _And(tuple(ExprPredicate(left, Op.NE, Const(v)) for v in members))
 
 
+def _show(v: object) -> str:
+    """``repr(v)`` for a message, cut short (an int of thousands of digits, or of too many to print)."""
+    try:
+        text = repr(v)
+    except ValueError:
+        return "<a huge integer>"
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]}"
+
+
 def _fold(op: str, a: object, b: object) -> Any:
     if value_class(a) != 1 or value_class(b) != 1:
-        raise FilterError(f"arithmetic on a non-number: {a!r} {op} {b!r}")
+        raise FilterError(f"arithmetic on a non-number: {_show(a)} {op} {_show(b)}")
     try:
         if op == "+":
-            return a + b  # type: ignore[operator]
-        if op == "-":
-            return a - b  # type: ignore[operator]
-        if op == "*":
-            return a * b  # type: ignore[operator]
-        return a / b  # type: ignore[operator]
+            out = a + b  # type: ignore[operator]
+        elif op == "-":
+            out = a - b  # type: ignore[operator]
+        elif op == "*":
+            out = a * b  # type: ignore[operator]
+        else:
+            out = a / b  # type: ignore[operator]
     except ZeroDivisionError:
-        raise FilterError(f"division by zero in constant expression {a!r} / {b!r}") from None
+        raise FilterError(f"division by zero in constant expression {_show(a)} / {_show(b)}") from None
     except ArithmeticError as exc:
-        raise FilterError(f"constant expression {a!r} {op} {b!r}: {exc}") from None
+        raise FilterError(f"constant expression {_show(a)} {op} {_show(b)}: {exc}") from None
+    if type(out) is int:
+        try:
+            value_to_text(out)  # an int of too many digits would not print, nor read back
+        except FilterError:
+            message = f"constant expression {_show(a)} {op} {_show(b)}: the result has too many digits"
+            raise FilterError(message) from None
+    return out
 
 
 def _arith(op: str, left: Expr, right: Expr) -> Expr:
@@ -196,8 +230,8 @@ def _arith(op: str, left: Expr, right: Expr) -> Expr:
 # ------------------------------------------------------------------- transformer
 
 
-def _at(expr: Expr, tok: Token) -> _Value:
-    return _Value(expr, tok.line or 0, tok.column or 0)
+def _at(expr: Expr, tok: Token, depth: int = 1) -> _Value:
+    return _Value(expr, tok.line or 0, tok.column or 0, depth)
 
 
 _ESCAPE_RE = re.compile(r"\\(u[0-9a-fA-F]{4}|.)")
@@ -241,7 +275,7 @@ class _Build(Transformer[Token, Node]):
     def arith(self, a: Node, op: Token, b: Node) -> _Value:
         left = _value(a, op)
         start = a if isinstance(a, _Value) else _at(left, op)
-        return _Value(_arith(str(op), left, _value(b, op)), start.line, start.column)
+        return _Value(_arith(str(op), left, _value(b, op)), start.line, start.column, _depth(a, b))
 
     def neg(self, op: Token, a: Node) -> _Value:
         e = _value(a, op)
@@ -249,7 +283,7 @@ class _Build(Transformer[Token, Node]):
             if value_class(e.value) != 1:
                 raise FilterError(f"unary minus on a non-number: {e.value!r}")
             return _at(Const(-e.value), op)  # type: ignore[operator]
-        return _at(BinOp("-", Const(0), e), op)
+        return _at(BinOp("-", Const(0), e), op, _depth(a))
 
     def int_(self, tok: Token) -> _Value:
         try:
@@ -272,10 +306,10 @@ class _Build(Transformer[Token, Node]):
 
     def call(self, name: Token, lpar: Token, *rest: Node | Token | None) -> _Value:
         args = tuple(_value(a, lpar) for a in rest if a is not None and not isinstance(a, Token))
-        return _at(Call(str(name), args), name)
+        return _at(Call(str(name), args), name, _depth(*rest))
 
     def paren(self, lpar: Token, inner: Node, _rpar: Token) -> Node:
-        return _at(inner.expr, lpar) if isinstance(inner, _Value) else inner
+        return _at(inner.expr, lpar, inner.depth) if isinstance(inner, _Value) else inner
 
     def members(self, brace: Token, *items: Node | Token | None) -> tuple[Any, ...]:
         values = []

@@ -183,10 +183,11 @@ def _load_defaults() -> None:
         if _defaults_loaded:
             return
         # Imported here: these modules are heavy and some may one day import flowbus.net.
+        from flowbus.broker import protocol
         from flowbus.overlay import class_router, multigraph, pastry, ring_messages
         from flowbus.routing import cbr, irbr, ring_broker, scribe
 
-        for module in (ring_messages, pastry, irbr, scribe, cbr, ring_broker, class_router):
+        for module in (ring_messages, pastry, irbr, scribe, cbr, ring_broker, class_router, protocol):
             register_module(module)
         register(multigraph.LinkClass)
         _defaults_loaded = True

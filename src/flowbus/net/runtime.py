@@ -19,6 +19,10 @@ where each address listens.
   simulator: setting a key again replaces its timer.
 * ``Deliver(sub, event)`` goes to the ``on_deliver`` callback.
 * ``now`` is the event loop's clock.
+* **Clients on the same port.** If the first frame of an incoming connection is a client's
+  ``Hello`` (:mod:`flowbus.broker.protocol`), the connection is handed to ``on_client``.
+* ``after_step`` is called after every step of the core (a message, a timer, a failed
+  send, a local call), for a driver that reads what the step changed.
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
   core and carries out the effects it returns.
 
@@ -30,7 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Hashable, Sequence
+import socket
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from flowbus.errors import FlowbusError
@@ -40,10 +45,15 @@ from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 __all__ = ["Directory", "Runtime"]
 
 DeliverHook = Callable[[int, Hashable, Any], object]
+ClientHook = Callable[
+    [Any, asyncio.StreamReader, asyncio.StreamWriter, list[bytes], FrameDecoder], Awaitable[None]
+]
+"""A client connection: its ``Hello``, the streams, frames read after it, the decoder."""
 
 
 class Directory:
-    """Where each address listens: ``{address: (host, port)}``."""
+    """Where each address listens: ``{address: (host, port)}``; an address nobody set is
+    read as an IPv4 address and port (:func:`addr_of`)."""
 
     def __init__(self) -> None:
         self._where: dict[int, tuple[str, int]] = {}
@@ -52,7 +62,26 @@ class Directory:
         self._where[addr] = (host, port)
 
     def get(self, addr: int) -> tuple[str, int] | None:
-        return self._where.get(addr)
+        return self._where.get(addr) or where_of(addr)
+
+
+def addr_of(host: str, port: int) -> int:
+    """The address of a broker listening on IPv4 ``host``:``port``: the four bytes of the
+    host, then the two of the port."""
+    try:
+        packed = socket.inet_aton(socket.gethostbyname(host))
+    except OSError as e:
+        raise FlowbusError(f"cannot resolve host {host!r}: {e}") from None
+    if not 0 < port < 65536:
+        raise FlowbusError(f"a port is 1..65535, got {port}")
+    return int.from_bytes(packed, "big") << 16 | port
+
+
+def where_of(addr: int) -> tuple[str, int] | None:
+    """The inverse of :func:`addr_of`; None for a number that is not such an address."""
+    if not 0 < addr < 1 << 48 or addr & 0xFFFF == 0:
+        return None
+    return socket.inet_ntoa((addr >> 16).to_bytes(4, "big")), addr & 0xFFFF
 
 
 class Runtime:
@@ -67,6 +96,8 @@ class Runtime:
         host: str = "127.0.0.1",
         port: int = 0,
         on_deliver: DeliverHook | None = None,
+        on_client: ClientHook | None = None,
+        after_step: Callable[[], object] | None = None,
     ) -> None:
         self.addr = addr
         self.core = core
@@ -74,6 +105,8 @@ class Runtime:
         self.host = host
         self.port = port
         self.on_deliver = on_deliver
+        self.on_client = on_client
+        self.after_step = after_step
         self.bad_frames = 0
         self.sent = 0
         self.received = 0
@@ -86,9 +119,13 @@ class Runtime:
 
     # -- life cycle
 
-    async def start(self) -> None:
-        """Listen (port 0: any free port) and record where in the directory."""
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+    async def start(self, *, sock: socket.socket | None = None) -> None:
+        """Listen (port 0: any free port; or on ``sock``, bound already) and record where
+        in the directory."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         self.directory.set(self.addr, self.host, self.port)
 
@@ -114,14 +151,24 @@ class Runtime:
         """A local call on the core; its effects are carried out."""
         self._apply(fn(self.core))
 
+    def apply(self, effects: Sequence[Effect]) -> None:
+        """Carry out effects a driver got from a local call on the core."""
+        self._apply(effects)
+
     # -- effects
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
     def _apply(self, effects: Sequence[Effect] | None) -> None:
-        if self._closed or not effects:
+        if self._closed:
             return
+        if effects:
+            self._carry_out(effects)
+        if self.after_step is not None:
+            self.after_step()
+
+    def _carry_out(self, effects: Sequence[Effect]) -> None:
         loop = asyncio.get_running_loop()
         for e in effects:
             if isinstance(e, Send):
@@ -202,13 +249,22 @@ class Runtime:
         if task is not None:
             self._tasks.add(task)  # closed with the runtime
         frames = FrameDecoder()
+        first = True
         try:
             while not self._closed:
                 data = await reader.read(65536)
                 if not data:
                     break
-                for body in frames.feed(data):
-                    src, msg = _envelope(decode(body))
+                bodies = frames.feed(data)
+                for i, body in enumerate(bodies):
+                    obj = decode(body)
+                    if first and self.on_client is not None and _is_hello(obj):
+                        if task is not None:
+                            self._tasks.discard(task)  # the client session closes it
+                        await self.on_client(obj, reader, writer, bodies[i + 1 :], frames)
+                        return
+                    first = False
+                    src, msg = _envelope(obj)
                     self.received += 1
                     self._apply(self.core.on_message(src, msg, self._now()))
         except FlowbusError:  # a malformed frame, or a message the core refuses
@@ -219,6 +275,12 @@ class Runtime:
             writer.close()
             if task is not None:
                 self._tasks.discard(task)
+
+
+def _is_hello(obj: object) -> bool:
+    from flowbus.broker.protocol import Hello
+
+    return isinstance(obj, Hello)
 
 
 def _envelope(obj: object) -> tuple[int, Any]:

@@ -16,8 +16,10 @@ PADRES style routing on a tree of brokers):
   unsubscription of a root re-exposes the candidates it was hiding that no remaining
   candidate dominates. ``covering=False`` forwards every candidate.
 * Events: reverse path forwarding. An event from direction ``d`` (or published locally) is
-  delivered to the matching local subscriptions and sent once to each neighbour ``m != d``
-  from which a matching filter came. On a tree every matching subscriber gets it exactly once.
+  delivered to the matching local subscriptions (in the order they were subscribed here) and
+  sent once to each neighbour ``m != d`` from which a matching filter came, in ascending
+  order. On a tree every matching subscriber gets it exactly once. ``route_batch`` routes
+  many events at once: the effects of routing each in turn.
 * Reordering: each ``Subscribe``/``Unsubscribe`` carries the sender's sequence number; the
   receiver keeps the last one per (neighbour, origin) -- a tombstone after a removal -- and
   ignores older messages, so a link need not be FIFO.
@@ -25,6 +27,21 @@ PADRES style routing on a tree of brokers):
   subscriptions are dropped (and withdrawn from the others where they were roots); an added
   neighbour gets every root of its candidates. Since what is forwarded is a function of the
   tables, once messages settle the state equals that of building the final tree from scratch.
+* Indexes (:mod:`flowbus.routing.cbr_index`), which change the cost, never the answer:
+
+  - Each direction's filters are in a route index: a :class:`~flowbus.matching.Matcher`
+    from 32 filters on (one ``match_batch`` per direction and batch of events), compiled
+    closures below. Its sub ids are ints given in insertion order, so its sorted answers
+    are in subscription order.
+  - The roots forwarded to each neighbour (and, from the first re-exposure on, each
+    direction's table) are in a covering index. Asked which entries may cover a filter, or
+    which the filter may cover, it returns a superset of the answer, narrowed by necessary
+    conditions: where a cover pins an attribute to one value (``symbol = "S1"``) the covered
+    filter pins it to the same value, the cover's numbers' hull holds the covered one's, its
+    finite string sets hold the covered one's. Only the candidates get the exact test, and
+    where the order matters (re-exposed candidates) they are taken in the full scan's order,
+    so the messages, their order and their withdraw lists are the full scan's. An insertion
+    costs about its buckets' candidates instead of a test per root.
 
 Not implemented: advertisements; garbage collection of tombstones. Messages from a former
 neighbour (in flight when its link was removed) are dropped and counted in ``dropped``; a
@@ -33,14 +50,15 @@ link re-added while messages of its earlier incarnation are still in flight may 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.overlay.effects import Deliver, Effect, Send
-from flowbus.routing.memo import compiled, covers
+from flowbus.routing.cbr_index import CoverIndex, Forwarded, RouteIndex
+from flowbus.routing.memo import covers
 
 __all__ = ["ContentRouter", "Origin", "Publish", "RoutingState", "Subscribe", "Unsubscribe"]
 
@@ -111,11 +129,14 @@ def _dominates(a: Origin, fa: Filter, b: Origin, fb: Filter) -> bool:
 def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
     """The entries no other entry dominates (the maximal ones: domination is a strict order)."""
     roots: dict[Origin, Filter] = {}
+    index = CoverIndex()  # the roots so far
     for o, f in entries:
-        if not any(_dominates(r, g, o, f) for r, g in roots.items()):
-            for r in [r for r, g in roots.items() if _dominates(o, f, r, g)]:
+        if not any(_dominates(r, g, o, f) for r, g in index.covered_by(f)):
+            for r in [r for r, g in index.covering(f) if _dominates(o, f, r, g)]:
                 del roots[r]
+                index.remove(r)
             roots[o] = f
+            index.add(o, f)
     return roots
 
 
@@ -130,9 +151,13 @@ class ContentRouter:
     """
 
     __slots__ = (
+        "_cover",
         "_dirs",
         "_former",
+        "_match",
         "_neighbours",
+        "_next_order",
+        "_order",
         "_seen",
         "_sent",
         "_seq",
@@ -153,7 +178,11 @@ class ContentRouter:
         # direction -> origin -> filter (received), and origin -> direction -> filter
         self._table: dict[int, dict[Origin, Filter]] = {broker: {}}
         self._dirs: dict[Origin, dict[int, Filter]] = {}
-        self._sent: dict[int, dict[Origin, Filter]] = {}  # neighbour -> forwarded roots
+        self._order: dict[Origin, int] = {}  # origin -> its rank in _dirs' insertion order
+        self._next_order = 0
+        self._match: dict[int, RouteIndex] = {broker: RouteIndex()}  # direction -> _table's filters
+        self._cover: dict[int, CoverIndex] | None = None  # the same, for covering (once needed)
+        self._sent: dict[int, Forwarded] = {}  # neighbour -> forwarded roots
         self._seen: dict[int, dict[Origin, int]] = {}  # neighbour -> origin -> last seq
         self._seq = 0
         self._add_neighbours(self._checked(neighbours))
@@ -182,7 +211,38 @@ class ContentRouter:
         return self._set(self.broker, (self.broker, sub_id), None)
 
     def publish(self, event: Mapping[str, Any]) -> list[Effect]:
-        return self._route(event, self.broker)
+        return self.route_batch([event], self.broker)
+
+    def route_batch(self, events: Sequence[Mapping[str, Any]], src: int) -> list[Effect]:
+        """Route ``events`` that came from direction ``src`` (the broker's own id: published
+        here): the effects of routing each in turn, with one matching pass per direction.
+
+        Per event: ``Deliver`` to each matching local subscription (in the order they were
+        subscribed here), then one ``Send`` of the same ``Publish`` to each neighbour other
+        than ``src`` with a matching filter, in ascending neighbour order."""
+        if src != self.broker and src not in self._neighbours:
+            raise ProtocolError(f"broker {self.broker}: events from {src}, not a neighbour")
+        if not isinstance(events, list):
+            events = list(events)
+        if not events:
+            return []
+        local = self._match[self.broker].match(events) if self._table[self.broker] else None
+        sends = [
+            (m, self._match[m].any_match(events))
+            for m in sorted(self._neighbours)
+            if m != src and self._table[m]
+        ]
+        out: list[Effect] = []
+        for i, event in enumerate(events):
+            if local is not None and local[i]:
+                out += [Deliver(o[1], event) for o in local[i]]
+            if sends:
+                msg: Publish | None = None
+                for m, hit in sends:
+                    if hit[i]:
+                        msg = msg or Publish(event)
+                        out.append(Send(m, msg))
+        return out
 
     def set_neighbours(
         self, new: Iterable[int], *, handover: Mapping[int, int] | None = None
@@ -207,7 +267,9 @@ class ContentRouter:
             del self._sent[r], self._seen[r]
             for o in list(self._table[r]):
                 out.extend(self._set(r, o, None))
-            del self._table[r]
+            del self._table[r], self._match[r]
+            if self._cover is not None:
+                del self._cover[r]
         out.extend(self._add_neighbours(wanted - self._neighbours))
         return out
 
@@ -245,7 +307,7 @@ class ContentRouter:
 
     def routing_state(self) -> RoutingState:
         tables = {d: dict(t) for d, t in self._table.items() if t}
-        sent = {m: dict(s) for m, s in self._sent.items() if s}
+        sent = {m: dict(s.map) for m, s in self._sent.items() if s}
         return tables, sent
 
     # -- transitions
@@ -289,6 +351,9 @@ class ContentRouter:
             dirs = self._dirs[o]
             dirs[new] = dirs.pop(old)
         self._table[new] = table
+        self._match[new] = self._match.pop(old)
+        if self._cover is not None:
+            self._cover[new] = self._cover.pop(old)
         self._neighbours.discard(old)
         self._former.add(old)
         del self._sent[old], self._seen[old]
@@ -299,9 +364,13 @@ class ContentRouter:
             self._neighbours.add(a)
             self._former.discard(a)
             self._table.setdefault(a, {})
+            self._match.setdefault(a, RouteIndex())
+            if self._cover is not None:
+                self._cover.setdefault(a, CoverIndex())
             self._seen[a] = {}
             cands = [(o, f) for o in self._dirs if (f := self._cand(a, o)) is not None]
-            self._sent[a] = roots = _roots(cands) if self.covering else dict(cands)
+            roots = _roots(cands) if self.covering else dict(cands)
+            self._sent[a] = Forwarded(roots)
             out.extend(Send(a, Subscribe(o, f, self._next())) for o, f in roots.items())
         return out
 
@@ -310,14 +379,7 @@ class ContentRouter:
         return self._seq
 
     def _route(self, event: Mapping[str, Any], src: int) -> list[Effect]:
-        local = self._table[self.broker]
-        out: list[Effect] = [Deliver(o[1], event) for o, f in local.items() if compiled(f)(event)]
-        msg: Publish | None = None
-        for m in sorted(self._neighbours):
-            if m != src and any(compiled(f)(event) for f in self._table[m].values()):
-                msg = msg or Publish(event)
-                out.append(Send(m, msg))
-        return out
+        return self.route_batch([event], src)
 
     def _receive(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
         seen = self._seen[src]
@@ -339,14 +401,25 @@ class ContentRouter:
         """Direction ``d`` now sends ``o`` with filter ``f`` (None: no longer)."""
         others = sorted(m for m in self._neighbours if m != d)
         before = [self._cand(m, o) for m in others]
-        dirs = self._dirs.setdefault(o, {})
+        dirs = self._dirs.get(o)
         if f is None:
-            self._table[d].pop(o, None)
-            dirs.pop(d, None)
-            if not dirs:
-                del self._dirs[o]
+            if self._table[d].pop(o, None) is not None:
+                self._match[d].remove(o)
+                if self._cover is not None:
+                    self._cover[d].remove(o)
+            if dirs is not None:
+                dirs.pop(d, None)
+                if not dirs:
+                    del self._dirs[o], self._order[o]
         else:
             self._table[d][o] = f
+            self._match[d].put(o, f)
+            if self._cover is not None:
+                self._cover[d].add(o, f)
+            if dirs is None:
+                dirs = self._dirs[o] = {}
+                self._order[o] = self._next_order
+                self._next_order += 1
             dirs[d] = f
         out: list[Effect] = []
         for m, old in zip(others, before, strict=True):
@@ -359,22 +432,21 @@ class ContentRouter:
         """``o``'s candidate filter for ``m`` went from ``old`` to ``new``: keep the roots
         forwarded to ``m`` up to date and send the difference."""
         sent = self._sent[m]
-        before = dict(sent)
         if not self.covering:
             if new is None:
-                del sent[o]
+                sent.pop(o)
             else:
-                sent[o] = new
+                sent.put(o, new)
         else:
             if old is not None and sent.get(o) == old:
-                del sent[o]
-                sent.update(self._exposed(m, o, old))
-            if new is not None and not any(_dominates(r, g, o, new) for r, g in sent.items()):
-                for r in [r for r, g in sent.items() if _dominates(o, new, r, g)]:
-                    del sent[r]
-                sent[o] = new
-        gone = tuple(r for r in before if r not in sent)
-        added = [(r, g) for r, g in sent.items() if before.get(r) != g]
+                sent.pop(o)
+                for r, g in self._exposed(m, o, old).items():
+                    sent.put(r, g)
+            if new is not None and not any(_dominates(r, g, o, new) for r, g in sent.index.covered_by(new)):
+                for r in [r for r, g in sent.index.covering(new) if _dominates(o, new, r, g)]:
+                    sent.pop(r)
+                sent.put(o, new)
+        gone, added = sent.changes()
         if not added:
             return [Send(m, Unsubscribe(r, self._next())) for r in gone]
         (r, g), rest = added[0], added[1:]
@@ -386,15 +458,19 @@ class ContentRouter:
         """The candidates for ``m`` that the root (``gone``, ``f``) hid and that no remaining
         root dominates, reduced to their own roots (the new roots of ``m``)."""
         sent = self._sent[m]
+        # an origin whose candidate f covers is in a table whose index finds it
+        if self._cover is None:  # (subscribing alone never needs it)
+            self._cover = {d: CoverIndex(t.items()) for d, t in self._table.items()}
+        found = {o for index in self._cover.values() for o, _ in index.covering(f)}
         hidden: list[tuple[Origin, Filter]] = []
-        for o in self._dirs:
+        for o in sorted(found, key=self._order.__getitem__):  # in _dirs' order
             g = self._cand(m, o)
             if (
                 g is not None
                 and o != gone
                 and o not in sent
                 and _dominates(gone, f, o, g)
-                and not any(_dominates(r, h, o, g) for r, h in sent.items())
+                and not any(_dominates(r, h, o, g) for r, h in sent.index.covered_by(g))
             ):
                 hidden.append((o, g))
         return _roots(hidden)

@@ -14,6 +14,11 @@ How it works: one core joins two protocols.
   every message that changed the window. A routing message from a broker that is not (yet)
   a tree neighbour is kept until it becomes one (the two ends learn of a new link at
   different times).
+* **New links are flooded until synced.** A broker that gets a new tree neighbour sends
+  it its subscriptions, then ``Synced``. Until the neighbour's own ``Synced`` arrives, it
+  sends the neighbour every event, matching or not: its table for that direction may still
+  miss subscriptions (those a dead broker's covering filters hid, say), and an event
+  routed by an incomplete table would be lost. The neighbour delivers only what matches.
 * **Subscriptions are state.** ``subscribe`` files ``("sub", id) -> filter text`` in the
   ring node's state, so it is backed up on the ring neighbours. When a broker takes over a
   dead one's state, the subscriptions in it are subscribed here: their events are delivered
@@ -30,15 +35,27 @@ How it works: one core joins two protocols.
   So one crash loses no event, as long as its subscriptions were backed up and the
   failure is detected (heartbeats or failed sends).
 
-What is not done here: events a dead broker had queued for its own clients (the driver
-delivers at once, so there are none in the simulator), and a link failure whose broker is
-alive (the tree keeps the link; its events wait until the link is back).
+* **Custody** (``custody=True``, what the broker network runs). A broker keeps every event
+  it has sent on until the receiver confirms it (``Confirm``), and a receiver confirms only
+  when its own part is done: every neighbour it sent the event on has confirmed, and, with
+  ``local_ack=True``, every local subscription it delivered to has been settled by the
+  driver (:meth:`RingBroker.settle`, called when the subscriber's client acknowledged it or
+  it was queued on disk). When a neighbour dies, every event it had not confirmed goes the
+  way of a failed send (above): so the events a dead broker held in transit, or had not
+  yet handed to its clients, are not lost, and two adjacent crashes lose nothing the
+  ring's repair reaches. An event published here and confirmed by all is *settled*: its
+  id is listed in :attr:`RingBroker.settled` (the driver acknowledges the publisher).
+  Delivery stays at least once across a crash; each broker drops the duplicates it can see
+  (the ``DEDUP_WINDOW``), the client library the rest, by event id.
+
+What is not done here: a link failure whose broker is alive (the tree keeps the link; its
+events wait until the link is back).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +65,7 @@ from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing import cbr
 
-__all__ = ["HandedOver", "RingBroker"]
-
-_CBR = (cbr.Subscribe, cbr.Unsubscribe, cbr.Publish)
+__all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
 
 
 def origin_of(key: Hashable) -> tuple[int, Hashable]:
@@ -75,15 +90,67 @@ class HandedOver:
     dead: int
 
 
+@dataclass(frozen=True, slots=True)
+class Synced:
+    """The sender has sent the receiver, a new tree neighbour, every subscription it has
+    for it: until this arrives, the receiver sends the sender every event (see the note)."""
+
+
+_CBR = (cbr.Subscribe, cbr.Unsubscribe, cbr.Publish, Synced)
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """The sender is done with these events the receiver sent it (custody, see the note)."""
+
+    ids: tuple[Any, ...]
+
+
+class _Custody:
+    """An event this broker is responsible for until everyone it handed it to is done."""
+
+    __slots__ = ("event", "retries", "src", "waiting")
+
+    def __init__(self, event: Mapping[str, Any], src: int | None) -> None:
+        self.event = event
+        self.src = src  # the broker it came from; None: published here
+        self.waiting: set[Hashable] = set()  # neighbour addrs, ("sub", sub id)
+        self.retries = 0  # kept for the broker that takes a dead one's place
+
+
+_Key = tuple[int | None, Any]
+"""A custody record's key: (the broker the event came from or None, the event id)."""
+
+
 class RingBroker:
     """One broker: a ring node and a content router over the ring's tree."""
 
-    def __init__(self, addr: int, *, backup: int = 2, heartbeat: float | None = None, **ring: Any) -> None:
+    def __init__(
+        self,
+        addr: int,
+        *,
+        backup: int = 2,
+        heartbeat: float | None = None,
+        custody: bool = False,
+        local_ack: bool = False,
+        **ring: Any,
+    ) -> None:
+        if local_ack and not custody:
+            raise ProtocolError("local_ack needs custody=True")
+        self.custody = custody
+        self.local_ack = local_ack
+        self._custody: dict[_Key, _Custody] = {}  # (src, event id) -> record
+        self._step: dict[Any, _Key] = {}  # event id -> its record, for the step under way
+        self._confirms: dict[int, list[Any]] = {}  # confirmations due, per upstream broker
+        self._by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
+        self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
         self.router = cbr.ContentRouter(addr, ())
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
+        self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
         self._retry: list[tuple[Mapping[str, Any], int, int]] = []  # (event, dead addr, ring side)
+        self._retry_for: list[_Key | None] = []  # the custody record of each
         self._known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
@@ -96,6 +163,20 @@ class RingBroker:
     @property
     def addr(self) -> int:
         return self.ring.addr
+
+    @property
+    def joined(self) -> bool:
+        return self.ring.joined
+
+    @property
+    def node_id(self) -> int:
+        return self.ring.me.id
+
+    def peer_addrs(self) -> list[int]:
+        """The live brokers this one links to (the window and chords)."""
+        if not self.ring.joined:
+            return []
+        return [p.addr for p in self.ring.links() if p.id not in self.ring.dead]
 
     def tree_neighbours(self) -> set[int]:
         """Right and Left, except across the cut where the ids wrap round."""
@@ -115,15 +196,25 @@ class RingBroker:
     def start(self) -> list[Effect]:
         return self._sync(self.ring.start())
 
-    def join(self, candidates: list[int]) -> list[Effect]:
+    def join(self, candidates: Sequence[int]) -> list[Effect]:
         return self.ring.join(candidates)
 
-    def subscribe(self, sub_id: Hashable, filt: Filter) -> list[Effect]:
+    def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]:
+        """Serve ``filt`` here as ``sub_id``; ``meta`` (what the driver needs to serve it
+        elsewhere after a takeover) is backed up with it."""
         if sub_id in self.subs:
             raise ProtocolError(f"broker {self.addr}: subscription {sub_id!r} exists already")
         self.subs.add(sub_id)
         out = self.router.subscribe(sub_id, filt)
-        return out + self.ring.set_state(("sub", sub_id, self.addr), filt.to_text())
+        value = filt.to_text() if meta is None else (filt.to_text(), meta)
+        return out + self.ring.set_state(("sub", sub_id, self.addr), value)
+
+    def meta_of(self, sub_id: Hashable) -> Any:
+        """The ``meta`` a subscription served here was made with (None if none)."""
+        for key, value in self.ring.state.items():
+            if isinstance(key, tuple) and key[:2] == ("sub", sub_id):
+                return value[1] if isinstance(value, tuple) else None
+        return None
 
     def unsubscribe(self, sub_id: Hashable) -> list[Effect]:
         if sub_id not in self.subs:
@@ -133,25 +224,56 @@ class RingBroker:
         self._taken_from.pop(sub_id, None)
         return self.router.drop(origin_of(key)) + self.ring.del_state(key)
 
-    def publish(self, event: Mapping[str, Any]) -> list[Effect]:
-        """Route ``event``; it travels with an id (this broker, a sequence number) that
-        de-duplicates the deliveries to taken-over subscriptions, and is removed before
-        any subscriber sees the event."""
-        self._seq += 1
-        stamped = {**event, EVENT_ID: (self.addr, self._seq)}
-        return self._out(self._route_orphans(self.router.publish(stamped), stamped))
+    def publish(self, event: Mapping[str, Any], *, event_id: Hashable = None) -> list[Effect]:
+        """Route ``event``; it travels with an id (by default this broker and a sequence
+        number; the broker network passes the publisher's own) that de-duplicates the
+        deliveries to taken-over subscriptions. Without ``local_ack`` the id is removed
+        before any subscriber sees the event; with it, the driver needs it to settle."""
+        if event_id is None:
+            self._seq += 1
+            event_id = (self.addr, self._seq)
+        stamped = {**event, EVENT_ID: event_id}
+        self._open(None, stamped)
+        return self._out(self._extra(self.router.publish(stamped), stamped, self.addr))
+
+    def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]:
+        """Route many ``(event id, event)`` pairs at once: the effects of publishing them
+        one by one, in order, with one pass of the matcher (while the tree is being
+        repaired, one event at a time)."""
+        stamped = [{**event, EVENT_ID: eid} for eid, event in items]
+        for event in stamped:
+            self._open(None, event)
+        if not self._orphans and not self._syncing:
+            return self._out(self.router.route_batch(stamped, self.addr))
+        out: list[Effect] = []
+        for event in stamped:
+            out.extend(self._extra(self.router.route_batch([event], self.addr), event, self.addr))
+        return self._out(out)
+
+    def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
+        """The driver is done with the delivery of ``event_id`` to ``sub_id`` (its client
+        acknowledged it, or it was queued on disk): part of custody with ``local_ack``."""
+        self._release(("sub", sub_id), event_id)
+        return self._out([])
+
+    def in_custody(self) -> int:
+        """How many events this broker holds until others are done with them."""
+        return len(self._custody)
 
     # -- the driver's entry points
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        if isinstance(msg, Confirm):
+            for eid in msg.ids:
+                self._release(src, eid)
+            return self._out([])
         if isinstance(msg, HandedOver):
+            self._open(src, msg.event)
             return self._out(self._on_handed_over(msg))
         if isinstance(msg, _CBR):
             router = self.router
             if src in router.neighbours or (src in router.former and src not in self.tree_neighbours()):
-                routed = router.on_message(src, msg, now)  # (removed for good: dropped there)
-                event = msg.event if isinstance(msg, cbr.Publish) and src in router.neighbours else None
-                return self._out(self._route_orphans(routed, event))
+                return self._out(self._routing_message(src, msg, now))
             self._early.setdefault(src, []).append(msg)  # the link is new to its other end only
             return []
         return self._out(self._sync(self.ring.on_message(src, msg, now)))
@@ -165,28 +287,139 @@ class RingBroker:
         event is kept for the broker that takes the dead one's place (and delivered at once
         to its subscriptions if we took them over already)."""
         out: list[Effect] = []
-        if isinstance(msg, cbr.Publish) and self.ring.joined:
+        if isinstance(msg, cbr.Publish | HandedOver) and self.ring.joined:
             side = self.ring.side_of_addr(dst)  # (the ring may be repaired already)
+            eid = msg.event.get(EVENT_ID)
+            keys: list[_Key | None] = list(self._waiting_on(dst, eid)) if self.custody else []
             if side:
-                self._retry.append((msg.event, dst, side))
-                out.extend(self._on_handed_over(HandedOver(msg.event, dst)))
+                for key in keys or [None]:
+                    out.extend(self._keep(msg.event, dst, side, key))
+            else:
+                for key in keys:
+                    if key is not None:
+                        self._release(dst, eid, only=key)
         return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
 
+    def _routing_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        """A content router's message from a tree neighbour (or a former one: dropped)."""
+        if isinstance(msg, Synced):
+            self._syncing.discard(src)
+            return []
+        if isinstance(msg, cbr.Publish):
+            self._open(src, msg.event)  # (from a former neighbour: dropped, confirmed)
+        routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
+        if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
+            return self._extra(routed, msg.event, src)
+        return routed
+
+    def _extra(self, effects: list[Effect], event: Mapping[str, Any], src: int) -> list[Effect]:
+        """An event also goes where the tree's tables may not know of its subscribers yet:
+        a dead neighbour's orphans (across the cut), new neighbours not yet synced."""
+        out = self._route_orphans(effects, event)
+        if self._syncing:
+            sent = {e.dst for e in out if isinstance(e, Send) and isinstance(e.msg, cbr.Publish)}
+            for m in sorted(self._syncing - sent - {src}):
+                if m in self.router.neighbours:
+                    out.append(Send(m, cbr.Publish(event)))
+        return out
+
     def _out(self, effects: list[Effect]) -> list[Effect]:
-        """Deliveries without the event id, each (subscription, event) once: a kept event
-        re-sent after a repair may meet one that went round (the last ``DEDUP_WINDOW``
-        deliveries are remembered)."""
+        """Deliveries de-duplicated, each (subscription, event) once: a kept event re-sent
+        after a repair may meet one that went round (the last ``DEDUP_WINDOW`` deliveries
+        are remembered). With custody, what this step handed on is recorded against the
+        events' custody records, and the confirmations that are due go out."""
         out: list[Effect] = []
+        step = self._step
         for e in effects:
             if isinstance(e, Deliver) and isinstance(e.event, Mapping) and EVENT_ID in e.event:
-                key = (e.sub, e.event[EVENT_ID])
+                eid = e.event[EVENT_ID]
+                key = (e.sub, eid)
                 if key in self._delivered:
                     continue
                 self._delivered[key] = None
                 if len(self._delivered) > DEDUP_WINDOW:
                     self._delivered.popitem(last=False)
-                e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
+                if self.local_ack:
+                    self._hold(step.get(eid), ("sub", e.sub))
+                else:
+                    e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
+            elif step and isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver):
+                self._hold(step.get(e.msg.event[EVENT_ID]), e.dst)
             out.append(e)
+        if step:
+            self._step = {}
+            for key in step.values():
+                self._maybe_done(key)
+        if self._confirms:
+            out.extend(Send(dst, Confirm(tuple(ids))) for dst, ids in sorted(self._confirms.items()))
+            self._confirms = {}
+        return out
+
+    # -- custody
+
+    def _open(self, src: int | None, event: Mapping[str, Any]) -> None:
+        """This step routes ``event`` (from ``src``; None: published here) in custody."""
+        if self.custody:
+            eid = event[EVENT_ID]
+            key = (src, eid)
+            if key not in self._custody:
+                self._custody[key] = _Custody(event, src)
+                self._by_id.setdefault(eid, set()).add(src)
+            self._step[eid] = key
+
+    def _hold(self, key: _Key | None, party: Hashable) -> None:
+        rec = self._custody.get(key) if key is not None else None
+        if rec is not None:
+            rec.waiting.add(party)
+
+    def _waiting_on(self, party: Hashable, eid: Any) -> list[_Key]:
+        keys = [(s, eid) for s in self._by_id.get(eid, ())]
+        return [k for k in keys if party in self._custody[k].waiting]
+
+    def _release(self, party: Hashable, eid: Any, *, only: _Key | None = None) -> None:
+        for key in [only] if only is not None else self._waiting_on(party, eid):
+            rec = self._custody.get(key)
+            if rec is not None:
+                rec.waiting.discard(party)
+                self._maybe_done(key)
+
+    def _maybe_done(self, key: _Key) -> None:
+        rec = self._custody.get(key)
+        if rec is None or rec.waiting or rec.retries:
+            return
+        del self._custody[key]
+        src, eid = key
+        srcs = self._by_id[eid]
+        srcs.discard(src)
+        if not srcs:
+            del self._by_id[eid]
+        if src is None:
+            self.settled.append(eid)
+        else:
+            self._confirms.setdefault(src, []).append(eid)
+
+    def _keep(self, event: Mapping[str, Any], dead: int, side: int, key: _Key | None) -> list[Effect]:
+        """``event`` could not go to ``dead``: keep it for the broker that takes its place,
+        and deliver it now to the subscriptions we took over from ``dead`` already."""
+        self._retry.append((event, dead, side))
+        self._retry_for.append(key)
+        rec = self._custody.get(key) if key is not None else None
+        if rec is not None and key is not None:
+            rec.waiting.discard(dead)
+            rec.retries += 1
+            self._step[event[EVENT_ID]] = key
+        return self._on_handed_over(HandedOver(event, dead))
+
+    def _bury_custody(self, dead: int) -> list[Effect]:
+        """A tree neighbour died: what it had not confirmed is kept, as if its send failed."""
+        side = self.ring.side_of_addr(dead)
+        out: list[Effect] = []
+        for key, rec in list(self._custody.items()):
+            if dead in rec.waiting:
+                if side:
+                    out.extend(self._keep(rec.event, dead, side, key))
+                else:
+                    self._release(dead, key[1], only=key)
         return out
 
     # -- keeping the router in step with the ring
@@ -200,13 +433,15 @@ class RingBroker:
         for key, text in list(ring.state.items()):
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
-                filt = parse(text)
+                filt = parse(text[0] if isinstance(text, tuple) else text)
                 self._taken_from[key[1]] = (filt, {a for a in fresh_dead if a is not None})
                 self._adopted[key[1]] = origin_of(key)
                 out.extend(self.router.adopt(origin_of(key), filt))
-                out.extend(
-                    Deliver(key[1], e) for e, d, _ in self._retry if d in fresh_dead and filt.matches(e)
-                )
+                for (e, d, _), rkey in zip(self._retry, self._retry_for, strict=True):
+                    if d in fresh_dead and filt.matches(e):
+                        out.append(Deliver(key[1], e))
+                        if rkey is not None:
+                            self._step[e[EVENT_ID]] = rkey
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)}
         for sub in sorted(set(self._adopted) - held, key=repr):  # passed on (load sharing)
             out.extend(self.router.drop(self._adopted.pop(sub)))
@@ -219,10 +454,17 @@ class RingBroker:
             added = wanted - set(self.router.neighbours)
             handover = self._handover(wanted)
             self._keep_orphans(wanted, handover)
+            if self.custody:
+                dead_addrs = {self._known[d] for d in ring.dead if d in self._known}
+                for a in sorted(self.router.neighbours - wanted):
+                    if a in dead_addrs:
+                        out.extend(self._bury_custody(a))
             out.extend(self.router.set_neighbours(wanted, handover=handover))
+            self._syncing = (self._syncing & wanted) | added
+            out.extend(Send(a, Synced()) for a in sorted(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):
-                    out.extend(self.router.on_message(src, msg, 0.0))
+                    out.extend(self._routing_message(src, msg, 0.0))
         for dead, orphans in list(self._orphans.items()):  # adopted and routed by now: drop
             for o in [o for o in orphans if self.router.directions(o) - {dead}]:
                 del orphans[o]
@@ -272,16 +514,22 @@ class RingBroker:
         if not self._retry or not self.ring.joined:
             return []
         out: list[Effect] = []
-        keep = []
-        for event, dead, side in self._retry:
+        keep, keep_for = [], []
+        for (event, dead, side), key in zip(self._retry, self._retry_for, strict=True):
             now = self.ring.right if side > 0 else self.ring.left
             if now is None or now.addr == dead or self.ring.open & {side}:
                 keep.append((event, dead, side))
-            elif now.addr in self.router.neighbours:
+                keep_for.append(key)
+                continue
+            if now.addr in self.router.neighbours:
                 out.append(Send(now.addr, cbr.Publish(event)))
             else:  # across the tree's cut: only the dead broker's own subscriptions are there
                 out.append(Send(now.addr, HandedOver(event, dead)))
-        self._retry = keep
+            rec = self._custody.get(key) if key is not None else None
+            if rec is not None and key is not None:
+                rec.retries -= 1
+                self._step[event[EVENT_ID]] = key
+        self._retry, self._retry_for = keep, keep_for
         return out
 
     def _on_handed_over(self, msg: HandedOver) -> list[Effect]:

@@ -51,14 +51,18 @@ ProgressFn = Callable[[str, int, int], object]
 class BrokerRing:
     """Ring brokers in a simulator, grown one join at a time, with deliveries recorded."""
 
-    def __init__(self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0) -> None:
+    def __init__(
+        self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0, custody: bool = False
+    ) -> None:
         self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
         self.got: list[tuple[Hashable, Any, float]] = []
         self.sim.on_deliver = lambda node, sub, event, now: self.got.append((sub, event, now))
         self.brokers: list[RingBroker] = []
         rng = random.Random(derive_seed(seed, "ring-faults/joins"))
         for a in range(n):
-            b = RingBroker(a, backup=backup, heartbeat=heartbeat, probe_timeout=10.0, ping_timeout=10.0)
+            b = RingBroker(
+                a, backup=backup, heartbeat=heartbeat, probe_timeout=10.0, ping_timeout=10.0, custody=custody
+            )
             self.brokers.append(b)
             self.sim.add_node(a, b)
             picks = rng.sample(range(a), min(3, a))
@@ -99,9 +103,9 @@ def _victims(ring: BrokerRing, scenario: str, rng: random.Random) -> list[list[R
 
 
 def _one(
-    *, nodes: int, backup: int, scenario: str, seed: int, subs_per_broker: int, events: int
+    *, nodes: int, backup: int, scenario: str, seed: int, subs_per_broker: int, events: int, custody: bool
 ) -> dict[str, Any]:
-    ring = BrokerRing(nodes, seed=seed, backup=backup)
+    ring = BrokerRing(nodes, seed=seed, backup=backup, custody=custody)
     rng = random.Random(derive_seed(seed, f"ring-faults/{scenario}/{backup}"))
     subs: dict[Hashable, Filter] = {}
     for b in ring.brokers:
@@ -125,7 +129,7 @@ def _one(
         sent[i] = event
         ring.sim.invoke(rng.choice(publishers), partial(_publish, event), at=at)
     ring.settle(events + 60.0 * len(waves) + 300.0)
-    return _measure(ring, subs, sent, backup, scenario, nodes, len(crashed))
+    return {**_measure(ring, subs, sent, backup, scenario, nodes, len(crashed)), "custody": custody}
 
 
 def _measure(
@@ -167,6 +171,7 @@ def run(
     seed: int = 1,
     subs_per_broker: int = 2,
     events: int = 300,
+    custody: Sequence[bool] = (False,),
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     bad = [s for s in scenarios if s not in SCENARIOS]
@@ -177,21 +182,23 @@ def run(
         )
     t0 = time.perf_counter()
     rows = []
-    total = len(backups) * len(scenarios)
-    for b in backups:
-        for sc in scenarios:
-            rows.append(
-                _one(
-                    nodes=nodes,
-                    backup=b,
-                    scenario=sc,
-                    seed=seed,
-                    subs_per_broker=subs_per_broker,
-                    events=events,
+    total = len(backups) * len(scenarios) * len(custody)
+    for held in custody:
+        for b in backups:
+            for sc in scenarios:
+                rows.append(
+                    _one(
+                        nodes=nodes,
+                        backup=b,
+                        scenario=sc,
+                        seed=seed,
+                        subs_per_broker=subs_per_broker,
+                        events=events,
+                        custody=held,
+                    )
                 )
-            )
-            if progress is not None:
-                progress("backup x scenario", len(rows), total)
+                if progress is not None:
+                    progress("custody x backup x scenario", len(rows), total)
     return {"experiment": "ring-faults", "seed": seed, "rows": rows, "run_s": time.perf_counter() - t0}
 
 

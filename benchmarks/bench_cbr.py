@@ -1,0 +1,202 @@
+"""The covering-based content router (``flowbus.routing.cbr``) at 1,000 to 100,000 subscriptions.
+
+A broker ``1`` with two neighbours ``0`` and ``2`` (covering on), the broker workload: events with
+``symbol`` (50 strings), ``price`` (float), ``quantity`` (int), ``exchange`` (5 strings) and ``level``
+(int 0-9); each filter is ``symbol = ...`` and conditions on 2 to 4 of the others (ranges on price,
+quantity and level; ``exchange =`` or ``exchange in``): the workload of ``benchmarks/broker.py``.
+Printed as one JSON document, per size ``K``:
+
+* ``subscribe_s`` -- ``K`` local ``subscribe`` calls (each forwarded to both neighbours, with
+  covering); ``forwarded`` -- the roots held by neighbour 0 afterwards;
+* ``remote_subscribe_s`` -- the same ``K`` filters arriving from neighbour ``0`` as ``Subscribe``
+  messages at a fresh router (forwarded to 2);
+* ``route_events_per_s`` -- ``route_batch`` of the events from the local direction (delivered to
+  the local subscriptions, sent to neighbours with matching filters: none here), and
+  ``remote_route_events_per_s`` -- from neighbour 2 at the second router (sent on to 0);
+  ``route_batch_ms`` -- the time of one ``route_batch`` call (``--batch`` events);
+  ``matches_per_event`` -- the mean number of deliveries.
+
+``--cbr FILE`` loads another version of the module (say the previous commit's, from
+``git show HEAD:src/flowbus/routing/cbr.py``); without ``route_batch`` it is routed per event.
+``--max-seconds S`` skips a size when the previous one, scaled quadratically (the old code's
+growth), says its subscriptions would take longer than ``S`` (reported as ``skipped``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from flowbus.filters import Filter, parse
+
+# The broker workload of ``benchmarks/broker.py`` (the same generators, copied: that module
+# starts broker processes and imports the whole client stack).
+SYMBOLS = [f"S{i}" for i in range(50)]
+EXCHANGES = ["NYSE", "NASDAQ", "LSE", "TSE", "HKEX"]
+PRICE = (10.0, 110.0)
+QUANTITY = (1, 1000)
+
+
+def make_events(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    symbol = rng.integers(0, len(SYMBOLS), n).tolist()
+    price = np.round(rng.uniform(*PRICE, n), 2).tolist()
+    quantity = rng.integers(QUANTITY[0], QUANTITY[1] + 1, n).tolist()
+    exchange = rng.integers(0, len(EXCHANGES), n).tolist()
+    level = rng.integers(0, 10, n).tolist()
+    return [
+        {"symbol": SYMBOLS[s], "price": p, "quantity": q, "exchange": EXCHANGES[x], "level": lv}
+        for s, p, q, x, lv in zip(symbol, price, quantity, exchange, level, strict=True)
+    ]
+
+
+def _range(
+    rng: random.Random, name: str, lo: float, hi: float, frac: tuple[float, float], digits: int
+) -> str:
+    width = (hi - lo) * rng.uniform(*frac)
+    a = rng.uniform(lo, hi - width)
+    if digits:
+        return f"{name} >= {round(a, digits)} & {name} < {round(a + width, digits)}"
+    return f"{name} >= {int(a)} & {name} <= {int(a + width)}"
+
+
+def make_filters(k: int, seed: int) -> list[Filter]:
+    """``k`` filters: ``symbol = "S<i>"`` and conditions on 2-4 of price, quantity, level, exchange."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        parts = [f'symbol = "{rng.choice(SYMBOLS)}"']
+        for attr in sorted(rng.sample(["price", "quantity", "level", "exchange"], rng.randint(2, 4))):
+            if attr == "price":
+                parts.append(_range(rng, "price", *PRICE, (0.2, 0.6), 1))
+            elif attr == "quantity":
+                parts.append(_range(rng, "quantity", *QUANTITY, (0.3, 0.7), 0))
+            elif attr == "level":
+                a = rng.randint(0, 7)
+                b = rng.randint(a + 2, 9)
+                parts.append(f"level >= {a}" if b == 9 else f"level between {a} and {b}")
+            elif rng.random() < 0.5:
+                parts.append(f'exchange = "{rng.choice(EXCHANGES)}"')
+            else:
+                names = ", ".join(f'"{x}"' for x in rng.sample(EXCHANGES, rng.randint(2, 3)))
+                parts.append(f"exchange in {{{names}}}")
+        out.append(parse(" & ".join(parts)))
+    return out
+
+
+def load(path: str | None) -> ModuleType:
+    if path is None:
+        from flowbus.routing import cbr
+
+        return cbr
+    spec = importlib.util.spec_from_file_location("cbr_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def route(router: Any, events: Sequence[dict[str, Any]], src: int) -> list[Any]:
+    if hasattr(router, "route_batch"):
+        return router.route_batch(events, src)  # type: ignore[no-any-return]
+    out: list[Any] = []
+    for e in events:
+        out.extend(router._route(e, src))
+    return out
+
+
+def timed_route(router: Any, events: list[dict[str, Any]], src: int, batch: int) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, effects) of routing ``events`` in batches."""
+    route(router, events[:batch], src)  # warm up (compiles, lazily built indexes)
+    t, c = time.perf_counter(), time.process_time()
+    effects = 0
+    for i in range(0, len(events), batch):
+        effects += len(route(router, events[i : i + batch], src))
+    return time.perf_counter() - t, time.process_time() - c, effects
+
+
+def run_size(
+    cbr: ModuleType, k: int, events: list[dict[str, Any]], batch: int, seed: int, *, local_only: bool = False
+) -> dict[str, Any]:
+    filters = make_filters(k, seed)
+    out: dict[str, Any] = {"K": k}
+    gc.collect()
+    gc.disable()
+    try:
+        local = cbr.ContentRouter(1, [0, 2])
+        t, c = time.perf_counter(), time.process_time()
+        for i, f in enumerate(filters):
+            local.subscribe(i, f)
+        out["subscribe_s"] = round(time.perf_counter() - t, 4)
+        out["subscribe_cpu_s"] = round(time.process_time() - c, 4)
+        out["forwarded"] = local.forwarded_size()[0]
+        elapsed, cpu, effects = timed_route(local, events, 1, batch)
+        out["route_events_per_s"] = round(len(events) / elapsed)
+        out["route_batch_ms"] = round(1000 * elapsed * batch / len(events), 2)
+        out["route_batch_cpu_ms"] = round(1000 * cpu * batch / len(events), 2)
+        out["matches_per_event"] = round(effects / len(events), 2)
+
+        if local_only:
+            return out
+        remote = cbr.ContentRouter(1, [0, 2])
+        t, c = time.perf_counter(), time.process_time()
+        for i, f in enumerate(filters):
+            remote.on_message(0, cbr.Subscribe((0, i), f, i + 1), 0.0)
+        out["remote_subscribe_s"] = round(time.perf_counter() - t, 4)
+        out["remote_subscribe_cpu_s"] = round(time.process_time() - c, 4)
+        elapsed, cpu, _ = timed_route(remote, events, 2, batch)
+        out["remote_route_events_per_s"] = round(len(events) / elapsed)
+        out["remote_route_batch_cpu_ms"] = round(1000 * cpu * batch / len(events), 2)
+    finally:
+        gc.enable()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--events", type=int, default=5_000)
+    ap.add_argument("--batch", type=int, default=1_000, help="events per route_batch call")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cbr", default=None, help="load the router from this file instead")
+    ap.add_argument("--max-seconds", type=float, default=None)
+    ap.add_argument("--local-only", action="store_true", help="skip the remote (from a neighbour) phase")
+    args = ap.parse_args(argv)
+    cbr = load(args.cbr)
+    events = make_events(args.events, args.seed + 1)
+    results: list[dict[str, Any]] = []
+    last: tuple[int, float] | None = None
+    for k in (int(s) for s in args.sizes.split(",")):
+        if last is not None and args.max_seconds is not None:
+            prev_k, prev_s = last
+            estimate = prev_s * (k / prev_k) ** 2  # the old code is quadratic; assume the worst
+            if estimate > args.max_seconds:
+                results.append({"K": k, "skipped": f"estimated {estimate:.0f} s to subscribe"})
+                continue
+        r = run_size(cbr, k, events, args.batch, args.seed, local_only=args.local_only)
+        results.append(r)
+        last = (k, r["subscribe_s"] + r.get("remote_subscribe_s", 0.0))
+        print(json.dumps(r), file=sys.stderr)
+    doc = {
+        "module": args.cbr or "flowbus.routing.cbr",
+        "events": args.events,
+        "batch": args.batch,
+        "python": sys.version.split()[0],
+        "results": results,
+    }
+    print(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    main()

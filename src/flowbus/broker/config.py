@@ -1,0 +1,112 @@
+"""A broker's configuration: its information spaces, collapse rule sets and limits.
+
+A YAML file (``flowbus broker start --config FILE``)::
+
+    spaces:
+      stocks: {symbol: str, price: float, quantity: int, exchange: str, level: int}
+      anything: null            # no schema: any event
+    rulesets:                   # collapse rule sets a subscription may name
+      last_price: ...           # the flow specs' collapse syntax (docs/flow.md)
+    backup: 2                   # ring neighbours holding each broker's subscriptions
+    heartbeat: 0.5              # seconds between ring heartbeats
+    window: 500                 # deliveries in flight to one subscriber, unacknowledged
+    memory: 2000                # deliveries per subscription held in memory (in flight
+                                # included); the rest go to SQLite. Keep it below the
+                                # clients' publish window (10,000 by default).
+    linger: 30.0                # seconds a non-durable subscription outlives its connection
+
+Without a file, :data:`DEFAULT` serves the stock-exchange space of the examples and a
+schemaless ``events`` space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowbus.errors import FlowbusError, SchemaError
+from flowbus.model import Schema
+
+__all__ = ["DEFAULT", "BrokerConfig", "ConfigError"]
+
+
+class ConfigError(FlowbusError):
+    """A broker configuration that cannot be used; the message names the key."""
+
+
+STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})
+
+_LIMITS = ("backup", "heartbeat", "window", "memory", "linger")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    spaces: Mapping[str, Schema | None] = field(default_factory=lambda: {"stocks": STOCKS, "events": None})
+    rulesets: Mapping[str, Any] = field(default_factory=dict)
+    backup: int = 2
+    heartbeat: float = 0.5
+    window: int = 500
+    memory: int = 2000
+    linger: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.spaces:
+            raise ConfigError("spaces: at least one space is needed")
+        for name in self.spaces:
+            if not isinstance(name, str) or not name or len(name) > 200:
+                raise ConfigError(f"spaces: bad space name {name!r}")
+        if not 1 <= self.backup <= 4:
+            raise ConfigError(f"backup: 1..4 ring neighbours, got {self.backup!r}")
+        if not self.heartbeat > 0 or not self.linger >= 0:
+            raise ConfigError(f"heartbeat > 0 and linger >= 0, got {self.heartbeat!r}, {self.linger!r}")
+        if self.window < 1 or self.memory < 1:
+            raise ConfigError(f"window and memory are >= 1, got {self.window!r}, {self.memory!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> BrokerConfig:
+        unknown = set(data) - {"spaces", "rulesets", *_LIMITS}
+        if unknown:
+            raise ConfigError(
+                f"unknown keys {sorted(unknown)} (known: spaces, rulesets, {', '.join(_LIMITS)})"
+            )
+        kw: dict[str, Any] = {k: data[k] for k in _LIMITS if k in data}
+        if "spaces" in data:
+            spaces = data["spaces"]
+            if not isinstance(spaces, Mapping):
+                raise ConfigError("spaces: a mapping of space name -> schema (or null)")
+            try:
+                kw["spaces"] = {n: None if f is None else Schema.of(f) for n, f in spaces.items()}
+            except (SchemaError, AttributeError, TypeError) as e:
+                raise ConfigError(f"spaces: {e}") from None
+        if "rulesets" in data:
+            if not isinstance(data["rulesets"], Mapping):
+                raise ConfigError("rulesets: a mapping of rule set name -> collapse rules")
+            kw["rulesets"] = dict(data["rulesets"])
+        try:
+            return cls(**kw)
+        except TypeError as e:
+            raise ConfigError(str(e)) from None
+
+    @classmethod
+    def load(cls, path: Path | str) -> BrokerConfig:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: {e}") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: a mapping of settings is expected")
+        return cls.from_mapping(data)
+
+    def with_(self, **changes: Any) -> BrokerConfig:
+        return replace(self, **changes)
+
+    def schemas(self) -> dict[str, dict[str, str] | None]:
+        """The spaces as the client protocol's ``Welcome`` lists them."""
+        return {n: None if s is None else s.to_dict() for n, s in self.spaces.items()}
+
+
+DEFAULT = BrokerConfig()

@@ -1,0 +1,38 @@
+"""Brokers in processes of their own: what ``flowbus cluster up``, the tests and the
+benchmarks start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from flowbus.errors import FlowbusError
+
+__all__ = ["READY", "start_process", "wait_ready"]
+
+READY = "flowbus broker ready"
+"""The line a broker prints (standard output) once it is a member of the ring."""
+
+
+def start_process(
+    listen: str, *, join: list[str], data: Path | None = None, config: Path | None = None
+) -> subprocess.Popen[str]:
+    """A broker in a process of its own (``flowbus broker start``)."""
+    cmd = [sys.executable, "-m", "flowbus", "broker", "start", "--listen", listen]
+    for j in join:
+        cmd += ["--join", j]
+    if data is not None:
+        cmd += ["--data", str(data)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def wait_ready(proc: subprocess.Popen[str]) -> str:
+    """Wait for a broker process's ready line; its address."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith(READY):
+        raise FlowbusError(f"broker process {proc.pid} did not start (exit code {proc.poll()})")
+    return line.split()[3]

@@ -1,0 +1,149 @@
+"""The client protocol: what a client and a broker say to each other on one TCP connection.
+
+How it works: frames are the broker network's own (length-prefixed msgpack, see
+:mod:`flowbus.net.codec`), and the first frame a client sends is :class:`Hello`. A broker
+tells a client connection from a peer broker's by that first frame, so brokers and clients
+share one port.
+
+Client -> broker:
+
+* :class:`Hello` ``(client)``: a name unique to the client process; the broker answers
+  :class:`Welcome` (the ring's brokers, for reconnecting, and the spaces with their schemas).
+* :class:`Publish` ``(space, items)``: ``(pseq, event)`` pairs. ``pseq`` numbers the client's
+  publishes from 1 up; ``(client, pseq)`` is the event's id everywhere. The broker answers
+  :class:`PubAck` once every broker and every subscriber that needed the event has it (see
+  the broker's custody), or :class:`Nack` for an event it refused (unknown space, schema).
+  A client re-sends what was not acknowledged after a reconnect; the id removes duplicates.
+* :class:`Subscribe` ``(req, sub_id, space, filter, durable, collapse, resume)``: answered by
+  :class:`Reply` ``(req, ok, error)``. ``resume=True`` re-attaches to a subscription this
+  client made before (on this broker or on the one that took over from a dead broker);
+  a broker that does not serve it answers ``error="not here"``.
+* :class:`Unsubscribe` ``(req, sub_id)`` -> :class:`Reply`.
+* :class:`Ack` ``(items)``: ``(sub_id, upto)``: the client has taken every delivery of that
+  subscription numbered up to ``upto``.
+* :class:`Bye`: the client closes; its non-durable subscriptions end at once.
+
+Broker -> client:
+
+* :class:`Events` ``(items)``: ``(sub_id, dseq, event_id, event)`` deliveries; ``dseq``
+  numbers one subscription's deliveries on one connection from 1 up, in order.
+* :class:`Error` ``(what)``: the connection broke the protocol (a bad frame): the broker
+  closes it after this. Nothing else changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus.errors import ProtocolError
+
+__all__ = [
+    "Ack",
+    "Bye",
+    "Error",
+    "Events",
+    "Hello",
+    "Nack",
+    "PubAck",
+    "Publish",
+    "Reply",
+    "Subscribe",
+    "Unsubscribe",
+    "Welcome",
+]
+
+VERSION = 1
+
+
+def _name(value: object, what: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise ProtocolError(f"{what} must be a non-empty string of at most 200 characters, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    client: str
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        _name(self.client, "Hello.client")
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    broker: str  # "host:port"
+    peers: tuple[str, ...]
+    spaces: dict[str, dict[str, str] | None]  # name -> schema (field -> type name), None: any
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    space: str
+    items: tuple[tuple[int, dict[str, Any]], ...]
+
+    def __post_init__(self) -> None:
+        _name(self.space, "Publish.space")
+
+
+@dataclass(frozen=True, slots=True)
+class PubAck:
+    pseqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    pseq: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    req: int
+    sub_id: str
+    space: str
+    filter: str
+    durable: bool = False
+    collapse: str | None = None
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        _name(self.sub_id, "Subscribe.sub_id")
+        _name(self.space, "Subscribe.space")
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    req: int
+    sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    req: int
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    items: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    items: tuple[tuple[str, int, Any, dict[str, Any]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    what: str
+
+
+NOT_HERE = "not here"
+"""The error of a ``Subscribe(resume=True)`` at a broker that does not serve it."""

@@ -1,0 +1,179 @@
+"""``flowbus broker start``, ``flowbus pub``, ``flowbus sub``, ``flowbus cluster up``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flowbus.broker.process import READY, start_process, wait_ready
+from flowbus.errors import FlowbusError
+
+
+def fail(message: str) -> None:
+    from flowbus.cli import fail as cli_fail  # (flowbus.cli mounts this module's commands)
+
+    cli_fail(message)
+
+
+def _say(text: str, *, stderr: bool = False) -> None:
+    from flowbus.cli import err, out
+
+    (err if stderr else out).print(text)
+
+
+broker_app = typer.Typer(help="Run a broker of a flowbus ring.", no_args_is_help=True)
+cluster_app = typer.Typer(help="A local ring of brokers for trying things out.", no_args_is_help=True)
+
+
+@broker_app.command("start")
+def broker_start(
+    listen: Annotated[
+        str, typer.Option(help="HOST:PORT to listen on (port 0: any free port).")
+    ] = "127.0.0.1:7001",
+    join: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker of the ring to join.")] = None,
+    data: Annotated[Path | None, typer.Option(help="Directory of the broker's SQLite store.")] = None,
+    overlay: Annotated[
+        str, typer.Option(help="chordal-ring (pastry-irbr: see docs/broker.md).")
+    ] = "chordal-ring",
+    config: Annotated[Path | None, typer.Option(help="YAML file: spaces, rule sets, limits.")] = None,
+) -> None:
+    """Run a broker until Ctrl-C (or SIGTERM)."""
+    from flowbus.broker.config import DEFAULT, BrokerConfig
+    from flowbus.broker.server import Broker, parse_address
+
+    try:
+        host, port = parse_address(listen)
+        cfg = BrokerConfig.load(config) if config is not None else DEFAULT
+        broker = Broker(host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay)
+    except FlowbusError as e:
+        fail(str(e))
+    asyncio.run(_serve(broker))
+
+
+async def _serve(broker: Any) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await broker.start()
+        await broker.joined(timeout=30.0)
+    except FlowbusError as e:
+        await broker.close()
+        fail(str(e))
+    print(f"{READY} {broker.address} pid {os.getpid()}", flush=True)
+    await stop.wait()
+    await broker.close()
+
+
+def _events(event: str | None) -> list[dict[str, Any]]:
+    lines = [event] if event is not None else [line for line in sys.stdin if line.strip()]
+    out_: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, 1):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"event {n}: not JSON ({e.msg} at column {e.colno})")
+        if not isinstance(value, dict):
+            fail(f"event {n}: a JSON object is expected, got {type(value).__name__}")
+        out_.append(value)
+    return out_
+
+
+def pub(
+    space: Annotated[str, typer.Argument(help="The information space.")],
+    event: Annotated[str | None, typer.Option(help="One event as JSON (else JSON lines from stdin).")] = None,
+    broker: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")] = None,
+) -> None:
+    """Publish events (JSON objects) and wait until the brokers acknowledge them."""
+    import flowbus
+
+    events = _events(event)
+
+    async def run() -> None:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
+            for e in events:
+                await client.publish(space, e)
+            await client.flush()
+
+    try:
+        asyncio.run(run())
+    except FlowbusError as e:
+        fail(str(e))
+    _say(f"published {len(events)} event(s) to {space}", stderr=True)
+
+
+def sub(
+    space: Annotated[str, typer.Argument(help="The information space.")],
+    filter: Annotated[str, typer.Argument(help="A filter, e.g. 'price > 100 & symbol = \"IBM\"'.")],
+    broker: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")] = None,
+    durable: Annotated[str | None, typer.Option(help="Name of a durable subscription.")] = None,
+    collapse: Annotated[str | None, typer.Option(help="A collapse rule set of the brokers.")] = None,
+    count: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+) -> None:
+    """Print the matching events as JSON lines until Ctrl-C (or --count events)."""
+    import flowbus
+
+    async def run() -> None:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
+            s = await client.subscribe(space, filter, durable=durable, collapse=collapse)
+            n = 0
+            async for e in s:
+                sys.stdout.write(json.dumps(e) + "\n")
+                sys.stdout.flush()
+                n += 1
+                if count and n >= count:
+                    return
+
+    try:
+        asyncio.run(run())
+    except FlowbusError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        pass
+
+
+@cluster_app.command("up")
+def cluster_up(
+    brokers: Annotated[int, typer.Option(min=1, max=32, help="How many brokers.")] = 3,
+    port: Annotated[int, typer.Option(help="Port of the first broker; the others follow.")] = 7001,
+    data: Annotated[Path | None, typer.Option(help="Parent directory of the brokers' stores.")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML file: spaces, rule sets, limits.")] = None,
+) -> None:
+    """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for i in range(brokers):
+            procs.append(start_process(
+                f"127.0.0.1:{port + i}", join=[f"127.0.0.1:{port}"] if i else [],
+                data=data / f"broker-{i + 1}" if data else None, config=config,
+            ))  # fmt: skip
+        for proc in procs:
+            address = wait_ready(proc)
+            _say(f"broker {address} (pid {proc.pid})")
+        _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
+        signal.signal(signal.SIGTERM, _interrupt)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                signal.pause()
+    except FlowbusError as e:
+        fail(str(e))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,595 @@
+"""The flowbus client: publish events and subscribe to them through a ring of brokers.
+
+::
+
+    async with flowbus.connect("127.0.0.1:7001", "127.0.0.1:7002") as client:
+        await client.publish("stocks", {"symbol": "IBM", "price": 120.5, ...})
+        sub = await client.subscribe("stocks", 'price > 100 & symbol = "IBM"', durable="ibm")
+        async for event in sub:
+            ...
+        await sub.unsubscribe()
+
+How it works (the client protocol is in :mod:`flowbus.broker.protocol`):
+
+* **Publishing** is pipelined. :meth:`Client.publish` checks the event against the space's
+  schema (the broker's ``Welcome`` lists them), numbers it and sends it in the next frame;
+  it waits only when ``window`` publishes are unacknowledged (backpressure). The broker
+  acknowledges a publish once every matching subscriber's broker has it in custody or on
+  disk; :meth:`Client.flush` waits for that. An event the broker refused raises
+  :class:`PublishError` from the next ``publish`` or ``flush``.
+* **Subscribing.** A :class:`Subscription` is an async iterator of events. An event is
+  acknowledged to the broker when the application takes it from the iterator.
+* **Reconnecting.** If the connection drops, the client connects to another broker of the
+  ring (those given, and those the brokers named), re-attaches its subscriptions there and
+  re-sends its unacknowledged publishes. The broker that took over a dead broker's
+  subscriptions serves them (a broker that does not answers "not here", and the client
+  tries the next one). Every delivery carries its event's id; the client drops an id it
+  has handed to the application already (the last ``dedup`` ids per subscription), so the
+  application sees every event exactly once.
+* :class:`SyncClient` wraps all this for code without an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import queue
+import threading
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from flowbus.broker import protocol as p
+from flowbus.errors import FlowbusError, SchemaError
+from flowbus.model import Schema
+from flowbus.net.codec import FrameDecoder, decode, encode, frame
+
+__all__ = [
+    "Client",
+    "ClientError",
+    "PublishError",
+    "SubscribeError",
+    "Subscription",
+    "SyncClient",
+    "connect",
+]
+
+
+class ClientError(FlowbusError):
+    """The client cannot do what was asked (not connected, closed, no broker answers...)."""
+
+
+class PublishError(ClientError):
+    """A broker refused a published event; ``pseq`` numbers it."""
+
+    def __init__(self, pseq: int, message: str) -> None:
+        self.pseq = pseq
+        super().__init__(f"publish #{pseq} refused: {message}")
+
+
+class SubscribeError(ClientError):
+    """A broker refused a subscription or an unsubscription; the message says why."""
+
+
+def connect(
+    *addresses: str,
+    name: str | None = None,
+    window: int = 10_000,
+    dedup: int = 1_000_000,
+    resume_timeout: float = 30.0,
+    connect_timeout: float = 30.0,
+) -> Client:
+    """A client of the brokers at ``addresses`` (``"host:port"``); use it as
+    ``async with connect(...) as client`` (or ``await client.open()`` / ``close()``)."""
+    return Client(
+        addresses,
+        name=name,
+        window=window,
+        dedup=dedup,
+        resume_timeout=resume_timeout,
+        connect_timeout=connect_timeout,
+    )
+
+
+class Subscription:
+    """The events of one subscription, in order, each once."""
+
+    def __init__(self, client: Client, sub_id: str, space: str, filter: str, **options: Any) -> None:
+        self.client = client
+        self.id = sub_id
+        self.space = space
+        self.filter = filter
+        self.options = options
+        self._queue: asyncio.Queue[tuple[int, int, dict[str, Any]] | None] = asyncio.Queue()
+        self._seen: OrderedDict[Any, None] = OrderedDict()
+        self._ended = False
+        self.received = 0
+        self.duplicates = 0
+
+    def _offer(self, epoch: int, dseq: int, eid: Any, event: dict[str, Any]) -> None:
+        key = tuple(eid) if isinstance(eid, list) else eid
+        if key in self._seen:
+            self.duplicates += 1
+            self.client._ack(self.id, epoch, dseq)
+            return
+        self._seen[key] = None
+        if len(self._seen) > self.client.dedup:
+            self._seen.popitem(last=False)
+        self._queue.put_nowait((epoch, dseq, event))
+
+    def _end(self) -> None:
+        self._ended = True
+        self._queue.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        item = await self._queue.get()
+        if item is None:
+            self._queue.put_nowait(None)  # later calls end too
+            raise StopAsyncIteration
+        epoch, dseq, event = item
+        self.received += 1
+        self.client._ack(self.id, epoch, dseq)
+        return event
+
+    async def get(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next event (``asyncio.TimeoutError`` after ``timeout`` seconds)."""
+        return await asyncio.wait_for(self.__anext__(), timeout)
+
+    async def unsubscribe(self) -> None:
+        await self.client._unsubscribe(self)
+
+
+class Client:
+    """A connection to a ring of brokers (see the module note)."""
+
+    def __init__(
+        self,
+        addresses: tuple[str, ...] | list[str],
+        *,
+        name: str | None = None,
+        window: int = 10_000,
+        dedup: int = 1_000_000,
+        resume_timeout: float = 30.0,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        if not addresses:
+            raise ClientError("connect: give at least one broker address (host:port)")
+        for a in addresses:
+            _split(a)
+        if window < 1 or dedup < 1:
+            raise ClientError(f"window and dedup are >= 1, got {window}, {dedup}")
+        self.name = name or f"client-{uuid.uuid4().hex[:12]}"
+        self.window = window
+        self.dedup = dedup
+        self.resume_timeout = resume_timeout
+        self.connect_timeout = connect_timeout
+        self.spaces: dict[str, Schema | None] = {}
+        self.broker: str | None = None  # the broker we are connected to
+        self.reconnects = 0
+        self._addresses: deque[str] = deque(dict.fromkeys(addresses))
+        self._pseq = 0
+        self._unacked: OrderedDict[int, tuple[str, dict[str, Any]]] = OrderedDict()
+        self._to_send: list[int] = []
+        self._errors: list[PublishError] = []
+        self._acked = asyncio.Event()
+        self._subs: dict[str, Subscription] = {}
+        self._replies: dict[int, asyncio.Future[p.Reply]] = {}
+        self._req = itertools.count(1)
+        self._names = itertools.count(1)
+        self._acks: dict[str, int] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._epoch = 0
+        self._up = asyncio.Event()
+        self._flush_due = False
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._homeless_since: float | None = None  # when a resume first found subscriptions
+        # no broker serves (reset once all are re-attached): resume_timeout counts from it
+
+    # -- life cycle
+
+    async def __aenter__(self) -> Client:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Connect to one of the brokers (waits up to ``connect_timeout``)."""
+        if self._task is not None:
+            return
+        self._task = asyncio.ensure_future(self._run())
+        try:
+            await asyncio.wait_for(self._up.wait(), self.connect_timeout)
+        except TimeoutError:
+            await self.close()
+            raise ClientError(f"no broker answered at {', '.join(self._addresses)}") from None
+
+    async def close(self) -> None:
+        """Say goodbye (non-durable subscriptions end) and close."""
+        self._closing = True
+        if self._writer is not None and not self._writer.is_closing():
+            self._flush()
+            with contextlib.suppress(Exception):
+                self._writer.write(frame(encode(p.Bye())))
+                await self._writer.drain()
+            self._writer.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        for sub in self._subs.values():
+            sub._end()
+        for fut in self._replies.values():
+            if not fut.done():
+                fut.set_exception(ClientError("the client is closed"))
+
+    # -- publishing
+
+    async def publish(self, space: str, event: Mapping[str, Any]) -> None:
+        """Send ``event`` to ``space`` (waits while ``window`` publishes are unacknowledged)."""
+        self._raise_errors()
+        self._check(space, event)
+        while len(self._unacked) >= self.window:
+            self._acked.clear()
+            await self._acked.wait()
+            self._raise_errors()
+        self._pseq += 1
+        self._unacked[self._pseq] = (space, dict(event))
+        self._to_send.append(self._pseq)
+        self._flush_soon()
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every publish so far is acknowledged (or refused: raises)."""
+
+        async def drained() -> None:
+            while self._unacked:
+                self._acked.clear()
+                await self._acked.wait()
+
+        await asyncio.wait_for(drained(), timeout)
+        self._raise_errors()
+
+    @property
+    def unacknowledged(self) -> int:
+        return len(self._unacked)
+
+    def _check(self, space: str, event: Mapping[str, Any]) -> None:
+        if self._closing:
+            raise ClientError("the client is closed")
+        if self.spaces and space not in self.spaces:
+            raise ClientError(f"unknown space {space!r} (known: {', '.join(sorted(self.spaces))})")
+        if not isinstance(event, Mapping):
+            raise SchemaError(f"an event is a mapping of field names to values, got {type(event).__name__}")
+        schema = self.spaces.get(space)
+        if schema is not None:
+            try:
+                schema.validate(event)
+            except SchemaError as e:
+                raise SchemaError(f"space {space!r}: {e}", field=e.field) from None
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+
+    # -- subscribing
+
+    async def subscribe(
+        self, space: str, filter: str, *, durable: str | None = None, collapse: str | None = None
+    ) -> Subscription:
+        """Subscribe to the events of ``space`` that match ``filter``. ``durable`` names a
+        subscription that outlives this client (its events wait for it while it is away);
+        ``collapse`` names a collapse rule set of the brokers: after a disconnect, the
+        subscription gets the shortest equivalent of what it missed, not all of it."""
+        if self._closing:
+            raise ClientError("the client is closed")
+        sub_id = durable or f"{self.name}/{next(self._names)}"
+        if sub_id in self._subs:
+            raise SubscribeError(f"subscription {sub_id!r} is open in this client already")
+        sub = Subscription(self, sub_id, space, filter, durable=durable is not None, collapse=collapse)
+        self._subs[sub_id] = sub
+        try:
+            reply = await self._request(
+                lambda req: p.Subscribe(req, sub_id, space, filter, durable is not None, collapse, False)
+            )
+        except BaseException:
+            self._subs.pop(sub_id, None)
+            raise
+        if not reply.ok:
+            self._subs.pop(sub_id, None)
+            raise SubscribeError(f"subscribe {filter!r} to {space!r}: {reply.error}")
+        return sub
+
+    async def _unsubscribe(self, sub: Subscription) -> None:
+        reply = await self._request(lambda req: p.Unsubscribe(req, sub.id))
+        self._subs.pop(sub.id, None)
+        sub._end()
+        if not reply.ok:
+            raise SubscribeError(f"unsubscribe {sub.id!r}: {reply.error}")
+
+    async def _request(self, make: Any) -> p.Reply:
+        await self._up.wait()
+        req = next(self._req)
+        fut: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self._replies[req] = fut
+        self._send(make(req))
+        try:
+            return await fut
+        finally:
+            self._replies.pop(req, None)
+
+    def _ack(self, sub_id: str, epoch: int, dseq: int) -> None:
+        if epoch == self._epoch:
+            self._acks[sub_id] = max(self._acks.get(sub_id, 0), dseq)
+            self._flush_soon()
+
+    # -- the wire
+
+    def _send(self, msg: Any) -> None:
+        if self._writer is None:
+            raise ClientError("not connected")
+        self._flush()
+        self._writer.write(frame(encode(msg)))
+
+    def _flush_soon(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        if self._writer is None or self._writer.is_closing():
+            return
+        out: list[bytes] = []
+        if self._to_send:
+            by_space: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+            for pseq in self._to_send:
+                item = self._unacked.get(pseq)
+                if item is not None:
+                    by_space.setdefault(item[0], []).append((pseq, item[1]))
+            self._to_send = []
+            for space, items in by_space.items():
+                for i in range(0, len(items), 2000):
+                    out.append(frame(encode(p.Publish(space, tuple(items[i : i + 2000])))))
+        if self._acks:
+            out.append(frame(encode(p.Ack(tuple(self._acks.items())))))
+            self._acks = {}
+        if out:
+            self._writer.write(b"".join(out))
+
+    async def _run(self) -> None:
+        """Stay connected: connect, serve the connection, reconnect when it drops."""
+        delay = 0.05
+        while not self._closing:
+            address = self._addresses[0]
+            self._addresses.rotate(-1)
+            try:
+                host, port = _split(address)
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
+            except (TimeoutError, OSError):
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            delay = 0.05
+            try:
+                await self._serve(address, reader, writer)
+            except (OSError, ConnectionError, FlowbusError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                self._down()
+                writer.close()
+            if not self._closing:
+                self.reconnects += 1
+
+    def _down(self) -> None:
+        self._up.clear()
+        self._writer = None
+        self.broker = None
+        self._acks = {}
+        for fut in self._replies.values():
+            if not fut.done():
+                fut.set_exception(ClientError("the connection to the broker was lost; try again"))
+
+    async def _serve(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(frame(encode(p.Hello(self.name))))
+        frames = FrameDecoder()
+        welcome: p.Welcome | None = None
+        while welcome is None:
+            data = await reader.read(1 << 16)
+            if not data:
+                return
+            bodies = frames.feed(data)
+            if bodies:
+                first = decode(bodies[0])
+                if not isinstance(first, p.Welcome):
+                    raise ClientError(f"{address} is not a flowbus broker (it said {type(first).__name__})")
+                welcome = first
+                bodies = bodies[1:]
+        self._welcome(welcome)
+        self._epoch += 1
+        self._writer = writer
+        if not await self._resume(reader, frames, bodies):
+            return
+        self._up.set()
+        self._to_send = list(self._unacked)  # whatever was not acknowledged, again
+        self._flush()
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                return
+            for body in frames.feed(data):
+                self._on_message(decode(body))
+
+    def _welcome(self, w: p.Welcome) -> None:
+        self.broker = w.broker
+        self.spaces = {n: None if s is None else Schema.of(s) for n, s in w.spaces.items()}
+        for peer in (w.broker, *w.peers):
+            if peer not in self._addresses:
+                self._addresses.append(peer)
+
+    async def _resume(self, reader: asyncio.StreamReader, frames: FrameDecoder, early: list[bytes]) -> bool:
+        """Re-attach every subscription at this broker; False if some are not here (the
+        caller moves on to the next broker), unless they have been homeless for longer
+        than ``resume_timeout``: then they are made afresh here."""
+        if not self._subs:
+            for body in early:
+                self._on_message(decode(body))
+            self._homeless_since = None
+            return True
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        if self._homeless_since is None:
+            self._homeless_since = start
+        pending = dict(self._subs)
+        while pending:
+            fresh = loop.time() - self._homeless_since > self.resume_timeout
+            reqs: dict[int, Subscription] = {}
+            assert self._writer is not None
+            for sub in pending.values():
+                req = next(self._req)
+                reqs[req] = sub
+                msg = p.Subscribe(
+                    req,
+                    sub.id,
+                    sub.space,
+                    sub.filter,
+                    sub.options["durable"],
+                    sub.options["collapse"],
+                    not fresh,
+                )
+                self._writer.write(frame(encode(msg)))
+            while reqs:
+                bodies, early = early, []
+                if not bodies:
+                    data = await reader.read(1 << 16)
+                    if not data:
+                        raise ConnectionError("the broker closed the connection")
+                    bodies = frames.feed(data)
+                for body in bodies:
+                    got = decode(body)
+                    if isinstance(got, p.Reply) and got.req in reqs:
+                        sub = reqs.pop(got.req)
+                        if got.ok:
+                            pending.pop(sub.id, None)
+                        elif got.error != p.NOT_HERE:  # refused for good
+                            pending.pop(sub.id, None)
+                            self._subs.pop(sub.id, None)
+                            sub._end()
+                    else:
+                        self._on_message(got)
+            if pending:
+                if loop.time() - start > 2.0 and not fresh and len(self._addresses) > 1:
+                    return False  # another broker may serve them: move on
+                await asyncio.sleep(0.1)
+        self._homeless_since = None
+        return True
+
+    def _on_message(self, msg: Any) -> None:
+        if isinstance(msg, p.Events):
+            epoch = self._epoch
+            for sub_id, dseq, eid, event in msg.items:
+                sub = self._subs.get(sub_id)
+                if sub is not None:
+                    sub._offer(epoch, dseq, eid, event)
+        elif isinstance(msg, p.PubAck):
+            for pseq in msg.pseqs:
+                self._unacked.pop(pseq, None)
+            self._acked.set()
+        elif isinstance(msg, p.Nack):
+            if self._unacked.pop(msg.pseq, None) is not None:
+                self._errors.append(PublishError(msg.pseq, msg.error))
+            self._acked.set()
+        elif isinstance(msg, p.Reply):
+            fut = self._replies.get(msg.req)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, p.Error):
+            raise ClientError(f"the broker closed the connection: {msg.what}")
+        else:
+            raise ClientError(f"unexpected {type(msg).__name__} from the broker")
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClientError(f"a broker address is HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+# --------------------------------------------------------------------------- the sync wrapper
+
+
+class SyncClient:
+    """:class:`Client` for code without an event loop: the client runs on a thread of its own.
+
+    >>> with SyncClient("127.0.0.1:7001") as c:           # doctest: +SKIP
+    ...     sub = c.subscribe("stocks", "price > 100")
+    ...     c.publish("stocks", {...}); c.flush()
+    ...     event = sub.get(timeout=5)
+    """
+
+    def __init__(self, *addresses: str, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="flowbus-client", daemon=True)
+        self._thread.start()
+        self.client: Client = self._run(self._make(addresses, options))
+        self._run(self.client.open())
+
+    async def _make(self, addresses: tuple[str, ...], options: dict[str, Any]) -> Client:
+        return connect(*addresses, **options)
+
+    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def publish(self, space: str, event: Mapping[str, Any]) -> None:
+        self._run(self.client.publish(space, event))
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._run(self.client.flush(timeout))
+
+    def subscribe(self, space: str, filter: str, **options: Any) -> SyncSubscription:
+        sub = self._run(self.client.subscribe(space, filter, **options))
+        return SyncSubscription(self, sub)
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self.client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+
+
+class SyncSubscription:
+    """A subscription of a :class:`SyncClient`: iterate, or :meth:`get` with a timeout."""
+
+    def __init__(self, owner: SyncClient, sub: Subscription) -> None:
+        self._owner = owner
+        self.sub = sub
+
+    def get(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next event; ``queue.Empty`` after ``timeout`` seconds."""
+        try:
+            return self._owner._run(self.sub.get(timeout))  # type: ignore[no-any-return]
+        except TimeoutError:
+            raise queue.Empty from None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            try:
+                yield self._owner._run(self.sub.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def unsubscribe(self) -> None:
+        self._owner._run(self.sub.unsubscribe())

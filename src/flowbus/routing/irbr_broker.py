@@ -1,0 +1,135 @@
+"""IRBR over Pastry as the broker network's routing core (``--overlay pastry-irbr``).
+
+How it works: :class:`IrbrBroker` gives an :class:`~flowbus.routing.irbr.IrbrNode` the
+interface the broker process drives (the one :class:`~flowbus.routing.ring_broker.RingBroker`
+has): ``start``/``join``, ``subscribe(sub_id, filter, meta=...)``, ``unsubscribe``,
+``publish_batch``, ``settle``, ``settled``, ``joined``, ``peer_addrs``.
+
+* A broker's Pastry id is a hash of its address, so a broker that restarts on the same
+  address comes back under the same id.
+* Events carry their id in the ``EVENT_ID`` field, as on the ring, so the broker and the
+  client de-duplicate the same way.
+* What IRBR does not give: custody and takeover. A publish counts as settled once this
+  broker has routed it (Pastry's failure handling re-routes around dead nodes, see
+  :mod:`flowbus.routing.irbr`), and a dead broker's subscriptions are not served elsewhere
+  (its clients re-subscribe at another broker). The chordal ring is the default overlay
+  because it has both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from flowbus.errors import ProtocolError
+from flowbus.filters import Filter
+from flowbus.overlay.effects import Deliver, Effect
+from flowbus.overlay.pastry import BITS, PastryNode
+from flowbus.routing.irbr import IrbrNode
+from flowbus.routing.ring_broker import DEDUP_WINDOW, EVENT_ID
+
+__all__ = ["IrbrBroker", "pastry_id"]
+
+
+def pastry_id(addr: int) -> int:
+    """A broker's Pastry id: the first ``BITS`` bits of the SHA-256 of its address."""
+    digest = hashlib.sha256(addr.to_bytes(8, "big")).digest()
+    return int.from_bytes(digest, "big") >> (256 - BITS)
+
+
+class IrbrBroker:
+    """One broker of the broker network routing with IRBR over Pastry (see the module note)."""
+
+    def __init__(self, addr: int, *, heartbeat: float | None = None) -> None:
+        pastry = PastryNode(addr, pastry_id(addr), rng=random.Random(addr), heartbeat=heartbeat)
+        self.node = IrbrNode(pastry)
+        self.addr = addr
+        self.subs: set[Hashable] = set()
+        self.settled: list[Any] = []
+        self._meta: dict[Hashable, Any] = {}
+        self._delivered: OrderedDict[tuple[Hashable, Any], None] = OrderedDict()
+
+    # -- what the broker process reads
+
+    @property
+    def joined(self) -> bool:
+        return self.node.pastry.ready
+
+    @property
+    def node_id(self) -> int:
+        return self.node.node_id
+
+    def peer_addrs(self) -> list[int]:
+        """The addresses of the leaf set: the brokers a client may reconnect to."""
+        book = self.node.pastry.book.addr_of
+        return [book[n] for n in self.node.state.leaf_set() if n in book]
+
+    def in_custody(self) -> int:
+        return 0
+
+    def meta_of(self, sub_id: Hashable) -> Any:
+        return self._meta.get(sub_id)
+
+    # -- local calls
+
+    def start(self) -> list[Effect]:
+        return self.node.join(None)
+
+    def join(self, candidates: Sequence[int]) -> list[Effect]:
+        if not candidates:
+            raise ProtocolError("IrbrBroker.join: no broker to join through")
+        return self.node.join(candidates[0])
+
+    def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]:
+        if sub_id in self.subs:
+            raise ProtocolError(f"broker {self.addr}: subscription {sub_id!r} exists already")
+        self.subs.add(sub_id)
+        self._meta[sub_id] = meta
+        return self.node.subscribe(filt, sub_id)
+
+    def unsubscribe(self, sub_id: Hashable) -> list[Effect]:
+        if sub_id not in self.subs:
+            raise ProtocolError(f"broker {self.addr}: no subscription {sub_id!r}")
+        self.subs.discard(sub_id)
+        self._meta.pop(sub_id, None)
+        return self.node.unsubscribe(sub_id)
+
+    def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]:
+        out: list[Effect] = []
+        for eid, event in items:
+            out.extend(self.node.publish({**event, EVENT_ID: eid}))
+            self.settled.append(eid)
+        return self._out(out)
+
+    def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
+        return []
+
+    # -- the driver's entry points
+
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        return self._out(self.node.on_message(src, msg, now))
+
+    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        return self._out(self.node.on_timer(key, now))
+
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+        return self._out(self.node.on_send_failed(dst, msg, now))
+
+    def _out(self, effects: list[Effect]) -> list[Effect]:
+        """Deliveries to subscriptions served here, each (subscription, event) once."""
+        out: list[Effect] = []
+        for e in effects:
+            if isinstance(e, Deliver):
+                if e.sub not in self.subs:
+                    continue
+                key = (e.sub, e.event.get(EVENT_ID))
+                if key in self._delivered:
+                    continue
+                self._delivered[key] = None
+                if len(self._delivered) > DEDUP_WINDOW:
+                    self._delivered.popitem(last=False)
+            out.append(e)
+        return out

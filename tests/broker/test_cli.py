@@ -1,0 +1,108 @@
+"""The broker commands end to end: `flowbus broker start`, `sub`, `pub`, `cluster up`, and
+their errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from flowbus.broker.process import start_process, wait_ready
+
+FLOWBUS = [sys.executable, "-m", "flowbus"]
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    proc = start_process("127.0.0.1:0", join=[])
+    try:
+        yield wait_ready(proc)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def flowbus(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FLOWBUS, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def test_pub_and_sub(broker: str) -> None:
+    sub = subprocess.Popen(
+        [*FLOWBUS, "sub", "stocks", 'symbol = "IBM" & price > 100', "--broker", broker, "--count", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        events = [
+            {"symbol": "IBM", "price": 90.0 + 10 * i, "quantity": i, "exchange": "NYSE", "level": 1}
+            for i in range(4)
+        ]
+        # the subscriber may not be subscribed yet: publish until it has its two events
+        lines = "".join(json.dumps(e) + "\n" for e in events)
+        for _ in range(20):
+            done = flowbus("pub", "stocks", "--broker", broker, stdin=lines)
+            assert done.returncode == 0, done.stderr
+            assert "published 4 event(s) to stocks" in done.stderr
+            try:
+                out, _ = sub.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        got = [json.loads(line) for line in out.splitlines()]
+        assert [e["price"] for e in got] == [110.0, 120.0]
+        assert got[0] == events[2]
+    finally:
+        sub.kill()
+        sub.wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["pub", "stocks", "--event", "{bad"], None, "event 1: not JSON"),
+        (["pub", "stocks", "--event", "[1, 2]"], None, "a JSON object is expected"),
+        (["pub", "stocks", "--event", '{"symbol": 1}'], None, "field 'symbol' must be str"),
+        (["pub", "nowhere", "--event", '{"x": 1}'], None, "unknown space 'nowhere'"),
+        (["sub", "stocks", "price >"], None, "unexpected end of filter at line 1, column 8"),
+        (["sub", "stocks", "colour = 1"], None, "unknown field 'colour'"),
+    ],
+)
+def test_bad_input_is_named(broker: str, args: list[str], stdin: str | None, message: str) -> None:
+    done = flowbus(*args, "--broker", broker, stdin=stdin)
+    assert done.returncode == 2
+    assert message in " ".join(done.stderr.split())
+
+
+def test_broker_start_refuses_bad_options() -> None:
+    done = flowbus("broker", "start", "--listen", "nowhere")
+    assert done.returncode == 2 and "HOST:PORT" in done.stderr
+    done = flowbus("broker", "start", "--listen", "127.0.0.1:0", "--overlay", "mesh")
+    assert done.returncode == 2 and "unknown overlay 'mesh'" in done.stderr
+
+
+def test_cluster_up_and_ctrl_c() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert lines[0].startswith(f"broker 127.0.0.1:{port} ")
+        assert lines[1].startswith(f"broker 127.0.0.1:{port + 1} ")
+        assert "2 broker(s) up" in lines[2]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        for p in (port, port + 1):  # the brokers are gone
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", p), timeout=5).close()
+    finally:
+        proc.kill()
+        proc.wait()

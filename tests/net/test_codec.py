@@ -107,6 +107,8 @@ CASES: list[object] = [
     cbr.Subscribe(origin=(1, "s1"), filter=F2, seq=5, withdraw=((2, "s2"), (3, 7))),
     cbr.Unsubscribe(origin=(1, "s1"), seq=6),
     cbr.Publish(event=EVENT),
+    cbr.Advertise(origin=(1, "p1"), filter=F2, seq=7),
+    cbr.Unadvertise(origin=(1, "p1"), seq=8),
     # ring_broker
     ring_broker.HandedOver(event=EVENT, dead=42),
     ring_broker.Confirm(ids=(("client-1", 7), (3, 9))),

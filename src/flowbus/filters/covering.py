@@ -45,7 +45,7 @@ from functools import lru_cache
 from flowbus.filters.ast import ORDERING_OPS, Conjunction, Filter, Op, Predicate, value_class
 from flowbus.model import Value
 
-__all__ = ["covers"]
+__all__ = ["covers", "overlaps"]
 
 _INF = math.inf
 NumInterval = tuple[float, bool, float, bool]
@@ -350,3 +350,19 @@ def covers(f: Filter, g: Filter) -> bool:
     return all(
         _unsatisfiable(gc) or any(_conjunction_covers(fc, gc) for fc in f.disjuncts) for gc in g.disjuncts
     )
+
+
+def overlaps(f: Filter, g: Filter) -> bool:
+    """False only if no event matches both ``f`` and ``g``.
+
+    Conservative: True unless, for every pair of a conjunction of ``f`` and one of ``g``, the
+    conjunction of their literals is proven unsatisfiable (some attribute left with no value).
+    Exact when both filters use only simple predicates other than ``suffix``/``contains``;
+    expression predicates are ignored, string tests only count on finitely many strings.
+    """
+    for fc in f.disjuncts:
+        for gc in g.disjuncts:
+            both = Conjunction(fc.literals + gc.literals)
+            if not both.is_contradiction() and not _unsatisfiable(both):
+                return True
+    return False

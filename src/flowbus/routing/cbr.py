@@ -27,6 +27,19 @@ PADRES style routing on a tree of brokers):
   subscriptions are dropped (and withdrawn from the others where they were roots); an added
   neighbour gets every root of its candidates. Since what is forwarded is a function of the
   tables, once messages settle the state equals that of building the final tree from scratch.
+* Advertisements (``advertising=True``; off by default, and then nothing below happens):
+  ``advertise(adv_id, filter)`` says publishers at this broker will publish events matching
+  ``filter``. ``Advertise``/``Unadvertise`` are flooded along the tree (to every neighbour but
+  the one they came from), with the same per-link sequence numbers and tombstones as
+  subscriptions; an added neighbour gets every advertisement from the other directions, a
+  removed one's are dropped and withdrawn beyond. A subscription is then a candidate for
+  neighbour ``m`` only if its filter *overlaps* (:func:`~flowbus.filters.covering.overlaps`:
+  some event might match both) an advertisement that came from ``m``: no subscription goes
+  towards a branch with no publisher for it. When the advertisements from ``m`` change, the
+  roots of ``m``'s candidates are computed again and the difference sent (a late advertisement
+  pulls the subscriptions in, an unadvertisement withdraws them). Events are routed as before;
+  a local publish no local advertisement matches is refused (``ProtocolError``), so every
+  event published comes from a broker whose advertisements lead the subscriptions to it.
 * Indexes (:mod:`flowbus.routing.cbr_index`), which change the cost, never the answer:
 
   - Each direction's filters are in a route index: a :class:`~flowbus.matching.Matcher`
@@ -43,7 +56,8 @@ PADRES style routing on a tree of brokers):
     so the messages, their order and their withdraw lists are the full scan's. An insertion
     costs about its buckets' candidates instead of a test per root.
 
-Not implemented: advertisements; garbage collection of tombstones. Messages from a former
+Not implemented: garbage collection of tombstones; on a ``handover`` the dead broker's own
+advertisements are kept, as coming from its replacement. Messages from a former
 neighbour (in flight when its link was removed) are dropped and counted in ``dropped``; a
 link re-added while messages of its earlier incarnation are still in flight may keep them.
 """
@@ -56,11 +70,21 @@ from typing import Any
 
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
+from flowbus.filters.covering import overlaps
 from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing.cbr_index import CoverIndex, Forwarded, RouteIndex
-from flowbus.routing.memo import covers
+from flowbus.routing.memo import compiled, covers
 
-__all__ = ["ContentRouter", "Origin", "Publish", "RoutingState", "Subscribe", "Unsubscribe"]
+__all__ = [
+    "Advertise",
+    "ContentRouter",
+    "Origin",
+    "Publish",
+    "RoutingState",
+    "Subscribe",
+    "Unadvertise",
+    "Unsubscribe",
+]
 
 Origin = tuple[int, Hashable]
 """Who subscribed: (the subscriber's broker, its subscription id there)."""
@@ -110,6 +134,32 @@ class Unsubscribe:
 
 
 @dataclass(frozen=True, slots=True)
+class Advertise:
+    """Publishers at ``origin``'s broker will publish events matching ``filter`` (an
+    advertisement, flooded along the tree); ``seq`` orders the sender's messages on this link."""
+
+    origin: Origin
+    filter: Filter
+    seq: int
+
+    def __post_init__(self) -> None:
+        _check_origin(self.origin, "Advertise")
+        if not isinstance(self.filter, Filter):
+            raise ProtocolError(f"Advertise: a Filter is needed, got {self.filter!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Unadvertise:
+    """``origin``'s advertisement no longer comes from the sender's side."""
+
+    origin: Origin
+    seq: int
+
+    def __post_init__(self) -> None:
+        _check_origin(self.origin, "Unadvertise")
+
+
+@dataclass(frozen=True, slots=True)
 class Publish:
     event: Mapping[str, Any]
 
@@ -151,8 +201,12 @@ class ContentRouter:
     """
 
     __slots__ = (
+        "_adv",
+        "_adv_dirs",
+        "_adv_seen",
         "_cover",
         "_dirs",
+        "_eligible",
         "_former",
         "_match",
         "_neighbours",
@@ -162,16 +216,20 @@ class ContentRouter:
         "_sent",
         "_seq",
         "_table",
+        "advertising",
         "broker",
         "covering",
         "dropped",
     )
 
-    def __init__(self, broker: int, neighbours: Iterable[int], *, covering: bool = True) -> None:
+    def __init__(
+        self, broker: int, neighbours: Iterable[int], *, covering: bool = True, advertising: bool = False
+    ) -> None:
         if type(broker) is not int:
             raise ProtocolError(f"ContentRouter: a broker id is an int, got {broker!r}")
         self.broker = broker
         self.covering = covering
+        self.advertising = advertising
         self.dropped = 0  # messages from former neighbours, ignored
         self._neighbours: set[int] = set()
         self._former: set[int] = set()
@@ -185,6 +243,12 @@ class ContentRouter:
         self._sent: dict[int, Forwarded] = {}  # neighbour -> forwarded roots
         self._seen: dict[int, dict[Origin, int]] = {}  # neighbour -> origin -> last seq
         self._seq = 0
+        # advertisements: direction -> origin -> filter, origin -> direction -> filter, and
+        # neighbour -> origin -> last seq; per neighbour, memoised "overlaps one of its adverts"
+        self._adv: dict[int, dict[Origin, Filter]] = {broker: {}}
+        self._adv_dirs: dict[Origin, dict[int, Filter]] = {}
+        self._adv_seen: dict[int, dict[Origin, int]] = {}
+        self._eligible: dict[int, dict[Filter, bool]] = {}
         self._add_neighbours(self._checked(neighbours))
 
     # -- local calls
@@ -210,6 +274,23 @@ class ContentRouter:
             raise ProtocolError(f"broker {self.broker}: no subscription {sub_id!r}")
         return self._set(self.broker, (self.broker, sub_id), None)
 
+    def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
+        """Publishers here will publish events matching ``filt`` (advertising on only)."""
+        if not self.advertising:
+            raise ProtocolError(f"broker {self.broker}: advertising is off")
+        if not isinstance(filt, Filter):
+            raise ProtocolError(f"broker {self.broker}: advertise needs a Filter, got {filt!r}")
+        if (self.broker, adv_id) in self._adv[self.broker]:
+            raise ProtocolError(f"broker {self.broker}: advertisement {adv_id!r} exists already")
+        return self._adv_set(self.broker, (self.broker, adv_id), filt)
+
+    def unadvertise(self, adv_id: Hashable) -> list[Effect]:
+        if not self.advertising:
+            raise ProtocolError(f"broker {self.broker}: advertising is off")
+        if (self.broker, adv_id) not in self._adv[self.broker]:
+            raise ProtocolError(f"broker {self.broker}: no advertisement {adv_id!r}")
+        return self._adv_set(self.broker, (self.broker, adv_id), None)
+
     def publish(self, event: Mapping[str, Any]) -> list[Effect]:
         return self.route_batch([event], self.broker)
 
@@ -226,6 +307,8 @@ class ContentRouter:
             events = list(events)
         if not events:
             return []
+        if self.advertising and src == self.broker:
+            self._check_advertised(events)
         local = self._match[self.broker].match(events) if self._table[self.broker] else None
         sends = [
             (m, self._match[m].any_match(events))
@@ -264,10 +347,13 @@ class ContentRouter:
         for r in sorted(self._neighbours - wanted):
             self._neighbours.discard(r)
             self._former.add(r)
-            del self._sent[r], self._seen[r]
+            del self._sent[r], self._seen[r], self._adv_seen[r]
+            self._eligible.pop(r, None)
+            for o in list(self._adv[r]):
+                out.extend(self._adv_set(r, o, None))
             for o in list(self._table[r]):
                 out.extend(self._set(r, o, None))
-            del self._table[r], self._match[r]
+            del self._table[r], self._match[r], self._adv[r]
             if self._cover is not None:
                 del self._cover[r]
         out.extend(self._add_neighbours(wanted - self._neighbours))
@@ -278,7 +364,10 @@ class ContentRouter:
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         cls = msg.__class__
         if cls is not Publish and cls is not Subscribe and cls is not Unsubscribe:
-            raise ProtocolError(f"broker {self.broker}: unknown message {msg!r}")
+            if cls is not Advertise and cls is not Unadvertise:
+                raise ProtocolError(f"broker {self.broker}: unknown message {msg!r}")
+            if not self.advertising:
+                raise ProtocolError(f"broker {self.broker}: {cls.__name__} but advertising is off")
         if src not in self._neighbours:
             if src in self._former:
                 self.dropped += 1
@@ -286,6 +375,12 @@ class ContentRouter:
             raise ProtocolError(f"broker {self.broker}: {cls.__name__} from {src}, not a neighbour")
         if cls is Publish:
             return self._route(msg.event, src)
+        if cls is Advertise or cls is Unadvertise:
+            seen = self._adv_seen[src]
+            if msg.seq <= seen.get(msg.origin, -1):
+                return []  # overtaken by a newer message about the same advertisement
+            seen[msg.origin] = msg.seq
+            return self._adv_set(src, msg.origin, msg.filter if cls is Advertise else None)
         out = self._receive(src, msg.origin, msg.filter if cls is Subscribe else None, msg.seq)
         if cls is Subscribe:  # the covered ones go after their cover came: nothing re-exposed
             for w in msg.withdraw:
@@ -304,6 +399,10 @@ class ContentRouter:
     def forwarded_size(self) -> dict[int, int]:
         """Subscriptions forwarded to (and held by) each neighbour."""
         return {m: len(s) for m, s in self._sent.items()}
+
+    def advertisements(self) -> dict[int, dict[Origin, Filter]]:
+        """The advertisements known here per direction (the broker's own id: local ones)."""
+        return {d: dict(t) for d, t in self._adv.items() if t}
 
     def routing_state(self) -> RoutingState:
         tables = {d: dict(t) for d, t in self._table.items() if t}
@@ -354,9 +453,14 @@ class ContentRouter:
         self._match[new] = self._match.pop(old)
         if self._cover is not None:
             self._cover[new] = self._cover.pop(old)
+        self._adv[new] = self._adv.pop(old)
+        for o in self._adv[new]:
+            dirs = self._adv_dirs[o]
+            dirs[new] = dirs.pop(old)
+        self._eligible.pop(old, None)
         self._neighbours.discard(old)
         self._former.add(old)
-        del self._sent[old], self._seen[old]
+        del self._sent[old], self._seen[old], self._adv_seen[old]
 
     def _add_neighbours(self, added: Iterable[int]) -> list[Effect]:
         out: list[Effect] = []
@@ -368,6 +472,12 @@ class ContentRouter:
             if self._cover is not None:
                 self._cover.setdefault(a, CoverIndex())
             self._seen[a] = {}
+            self._adv.setdefault(a, {})
+            self._adv_seen[a] = {}
+            self._eligible.pop(a, None)
+            for o in self._adv_dirs:  # every advertisement known from the other directions
+                if (g := self._adv_cand(a, o)) is not None:
+                    out.append(Send(a, Advertise(o, g, self._next())))
             cands = [(o, f) for o in self._dirs if (f := self._cand(a, o)) is not None]
             roots = _roots(cands) if self.covering else dict(cands)
             self._sent[a] = Forwarded(roots)
@@ -390,12 +500,88 @@ class ContentRouter:
 
     def _cand(self, m: int, o: Origin) -> Filter | None:
         """``o``'s filter as a candidate for neighbour ``m``: from its smallest direction
-        other than ``m`` (on a settled tree an origin comes from one direction only)."""
+        other than ``m`` (on a settled tree an origin comes from one direction only); with
+        advertising, only if it overlaps an advertisement that came from ``m``."""
         dirs = self._dirs.get(o)
         if not dirs:
             return None
         ds = [d for d in dirs if d != m]
+        if not ds:
+            return None
+        f = dirs[min(ds)]
+        if self.advertising and not self._wanted_by(m, f):
+            return None
+        return f
+
+    # -- advertisements
+
+    def _wanted_by(self, m: int, f: Filter) -> bool:
+        """Does ``f`` overlap an advertisement from neighbour ``m`` (memoised until they change)?"""
+        memo = self._eligible.get(m)
+        if memo is None:
+            memo = self._eligible[m] = {}
+        hit = memo.get(f)
+        if hit is None:
+            hit = memo[f] = any(overlaps(a, f) for a in set(self._adv[m].values()))
+        return hit
+
+    def _adv_cand(self, m: int, o: Origin) -> Filter | None:
+        """Advertisement ``o`` as flooded to ``m``: from its smallest direction other than ``m``."""
+        dirs = self._adv_dirs.get(o)
+        if not dirs:
+            return None
+        ds = [d for d in dirs if d != m]
         return dirs[min(ds)] if ds else None
+
+    def _adv_set(self, d: int, o: Origin, f: Filter | None) -> list[Effect]:
+        """Direction ``d`` now advertises ``o`` with filter ``f`` (None: no longer): flood the
+        change, and if ``d`` is a neighbour, update what is forwarded to it."""
+        others = sorted(m for m in self._neighbours if m != d)
+        before = [self._adv_cand(m, o) for m in others]
+        table = self._adv[d]
+        was = table.get(o)
+        dirs = self._adv_dirs.get(o)
+        if f is None:
+            table.pop(o, None)
+            if dirs is not None:
+                dirs.pop(d, None)
+                if not dirs:
+                    del self._adv_dirs[o]
+        else:
+            table[o] = f
+            if dirs is None:
+                dirs = self._adv_dirs[o] = {}
+            dirs[d] = f
+        out: list[Effect] = []
+        for m, old in zip(others, before, strict=True):
+            new = self._adv_cand(m, o)
+            if old != new:
+                msg = Unadvertise(o, self._next()) if new is None else Advertise(o, new, self._next())
+                out.append(Send(m, msg))
+        if was != f and d in self._neighbours:
+            out.extend(self._refresh(d))
+        return out
+
+    def _refresh(self, m: int) -> list[Effect]:
+        """The advertisements from ``m`` changed: forward to ``m`` the roots of its eligible
+        candidates now, and send the difference."""
+        self._eligible.pop(m, None)
+        cands = [(o, f) for o in self._dirs if (f := self._cand(m, o)) is not None]
+        want = _roots(cands) if self.covering else dict(cands)
+        sent = self._sent[m]
+        for o in [o for o, g in sent.map.items() if want.get(o) != g]:
+            sent.pop(o)
+        for o, f in want.items():
+            if o not in sent:
+                sent.put(o, f)
+        return self._messages(m)
+
+    def _check_advertised(self, events: Sequence[Mapping[str, Any]]) -> None:
+        """Refuse (before any effect) events published here that no local advertisement matches."""
+        tests = [compiled(f) for f in set(self._adv[self.broker].values())]
+        for event in events:
+            if not any(t(event) for t in tests):
+                raise ProtocolError(f"broker {self.broker}: no local advertisement matches {event!r}")
 
     def _set(self, d: int, o: Origin, f: Filter | None) -> list[Effect]:
         """Direction ``d`` now sends ``o`` with filter ``f`` (None: no longer)."""
@@ -446,6 +632,11 @@ class ContentRouter:
                 for r in [r for r, g in sent.index.covering(new) if _dominates(o, new, r, g)]:
                     sent.pop(r)
                 sent.put(o, new)
+        return self._messages(m)
+
+    def _messages(self, m: int) -> list[Effect]:
+        """The messages for what changed in the roots forwarded to ``m``."""
+        sent = self._sent[m]
         gone, added = sent.changes()
         if not added:
             return [Send(m, Unsubscribe(r, self._next())) for r in gone]

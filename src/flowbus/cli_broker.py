@@ -151,6 +151,7 @@ def cluster_up(
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
     procs: list[subprocess.Popen[str]] = []
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         for i in range(brokers):
             procs.append(start_process(
@@ -161,10 +162,10 @@ def cluster_up(
             address = wait_ready(proc)
             _say(f"broker {address} (pid {proc.pid})")
         _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
-        signal.signal(signal.SIGTERM, _interrupt)
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                signal.pause()
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, at any point: stop the brokers
+        pass
     except FlowbusError as e:
         fail(str(e))
     finally:

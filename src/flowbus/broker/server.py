@@ -426,6 +426,8 @@ class Broker:
                 session = self.sessions.get(eid[0]) if isinstance(eid, tuple) else None
                 if session is not None:
                     session.pub_ack(eid[1])
+                if isinstance(eid, tuple):
+                    self._lowest_open_pseq(eid[0])  # (drops what is settled from the heap)
 
     def _apply_later(self, settling: list[tuple[str, Any]]) -> None:
         """Settle in the core, outside the step that asked for it."""
@@ -698,10 +700,18 @@ class Broker:
         again when its publisher re-sends it after the restart, not acknowledged and lost.
         (A mark lagging behind is safe: it only lets more re-sends be published again.)"""
         assert self.store is not None
+        lowest = self._lowest_open_pseq(client)
+        self.store.accept(client, top if lowest is None else lowest - 1)  # (not above the kept one: no-op)
+
+    def _lowest_open_pseq(self, client: str) -> int | None:
+        """The lowest ``pseq`` of ``client`` published here and not settled yet, if any."""
         heap = self._open_pseqs.get(client)
         while heap and (client, heap[0]) not in self._inflight_pub:
             heapq.heappop(heap)
-        self.store.accept(client, heap[0] - 1 if heap else top)  # (a mark not above the kept one: no-op)
+        if heap:
+            return heap[0]
+        self._open_pseqs.pop(client, None)
+        return None
 
     def _check_event(self, space: str, schema: Any, event: Any) -> str | None:
         if schema is _UNKNOWN:

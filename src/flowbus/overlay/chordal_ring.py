@@ -172,6 +172,7 @@ class RingNode:
         self.detour: dict[int, tuple[Peer, ...]] = {}  # broker id -> path when our link to it is down
         self.dead: set[int] = set()
         self.version = 0
+        self._backup_due = False  # a copy of the state to the holders is on its way
         self._holders: tuple[Peer, ...] = ()
         self._rtt: dict[int, float] = {}
         self._candidates: set[int] = set()
@@ -294,12 +295,21 @@ class RingNode:
         return out
 
     def set_state(self, key: Hashable, value: Any) -> list[Effect]:
+        """Set a key of the backed-up state. The copy to the holders goes out on a timer of
+        delay 0, so the changes of one step of the driver (a burst of subscriptions, say)
+        cost one copy, not one each."""
         self.state[key] = value
-        return self._send_backups(force=True)
+        return self._backup_soon()
 
     def del_state(self, key: Hashable) -> list[Effect]:
         self.state.pop(key, None)
-        return self._send_backups(force=True)
+        return self._backup_soon()
+
+    def _backup_soon(self) -> list[Effect]:
+        if self._backup_due or not self.joined:
+            return []
+        self._backup_due = True
+        return [SetTimer(0.0, ("ring", "backup"))]
 
     def start_heartbeats(self, period: float) -> list[Effect]:
         """Turn on the ring-neighbour heartbeats (a ring built without them, then watched)."""
@@ -334,6 +344,9 @@ class RingNode:
                 return self._choose_bootstrap()
             case ("ring", "heartbeat"):
                 return self._heartbeat_round(now)
+            case ("ring", "backup"):
+                self._backup_due = False
+                return self._send_backups(force=True)
             case ("ring", "probe", int(suspect)):
                 return self._probe_expired(suspect)
             case ("ring", "test", int(suspect)):

@@ -64,6 +64,7 @@ from flowbus.filters import Filter, parse
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing import cbr
+from flowbus.routing.memo import compiled
 
 __all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
 
@@ -159,6 +160,8 @@ class RingBroker:
         self._seq = 0
         self._delivered: OrderedDict[tuple[Hashable, Any], None] = OrderedDict()  # (sub, event id)
         self._taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
+        self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
+        self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
 
     @property
     def addr(self) -> int:
@@ -222,6 +225,7 @@ class RingBroker:
         self.subs.discard(sub_id)
         key = next(k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id))
         self._taken_from.pop(sub_id, None)
+        self._taken_by_dead = None
         return self.router.drop(origin_of(key)) + self.ring.del_state(key)
 
     def publish(self, event: Mapping[str, Any], *, event_id: Hashable = None) -> list[Effect]:
@@ -430,23 +434,29 @@ class RingBroker:
         ring = self.ring
         fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
-        for key, text in list(ring.state.items()):
+        signature = (len(ring.state), len(ring.taken_over), ring.version)
+        changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
+        self._state_seen = signature
+        for key, text in list(ring.state.items()) if changed else ():
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
                 filt = parse(text[0] if isinstance(text, tuple) else text)
                 self._taken_from[key[1]] = (filt, {a for a in fresh_dead if a is not None})
+                self._taken_by_dead = None
                 self._adopted[key[1]] = origin_of(key)
                 out.extend(self.router.adopt(origin_of(key), filt))
+                matches = compiled(filt)
                 for (e, d, _), rkey in zip(self._retry, self._retry_for, strict=True):
-                    if d in fresh_dead and filt.matches(e):
+                    if d in fresh_dead and matches(e):
                         out.append(Deliver(key[1], e))
                         if rkey is not None:
                             self._step[e[EVENT_ID]] = rkey
-        held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)}
-        for sub in sorted(set(self._adopted) - held, key=repr):  # passed on (load sharing)
+        held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
+        for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self.router.drop(self._adopted.pop(sub)))
             self.subs.discard(sub)
             self._taken_from.pop(sub, None)
+            self._taken_by_dead = None
         if ring.joined:
             self._known.update((p.id, p.addr) for p in ring.links())
         wanted = self.tree_neighbours()
@@ -536,7 +546,16 @@ class RingBroker:
         """An event that was going to a dead broker: deliver it to the subscriptions we took
         over from that broker (the tree did not reach it, nobody else serves them)."""
         return [
-            Deliver(sub, msg.event)
-            for sub, (filt, dead) in sorted(self._taken_from.items(), key=lambda kv: repr(kv[0]))
-            if msg.dead in dead and filt.matches(msg.event)
+            Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
         ]
+
+    def _taken(self) -> dict[int, list[tuple[Hashable, Any]]]:
+        """Dead broker -> the subscriptions taken over from it, in order, with their
+        compiled filters (built again only after ``_taken_from`` changed)."""
+        if self._taken_by_dead is None:
+            index: dict[int, list[tuple[Hashable, Any]]] = {}
+            for sub, (filt, dead) in sorted(self._taken_from.items(), key=lambda kv: repr(kv[0])):
+                for d in dead:
+                    index.setdefault(d, []).append((sub, compiled(filt)))
+            self._taken_by_dead = index
+        return self._taken_by_dead

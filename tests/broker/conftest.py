@@ -1,0 +1,69 @@
+"""Broker processes for the tests: ``flowbus broker start`` in subprocesses, always stopped
+(terminate, then kill) when the test ends, passed or failed."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+
+import pytest
+
+from flowbus.broker.process import start_process, wait_ready
+from flowbus.errors import FlowbusError
+
+StartBroker = Callable[..., tuple["subprocess.Popen[str]", str]]
+
+
+def _ready(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The address of the broker's ready line; the process is killed if none comes in time."""
+    with ThreadPoolExecutor(1) as pool:
+        line = pool.submit(wait_ready, proc)
+        try:
+            return line.result(timeout)
+        except FutureTimeout:
+            proc.kill()  # (the reader thread then sees end of file)
+            raise FlowbusError(f"broker process {proc.pid}: no ready line in {timeout} s") from None
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Terminate a broker process, kill it if it does not go."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+
+
+@pytest.fixture
+def start_broker() -> Iterator[StartBroker]:
+    """``start_broker(listen, join=[...], data=DIR, config=FILE)`` starts a broker process
+    and waits for its ready line: ``(process, "host:port")``. Every process started is
+    stopped at the end of the test."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(
+        listen: str = "127.0.0.1:0",
+        *,
+        join: list[str] | None = None,
+        data: Path | None = None,
+        config: Path | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[subprocess.Popen[str], str]:
+        proc = start_process(listen, join=join or [], data=data, config=config)
+        procs.append(proc)
+        return proc, _ready(proc, timeout)
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            stop(proc)

@@ -140,7 +140,7 @@ def bench_match(
 
 
 def _mount() -> None:
-    from flowbus.cli_broker import broker_app, cluster_app, pub, sub
+    from flowbus.cli_broker import bench_broker, broker_app, cluster_app, pub, sub
     from flowbus.cli_flow import bench_flow, flow_app, run
     from flowbus.cli_sim import sim_app
     from flowbus.cli_spark import bench_spark, match
@@ -155,6 +155,7 @@ def _mount() -> None:
     app.command("match")(match)
     bench_app.command("flow")(bench_flow)
     bench_app.command("spark")(bench_spark)
+    bench_app.command("broker")(bench_broker)
 
 
 _mount()

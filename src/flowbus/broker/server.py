@@ -674,12 +674,11 @@ class Broker:
                 if eid not in self._inflight_pub:
                     session.pub_ack(pseq)
                 continue
-            error = self._check_event(msg.space, schema, event)
-            if error is not None:
+            fields, error = self._checked_event(msg.space, schema, event)
+            if fields is None:
                 session.send(p.Nack(pseq, error))
                 top = max(top, pseq)
                 continue
-            fields = schema.validate(event) if schema is not None else dict(event)
             fields[SPACE] = msg.space
             items.append((eid, fields))
             self._inflight_pub[eid] = None
@@ -713,19 +712,20 @@ class Broker:
         self._open_pseqs.pop(client, None)
         return None
 
-    def _check_event(self, space: str, schema: Any, event: Any) -> str | None:
+    def _checked_event(self, space: str, schema: Any, event: Any) -> tuple[dict[str, Any] | None, str]:
+        """The event's fields, checked against the space's schema; or None and what is wrong."""
         if schema is _UNKNOWN:
-            return f"unknown space {space!r} (known: {', '.join(sorted(self.config.spaces))})"
+            return None, f"unknown space {space!r} (known: {', '.join(sorted(self.config.spaces))})"
         if not isinstance(event, dict) or not all(isinstance(k, str) for k in event):
-            return f"an event is a map of field names to values, got {type(event).__name__}"
+            return None, f"an event is a map of field names to values, got {type(event).__name__}"
         if any(k.startswith("__") for k in event):
-            return "field names starting with '__' are reserved"
-        if schema is not None:
-            try:
-                schema.validate(event)
-            except SchemaError as e:
-                return f"space {space!r}: {e}"
-        return None
+            return None, "field names starting with '__' are reserved"
+        if schema is None:
+            return dict(event), ""
+        try:
+            return schema.validate(event), ""
+        except SchemaError as e:
+            return None, f"space {space!r}: {e}"
 
     # -- subscribe
 

@@ -356,7 +356,7 @@ class Client:
             self._to_send = []
             for space, items in by_space.items():
                 for i in range(0, len(items), 2000):
-                    out.append(frame(encode(p.Publish(space, tuple(items[i : i + 2000])))))
+                    out.append(frame(encode(p.Publish(space, p.pack_publish(items[i : i + 2000])))))
         if self._acks:
             out.append(frame(encode(p.Ack(tuple(self._acks.items())))))
             self._acks = {}
@@ -493,7 +493,7 @@ class Client:
     def _on_message(self, msg: Any) -> None:
         if isinstance(msg, p.Events):
             epoch = self._epoch
-            for sub_id, dseq, eid, event in msg.items:
+            for sub_id, dseq, eid, event in msg.items():
                 sub = self._subs.get(sub_id)
                 if sub is not None:
                     sub._offer(epoch, dseq, eid, event)

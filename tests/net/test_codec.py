@@ -116,14 +116,14 @@ CASES: list[object] = [
     # the client protocol
     bp.Hello(client="c1"),
     bp.Welcome(broker="127.0.0.1:7001", peers=("127.0.0.1:7002",), spaces={"s": {"x": "int"}, "any": None}),
-    bp.Publish(space="s", items=((1, {"x": 1}), (2, {"x": 2}))),
+    bp.Publish(space="s", batch=bp.pack_publish([(1, {"x": 1}), (2, {"x": 2})])),
     bp.PubAck(pseqs=(1, 2)),
     bp.Nack(pseq=3, error="field 'x' is missing"),
     bp.Subscribe(req=1, sub_id="c1/a", space="s", filter="x > 1", durable=True, collapse="last", resume=True),
     bp.Unsubscribe(req=2, sub_id="c1/a"),
     bp.Reply(req=2, ok=False, error="no subscription"),
     bp.Ack(items=(("c1/a", 4),)),
-    bp.Events(items=(("c1/a", 1, ("c2", 5), {"x": 3}),)),
+    bp.Events(batch=bp.pack_events([("c1/a", 1, ("c2", 5), {"x": 3})])),
     bp.Bye(),
     bp.Error(what="frame too large"),
     # class_router

@@ -8,7 +8,7 @@ A YAML file (``flowbus broker start --config FILE``)::
     rulesets:                   # collapse rule sets a subscription may name
       last_price: ...           # the flow specs' collapse syntax (docs/flow.md)
     backup: 2                   # ring neighbours holding each broker's subscriptions
-    heartbeat: 0.5              # seconds between ring heartbeats
+    heartbeat: 2.0              # seconds between ring heartbeats
     window: 500                 # deliveries in flight to one subscriber, unacknowledged
     memory: 2000                # deliveries per subscription held in memory (in flight
                                 # included); the rest go to SQLite. Keep it below the
@@ -48,7 +48,7 @@ class BrokerConfig:
     spaces: Mapping[str, Schema | None] = field(default_factory=lambda: {"stocks": STOCKS, "events": None})
     rulesets: Mapping[str, Any] = field(default_factory=dict)
     backup: int = 2
-    heartbeat: float = 0.5
+    heartbeat: float = 2.0
     window: int = 500
     memory: int = 2000
     linger: float = 30.0

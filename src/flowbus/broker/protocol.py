@@ -9,7 +9,8 @@ Client -> broker:
 
 * :class:`Hello` ``(client)``: a name unique to the client process; the broker answers
   :class:`Welcome` (the ring's brokers, for reconnecting, and the spaces with their schemas).
-* :class:`Publish` ``(space, items)``: ``(pseq, event)`` pairs. ``pseq`` numbers the client's
+* :class:`Publish` ``(space, batch)``: ``(pseq, event)`` pairs, packed in one plain
+  msgpack blob (events are plain data; one C call decodes a batch). ``pseq`` numbers the client's
   publishes from 1 up; ``(client, pseq)`` is the event's id everywhere. The broker answers
   :class:`PubAck` once every broker and every subscriber that needed the event has it (see
   the broker's custody), or :class:`Nack` for an event it refused (unknown space, schema).
@@ -25,7 +26,8 @@ Client -> broker:
 
 Broker -> client:
 
-* :class:`Events` ``(items)``: ``(sub_id, dseq, event_id, event)`` deliveries; ``dseq``
+* :class:`Events` ``(batch)``: ``(sub_id, dseq, event_id, event)`` deliveries, packed
+  like ``Publish``'s; ``dseq``
   numbers one subscription's deliveries on one connection from 1 up, in order.
 * :class:`Error` ``(what)``: the connection broke the protocol (a bad frame): the broker
   closes it after this. Nothing else changed.
@@ -33,8 +35,11 @@ Broker -> client:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
 
 from flowbus.errors import ProtocolError
 
@@ -79,11 +84,24 @@ class Welcome:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
+    """``batch``: plain msgpack of ``[[pseq, event], ...]`` (:func:`pack_publish`): events
+    are plain data, and the hot path decodes them in one C call."""
+
     space: str
-    items: tuple[tuple[int, dict[str, Any]], ...]
+    batch: bytes
 
     def __post_init__(self) -> None:
         _name(self.space, "Publish.space")
+
+    def items(self) -> list[tuple[int, dict[str, Any]]]:
+        """The ``(pseq, event)`` pairs; a :class:`ProtocolError` for a malformed batch."""
+        raw = _unpack(self.batch, "Publish")
+        out = []
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
+                raise ProtocolError("Publish: each item is [pseq, event]")
+            out.append((item[0], item[1]))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +150,35 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Events:
-    items: tuple[tuple[str, int, Any, dict[str, Any]], ...]
+    """``batch``: plain msgpack of ``[[sub_id, dseq, publisher, pseq, event], ...]``
+    (:func:`pack_events`); ``(publisher, pseq)`` is the event's id."""
+
+    batch: bytes
+
+    def items(self) -> list[tuple[str, int, tuple[str, int], dict[str, Any]]]:
+        raw = _unpack(self.batch, "Events")
+        try:
+            return [(s, d, (who, n), e) for s, d, who, n, e in raw]
+        except (TypeError, ValueError):
+            raise ProtocolError("Events: each item is [sub_id, dseq, publisher, pseq, event]") from None
+
+
+def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]]) -> bytes:
+    return msgpack.packb([[pseq, dict(event)] for pseq, event in items], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def pack_events(items: Sequence[tuple[str, int, tuple[str, int], Mapping[str, Any]]]) -> bytes:
+    return msgpack.packb([[s, d, eid[0], eid[1], e] for s, d, eid, e in items], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _unpack(batch: bytes, what: str) -> list[Any]:
+    try:
+        raw = msgpack.unpackb(batch, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack's own errors, ValueError, ...
+        raise ProtocolError(f"{what}: a malformed batch ({type(e).__name__})") from None
+    if not isinstance(raw, list):
+        raise ProtocolError(f"{what}: a batch is a list")
+    return raw
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,8 +201,8 @@ class _Session:
         msgs = self._out
         if self._acks:
             msgs.append(p.PubAck(tuple(self._acks)))
-        if self._events:
-            msgs.append(p.Events(tuple(self._events)))
+        for i in range(0, len(self._events), 2000):  # (frames well under the size limit)
+            msgs.append(p.Events(p.pack_events(self._events[i : i + 2000])))
         self._out, self._acks, self._events = [], [], []
         if msgs:
             self.writer.write(b"".join(frame(encode(m)) for m in msgs))
@@ -663,7 +663,7 @@ class Broker:
             last = self._last_pseq[client] = self.store.last_seq(client) or 0
         items = []
         top = last
-        for pseq, event in msg.items:
+        for pseq, event in msg.items():
             if type(pseq) is not int or pseq < 1:
                 session.send(
                     p.Nack(pseq if type(pseq) is int else -1, f"bad publish sequence number {pseq!r}")

@@ -1,0 +1,663 @@
+"""Brokers on loopback: one broker and a 3-broker ring, K subscriptions, events published as fast as
+the publisher's window lets (``python -m benchmarks.broker --json``; plot with
+``python -m benchmarks.plot_broker``).
+
+Measured for each (brokers, K), on fresh broker processes (``flowbus broker start``, a config
+with one space ``bench``: ``symbol`` of 50 values, ``price``, ``quantity``, ``exchange`` of 5
+values, ``level`` 0-9, and ``t``, the publisher's clock at publishing):
+
+* ``subscribe_s`` -- K subscriptions (equality on ``symbol`` and ranges on 2-4 of the other
+  attributes, seeded; an event matches about K / 500 of them: ``deliveries_per_event``), spread
+  over ``clients`` subscriber connections (spread over the brokers), pipelined in chunks;
+  ``routed_s`` -- that, and then until a probe event published at the publisher's broker reaches a
+  sentinel subscription made last on each subscriber connection (the ring has routed them all).
+* ``events_per_s_in`` -- N / (first publish .. ``flush()`` done). A publish is acknowledged when
+  every matching subscriber's client took the event, so this is end-to-end throughput.
+* ``deliveries_per_s`` -- deliveries / (first publish .. the last expected delivery).
+* ``latency_p50_ms`` / ``latency_p99_ms`` -- receive ``time.time()`` minus the event's ``t``, over
+  every delivery. Publishing as fast as possible keeps ``window`` publishes in flight, so by
+  Little's law the latency is about ``window / events_per_s_in`` (``publish_window`` is in each
+  row); ``rate`` paces the publisher instead.
+* ``deliveries_match_offline`` -- every subscription got exactly the events its filter matches
+  (counted offline with :class:`flowbus.matching.Matcher`, itself checked against
+  ``Filter.matches`` on a sample of events).
+* ``broker_rss_mb`` / ``broker_hwm_mb`` -- VmRSS / VmHWM of the broker processes at the end
+  (the largest); ``broker_cpu_s`` / ``client_cpu_s`` -- CPU time of the brokers (summed) and of
+  the client process while publishing; ``other_cpu_s`` -- what the rest of the machine used
+  meanwhile (other processes compete for the same cores: a busy machine skews the figures).
+* In a ring, ``ring_after_subscribe`` / ``ring_after_publish`` -- the peers each broker names
+  in its ``Welcome`` to a fresh connection; ``ring_intact``: every broker names all the others.
+
+The publisher and every subscriber run in this process, on one asyncio event loop (on a
+2-core machine, the brokers get the rest). Generating events and filters and the offline count
+are not timed. A row whose run fails carries ``error`` (the traceback) and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import random
+import select
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import flowbus
+from flowbus.broker import protocol as p
+from flowbus.broker.process import start_process, wait_ready
+from flowbus.client import Subscription
+from flowbus.errors import FlowbusError
+from flowbus.filters import parse
+from flowbus.matching import Matcher
+from flowbus.net.codec import FrameDecoder, decode, encode, frame
+
+Progress = Callable[[str, int, int], None]
+
+SPACE = "bench"
+SCHEMA = {
+    "symbol": "str",
+    "price": "float",
+    "quantity": "int",
+    "exchange": "str",
+    "level": "int",
+    "t": "float",
+}
+SYMBOLS = [f"S{i}" for i in range(50)]
+EXCHANGES = ["NYSE", "NASDAQ", "LSE", "TSE", "HKEX"]
+PRICE = (10.0, 110.0)
+QUANTITY = (1, 1000)
+PROBE = "__probe"
+
+REFERENCE = {
+    "system": "ActiveMQ 5.17, same kind of selectors, this machine (the issue)",
+    "events_per_s_in": {"1000": [11_800, 17_700], "10000": [699]},
+}
+GOAL = {"subscriptions": 10_000, "events_per_s_in": 20_000, "latency_p99_ms": 50.0}
+
+
+# ------------------------------------------------------------------------------------ workload
+
+
+def make_events(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` events without ``t`` (the publisher stamps it), as plain Python values."""
+    rng = np.random.default_rng(seed)
+    symbol = rng.integers(0, len(SYMBOLS), n).tolist()
+    price = np.round(rng.uniform(*PRICE, n), 2).tolist()
+    quantity = rng.integers(QUANTITY[0], QUANTITY[1] + 1, n).tolist()
+    exchange = rng.integers(0, len(EXCHANGES), n).tolist()
+    level = rng.integers(0, 10, n).tolist()
+    return [
+        {"symbol": SYMBOLS[s], "price": pr, "quantity": q, "exchange": EXCHANGES[x], "level": lv}
+        for s, pr, q, x, lv in zip(symbol, price, quantity, exchange, level, strict=True)
+    ]
+
+
+def _range(
+    rng: random.Random, name: str, lo: float, hi: float, frac: tuple[float, float], digits: int
+) -> str:
+    width = (hi - lo) * rng.uniform(*frac)
+    a = rng.uniform(lo, hi - width)
+    if digits:
+        return f"{name} >= {round(a, digits)} & {name} < {round(a + width, digits)}"
+    return f"{name} >= {int(a)} & {name} <= {int(a + width)}"
+
+
+def make_filters(k: int, seed: int) -> list[str]:
+    """``k`` filters: ``symbol = "S<i>"`` and conditions on 2-4 of price, quantity, level, exchange."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        parts = [f'symbol = "{rng.choice(SYMBOLS)}"']
+        for attr in sorted(rng.sample(["price", "quantity", "level", "exchange"], rng.randint(2, 4))):
+            if attr == "price":
+                parts.append(_range(rng, "price", *PRICE, (0.2, 0.6), 1))
+            elif attr == "quantity":
+                parts.append(_range(rng, "quantity", *QUANTITY, (0.3, 0.7), 0))
+            elif attr == "level":
+                a = rng.randint(0, 7)
+                b = rng.randint(a + 2, 9)
+                parts.append(f"level >= {a}" if b == 9 else f"level between {a} and {b}")
+            elif rng.random() < 0.5:
+                parts.append(f'exchange = "{rng.choice(EXCHANGES)}"')
+            else:
+                names = ", ".join(f'"{x}"' for x in rng.sample(EXCHANGES, rng.randint(2, 3)))
+                parts.append(f"exchange in {{{names}}}")
+        out.append(" & ".join(parts))
+    return out
+
+
+def offline_counts(
+    filters: Sequence[str], events: Sequence[dict[str, Any]], sample: int = 200
+) -> tuple[np.ndarray, bool]:
+    """How many of ``events`` each filter matches (Matcher), and whether Matcher agrees with
+    ``Filter.matches`` on the first ``sample`` events (fewer for many filters)."""
+    m = Matcher()
+    parsed = [parse(f) for f in filters]
+    m.add_many(list(enumerate(parsed)))
+    counts = np.zeros(len(filters), np.int64)
+    for i in range(0, len(events), 5_000):
+        ids = m.match_batch(list(events[i : i + 5_000]))
+        flat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        counts += np.bincount(flat.astype(np.int64), minlength=len(filters))
+    head = list(events[: max(2, min(sample, 2_000_000 // max(1, len(filters))))])
+    got = [sorted(r.tolist()) for r in m.match_batch(head)]
+    want = [[i for i, f in enumerate(parsed) if f.matches(e)] for e in head]
+    return counts, got == want
+
+
+# ------------------------------------------------------------------------------------ brokers
+
+
+def _proc_status(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of ``pid`` in MB."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores; /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _start(listen: str, join: list[str], config: Path, profile: Path | None) -> subprocess.Popen[str]:
+    if profile is None:
+        return start_process(listen, join=join, config=config)
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "flowbus", "broker", "start"]
+    cmd += ["--listen", listen, "--config", str(config)]
+    for j in join:
+        cmd += ["--join", j]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def _ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise FlowbusError(f"broker process {proc.pid} not ready after {timeout} s")
+    return wait_ready(proc)
+
+
+@dataclass
+class Ring:
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    addresses: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def start_ring(
+    n: int, config: Path, profile_dir: Path | None = None, tag: str = "", ring: Ring | None = None
+) -> Ring:
+    """``n`` broker processes on 127.0.0.1 (free ports), the others joining the first, in ``ring``
+    (or a new one). The caller stops them (``Ring.stop``), also when this raises: give a ``ring``
+    to hold what started by then."""
+    ring = Ring() if ring is None else ring
+    for i in range(n):
+        prof = profile_dir / f"broker{tag}-{i + 1}.prof" if profile_dir is not None else None
+        ring.procs.append(_start("127.0.0.1:0", ring.addresses[:1], config, prof))
+        ring.addresses.append(_ready(ring.procs[-1]))
+    if n > 1:
+        time.sleep(1.0)  # let the ring settle
+    return ring
+
+
+def write_config(directory: Path, **limits: float | None) -> Path:
+    """The brokers' YAML: the ``bench`` space, and the limits given (``window``, ``memory``,
+    ``heartbeat``...; None: the broker's default)."""
+    lines = ["spaces:", f"  {SPACE}: {{{', '.join(f'{k}: {v}' for k, v in SCHEMA.items())}}}"]
+    lines += [f"{key}: {value}" for key, value in limits.items() if value is not None]
+    path = directory / "broker.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------ clients
+
+
+class _Tally:
+    def __init__(self, k: int, expected: int) -> None:
+        self.counts = np.zeros(k, np.int64)
+        self.latency = array("d")
+        self.total = 0
+        self.expected = expected
+        self.last = 0.0  # perf_counter of the latest delivery
+        self.done = asyncio.Event()
+        if expected == 0:
+            self.done.set()
+
+
+async def _consume(sub: Subscription, idx: int, tally: _Tally) -> None:
+    lat = tally.latency
+    async for event in sub:
+        lat.append(time.time() - event["t"])
+        tally.counts[idx] += 1
+        tally.total += 1
+        tally.last = time.perf_counter()
+        if tally.total >= tally.expected:
+            tally.done.set()
+
+
+async def _sentinel(sub: Subscription, seen: asyncio.Event) -> None:
+    async for _ in sub:
+        seen.set()
+
+
+async def ring_view(addresses: Sequence[str], timeout: float = 10.0) -> dict[str, list[str] | str]:
+    """The peers each broker names in its ``Welcome`` (its live ring links), from a fresh
+    connection: in a healthy ring of n brokers each names the n - 1 others."""
+
+    async def one(address: str) -> list[str] | str:
+        host, _, port = address.rpartition(":")
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+        except (TimeoutError, OSError) as e:
+            return f"unreachable: {e!r}"
+        try:
+            writer.write(frame(encode(p.Hello(f"bench-ring-view-{uuid.uuid4().hex[:8]}"))))
+            frames = FrameDecoder()
+            while True:
+                data = await asyncio.wait_for(reader.read(1 << 16), timeout)
+                if not data:
+                    return "closed"
+                bodies = frames.feed(data)
+                if bodies:
+                    msg = decode(bodies[0])
+                    if not isinstance(msg, p.Welcome):
+                        return f"unexpected {type(msg).__name__}"
+                    writer.write(frame(encode(p.Bye())))
+                    return sorted(msg.peers)
+        except TimeoutError:
+            return f"no Welcome in {timeout} s (busy?)"
+        finally:
+            writer.close()
+
+    views = await asyncio.gather(*(one(a) for a in addresses))
+    return dict(zip(addresses, views, strict=True))
+
+
+def _ring_ok(view: dict[str, list[str] | str]) -> bool:
+    return all(isinstance(v, list) and len(v) == len(view) - 1 for v in view.values())
+
+
+async def _clients_run(
+    ring: Ring, row: dict[str, Any], filters: list[str], events: list[dict[str, Any]],
+    expected: np.ndarray, *, clients: int, window: int, rate: float, chunk: int, subscribe_timeout: float,
+    progress: Progress | None, label: str,
+) -> None:  # fmt: skip
+    """Fill ``row`` in as the run goes (what was measured stays there if a later step fails);
+    stop the brokers before the clients close (a client's ``Bye`` would have its broker remove
+    all of its subscriptions: not measured, and slow)."""
+    addresses = ring.addresses
+    k = len(filters)
+    tally = _Tally(k, int(expected.sum()))
+    tasks: list[asyncio.Task[None]] = []
+    conns: list[flowbus.Client] = []
+    multi = len(addresses) > 1
+    try:
+        subs = [flowbus.connect(addresses[c % len(addresses)], name=f"bench-sub-{c}") for c in range(clients)]
+        pub = flowbus.connect(addresses[0], name="bench-pub", window=window)
+        conns = [*subs, pub]
+        await asyncio.gather(*(c.open() for c in conns))
+
+        # -- subscribe, pipelined
+        async def subscribe_all() -> None:
+            for lo in range(0, k, chunk):
+                idx = range(lo, min(k, lo + chunk))
+                got = await asyncio.gather(*(subs[i % clients].subscribe(SPACE, filters[i]) for i in idx))
+                tasks.extend(
+                    asyncio.create_task(_consume(s, i, tally)) for s, i in zip(got, idx, strict=True)
+                )
+                if progress:
+                    progress(f"{label}: subscribe", idx.stop, k)
+
+        t0 = time.perf_counter()
+        try:
+            await asyncio.wait_for(subscribe_all(), subscribe_timeout)
+        except TimeoutError:
+            row["subscribed"] = len(tasks)
+            raise FlowbusError(
+                f"subscribing: only {len(tasks):,} of {k:,} subscriptions done in {subscribe_timeout:.0f} s"
+            ) from None
+        row["subscribe_s"] = time.perf_counter() - t0
+        # -- until the publisher's broker routes to every subscriber connection
+        seen = [asyncio.Event() for _ in subs]
+        for c, seen_ev in zip(subs, seen, strict=True):
+            s = await c.subscribe(SPACE, f'symbol = "{PROBE}"')
+            tasks.append(asyncio.create_task(_sentinel(s, seen_ev)))
+        probe = {"symbol": PROBE, "price": 1.0, "quantity": 1, "exchange": "X", "level": 0}
+        t1 = time.perf_counter()
+        while not all(e.is_set() for e in seen):
+            if time.perf_counter() - t1 > 120:
+                missing = [subs[i].broker for i, e in enumerate(seen) if not e.is_set()]
+                view = await ring_view(addresses) if multi else {}
+                row["ring_after_subscribe"] = view
+                row["ring_intact"] = _ring_ok(view)
+                raise FlowbusError(
+                    f"subscriptions at {sorted(set(map(str, missing)))} not routed to the publisher's broker "
+                    f"{addresses[0]} after 120 s; the brokers' ring links: {view}"
+                )
+            await pub.publish(SPACE, {**probe, "t": time.time()})
+            await pub.flush(120)
+            await asyncio.sleep(0.02)
+        row["routed_s"] = time.perf_counter() - t0
+        if multi:
+            row["ring_after_subscribe"] = view = await ring_view(addresses)
+            row["ring_intact"] = _ring_ok(view)
+
+        # -- publish
+        gc.collect()
+        gc.freeze()
+        cpu0 = time.process_time()
+        bcpu0 = [_cpu_s(proc.pid) for proc in ring.procs]
+        busy0 = _busy_s()
+        row["loadavg_before_publish"] = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        for n, base in enumerate(events, 1):
+            if rate:
+                ahead = t0 + n / rate - time.perf_counter()
+                if ahead > 0.001:
+                    await asyncio.sleep(ahead)
+            ev = dict(base)
+            ev["t"] = time.time()
+            await pub.publish(SPACE, ev)
+            if progress and n % 1000 == 0:
+                progress(f"{label}: publish", n, len(events))
+        await pub.flush(max(120.0, len(events) / 50))
+        t_in = time.perf_counter() - t0
+        row["client_cpu_s"] = time.process_time() - cpu0
+        row["broker_cpu_s"] = sum(_cpu_s(proc.pid) - c for proc, c in zip(ring.procs, bcpu0, strict=True))
+        row["other_cpu_s"] = max(0.0, _busy_s() - busy0 - row["broker_cpu_s"] - row["client_cpu_s"])
+        # every delivery was taken before its publish was acknowledged (unless spilled to disk):
+        # wait for stragglers only while they keep coming
+        while not tally.done.is_set():
+            before = tally.total
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(tally.done.wait(), 3.0)
+            if tally.total == before:
+                break
+        t_out = (tally.last - t0) if tally.total else float("nan")
+        gc.unfreeze()
+        lat_ms = np.frombuffer(tally.latency, dtype=np.float64) * 1000.0 if tally.total else np.zeros(1)
+        row.update(
+            publish_s=t_in,
+            events_per_s_in=len(events) / t_in,
+            deliveries=tally.total,
+            deliveries_per_s=tally.total / t_out if tally.total else 0.0,
+            latency_p50_ms=float(np.percentile(lat_ms, 50)),
+            latency_p99_ms=float(np.percentile(lat_ms, 99)),
+            latency_max_ms=float(lat_ms.max()),
+            deliveries_match_offline=bool(np.array_equal(tally.counts, expected)),
+        )
+        if multi:
+            row["ring_after_publish"] = view = await ring_view(addresses)
+            row["ring_intact"] = _ring_ok(view)
+    finally:
+        gc.unfreeze()
+        status = [_proc_status(proc.pid) for proc in ring.procs]
+        row["broker_rss_mb"] = max((s["VmRSS"] for s in status if "VmRSS" in s), default=None)
+        row["broker_hwm_mb"] = max((s["VmHWM"] for s in status if "VmHWM" in s), default=None)
+        ring.stop()
+        for c in conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.close(), 10)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------------------------- run
+
+
+def _row(
+    brokers: int, filters: list[str], events: list[dict[str, Any]], expected: np.ndarray, config: Path, *,
+    clients: int, window: int, rate: float, chunk: int, subscribe_timeout: float, progress: Progress | None,
+    profile_dir: Path | None,
+) -> dict[str, Any]:  # fmt: skip
+    k = len(filters)
+    row: dict[str, Any] = {
+        "brokers": brokers,
+        "subscriptions": k,
+        "events": len(events),
+        "deliveries_expected": int(expected.sum()),
+        "deliveries_per_event": float(expected.sum()) / max(1, len(events)),
+        "publish_window": window,
+        "rate": rate or None,
+    }
+    ring = Ring()
+    try:
+        start_ring(brokers, config, profile_dir, tag=f"-b{brokers}-k{k}", ring=ring)
+        asyncio.run(
+            _clients_run(
+                ring, row, filters, events, expected, clients=clients, window=window, rate=rate, chunk=chunk,
+                subscribe_timeout=subscribe_timeout, progress=progress, label=f"{brokers} broker(s), K={k:,}",
+            )
+        )  # fmt: skip
+    except Exception:
+        row["error"] = traceback.format_exc()
+        row["deliveries_match_offline"] = False
+    finally:
+        ring.stop()
+    return row
+
+
+def run(
+    *,
+    brokers: Sequence[int] = (1, 3),
+    subscriptions: Sequence[int] = (10, 1_000, 10_000, 100_000),
+    events: int = 20_000,
+    seed: int = 1,
+    clients: int = 4,
+    window: int = 10_000,
+    rate: float = 0.0,
+    broker_window: int | None = None,
+    broker_memory: int | None = None,
+    broker_heartbeat: float | None = None,
+    max_ring_subscriptions: int = 10_000,
+    subscribe_chunk: int = 2_000,
+    subscribe_timeout: float = 900.0,
+    profile_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The sweep over ``brokers`` x ``subscriptions`` (see the module note).
+
+    ``window``: the publisher's window of unacknowledged publishes; ``rate``: events/s to pace
+    the publisher at (0: as fast as the window lets); ``broker_window`` / ``broker_memory`` /
+    ``broker_heartbeat``: the brokers' settings (None: their defaults); rings of more than one
+    broker run only up to ``max_ring_subscriptions`` (the others are rows with ``skipped``);
+    a row whose subscribing takes longer than ``subscribe_timeout`` seconds ends with an
+    error; ``profile_dir``: run each broker under cProfile, writing
+    ``broker-b<B>-k<K>-<i>.prof`` there."""
+    evs = make_events(events, seed)
+    rows = []
+    total = len(subscriptions) * len(brokers)
+    with tempfile.TemporaryDirectory(prefix="flowbus-bench-") as tmp:
+        config = write_config(
+            Path(tmp), window=broker_window, memory=broker_memory, heartbeat=broker_heartbeat
+        )
+        for k in subscriptions:
+            filters = make_filters(k, seed + k)
+            t = time.perf_counter()
+            expected, agrees = offline_counts(filters, evs)
+            offline_s = time.perf_counter() - t
+            for b in brokers:
+                if b > 1 and k > max_ring_subscriptions:
+                    row: dict[str, Any] = {
+                        "brokers": b,
+                        "subscriptions": k,
+                        "events": events,
+                        "skipped": f"rings run up to {max_ring_subscriptions:,} subscriptions "
+                        "(max_ring_subscriptions / --max-ring-subscriptions)",
+                    }
+                else:
+                    row = _row(
+                        b, filters, evs, expected, config, clients=clients, window=window, rate=rate,
+                        chunk=subscribe_chunk, subscribe_timeout=subscribe_timeout, progress=progress,
+                        profile_dir=profile_dir,
+                    )  # fmt: skip
+                    row["offline_matcher_agrees_with_filter_matches"] = agrees
+                    row["offline_s"] = offline_s
+                rows.append(row)
+                if progress:
+                    progress("rows", len(rows), total)
+    return {
+        "benchmark": "broker",
+        "rows": rows,
+        "reference": REFERENCE,
+        "goal": GOAL,
+        "clients": "one process, one event loop",
+        "subscriber_connections": clients,
+        "publisher": "one connection, to the first broker",
+        "broker_config": {
+            "window": broker_window,
+            "memory": broker_memory,
+            "heartbeat": broker_heartbeat,
+            "note": "None: the broker's default",
+        },
+        "seed": seed,
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "cpu": _cpu_model(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+    }
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return None
+
+
+# ------------------------------------------------------------------------------------- command
+
+COLUMNS = [
+    ("brokers", "B", "{}"),
+    ("subscriptions", "K", "{:,}"),
+    ("events", "N", "{:,}"),
+    ("subscribe_s", "subscribe s", "{:.1f}"),
+    ("events_per_s_in", "events/s in", "{:,.0f}"),
+    ("deliveries", "deliveries", "{:,}"),
+    ("deliveries_per_s", "deliv/s out", "{:,.0f}"),
+    ("latency_p50_ms", "p50 ms", "{:.1f}"),
+    ("latency_p99_ms", "p99 ms", "{:.1f}"),
+    ("broker_rss_mb", "RSS MB", "{:.0f}"),
+    ("broker_hwm_mb", "HWM MB", "{:.0f}"),
+    ("broker_cpu_s", "broker CPU s", "{:.1f}"),
+    ("client_cpu_s", "client CPU s", "{:.1f}"),
+    ("other_cpu_s", "other CPU s", "{:.1f}"),
+    ("deliveries_match_offline", "ok", "{}"),
+]
+
+
+def table(result: dict[str, Any]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in result["rows"]:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            v = r.get(key)
+            cells.append("-" if v is None else fmt.format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"\nB={r['brokers']} K={r['subscriptions']}: {r['error']}")
+        elif "skipped" in r:
+            lines.append(f"\nB={r['brokers']} K={r['subscriptions']}: skipped: {r['skipped']}")
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.broker", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--brokers", type=_ints, default=[1, 3], help="broker counts, e.g. 1,3")
+    ap.add_argument("--subscriptions", type=_ints, default=[10, 1_000, 10_000, 100_000], help="e.g. 10,1000")
+    ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--clients", type=int, default=4, help="subscriber connections")
+    ap.add_argument("--window", type=int, default=10_000, help="publisher window (unacknowledged publishes)")
+    ap.add_argument("--rate", type=float, default=0.0, help="pace the publisher (events/s; 0: flat out)")
+    ap.add_argument("--broker-window", type=int, default=None, help="brokers' per-subscriber window")
+    ap.add_argument("--broker-memory", type=int, default=None, help="brokers' per-subscription memory")
+    ap.add_argument("--broker-heartbeat", type=float, default=None, help="brokers' ring heartbeat (s)")
+    ap.add_argument(
+        "--max-ring-subscriptions", type=int, default=10_000, help="skip rings with more subscriptions"
+    )
+    ap.add_argument("--subscribe-timeout", type=float, default=900.0, help="seconds; then the row fails")
+    ap.add_argument("--profile-dir", type=Path, default=None, help="run the brokers under cProfile")
+    ap.add_argument("--json", action="store_true", help="print one JSON document")
+    args = ap.parse_args(argv)
+
+    def progress(what: str, done: int, total: int) -> None:
+        print(
+            f"\r{what}: {done:,}/{total:,}   ", end="\n" if done >= total else "", file=sys.stderr, flush=True
+        )
+
+    if args.profile_dir is not None:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+    result = run(
+        brokers=args.brokers, subscriptions=args.subscriptions, events=args.events, seed=args.seed,
+        clients=args.clients, window=args.window, rate=args.rate, broker_window=args.broker_window,
+        broker_memory=args.broker_memory, broker_heartbeat=args.broker_heartbeat,
+        max_ring_subscriptions=args.max_ring_subscriptions, subscribe_timeout=args.subscribe_timeout,
+        profile_dir=args.profile_dir, progress=progress,
+    )  # fmt: skip
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        print(table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -453,7 +453,9 @@ class RingBroker:
                             self._step[e[EVENT_ID]] = rkey
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
-            out.extend(self.router.drop(self._adopted.pop(sub)))
+            origin = self._adopted.pop(sub)
+            if self.addr in self.router.directions(origin):  # (not dropped already)
+                out.extend(self.router.drop(origin))
             self.subs.discard(sub)
             self._taken_from.pop(sub, None)
             self._taken_by_dead = None

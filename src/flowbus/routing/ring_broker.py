@@ -309,8 +309,8 @@ class RingBroker:
         if isinstance(msg, Synced):
             self._syncing.discard(src)
             return []
-        if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
-            self._open(src, msg.event)  # (from a former one: dropped, not confirmed: it re-sends)
+        if isinstance(msg, cbr.Publish):
+            self._open(src, msg.event)  # (from a former neighbour: dropped, confirmed)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
         if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
             return self._extra(routed, msg.event, src)

@@ -45,11 +45,22 @@ def broker_start(
         str, typer.Option(help="chordal-ring (pastry-irbr: see docs/broker.md).")
     ] = "chordal-ring",
     config: Annotated[Path | None, typer.Option(help="YAML file: spaces, rule sets, limits.")] = None,
+    log_level: Annotated[
+        str, typer.Option(help="Standard error log level: debug, info (ring changes), warning.")
+    ] = "info",
 ) -> None:
     """Run a broker until Ctrl-C (or SIGTERM)."""
+    import logging
+
     from flowbus.broker.config import DEFAULT, BrokerConfig
     from flowbus.broker.server import Broker, parse_address
 
+    level = logging.getLevelNamesMapping().get(log_level.upper())
+    if level is None:
+        fail(f"--log-level: {log_level!r} is not one of debug, info, warning, error")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
+    )
     try:
         host, port = parse_address(listen)
         cfg = BrokerConfig.load(config) if config is not None else DEFAULT

@@ -1,5 +1,7 @@
 """Broker processes for the tests: ``flowbus broker start`` in subprocesses, always stopped
-(terminate, then kill) when the test ends, passed or failed."""
+(terminate, then kill) when the test ends, passed or failed. Each one's log (standard
+error) goes to a file in the test's directory, and its last lines are printed at the end of
+the test (pytest shows them when the test fails)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.errors import FlowbusError
+from flowbus.matching.matcher import warm_up
 
 StartBroker = Callable[..., tuple["subprocess.Popen[str]", str]]
 
@@ -43,12 +46,23 @@ def stop(proc: subprocess.Popen[str]) -> None:
             proc.stdout.close()
 
 
+LOG_TAIL = 60  # lines of each broker's log printed at the end of a test
+
+
+@pytest.fixture(scope="session")
+def _matching_compiled() -> None:
+    """The matcher's kernels compiled once, here, and saved in numba's cache before any
+    broker process starts (each then loads them instead of compiling them at once)."""
+    warm_up()
+
+
 @pytest.fixture
-def start_broker() -> Iterator[StartBroker]:
+def start_broker(tmp_path: Path, _matching_compiled: None) -> Iterator[StartBroker]:
     """``start_broker(listen, join=[...], data=DIR, config=FILE)`` starts a broker process
     and waits for its ready line: ``(process, "host:port")``. Every process started is
     stopped at the end of the test."""
     procs: list[subprocess.Popen[str]] = []
+    logs: list[Path] = []
 
     def start(
         listen: str = "127.0.0.1:0",
@@ -58,8 +72,10 @@ def start_broker() -> Iterator[StartBroker]:
         config: Path | None = None,
         timeout: float = 30.0,
     ) -> tuple[subprocess.Popen[str], str]:
-        proc = start_process(listen, join=join or [], data=data, config=config)
+        log = tmp_path / f"broker-log-{len(procs)}.txt"
+        proc = start_process(listen, join=join or [], data=data, config=config, log=log)
         procs.append(proc)
+        logs.append(log)
         return proc, _ready(proc, timeout)
 
     try:
@@ -67,3 +83,7 @@ def start_broker() -> Iterator[StartBroker]:
     finally:
         for proc in procs:
             stop(proc)
+        for n, log in enumerate(logs):
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+            print(f"--- broker {n} (pid {procs[n].pid}): last {LOG_TAIL} of {len(lines)} log lines")
+            print("\n".join(lines[-LOG_TAIL:]))

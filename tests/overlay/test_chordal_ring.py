@@ -143,6 +143,27 @@ def test_link_failure_on_the_ring_is_told_from_a_node_failure() -> None:
     assert [g.payload for g in got] == ["x"] and got[0].hops == 2
 
 
+def test_a_ring_link_that_comes_back_is_used_again_and_its_far_end_watched() -> None:
+    """A link taken for down (a broker too busy to send heartbeats looks the same) is used
+    again once heartbeats come over it; else the neighbour would never be suspected again,
+    and its crash not noticed (in a ring of three where every link had been taken for down
+    once, nobody noticed a kill -9)."""
+    cut = LinkFailure()
+    r = ring(3, layers=[cut])
+    a, b, c = r.by_id()
+    cut.fail(a.addr, b.addr)
+    r.settle(100.0)
+    assert a.detour.get(b.me.id) == (c.me,) and b.detour.get(a.me.id) == (c.me,)
+    cut.restore(a.addr, b.addr)
+    r.settle(30.0)
+    assert b.me.id not in a.detour and a.me.id not in b.detour
+    r.crash([b])
+    r.settle(100.0)
+    assert ring_errors(r.live) == []
+    assert b.me.id in a.dead and b.me.id in c.dead
+    assert owners(r)[("sub", b.addr)] in ([a.addr], [c.addr])
+
+
 def test_chord_link_failure_finds_a_traced_path() -> None:
     cut = LinkFailure()
     r = ring(64, heartbeat=None, layers=[cut])

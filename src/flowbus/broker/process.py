@@ -16,9 +16,15 @@ READY = "flowbus broker ready"
 
 
 def start_process(
-    listen: str, *, join: list[str], data: Path | None = None, config: Path | None = None
+    listen: str,
+    *,
+    join: list[str],
+    data: Path | None = None,
+    config: Path | None = None,
+    log: Path | None = None,
 ) -> subprocess.Popen[str]:
-    """A broker in a process of its own (``flowbus broker start``)."""
+    """A broker in a process of its own (``flowbus broker start``); its standard error (the
+    log) goes to the file ``log`` if one is given, else to ours."""
     cmd = [sys.executable, "-m", "flowbus", "broker", "start", "--listen", listen]
     for j in join:
         cmd += ["--join", j]
@@ -26,7 +32,10 @@ def start_process(
         cmd += ["--data", str(data)]
     if config is not None:
         cmd += ["--config", str(config)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    if log is None:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    with log.open("a") as stderr:  # (the child has its own copy of the descriptor)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 def wait_ready(proc: subprocess.Popen[str]) -> str:

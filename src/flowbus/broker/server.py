@@ -68,8 +68,10 @@ from flowbus.broker.store import Store
 from flowbus.errors import FlowbusError, SchemaError
 from flowbus.filters import Filter, parse
 from flowbus.filters.text import value_to_text
+from flowbus.matching.matcher import warm_up
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 from flowbus.net.runtime import Directory, Runtime, addr_of, where_of
+from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.effects import Effect
 from flowbus.routing.irbr_broker import IrbrBroker
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
@@ -105,6 +107,7 @@ class BrokerCore(Protocol):
 
 
 log = logging.getLogger("flowbus.broker")
+
 
 SPACE = "__space"
 """The field that carries an event's space between brokers."""
@@ -254,6 +257,7 @@ class Broker:
         self._pump_due = False
         self._sessions_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._ring_seen: tuple[Any, ...] = ()  # what the log last said of the ring
 
     # -- life cycle
 
@@ -262,6 +266,10 @@ class Broker:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
+        # compiled (or loaded from numba's cache) before serving: compiling under load would
+        # stall this broker for seconds, and its neighbours would take it for dead
+        took = await asyncio.to_thread(warm_up)
+        log.info("matching kernels ready in %.1f s", took)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
@@ -412,6 +420,8 @@ class Broker:
     def _after_step(self) -> None:
         core = self.core
         assert core is not None and self.store is not None
+        if log.isEnabledFor(logging.INFO):
+            self._log_ring()
         if self._spill:
             spill, self._spill = self._spill, []
             self.store.enqueue_many(spill)
@@ -428,6 +438,30 @@ class Broker:
                     session.pub_ack(eid[1])
                 if isinstance(eid, tuple):
                     self._lowest_open_pseq(eid[0])  # (drops what is settled from the heap)
+
+    def _log_ring(self) -> None:  # (after every step: cheap when nothing changed)
+        """Log the ring's changes: this broker's window, suspects, dead and taken over."""
+        ring: RingNode | None = getattr(self.core, "ring", None)
+        if ring is None or not ring.joined:
+            return
+        seen = (
+            tuple(_text(peer.addr) for peer in ring.window),
+            tuple(ring.suspects),
+            tuple(sorted(ring.dead)),
+            tuple(ring.taken_over),
+        )
+        if seen != self._ring_seen:
+            self._ring_seen = seen
+            window, suspects, dead, taken = seen
+            log.info(
+                "ring %s (id %d): window %s, suspects %s, dead %s, taken over %s",
+                self.address,
+                ring.id,
+                list(window),
+                list(suspects),
+                list(dead),
+                list(taken),
+            )
 
     def _apply_later(self, settling: list[tuple[str, Any]]) -> None:
         """Settle in the core, outside the step that asked for it."""

@@ -195,6 +195,11 @@ class RingNode:
         return Peer(self.id, self.addr)
 
     @property
+    def suspects(self) -> list[int]:
+        """The ids of the brokers suspected and being tested."""
+        return sorted(self._suspects)
+
+    @property
     def joined(self) -> bool:
         return self.id is not None
 
@@ -544,17 +549,21 @@ class RingNode:
         out: list[Effect] = []
         for p in {self.left, self.right} - {None}:
             assert p is not None
-            if self.detour.get(p.id):
-                continue  # the link is down and known to be: its traffic goes round
             last = self._heard.setdefault(p.id, now)
-            if now - last > 2 * self.heartbeat and p.id not in self._suspects:
+            if now - last > 2 * self.heartbeat and p.id not in self._suspects and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
+            # (sent over a link known to be down too: if it comes back, the far end hears it)
             out.append(Send(p.addr, Heartbeat(self.me)))
         out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
         return out
 
     def _on_heartbeat(self, src: int, msg: Heartbeat, now: float) -> list[Effect]:
+        """A neighbour is heard over our direct link: if we thought the link down (a broker
+        too busy to answer a probe in time looks like that), it is up. Were the detour kept,
+        the neighbour would never be suspected again, and its death never noticed."""
         self._heard[msg.peer.id] = now
+        if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
+            del self.detour[msg.peer.id]
         return []
 
     def _side_of(self, b: Peer) -> int:

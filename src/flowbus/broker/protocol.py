@@ -168,7 +168,12 @@ def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]]) -> bytes:
 
 
 def pack_events(items: Sequence[tuple[str, int, tuple[str, int], Mapping[str, Any]]]) -> bytes:
-    return msgpack.packb([[s, d, eid[0], eid[1], e] for s, d, eid, e in items], use_bin_type=True)  # type: ignore[no-any-return]
+    return pack_event_rows([[s, d, eid[0], eid[1], e] for s, d, eid, e in items])
+
+
+def pack_event_rows(rows: Sequence[list[Any]]) -> bytes:
+    """An ``Events`` batch of rows ``[subscription, delivery number, publisher, pseq, event]``."""
+    return msgpack.packb(rows, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def _unpack(batch: bytes, what: str) -> list[Any]:

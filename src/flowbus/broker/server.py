@@ -54,7 +54,7 @@ import itertools
 import logging
 import socket
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,7 +67,7 @@ from flowbus.broker.interpret import Interpretation, Interpretations
 from flowbus.broker.store import Store
 from flowbus.errors import FlowbusError, SchemaError
 from flowbus.filters import Filter, parse
-from flowbus.filters.text import value_to_text
+from flowbus.filters.ast import Conjunction, Op, Predicate
 from flowbus.matching.matcher import warm_up
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 from flowbus.net.runtime import Directory, Runtime, addr_of, where_of
@@ -101,6 +101,7 @@ class BrokerCore(Protocol):
     def unsubscribe(self, sub_id: Hashable) -> list[Effect]: ...
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]: ...
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]: ...
+    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]: ...
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]: ...
     def on_timer(self, key: Hashable, now: float) -> list[Effect]: ...
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]: ...
@@ -175,7 +176,7 @@ class _Session:
         self.writer = writer
         self.subs: set[str] = set()
         self._out: list[Any] = []
-        self._events: list[tuple[str, int, Any, dict[str, Any]]] = []
+        self._events: list[list[Any]] = []  # [sub id, delivery number, publisher, pseq, event]
         self._acks: list[int] = []
         self._flush_due = False
         self.closed = False
@@ -184,8 +185,11 @@ class _Session:
         self._out.append(msg)
         self._due()
 
-    def deliver(self, item: tuple[str, int, Any, dict[str, Any]]) -> None:
-        self._events.append(item)
+    def deliver(self, sub_id: str, first: int, entries: list[Entry]) -> None:
+        """Send ``entries`` of ``sub_id``, numbered from ``first``."""
+        self._events.extend(
+            [sub_id, dseq, eid[0], eid[1], event] for dseq, (eid, event, _) in enumerate(entries, first)
+        )
         self._due()
 
     def pub_ack(self, pseq: int) -> None:
@@ -205,7 +209,7 @@ class _Session:
         if self._acks:
             msgs.append(p.PubAck(tuple(self._acks)))
         for i in range(0, len(self._events), 2000):  # (frames well under the size limit)
-            msgs.append(p.Events(p.pack_events(self._events[i : i + 2000])))
+            msgs.append(p.Events(p.pack_event_rows(self._events[i : i + 2000])))
         self._out, self._acks, self._events = [], [], []
         if msgs:
             self.writer.write(b"".join(frame(encode(m)) for m in msgs))
@@ -258,6 +262,9 @@ class Broker:
         self._sessions_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._ring_seen: tuple[Any, ...] = ()  # what the log last said of the ring
+        self._ring_quick: tuple[int, ...] = ()  # (and a cheap signature of it)
+        self._plain_of: Any = None  # the last event delivered, and its fields without the
+        self._plain: dict[str, Any] = {}  # hidden ones (shared by its deliveries: read only)
 
     # -- life cycle
 
@@ -383,7 +390,10 @@ class Broker:
             if sub is None:
                 return
         eid = event[EVENT_ID]
-        plain = {k: v for k, v in event.items() if k not in _HIDDEN}
+        if event is not self._plain_of:  # (an event's deliveries come one after the other)
+            self._plain_of = event
+            self._plain = {k: v for k, v in event.items() if k not in _HIDDEN}
+        plain = self._plain
         self.delivered += 1
         if sub.on_disk or sub.session is None or sub.in_memory >= self.config.memory:
             self._spill.append((sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))))
@@ -444,6 +454,10 @@ class Broker:
         ring: RingNode | None = getattr(self.core, "ring", None)
         if ring is None or not ring.joined:
             return
+        quick = (ring.version, len(ring.window), len(ring.dead), len(ring.taken_over), len(ring.suspects))
+        if quick == self._ring_quick:
+            return
+        self._ring_quick = quick
         seen = (
             tuple(_text(peer.addr) for peer in ring.window),
             tuple(ring.suspects),
@@ -470,12 +484,8 @@ class Broker:
     def _settle(self, settling: list[tuple[str, Any]]) -> None:
         if self._closed or self.runtime is None:
             return
-        effects: list[Any] = []
-        core = self.core
-        assert core is not None
-        for sub_id, eid in settling:
-            effects.extend(core.settle(sub_id, eid))
-        self.runtime.apply(effects)
+        assert self.core is not None
+        self.runtime.apply(self.core.settle_many(settling))
 
     # -- pumping queues to clients
 
@@ -498,16 +508,19 @@ class Broker:
         if session is None or session.closed:
             return
         room = self.config.window - len(sub.inflight)
+        pending, inflight = sub.pending, sub.inflight
         while room > 0:
-            if not sub.pending and sub.on_disk:
+            if not pending and sub.on_disk:
                 self._load(sub, room)
-            if not sub.pending:
+            n = min(room, len(pending))
+            if not n:
                 break
-            entry = sub.pending.popleft()
-            sub.dseq += 1
-            sub.inflight.append((sub.dseq, entry))
-            session.deliver((sub.sub_id, sub.dseq, entry[0], entry[1]))
-            room -= 1
+            first = sub.dseq + 1
+            sub.dseq += n
+            batch = [pending.popleft() for _ in range(n)]
+            inflight.extend(zip(range(first, first + n), batch, strict=True))
+            session.deliver(sub.sub_id, first, batch)
+            room -= n
 
     def _load(self, sub: _Sub, n: int) -> None:
         assert self.store is not None
@@ -764,7 +777,9 @@ class Broker:
     # -- subscribe
 
     def _routing_filter(self, space: str, filt: Filter) -> Filter:
-        return parse(f"{SPACE} = {value_to_text(space)} & ({filt.to_text()})")
+        """``__space = space & (filt)``, built from the parsed filter (not parsed again)."""
+        in_space = Predicate(SPACE, Op.EQ, space)
+        return Filter(tuple(Conjunction((in_space, *c.literals)) for c in filt.disjuncts))
 
     def _subscribe(self, session: _Session, msg: p.Subscribe) -> tuple[bool, str | None]:
         assert self.core is not None and self.runtime is not None and self.store is not None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from flowbus.errors import ProtocolError
@@ -105,6 +105,9 @@ class IrbrBroker:
         return self._out(out)
 
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
+        return []
+
+    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
         return []
 
     # -- the driver's entry points

@@ -55,7 +55,7 @@ events wait until the link is back).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,7 +257,12 @@ class RingBroker:
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         """The driver is done with the delivery of ``event_id`` to ``sub_id`` (its client
         acknowledged it, or it was queued on disk): part of custody with ``local_ack``."""
-        self._release(("sub", sub_id), event_id)
+        return self.settle_many([(sub_id, event_id)])
+
+    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
+        """:meth:`settle` for many ``(subscription, event id)`` pairs, in one step."""
+        for sub_id, event_id in pairs:
+            self._release(("sub", sub_id), event_id)
         return self._out([])
 
     def in_custody(self) -> int:
@@ -381,9 +386,17 @@ class RingBroker:
         return [k for k in keys if party in self._custody[k].waiting]
 
     def _release(self, party: Hashable, eid: Any, *, only: _Key | None = None) -> None:
-        for key in [only] if only is not None else self._waiting_on(party, eid):
-            rec = self._custody.get(key)
-            if rec is not None:
+        if only is not None:
+            keys: Iterable[_Key] = (only,)
+        else:
+            srcs = self._by_id.get(eid)
+            if not srcs:
+                return
+            keys = [(s, eid) for s in srcs]
+        custody = self._custody
+        for key in keys:
+            rec = custody.get(key)
+            if rec is not None and (only is not None or party in rec.waiting):
                 rec.waiting.discard(party)
                 self._maybe_done(key)
 

@@ -74,6 +74,16 @@ CASES: list[object] = [
         owner=P1, version=7, state={("sub", 1): F2, 3: [1, 2], "s": EVENT}, links=(P2,), holders=(P3, P2)
     ),
     rm.BackupCopy(owner=P1, version=0, state=None, links=(), holders=()),
+    rm.BackupDelta(
+        owner=P1,
+        version=8,
+        base=7,
+        entries={("sub", 2): F1},
+        deleted=(3, ("sub", 1)),
+        links=(P2,),
+        holders=(P3,),
+    ),
+    rm.BackupResync(holder=P3),
     rm.ShareState(sender=P2, entries={(1, "a"): {"f": F1}, 2: None}),
     rm.RingRoute(target=12345, payload={"x": 1}, hops=2),
     rm.RingRoute(target=1, payload=cbr.Publish(event=EVENT), hops=0),

@@ -164,6 +164,72 @@ def test_a_ring_link_that_comes_back_is_used_again_and_its_far_end_watched() -> 
     assert owners(r)[("sub", b.addr)] in ([a.addr], [c.addr])
 
 
+def test_backups_go_as_changes_and_a_holder_that_missed_one_gets_the_whole_state() -> None:
+    r = ring(6, backup=2)
+    owner = r.by_id()[2]
+    sent = r.sim.metrics.sent_by_type
+    copies, deltas = sent().get("BackupCopy", 0), sent().get("BackupDelta", 0)
+    for i in range(30):
+        r.call(owner.addr, lambda c, i=i: c.set_state(("sub", "x", i), f"filter {i}"))
+    r.call(owner.addr, lambda c: c.del_state(("sub", owner.addr)))
+    r.settle(20.0)
+    assert sent().get("BackupDelta", 0) > deltas and sent().get("BackupCopy", 0) == copies
+    holders = [nd for nd in r.live if owner.me.id in nd.held]
+    assert len(holders) == 2
+    for nd in holders:
+        assert nd.held[owner.me.id].state == owner.state
+    lagging = holders[0]
+    lagging.held[owner.me.id].version -= 1  # as if it had missed a delta
+    r.call(owner.addr, lambda c: c.set_state(("sub", "y"), "filter y"))
+    r.settle(20.0)
+    assert sent().get("BackupResync", 0) == 1
+    for nd in holders:
+        assert nd.held[owner.me.id].state == owner.state and ("sub", "y") in owner.state
+
+
+def test_a_slow_tester_is_asked_again_not_buried_with_the_suspect() -> None:
+    """A suspects B and asks C to test it; C is busy and answers late, but A hears from C
+    meanwhile: A asks again instead of burying both B and C (which split a ring of three)."""
+
+    class SlowFirstTest:  # the first TestNeighbour takes 40 time units (A waits 20)
+        held = 0
+
+        def bind(self, host: object) -> object:
+            def decide(src: int, dst: int, msg: object, now: float) -> float:
+                if type(msg).__name__ == "TestNeighbour" and not self.held:
+                    self.held = 1
+                    return 40.0
+                return 0.0
+
+            return decide
+
+    slow = SlowFirstTest()
+    r = ring(3, layers=[slow])
+    a, b, _ = r.by_id()
+    tests = r.sim.metrics.sent_by_type().get("TestNeighbour", 0)
+    r.call(a.addr, lambda n: n._suspect(b.me))
+    r.settle(100.0)
+    assert slow.held == 1 and r.sim.metrics.sent_by_type()["TestNeighbour"] - tests == 2
+    assert ring_errors(r.live) == []
+    assert not any(nd.dead for nd in r.live)  # (before: A buried B and C, and C buried A)
+
+
+def test_a_suspect_heard_from_while_probed_is_alive_though_its_answer_is_late() -> None:
+    """C probes B for A; B's answer comes late (B busy), but B's heartbeats reach C
+    meanwhile: C tells A that B is alive instead of burying it."""
+
+    class LateProbeAcks:
+        def bind(self, host: object) -> object:
+            return lambda src, dst, msg, now: 40.0 if type(msg).__name__ == "ProbeAck" else 0.0
+
+    r = ring(3, layers=[LateProbeAcks()])
+    a, b, _ = r.by_id()
+    r.call(a.addr, lambda n: n._suspect(b.me))
+    r.settle(100.0)
+    assert ring_errors(r.live) == []
+    assert not any(nd.dead for nd in r.live)
+
+
 def test_chord_link_failure_finds_a_traced_path() -> None:
     cut = LinkFailure()
     r = ring(64, heartbeat=None, layers=[cut])

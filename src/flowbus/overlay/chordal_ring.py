@@ -30,7 +30,10 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
 * Backups (section 3.5): a broker's state (an opaque mapping the layers above own:
   subscriptions, routing entries, undelivered events) is copied to its first ``backup``
   holders in the order Right, Left, Rightright, Leftleft. It is copied again to the new
-  holders whenever the window changes.
+  holders whenever the window changes. While the holders stay the same, only the changes
+  go (``BackupDelta``: the keys set and deleted since the last copy); a holder that missed
+  one asks for the whole state again (``BackupResync``). Whole copies of a large state on
+  every change kept busy brokers from answering heartbeats in time.
 * Node failure (section 3.4.1, figure 5): A suspects its neighbour B, from a missed
   heartbeat or a failed send.
   - A asks C, B's other ring neighbour, to test B (``TestNeighbour``). C probes B.
@@ -51,6 +54,7 @@ choice is deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +69,8 @@ from flowbus.overlay.ring_messages import (
     WINDOW,
     Alive,
     BackupCopy,
+    BackupDelta,
+    BackupResync,
     ChordQuery,
     ChordReply,
     Failed,
@@ -93,6 +99,8 @@ __all__ = [
     "SPACE",
     "Alive",
     "BackupCopy",
+    "BackupDelta",
+    "BackupResync",
     "ChordQuery",
     "ChordReply",
     "Failed",
@@ -116,6 +124,12 @@ __all__ = [
     "TracedQuery",
     "cw",
 ]
+
+
+_GONE: Any = object()  # (a key deleted since the last backup copy)
+
+RETESTS = 3
+"""How many times a suspect's test is asked again of a tester that is slow but alive."""
 
 
 @dataclass(slots=True)
@@ -173,6 +187,9 @@ class RingNode:
         self.dead: set[int] = set()
         self.version = 0
         self._backup_due = False  # a copy of the state to the holders is on its way
+        self._changed: dict[Hashable, Any] = {}  # key -> value (or _GONE) since the last copy
+        self._whole_due = True  # the next copy is of the whole state (not the changes)
+        self.foreign = 0  # changes of the state not made by set_state / del_state (takeovers, shares)
         self._holders: tuple[Peer, ...] = ()
         self._rtt: dict[int, float] = {}
         self._candidates: set[int] = set()
@@ -183,6 +200,9 @@ class RingNode:
         self._was_side_addr: dict[int, int] = {}  # the same by address
         self._suspects: dict[int, Peer] = {}  # suspect id -> the broker we asked to test it
         self._heard: dict[int, float] = {}
+        self._heard_addr: dict[int, float] = {}  # address -> when anything last came from it
+        self._retests: dict[int, int] = {}  # suspect id -> tests asked again (a slow tester)
+        self._probed_at: dict[int, float] = {}  # suspect id -> when we probed it for an asker
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
         self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
 
@@ -304,10 +324,12 @@ class RingNode:
         delay 0, so the changes of one step of the driver (a burst of subscriptions, say)
         cost one copy, not one each."""
         self.state[key] = value
+        self._changed[key] = value
         return self._backup_soon()
 
     def del_state(self, key: Hashable) -> list[Effect]:
         self.state.pop(key, None)
+        self._changed[key] = _GONE
         return self._backup_soon()
 
     def _backup_soon(self) -> list[Effect]:
@@ -337,7 +359,12 @@ class RingNode:
 
     # -- driver entry points
 
+    def heard_from(self, addr: int, now: float) -> None:
+        """Something came from ``addr`` (a driver calls this for its other layers' messages)."""
+        self._heard_addr[addr] = now
+
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        self._heard_addr[src] = now
         handler = _HANDLERS.get(type(msg))
         if handler is None:
             raise ProtocolError(f"RingNode {self.addr}: unknown message {msg!r} from {src}")
@@ -353,9 +380,9 @@ class RingNode:
                 self._backup_due = False
                 return self._send_backups(force=True)
             case ("ring", "probe", int(suspect)):
-                return self._probe_expired(suspect)
+                return self._probe_expired(suspect, now)
             case ("ring", "test", int(suspect)):
-                return self._test_expired(suspect)
+                return self._test_expired(suspect, now)
         raise ProtocolError(f"RingNode {self.addr}: unknown timer {key!r}")
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
@@ -524,7 +551,16 @@ class RingNode:
             return []
         self.version += 1
         links = tuple(self.links())
-        copy = BackupCopy(self.me, self.version, dict(self.state), links, holders)
+        copy: BackupCopy | BackupDelta
+        if holders == self._holders and not self._whole_due:
+            changed = self._changed
+            entries = {k: v for k, v in changed.items() if v is not _GONE}
+            deleted = tuple(k for k, v in changed.items() if v is _GONE)
+            copy = BackupDelta(self.me, self.version, self.version - 1, entries, deleted, links, holders)
+        else:
+            copy = BackupCopy(self.me, self.version, dict(self.state), links, holders)
+        self._changed = {}
+        self._whole_due = False
         out: list[Effect] = [Send(h.addr, copy) for h in holders]
         gone = [h for h in self._holders if h not in holders]
         out += [Send(h.addr, BackupCopy(self.me, self.version, None, ())) for h in gone]
@@ -539,8 +575,30 @@ class RingNode:
             self.held.pop(msg.owner.id, None)
         else:
             rank = next((i for i, h in enumerate(msg.holders) if h.addr == self.addr), 0)
-            self.held[msg.owner.id] = _Held(msg.version, msg.state, msg.links, msg.holders, rank)
+            state = dict(msg.state)  # (ours: deltas change it in place)
+            self.held[msg.owner.id] = _Held(msg.version, state, msg.links, msg.holders, rank)
         return []
+
+    def _on_backup_delta(self, src: int, msg: BackupDelta, now: float) -> list[Effect]:
+        held = self.held.get(msg.owner.id)
+        if held is None or held.version != msg.base:
+            if held is None or held.version < msg.version:  # a delta missed (or a copy
+                return [Send(src, BackupResync(self.me))]  # not come yet): ask for all
+            return []  # an old delta, overtaken
+        state = held.state
+        assert isinstance(state, dict)
+        state.update(msg.entries)
+        for key in msg.deleted:
+            state.pop(key, None)
+        rank = next((i for i, h in enumerate(msg.holders) if h.addr == self.addr), 0)
+        self.held[msg.owner.id] = _Held(msg.version, state, msg.links, msg.holders, rank)
+        return []
+
+    def _on_backup_resync(self, src: int, msg: BackupResync, now: float) -> list[Effect]:
+        if not self.joined or msg.holder not in self._holders:
+            return []
+        copy = BackupCopy(self.me, self.version, dict(self.state), tuple(self.links()), self._holders)
+        return [Send(msg.holder.addr, copy)]
 
     # -- failure detection (section 3.4)
 
@@ -549,7 +607,8 @@ class RingNode:
         out: list[Effect] = []
         for p in {self.left, self.right} - {None}:
             assert p is not None
-            last = self._heard.setdefault(p.id, now)
+            # (anything from it shows it alive: a busy broker's heartbeats may come late)
+            last = max(self._heard.setdefault(p.id, now), self._heard_addr.get(p.addr, -math.inf))
             if now - last > 2 * self.heartbeat and p.id not in self._suspects and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
@@ -596,6 +655,7 @@ class RingNode:
     def _on_test(self, src: int, msg: TestNeighbour, now: float) -> list[Effect]:
         self._testing[msg.suspect.id] = msg.asker
         self._asker_side[msg.suspect.id] = msg.window
+        self._probed_at[msg.suspect.id] = now
         key = ("ring", "probe", msg.suspect.id)
         return [Send(msg.suspect.addr, Probe(self.me)), SetTimer(self.probe_timeout, key)]
 
@@ -616,12 +676,21 @@ class RingNode:
     def _on_alive(self, src: int, msg: Alive, now: float) -> list[Effect]:
         """B is up: the link A-B failed. B's traffic now goes through C."""
         self._suspects.pop(msg.suspect.id, None)
+        self._retests.pop(msg.suspect.id, None)
         self.detour[msg.suspect.id] = (msg.via,)
         self._heard[msg.suspect.id] = now
         return [CancelTimer(("ring", "test", msg.suspect.id))]
 
-    def _probe_expired(self, suspect: int) -> list[Effect]:
-        """C's probe of B went unanswered: B is dead. C closes the ring with A."""
+    def _probe_expired(self, suspect: int, now: float | None = None) -> list[Effect]:
+        """C's probe of B went unanswered: B is dead. C closes the ring with A.
+
+        Unless (``now`` given: the timer ran out, the send did not fail) something came
+        from B since the probe went: B is alive but slow to answer, as if it had."""
+        probed = self._probed_at.pop(suspect, None)
+        if now is not None and probed is not None:
+            peer = next((p for p in (*self.window, *self._suspects.values()) if p.id == suspect), None)
+            if peer is not None and self._heard_addr.get(peer.addr, -math.inf) >= probed:
+                return self._on_probe_ack(peer.addr, ProbeAck(peer), now)
         asker = self._testing.pop(suspect, None)
         asker_side = self._asker_side.pop(suspect, ())
         if asker is None:
@@ -645,11 +714,25 @@ class RingNode:
         out += self._bury((msg.suspect,))
         return out + (self._set_side(side, msg.window, gone=(msg.suspect,)) if side else [])
 
-    def _test_expired(self, suspect: int) -> list[Effect]:
+    def _test_expired(self, suspect: int, now: float | None = None) -> list[Effect]:
         """C did not answer: it is dead too. Find the first live broker beyond both and walk
-        back to the gap (``Reconnect``)."""
-        tester = self._suspects.pop(suspect, None)
+        back to the gap (``Reconnect``).
+
+        Unless C was heard from lately (``now`` given: the test's timer ran out, the send
+        did not fail): then C is alive but slow, busy, and is asked again, up to
+        ``RETESTS`` times. Burying a live C along with B split a ring of three in two."""
+        tester = self._suspects.get(suspect)
         b = next((p for p in self.window if p.id == suspect), None)
+        if b is not None and tester is not None and tester != b and now is not None:
+            heard = self._heard_addr.get(tester.addr)
+            asked = self._retests.get(suspect, 0)
+            if heard is not None and now - heard <= 2 * self.probe_timeout and asked < RETESTS:
+                self._retests[suspect] = asked + 1
+                side = self._side_of(b)
+                test = TestNeighbour(b, self.me, tuple(self.pred if side > 0 else self.succ))
+                return [Send(tester.addr, test), SetTimer(2 * self.probe_timeout, ("ring", "test", suspect))]
+        self._suspects.pop(suspect, None)
+        self._retests.pop(suspect, None)
         if b is None or tester is None:
             return []
         side = self._side_of(b)
@@ -729,6 +812,8 @@ class RingNode:
             if held is None or any(h.id not in self.dead for h in held.holders[: held.rank]):
                 continue  # an earlier holder is alive (as far as we know): it takes over
             self.state.update(held.state)
+            self._whole_due = True
+            self.foreign += 1
             self.redirect[dead.id] = me
             self.taken_over.append(dead.id)
             notify = {p.id: p for p in held.links if p.id not in self.dead and p.id != me.id}
@@ -753,10 +838,14 @@ class RingNode:
         if excess <= 0:
             return []
         moved = {k: self.state.pop(k) for k in sorted(taken, key=repr)[:excess] if k in self.state}
+        self._whole_due = True
+        self.foreign += 1
         return [Send(nxt.addr, ShareState(self.me, moved))]
 
     def _on_share(self, src: int, msg: ShareState, now: float) -> list[Effect]:
         self.state.update(msg.entries)
+        self._whole_due = True
+        self.foreign += 1
         return self._send_backups(force=True)
 
     def _forget(self, dead: Peer) -> None:
@@ -765,6 +854,7 @@ class RingNode:
             self._was_side[dead.id] = side
             self._was_side_addr[dead.addr] = side
         self.dead.add(dead.id)
+        self._retests.pop(dead.id, None)
         for side, lst in ((1, self.succ), (-1, self.pred)):
             if any(p.id == dead.id for p in lst):
                 lst[:] = [p for p in lst if p.id != dead.id]
@@ -831,6 +921,8 @@ _HANDLERS: dict[type, _Handler] = {
     ChordReply: RingNode._on_chord_reply,
     RingRoute: RingNode._on_route_msg,
     BackupCopy: RingNode._on_backup,
+    BackupDelta: RingNode._on_backup_delta,
+    BackupResync: RingNode._on_backup_resync,
     Heartbeat: RingNode._on_heartbeat,
     TestNeighbour: RingNode._on_test,
     Probe: RingNode._on_probe,

@@ -19,6 +19,8 @@ __all__ = [
     "WINDOW",
     "Alive",
     "BackupCopy",
+    "BackupDelta",
+    "BackupResync",
     "ChordQuery",
     "ChordReply",
     "Failed",
@@ -186,6 +188,28 @@ class BackupCopy:
     state: Mapping[Hashable, Any] | None  # None: you are not my backup holder any more
     links: tuple[Peer, ...]  # the owner's neighbours (window and chords)
     holders: tuple[Peer, ...] = ()  # every holder, in takeover order
+
+
+@dataclass(frozen=True, slots=True)
+class BackupDelta:
+    """The changes of the owner's state since the copy ``base`` its holder has: keys set
+    (``entries``) and keys deleted (``deleted``). A holder without that base asks for a whole
+    copy (``BackupResync``)."""
+
+    owner: Peer
+    version: int
+    base: int
+    entries: Mapping[Hashable, Any]
+    deleted: tuple[Hashable, ...]
+    links: tuple[Peer, ...]
+    holders: tuple[Peer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BackupResync:
+    """A holder missed a delta (``BackupDelta`` on a base it does not have): send it the whole state."""
+
+    holder: Peer
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,6 +178,7 @@ class Client:
         self._errors: list[PublishError] = []
         self._acked = asyncio.Event()
         self._subs: dict[str, Subscription] = {}
+        self._adverts: dict[str, tuple[str, str]] = {}  # advertisement name -> (space, filter)
         self._replies: dict[int, asyncio.Future[p.Reply]] = {}
         self._req = itertools.count(1)
         self._names = itertools.count(1)
@@ -306,6 +307,28 @@ class Client:
             raise SubscribeError(f"subscribe {filter!r} to {space!r}: {reply.error}")
         return sub
 
+    # -- advertising
+
+    async def advertise(self, space: str, filter: str, *, name: str | None = None) -> str:
+        """Say this client will publish events of ``space`` matching ``filter`` (needed,
+        before publishing, by brokers with ``advertising`` on: they forward subscriptions
+        only towards advertised publishers). Kept across reconnects; its name."""
+        if self._closing:
+            raise ClientError("the client is closed")
+        adv_id = name or f"adv-{next(self._names)}"
+        reply = await self._request(lambda req: p.Advertise(req, adv_id, space, filter))
+        if not reply.ok:
+            raise ClientError(f"advertise {filter!r} in {space!r}: {reply.error}")
+        self._adverts[adv_id] = (space, filter)
+        return adv_id
+
+    async def unadvertise(self, name: str) -> None:
+        """Withdraw the advertisement ``name``."""
+        self._adverts.pop(name, None)
+        reply = await self._request(lambda req: p.Unadvertise(req, name))
+        if not reply.ok:
+            raise ClientError(f"unadvertise {name!r}: {reply.error}")
+
     async def _unsubscribe(self, sub: Subscription) -> None:
         reply = await self._request(lambda req: p.Unsubscribe(req, sub.id))
         self._subs.pop(sub.id, None)
@@ -414,6 +437,8 @@ class Client:
         self._welcome(welcome)
         self._epoch += 1
         self._writer = writer
+        for adv_id, (space, filt) in self._adverts.items():  # (before any publish is re-sent)
+            writer.write(frame(encode(p.Advertise(next(self._req), adv_id, space, filt))))
         if not await self._resume(reader, frames, bodies):
             return
         self._up.set()
@@ -562,6 +587,12 @@ class SyncClient:
     def subscribe(self, space: str, filter: str, **options: Any) -> SyncSubscription:
         sub = self._run(self.client.subscribe(space, filter, **options))
         return SyncSubscription(self, sub)
+
+    def advertise(self, space: str, filter: str, *, name: str | None = None) -> str:
+        return self._run(self.client.advertise(space, filter, name=name))  # type: ignore[no-any-return]
+
+    def unadvertise(self, name: str) -> None:
+        self._run(self.client.unadvertise(name))
 
     def close(self) -> None:
         if self._loop.is_running():

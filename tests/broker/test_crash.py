@@ -206,7 +206,7 @@ def test_kill_9_of_a_broker_loses_and_duplicates_nothing(tmp_path: Path, start_b
     config = _write_config(tmp_path / "broker.yaml")
     procs = [start_broker(data=tmp_path / "broker-0", config=config)]
     with ThreadPoolExecutor(2) as pool:  # the two others join the first, broker 1 a bit sooner
-        ports = _free_ports(2)  # (a join waits 2 heartbeats for its pings' answers)
+        ports = _free_ports(2)  # (joining at once: each starts when the previous listens)
         joining = []
         for i, port in enumerate(ports, 1):
             listen = f"127.0.0.1:{port}"

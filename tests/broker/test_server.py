@@ -237,6 +237,61 @@ def test_a_ring_routes_between_brokers(overlay: str) -> None:
     run(main())
 
 
+def _forwarded(brokers: list[Broker]) -> list[str]:
+    """The filters every broker holds from its neighbours (not its own subscriptions)."""
+    out = []
+    for b in brokers:
+        tables, _ = b.core.router.routing_state()  # type: ignore[union-attr]
+        out += [f.to_text() for d, t in tables.items() if d != b.addr for f in t.values()]
+    return out
+
+
+@pytest.mark.parametrize("advertising", [False, True])
+def test_advertisements_prune_subscription_forwarding(advertising: bool) -> None:
+    """With ``advertising`` on, a subscription travels only towards a broker whose
+    advertisements overlap it: the one subscription an advertised publisher can match is
+    forwarded, the two others stay at their broker; events flow as before, and a publish no
+    advertisement of its client matches is refused."""
+
+    async def main() -> None:
+        async with ring(3, config=DEFAULT.with_(advertising=advertising)) as brokers:
+            pub = flowbus.connect(brokers[0].address, name="publisher")
+            subscriber = flowbus.connect(brokers[2].address, name="subscriber")
+            await pub.open()
+            await subscriber.open()
+            try:
+                if advertising:
+                    await pub.advertise("stocks", 'symbol = "IBM"', name="ibm")
+                ibm = await subscriber.subscribe("stocks", 'symbol = "IBM" & price > 100')
+                await subscriber.subscribe("stocks", 'symbol = "HPQ"')
+                await subscriber.subscribe("events", "x > 1")
+                await eventually(lambda: any('"IBM"' in f for f in _forwarded(brokers)))
+                await asyncio.sleep(0.3)  # (the others would have travelled by now)
+                forwarded = _forwarded(brokers)
+                if advertising:
+                    assert forwarded and all('"IBM"' in f for f in forwarded)
+                else:
+                    assert any('"HPQ"' in f for f in forwarded) and any("x > 1" in f for f in forwarded)
+                for i in range(4):
+                    await pub.publish("stocks", trade(i, "IBM", 99.0 + i))
+                assert [e["quantity"] for e in await take(ibm, 2)] == [2, 3]
+                await pub.flush(10)  # (acknowledged once the subscriber took them)
+                if advertising:
+                    await pub.publish("stocks", trade(9, "HPQ"))
+                    with pytest.raises(PublishError, match="no advertisement of this client"):
+                        await pub.flush(10)
+                    await pub.unadvertise("ibm")
+                    await eventually(lambda: not _forwarded(brokers))  # withdrawn with it
+                else:
+                    with pytest.raises(ClientError, match="advertising is off"):
+                        await pub.advertise("stocks", 'symbol = "IBM"')
+            finally:
+                await pub.close()
+                await subscriber.close()
+
+    run(main())
+
+
 def test_sync_client() -> None:
     async def serve(ready: asyncio.Future[str], stop: asyncio.Event) -> None:
         async with ring() as (b,):

@@ -14,6 +14,8 @@ A YAML file (``flowbus broker start --config FILE``)::
                                 # included); the rest go to SQLite. Keep it below the
                                 # clients' publish window (10,000 by default).
     linger: 30.0                # seconds a non-durable subscription outlives its connection
+    advertising: false          # publishers advertise first; subscriptions are forwarded
+                                # only towards brokers with an overlapping advertisement
 
 Without a file, :data:`DEFAULT` serves the stock-exchange space of the examples and a
 schemaless ``events`` space.
@@ -40,7 +42,7 @@ class ConfigError(FlowbusError):
 
 STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})
 
-_LIMITS = ("backup", "heartbeat", "window", "memory", "linger")
+_LIMITS = ("backup", "heartbeat", "window", "memory", "linger", "advertising")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +54,11 @@ class BrokerConfig:
     window: int = 500
     memory: int = 2000
     linger: float = 30.0
+    advertising: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.advertising, bool):
+            raise ConfigError(f"advertising: true or false, got {self.advertising!r}")
         if not self.spaces:
             raise ConfigError("spaces: at least one space is needed")
         for name in self.spaces:

@@ -45,6 +45,7 @@ from flowbus.errors import ProtocolError
 
 __all__ = [
     "Ack",
+    "Advertise",
     "Bye",
     "Error",
     "Events",
@@ -54,6 +55,7 @@ __all__ = [
     "Publish",
     "Reply",
     "Subscribe",
+    "Unadvertise",
     "Unsubscribe",
     "Welcome",
 ]
@@ -134,6 +136,28 @@ class Subscribe:
 class Unsubscribe:
     req: int
     sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Advertise:
+    """This client will publish events of ``space`` matching ``filter`` (brokers with
+    ``advertising`` on: subscriptions go only towards advertised publishers, and a publish
+    no advertisement of its client matches is refused)."""
+
+    req: int
+    adv_id: str
+    space: str
+    filter: str
+
+    def __post_init__(self) -> None:
+        _name(self.adv_id, "Advertise.adv_id")
+        _name(self.space, "Advertise.space")
+
+
+@dataclass(frozen=True, slots=True)
+class Unadvertise:
+    req: int
+    adv_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,7 @@ from flowbus.net.runtime import Directory, Runtime, addr_of, where_of
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.effects import Effect
 from flowbus.routing.irbr_broker import IrbrBroker
+from flowbus.routing.memo import compiled
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 
 __all__ = ["OVERLAYS", "Broker", "BrokerCore", "parse_address"]
@@ -99,6 +100,8 @@ class BrokerCore(Protocol):
     def join(self, candidates: Sequence[int]) -> list[Effect]: ...
     def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]: ...
     def unsubscribe(self, sub_id: Hashable) -> list[Effect]: ...
+    def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]: ...
+    def unadvertise(self, adv_id: Hashable) -> list[Effect]: ...
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]: ...
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]: ...
     def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]: ...
@@ -175,6 +178,7 @@ class _Session:
         self.client = client
         self.writer = writer
         self.subs: set[str] = set()
+        self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
         self._out: list[Any] = []
         self._events: list[list[Any]] = []  # [sub id, delivery number, publisher, pseq, event]
         self._acks: list[int] = []
@@ -263,6 +267,7 @@ class Broker:
         self._closed = False
         self._ring_seen: tuple[Any, ...] = ()  # what the log last said of the ring
         self._ring_quick: tuple[int, ...] = ()  # (and a cheap signature of it)
+        self._adverts: dict[str, str] = {}  # advertisement key ("client/name") -> its filter text
         self._plain_of: Any = None  # the last event delivered, and its fields without the
         self._plain: dict[str, Any] = {}  # hidden ones (shared by its deliveries: read only)
 
@@ -284,6 +289,8 @@ class Broker:
         self.addr = addr_of(self.host, self.port)
         c = self.config
         if self.overlay == "pastry-irbr":
+            if c.advertising:
+                raise FlowbusError("advertising: the pastry-irbr overlay has no advertisements")
             self.core = IrbrBroker(self.addr, heartbeat=c.heartbeat)
         else:
             self.core = RingBroker(
@@ -292,6 +299,7 @@ class Broker:
                 heartbeat=c.heartbeat,
                 custody=True,
                 local_ack=True,
+                advertising=c.advertising,
                 probe_timeout=2 * c.heartbeat,
                 ping_timeout=2 * c.heartbeat,
             )
@@ -645,6 +653,9 @@ class Broker:
                     self._remove(sub)
                 else:
                     self._start_linger(sub)
+        if bye:  # (a lost connection keeps them: the client advertises again when back)
+            for key in list(session.adverts):
+                self._drop_advert(session, key)
 
     def _detach(self, sub: _Sub) -> None:
         """Deliveries in flight go back to the front of the queue, for the next session."""
@@ -693,6 +704,10 @@ class Broker:
             session.send(p.Reply(msg.req, *self._subscribe(session, msg)))
         elif isinstance(msg, p.Unsubscribe):
             session.send(p.Reply(msg.req, *self._unsubscribe(session, msg)))
+        elif isinstance(msg, p.Advertise):
+            session.send(p.Reply(msg.req, *self._advertise(session, msg)))
+        elif isinstance(msg, p.Unadvertise):
+            session.send(p.Reply(msg.req, *self._unadvertise(session, msg.adv_id)))
         elif isinstance(msg, p.Bye):
             return True
         else:
@@ -727,6 +742,12 @@ class Broker:
                 top = max(top, pseq)
                 continue
             fields[SPACE] = msg.space
+            if self.config.advertising and not any(test(fields) for test in session.adverts.values()):
+                session.send(
+                    p.Nack(pseq, f"no advertisement of this client matches the event in {msg.space!r}")
+                )
+                top = max(top, pseq)
+                continue
             items.append((eid, fields))
             self._inflight_pub[eid] = None
             heapq.heappush(self._open_pseqs.setdefault(client, []), pseq)
@@ -781,6 +802,22 @@ class Broker:
         in_space = Predicate(SPACE, Op.EQ, space)
         return Filter(tuple(Conjunction((in_space, *c.literals)) for c in filt.disjuncts))
 
+    def _checked_filter(self, space: str, text: str) -> tuple[Filter | None, str]:
+        """``text`` parsed, its fields checked against ``space``'s schema; or None and why not."""
+        schema = self.config.spaces.get(space, _UNKNOWN)
+        if schema is _UNKNOWN:
+            return None, f"unknown space {space!r} (known: {', '.join(sorted(self.config.spaces))})"
+        try:
+            filt = parse(text)
+        except FlowbusError as e:
+            return None, f"filter: {e}"
+        if schema is not None:
+            unknown = sorted(f for f in filt.fields() if f not in schema)
+            if unknown:
+                fields = ", ".join(schema)
+                return None, f"filter: unknown field {unknown[0]!r} in space {space!r} (fields: {fields})"
+        return filt, ""
+
     def _subscribe(self, session: _Session, msg: p.Subscribe) -> tuple[bool, str | None]:
         assert self.core is not None and self.runtime is not None and self.store is not None
         sub = self.subs.get(msg.sub_id)
@@ -795,21 +832,9 @@ class Broker:
             return True, None
         if msg.resume:
             return False, p.NOT_HERE
-        schema = self.config.spaces.get(msg.space, _UNKNOWN)
-        if schema is _UNKNOWN:
-            return False, f"unknown space {msg.space!r} (known: {', '.join(sorted(self.config.spaces))})"
-        try:
-            filt = parse(msg.filter)
-        except FlowbusError as e:
-            return False, f"filter: {e}"
-        if schema is not None:
-            unknown = sorted(f for f in filt.fields() if f not in schema)
-            if unknown:
-                fields = ", ".join(schema)
-                return (
-                    False,
-                    f"filter: unknown field {unknown[0]!r} in space {msg.space!r} (fields: {fields})",
-                )
+        filt, error = self._checked_filter(msg.space, msg.filter)
+        if filt is None:
+            return False, error
         if msg.collapse is not None:
             if msg.collapse not in self.config.rulesets:
                 known = ", ".join(sorted(self.config.rulesets)) or "none"
@@ -835,6 +860,42 @@ class Broker:
         self.runtime.apply(self.core.subscribe(sub.sub_id, routing, meta=sub.meta()))
         self._attach(session, sub)
         return True, None
+
+    # -- advertise
+
+    def _advertise(self, session: _Session, msg: p.Advertise) -> tuple[bool, str | None]:
+        assert self.core is not None and self.runtime is not None
+        if not self.config.advertising:
+            return False, "advertising is off in this broker's configuration"
+        filt, error = self._checked_filter(msg.space, msg.filter)
+        if filt is None:
+            return False, error
+        key = f"{session.client}/{msg.adv_id}"
+        text = filt.to_text()
+        known = self._adverts.get(key)
+        if known is not None:  # (again, after a reconnect: the same one is fine)
+            if known != text:
+                return False, f"advertisement {msg.adv_id!r} exists with another filter"
+            session.adverts[key] = compiled(self._routing_filter(msg.space, filt))
+            return True, None
+        routing = self._routing_filter(msg.space, filt)
+        self._adverts[key] = text
+        session.adverts[key] = compiled(routing)
+        self.runtime.apply(self.core.advertise(key, routing))
+        return True, None
+
+    def _unadvertise(self, session: _Session, adv_id: str) -> tuple[bool, str | None]:
+        key = f"{session.client}/{adv_id}"
+        if key not in self._adverts:
+            return False, f"no advertisement {adv_id!r} of this client here"
+        self._drop_advert(session, key)
+        return True, None
+
+    def _drop_advert(self, session: _Session, key: str) -> None:
+        assert self.core is not None and self.runtime is not None
+        session.adverts.pop(key, None)
+        if self._adverts.pop(key, None) is not None:
+            self.runtime.apply(self.core.unadvertise(key))
 
     def _attach(self, session: _Session, sub: _Sub) -> None:
         if sub.linger is not None:

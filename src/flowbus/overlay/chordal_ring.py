@@ -419,8 +419,10 @@ class RingNode:
         return [Send(msg.addr, Pong(self.addr, msg.sent))]
 
     def _on_pong(self, src: int, msg: Pong, now: float) -> list[Effect]:
-        if msg.addr in self._candidates:
+        if msg.addr in self._candidates and not self.joined:
             self._rtt[msg.addr] = now
+            if len(self._rtt) == len(self._candidates):  # all answered: no need to wait on
+                return [CancelTimer(("ring", "join")), *self._choose_bootstrap()]
         return []
 
     def _choose_bootstrap(self) -> list[Effect]:

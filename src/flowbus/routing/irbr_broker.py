@@ -97,6 +97,12 @@ class IrbrBroker:
         self._meta.pop(sub_id, None)
         return self.node.unsubscribe(sub_id)
 
+    def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
+        raise ProtocolError(f"broker {self.addr}: IRBR has no advertisements")
+
+    def unadvertise(self, adv_id: Hashable) -> list[Effect]:
+        raise ProtocolError(f"broker {self.addr}: IRBR has no advertisements")
+
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]:
         out: list[Effect] = []
         for eid, event in items:

@@ -97,7 +97,7 @@ class Synced:
     for it: until this arrives, the receiver sends the sender every event (see the note)."""
 
 
-_CBR = (cbr.Subscribe, cbr.Unsubscribe, cbr.Publish, Synced)
+_CBR = (cbr.Subscribe, cbr.Unsubscribe, cbr.Advertise, cbr.Unadvertise, cbr.Publish, Synced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +134,7 @@ class RingBroker:
         heartbeat: float | None = None,
         custody: bool = False,
         local_ack: bool = False,
+        advertising: bool = False,
         **ring: Any,
     ) -> None:
         if local_ack and not custody:
@@ -146,7 +147,7 @@ class RingBroker:
         self._by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
-        self.router = cbr.ContentRouter(addr, ())
+        self.router = cbr.ContentRouter(addr, (), advertising=advertising)
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
         self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
@@ -227,6 +228,14 @@ class RingBroker:
         self._taken_from.pop(sub_id, None)
         self._taken_by_dead = None
         return self.router.drop(origin_of(key)) + self.ring.del_state(key)
+
+    def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
+        """Publishers here will publish events matching ``filt`` (``advertising`` on): only
+        subscriptions that may match an advertisement are forwarded towards it."""
+        return self._out(self.router.advertise(adv_id, filt))
+
+    def unadvertise(self, adv_id: Hashable) -> list[Effect]:
+        return self._out(self.router.unadvertise(adv_id))
 
     def publish(self, event: Mapping[str, Any], *, event_id: Hashable = None) -> list[Effect]:
         """Route ``event``; it travels with an id (by default this broker and a sequence

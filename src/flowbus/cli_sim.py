@@ -1,4 +1,8 @@
-"""The simulator commands: ``flowbus sim pastry-hops``, ``irbr-faults`` and ``irbr-forwards``.
+"""The simulator commands: ``flowbus sim pastry-hops``, ``irbr-faults``, ``irbr-forwards``,
+the chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``, and
+CBDLO's ``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``
+(:mod:`flowbus.sim.cbdlo_experiments`: configs in ``experiments/cbdlo-*.yaml``; CSV, JSON and
+PNG under ``--out``, by default ``docs/results/cbdlo``).
 
 ``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`). As
 everywhere in the command line, ``--json`` prints exactly one JSON document on standard
@@ -389,3 +393,112 @@ def ring_faults(
         lambda p: run(nodes=nodes, backups=factors, scenarios=names, events=events, seed=seed, progress=p),
         out, as_json, f"ring faults: {nodes} brokers, {events} events", write=write_outputs,
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------------ CBDLO (the 004 document)
+
+CbdloConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="Experiment config (YAML). Default: experiments/<command>.yaml, else built-in."
+    ),
+]
+CbdloSeedsOption = Annotated[str | None, typer.Option(help="N (seeds 1..N) or a list 1,2,3.")]
+CbdloOutOption = Annotated[Path, typer.Option(help="Output directory (CSV, JSON, PNG).")]
+CBDLO_OUT = Path("docs/results/cbdlo")
+
+
+def _cbdlo_command(experiment: str, config: Path | None, seeds: str | None, out: Path, as_json: bool) -> None:
+    """Load, run and write one CBDLO experiment; print its JSON document or a table of means."""
+    from flowbus.sim.cbdlo_experiments import ExperimentError, load, run, write_outputs
+
+    cli = _cli()
+    try:
+        if config is None:
+            default = Path("experiments") / f"{experiment}.yaml"
+            config = default if default.is_file() else None
+        elif not config.is_file():
+            raise ExperimentError(f"config not found: {config}")
+        cfg = load(experiment, config, seeds=seeds)
+        cfg["config_file"] = None if config is None else str(config)
+        with cli.progress_bar(not as_json) as progress:
+            result = run(cfg, progress=progress)
+        write_outputs(result, out)
+    except FlowbusError as exc:
+        _fail(str(exc))
+    if as_json:
+        doc = {k: v for k, v in result.items() if k != "rows"}
+        doc["runs"] = len(result["rows"])
+        cli.emit(doc, as_json=True, title="")
+        return
+    keys = ["messages_per_event", "completeness", "effective_cost", "hit_rate_10",
+            "matching_cost_per_event", "comparisons_per_event"]  # fmt: skip
+    rows = result["summary"]
+    shown = [k for k in keys if any(r.get(k) is not None for r in rows)]
+    if experiment == "cbdlo-apt":
+        shown.insert(0, "attributes")
+    _table(
+        f"{experiment}: {len(result['rows'])} runs, {result['timing']['wall_s']:.1f} s",
+        ["sweep", "x", "protocol", *shown],
+        [[r["sweep"], str(r["x"]), r["protocol"], *(_num(r.get(k)) for k in shown)] for r in rows],
+        result["outputs"],
+    )  # fmt: skip
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+@sim_app.command("cbdlo-cost")
+def cbdlo_cost(
+    config: CbdloConfigOption = None,
+    seeds: CbdloSeedsOption = None,
+    out: CbdloOutOption = CBDLO_OUT,
+    as_json: JsonOption = False,
+) -> None:
+    """Effective distribution cost against total subscriptions, Simple / CBDLO / TERA (004's figure 5)."""
+    _cbdlo_command("cbdlo-cost", config, seeds, out, as_json)
+
+
+@sim_app.command("cbdlo-hops")
+def cbdlo_hops(
+    config: CbdloConfigOption = None,
+    seeds: CbdloSeedsOption = None,
+    out: CbdloOutOption = CBDLO_OUT,
+    as_json: JsonOption = False,
+) -> None:
+    """Effective distribution cost against maximum hops (the 004 document's figure 6)."""
+    _cbdlo_command("cbdlo-hops", config, seeds, out, as_json)
+
+
+@sim_app.command("cbdlo-scale")
+def cbdlo_scale(
+    config: CbdloConfigOption = None,
+    seeds: CbdloSeedsOption = None,
+    out: CbdloOutOption = CBDLO_OUT,
+    as_json: JsonOption = False,
+) -> None:
+    """Messages per event of TERA and CBDLO against network size, simulated then extrapolated (figure 7)."""
+    _cbdlo_command("cbdlo-scale", config, seeds, out, as_json)
+
+
+@sim_app.command("cbdlo-matching")
+def cbdlo_matching(
+    config: CbdloConfigOption = None,
+    seeds: CbdloSeedsOption = None,
+    out: CbdloOutOption = CBDLO_OUT,
+    as_json: JsonOption = False,
+) -> None:
+    """Matching cost against subscriptions and against attributes: Simple vs CBDLO (figures 8 and 9)."""
+    _cbdlo_command("cbdlo-matching", config, seeds, out, as_json)
+
+
+@sim_app.command("cbdlo-apt")
+def cbdlo_apt(
+    config: CbdloConfigOption = None,
+    seeds: CbdloSeedsOption = None,
+    out: CbdloOutOption = CBDLO_OUT,
+    as_json: JsonOption = False,
+) -> None:
+    """Share of attribute searches entering their topology within 10 hops, against the APT size."""
+    _cbdlo_command("cbdlo-apt", config, seeds, out, as_json)

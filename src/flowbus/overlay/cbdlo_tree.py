@@ -1,0 +1,575 @@
+"""CBDLO's upper layer: one attribute topology, a balanced binary tree of virtual nodes.
+
+How it works (the 004 document, section 2 and section 5.2): the value range ``[lo, hi)``
+of one attribute is cut at the bounds of the subscriptions' predicates on it into
+contiguous, disjoint sub-ranges. Each sub-range is a *virtual node* (:class:`VNode`) that
+
+* has a *node list*: the real nodes with a subscription whose predicate on the attribute
+  contains the sub-range (:meth:`AttributeTree.node_list`; a predicate contains the whole
+  sub-range or none of it, so these are the predicates holding its lower end -- the tree
+  answers from one vectorised index of the predicates rather than copying the lists into
+  every virtual node, which would take O(subscriptions x virtual nodes) memory);
+* is hosted by one real subscriber node (``host``): the node that created it by bringing
+  the bound it starts at, or, after that node left, another member of the topology;
+* is a node of an AVL tree ordered by its range (``left``, ``right``, ``parent``),
+  which also knows the range its subtree spans (``span_lo``, ``span_hi``), so a message
+  can climb up and go down towards any value (:func:`next_hop`).
+
+The tree is the document's "distributed balanced binary tree". We chose an AVL tree (as
+BATON does over peers) because its height stays below 1.44 log2(V + 2) whatever the order
+of inserts and deletes: subscriptions come and go in any order, and CDM's second stage
+costs one hop per level. Every predicate is a half-open interval ``[a, b)``; a bound
+strictly inside the range splits the sub-range holding it (unless a virtual node already
+starts there), and a bound no longer used by any predicate merges its two sub-ranges
+back. So the topology has ``distinct interior bounds + 1`` virtual nodes: at most
+``s + 1`` for ``s`` one-sided predicates (``a >= v``, ``a < v``; the document's
+``subscriptions + 2`` bound), at most ``2 s + 1`` for two-sided ranges.
+
+The simulator keeps one :class:`AttributeTree` per attribute as the distributed state:
+the cores read the virtual nodes they host, and the tree's own maintenance (splits,
+merges, rotations, re-hosting) is applied directly, without messages (the document
+neither describes nor measures it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flowbus.errors import FlowbusError
+from flowbus.filters import Filter, Op, Predicate
+from flowbus.filters.ast import Conjunction
+
+__all__ = [
+    "AttributeTree",
+    "Subscription",
+    "Topologies",
+    "TopologyError",
+    "VNode",
+    "next_hop",
+]
+
+
+class TopologyError(FlowbusError):
+    """An attribute topology was asked something impossible (a bad range, an unknown subscription)."""
+
+
+# --------------------------------------------------------------------------- subscriptions
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A conjunction of half-open ranges ``lo <= event[attr] < hi``, one per attribute.
+
+    ``sid`` names it at its subscriber ``node``; ``ranges`` is sorted by attribute.
+    """
+
+    sid: Hashable
+    node: int
+    ranges: tuple[tuple[str, float, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.ranges:
+            raise TopologyError(f"subscription {self.sid!r}: no attribute")
+        attrs = [a for a, _, _ in self.ranges]
+        if len(set(attrs)) != len(attrs):
+            raise TopologyError(f"subscription {self.sid!r}: an attribute appears twice in {attrs}")
+        for attr, lo, hi in self.ranges:
+            if not lo < hi:
+                raise TopologyError(f"subscription {self.sid!r}: empty range [{lo}, {hi}) on {attr!r}")
+        object.__setattr__(self, "ranges", tuple(sorted(self.ranges)))
+
+    @property
+    def attrs(self) -> tuple[str, ...]:
+        return tuple(a for a, _, _ in self.ranges)
+
+    def range_of(self, attr: str) -> tuple[float, float] | None:
+        for a, lo, hi in self.ranges:
+            if a == attr:
+                return lo, hi
+        return None
+
+    def matches(self, event: Mapping[str, Any]) -> bool:
+        """Every attribute present with its value in range (the same answer as :meth:`to_filter`)."""
+        for attr, lo, hi in self.ranges:
+            v = event.get(attr)
+            if v is None or not lo <= v < hi:
+                return False
+        return True
+
+    def to_filter(self) -> Filter:
+        """The filter in flowbus's canonical form (``attr >= lo & attr < hi`` per attribute)."""
+        lits: list[Predicate] = []
+        for attr, lo, hi in self.ranges:
+            if lo != -math.inf:
+                lits.append(Predicate(attr, Op.GE, lo))
+            if hi != math.inf:
+                lits.append(Predicate(attr, Op.LT, hi))
+        return Filter((Conjunction(tuple(lits)),))
+
+    @classmethod
+    def from_filter(cls, sid: Hashable, node: int, filt: Filter) -> Subscription:
+        """A filter of one conjunction of numeric ``>=``, ``>``, ``<``, ``<=``, ``=`` predicates
+        (``a > v`` becomes ``a >= nextafter(v)``, ``a = v`` the range ``[v, nextafter(v))``)."""
+        if len(filt.disjuncts) != 1:
+            raise TopologyError(f"subscription {sid!r}: CBDLO takes one conjunction, got {filt}")
+        bounds: dict[str, list[float]] = {}
+        for lit in filt.disjuncts[0].literals:
+            if not isinstance(lit, Predicate) or lit.negated or isinstance(lit.value, str | tuple):
+                raise TopologyError(f"subscription {sid!r}: {lit} is not a numeric comparison")
+            if lit.value is None or isinstance(lit.value, bool) or lit.op not in _OPS:
+                raise TopologyError(f"subscription {sid!r}: {lit} is not a numeric comparison")
+            v = float(lit.value)
+            lo, hi = bounds.setdefault(lit.attr, [-math.inf, math.inf])
+            lo_new, hi_new = _OPS[lit.op](v)
+            bounds[lit.attr] = [max(lo, lo_new), min(hi, hi_new)]
+        return cls(sid, node, tuple((a, lo, hi) for a, (lo, hi) in bounds.items()))
+
+
+_OPS: dict[Op, Callable[[float], tuple[float, float]]] = {
+    Op.GE: lambda v: (v, math.inf),
+    Op.GT: lambda v: (math.nextafter(v, math.inf), math.inf),
+    Op.LT: lambda v: (-math.inf, v),
+    Op.LE: lambda v: (-math.inf, math.nextafter(v, math.inf)),
+    Op.EQ: lambda v: (v, math.nextafter(v, math.inf)),
+}
+
+
+# ---------------------------------------------------------------------------- virtual node
+
+
+class VNode:
+    """One sub-range ``[lo, hi)`` of an attribute's values: a node of the AVL tree."""
+
+    __slots__ = (
+        "height",
+        "hi",
+        "host",
+        "left",
+        "lo",
+        "parent",
+        "right",
+        "span_hi",
+        "span_lo",
+        "vid",
+    )
+
+    def __init__(self, vid: int, lo: float, hi: float, host: int) -> None:
+        self.vid = vid
+        self.lo = lo
+        self.hi = hi
+        self.host = host
+        self.left: VNode | None = None
+        self.right: VNode | None = None
+        self.parent: VNode | None = None
+        self.height = 1
+        self.span_lo = lo
+        self.span_hi = hi
+
+    def contains(self, value: float) -> bool:
+        return self.lo <= value < self.hi
+
+    def __repr__(self) -> str:
+        return f"VNode({self.vid}, [{self.lo}, {self.hi}), host={self.host})"
+
+
+def next_hop(v: VNode, value: float) -> VNode | None:
+    """The neighbour of ``v`` one step closer to the virtual node holding ``value``
+    (None: ``v`` holds it). Down if ``v``'s subtree spans the value, else up."""
+    if v.lo <= value < v.hi:
+        return None
+    if v.span_lo <= value < v.span_hi:
+        return v.left if value < v.lo else v.right
+    return v.parent
+
+
+def _h(v: VNode | None) -> int:
+    return 0 if v is None else v.height
+
+
+def _fix(v: VNode) -> None:
+    left, right = v.left, v.right
+    v.height = 1 + max(_h(left), _h(right))
+    v.span_lo = v.lo if left is None else left.span_lo
+    v.span_hi = v.hi if right is None else right.span_hi
+
+
+# ------------------------------------------------------------------------------- the tree
+
+
+class AttributeTree:
+    """The attribute topology of ``attr`` over the values ``[lo, hi)`` (see the module note)."""
+
+    def __init__(self, attr: str, lo: float, hi: float, *, first_host: int) -> None:
+        if not lo < hi:
+            raise TopologyError(f"attribute {attr!r}: empty value range [{lo}, {hi})")
+        self.attr = attr
+        self.lo = lo
+        self.hi = hi
+        self._next_vid = 0
+        self.root: VNode = self._new(lo, hi, first_host)
+        self.bounds: dict[float, int] = {}  # interior bound -> predicates ending or starting there
+        self.by_vid: dict[int, VNode] = {self.root.vid: self.root}
+        self.hosted: dict[int, set[int]] = {first_host: {self.root.vid}}
+        self.member_subs: dict[int, int] = {}  # real node -> its subscriptions in this topology
+        self.intervals: Counter[tuple[int, float, float]] = Counter()  # (node, lo, hi) -> how many
+        self.subscriptions = 0
+        self._index: tuple[Any, Any, Any] | None = None
+
+    def _new(self, lo: float, hi: float, host: int) -> VNode:
+        v = VNode(self._next_vid, lo, hi, host)
+        self._next_vid += 1
+        return v
+
+    # -- queries -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.by_vid)
+
+    def height(self) -> int:
+        return self.root.height
+
+    def locate(self, value: float) -> VNode:
+        """The virtual node whose range holds ``value`` (clamped into the value range)."""
+        v = self.root
+        value = min(max(value, self.lo), math.nextafter(self.hi, -math.inf))
+        while not v.lo <= value < v.hi:
+            nxt = v.left if value < v.lo else v.right
+            assert nxt is not None, "the virtual nodes cover the value range"
+            v = nxt
+        return v
+
+    def vnodes(self) -> Iterator[VNode]:
+        """The virtual nodes in the order of their ranges."""
+        stack: list[VNode] = []
+        v: VNode | None = self.root
+        while stack or v is not None:
+            while v is not None:
+                stack.append(v)
+                v = v.left
+            v = stack.pop()
+            yield v
+            v = v.right
+
+    def vnodes_of(self, host: int) -> list[VNode]:
+        """The node's *virtual node list* for this attribute (empty: it hosts none)."""
+        return [self.by_vid[i] for i in sorted(self.hosted.get(host, ()))]
+
+    def node_list(self, v: VNode) -> list[int]:
+        """The real nodes with a predicate containing ``v``'s sub-range, in ascending order."""
+        if self._index is None:
+            keys = list(self.intervals)
+            self._index = (
+                np.array([k[1] for k in keys], dtype=float),
+                np.array([k[2] for k in keys], dtype=float),
+                np.array([k[0] for k in keys], dtype=np.int64),
+            )
+        lo, hi, node = self._index
+        x = v.lo
+        return [int(n) for n in np.unique(node[(lo <= x) & (x < hi)])]
+
+    def hosts(self) -> list[int]:
+        return sorted(self.hosted)
+
+    def members(self) -> set[int]:
+        """The real nodes subscribed to this attribute."""
+        return set(self.member_subs)
+
+    # -- subscriptions -------------------------------------------------------------
+
+    def add(self, node: int, lo: float, hi: float) -> None:
+        """Node ``node`` subscribes with ``lo <= attr < hi``: split at the bounds, then join
+        the node list of every sub-range inside."""
+        lo, hi = max(lo, self.lo), min(hi, self.hi)
+        if not lo < hi:
+            raise TopologyError(
+                f"{self.attr}: the range [{lo}, {hi}) misses the values [{self.lo}, {self.hi})"
+            )
+        for b in (lo, hi):
+            if self.lo < b < self.hi:
+                n = self.bounds.get(b, 0)
+                self.bounds[b] = n + 1
+                if n == 0:
+                    self._split(b, node)
+        self.intervals[(node, lo, hi)] += 1
+        self._index = None
+        self.member_subs[node] = self.member_subs.get(node, 0) + 1
+        self.subscriptions += 1
+
+    def remove(self, node: int, lo: float, hi: float) -> None:
+        """Undo :meth:`add` of the same range: leave the node lists, merge unused bounds."""
+        lo, hi = max(lo, self.lo), min(hi, self.hi)
+        key = (node, lo, hi)
+        if self.intervals.get(key, 0) == 0:
+            raise TopologyError(f"{self.attr}: node {node} has no subscription [{lo}, {hi})")
+        self.intervals[key] -= 1
+        if not self.intervals[key]:
+            del self.intervals[key]
+        self._index = None
+        for b in (lo, hi):
+            if self.lo < b < self.hi:
+                n = self.bounds[b] - 1
+                if n:
+                    self.bounds[b] = n
+                else:
+                    del self.bounds[b]
+                    self._merge(b)
+        n = self.member_subs[node] - 1
+        if n:
+            self.member_subs[node] = n
+        else:
+            del self.member_subs[node]
+        self.subscriptions -= 1
+
+    def rehost(self, departed: int, choose: Any) -> list[VNode]:
+        """Move the virtual nodes hosted by ``departed`` to ``choose(vnode)`` (a real node);
+        return them."""
+        moved = self.vnodes_of(departed)
+        self.hosted.pop(departed, None)
+        for v in moved:
+            v.host = choose(v)
+            self.hosted.setdefault(v.host, set()).add(v.vid)
+        return moved
+
+    # -- split and merge -------------------------------------------------------------
+
+    def _split(self, at: float, host: int) -> None:
+        v = self.locate(at)
+        if v.lo == at:
+            return
+        w = self._new(at, v.hi, host)
+        v.hi = at
+        self.by_vid[w.vid] = w
+        self.hosted.setdefault(host, set()).add(w.vid)
+        self.root = self._insert(self.root, w)
+        self.root.parent = None
+
+    def _merge(self, at: float) -> None:
+        w = self.locate(at)
+        v = self.locate(math.nextafter(at, -math.inf))
+        assert w.lo == at and v.hi == at, "merge of non-adjacent sub-ranges"
+        self.root = self._delete(self.root, at)  # type: ignore[assignment]
+        self.root.parent = None
+        v.hi = w.hi
+        x: VNode | None = v
+        while x is not None:
+            _fix(x)
+            x = x.parent
+        del self.by_vid[w.vid]
+        hosted = self.hosted[w.host]
+        hosted.discard(w.vid)
+        if not hosted:
+            del self.hosted[w.host]
+
+    # -- AVL -----------------------------------------------------------------------
+
+    def _insert(self, t: VNode | None, w: VNode) -> VNode:
+        if t is None:
+            return w
+        if w.lo < t.lo:
+            t.left = self._insert(t.left, w)
+            t.left.parent = t
+        else:
+            t.right = self._insert(t.right, w)
+            t.right.parent = t
+        return _balance(t)
+
+    def _delete(self, t: VNode | None, key: float) -> VNode | None:
+        assert t is not None, "deleting a missing virtual node"
+        if key < t.lo:
+            t.left = self._delete(t.left, key)
+            if t.left is not None:
+                t.left.parent = t
+        elif key > t.lo:
+            t.right = self._delete(t.right, key)
+            if t.right is not None:
+                t.right.parent = t
+        else:
+            if t.left is None or t.right is None:
+                child = t.left if t.left is not None else t.right
+                if child is not None:
+                    child.parent = t.parent
+                return child
+            # two children: the successor takes t's place in the tree
+            s = t.right
+            while s.left is not None:
+                s = s.left
+            right = self._delete_min(t.right)
+            s.left, s.right = t.left, right
+            s.left.parent = s
+            if right is not None:
+                right.parent = s
+            s.parent = t.parent
+            t = s
+        return _balance(t)
+
+    def _delete_min(self, t: VNode) -> VNode | None:
+        if t.left is None:
+            if t.right is not None:
+                t.right.parent = t.parent
+            return t.right
+        t.left = self._delete_min(t.left)
+        if t.left is not None:
+            t.left.parent = t
+        return _balance(t)
+
+    # -- checks ----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Assert every invariant: AVL balance and heights, spans, parents, a contiguous
+        partition of the value range, bounds counted, hosting index (tests use it)."""
+        prev_hi = self.lo
+        count = 0
+        for v in self.vnodes():
+            count += 1
+            if v.lo != prev_hi or not v.lo < v.hi:
+                raise AssertionError(f"{self.attr}: gap or overlap at {v}")
+            if v.lo != self.lo and v.lo not in self.bounds:
+                raise AssertionError(f"{self.attr}: {v} starts at a bound no predicate uses")
+            prev_hi = v.hi
+            for c in (v.left, v.right):
+                if c is not None and c.parent is not v:
+                    raise AssertionError(f"{self.attr}: bad parent link under {v}")
+            if abs(_h(v.left) - _h(v.right)) > 1 or v.height != 1 + max(_h(v.left), _h(v.right)):
+                raise AssertionError(f"{self.attr}: unbalanced at {v}")
+            lo = v.lo if v.left is None else v.left.span_lo
+            hi = v.hi if v.right is None else v.right.span_hi
+            if (v.span_lo, v.span_hi) != (lo, hi):
+                raise AssertionError(f"{self.attr}: bad span at {v}")
+            if v.vid not in self.hosted.get(v.host, ()):
+                raise AssertionError(f"{self.attr}: {v} missing from its host's list")
+        if prev_hi != self.hi or count != len(self.by_vid) or count != len(self.bounds) + 1:
+            raise AssertionError(f"{self.attr}: {count} virtual nodes for {len(self.bounds)} bounds")
+        if self.root.parent is not None:
+            raise AssertionError(f"{self.attr}: the root has a parent")
+
+
+def _successor(v: VNode) -> VNode | None:
+    if v.right is not None:
+        v = v.right
+        while v.left is not None:
+            v = v.left
+        return v
+    while v.parent is not None and v.parent.right is v:
+        v = v.parent
+    return v.parent
+
+
+def _rotate_right(t: VNode) -> VNode:
+    s = t.left
+    assert s is not None
+    t.left = s.right
+    if t.left is not None:
+        t.left.parent = t
+    s.right = t
+    s.parent = t.parent
+    t.parent = s
+    _fix(t)
+    _fix(s)
+    return s
+
+
+def _rotate_left(t: VNode) -> VNode:
+    s = t.right
+    assert s is not None
+    t.right = s.left
+    if t.right is not None:
+        t.right.parent = t
+    s.left = t
+    s.parent = t.parent
+    t.parent = s
+    _fix(t)
+    _fix(s)
+    return s
+
+
+def _balance(t: VNode) -> VNode:
+    _fix(t)
+    b = _h(t.left) - _h(t.right)
+    if b > 1:
+        assert t.left is not None
+        if _h(t.left.left) < _h(t.left.right):
+            t.left = _rotate_left(t.left)
+        return _rotate_right(t)
+    if b < -1:
+        assert t.right is not None
+        if _h(t.right.right) < _h(t.right.left):
+            t.right = _rotate_right(t.right)
+        return _rotate_left(t)
+    return t
+
+
+# --------------------------------------------------------------------------- all topologies
+
+
+class Topologies:
+    """Every attribute topology of a network (attribute -> :class:`AttributeTree`), the
+    attribute value range ``[lo, hi)`` they share, and the subscriptions they hold."""
+
+    def __init__(self, lo: float = 0.0, hi: float = 1000.0) -> None:
+        if not lo < hi:
+            raise TopologyError(f"empty value range [{lo}, {hi})")
+        self.lo = lo
+        self.hi = hi
+        self.trees: dict[str, AttributeTree] = {}
+        self.subs: dict[tuple[int, Hashable], Subscription] = {}
+
+    def subscribe(self, sub: Subscription) -> None:
+        key = (sub.node, sub.sid)
+        if key in self.subs:
+            raise TopologyError(f"node {sub.node} already has a subscription {sub.sid!r}")
+        for attr, lo, hi in sub.ranges:
+            if not (max(lo, self.lo) < min(hi, self.hi)):
+                raise TopologyError(f"subscription {sub.sid!r}: [{lo}, {hi}) misses the values of {attr!r}")
+        for attr, lo, hi in sub.ranges:
+            tree = self.trees.get(attr)
+            if tree is None:
+                tree = self.trees[attr] = AttributeTree(attr, self.lo, self.hi, first_host=sub.node)
+            tree.add(sub.node, lo, hi)
+        self.subs[key] = sub
+
+    def unsubscribe(self, node: int, sid: Hashable, *, choose: Any = None) -> Subscription:
+        """Remove a subscription; a tree left without subscriptions is dropped, and the
+        node's virtual nodes of a topology it no longer belongs to move to ``choose(vnode)``
+        (default: a member of the virtual node, else the tree's first host)."""
+        sub = self.subs.pop((node, sid), None)
+        if sub is None:
+            raise TopologyError(f"node {node} has no subscription {sid!r}")
+        for attr, lo, hi in sub.ranges:
+            tree = self.trees[attr]
+            tree.remove(node, lo, hi)
+            if tree.subscriptions == 0:
+                del self.trees[attr]
+            elif node not in tree.members() and node in tree.hosted:
+                tree.rehost(node, choose or _default_choice(tree, node))
+        return sub
+
+    def depart(self, node: int, *, choose: Any = None) -> list[Subscription]:
+        """Node ``node`` left: its subscriptions go, its virtual nodes move to live members."""
+        gone = [s for (n, _), s in list(self.subs.items()) if n == node]
+        for s in gone:
+            self.unsubscribe(node, s.sid, choose=choose)
+        for tree in self.trees.values():
+            if node in tree.hosted:
+                tree.rehost(node, choose or _default_choice(tree, node))
+        return gone
+
+    def hosted_attrs(self, node: int) -> tuple[str, ...]:
+        """The attributes whose topology ``node`` hosts a virtual node of (what its
+        peer-sampling descriptor advertises)."""
+        return tuple(sorted(a for a, t in self.trees.items() if node in t.hosted))
+
+
+def _default_choice(tree: AttributeTree, departed: int) -> Any:
+    def choose(v: VNode) -> int:
+        others = [n for n in tree.node_list(v) if n != departed]
+        if others:
+            return others[0]
+        return min(n for n in tree.members() if n != departed)
+
+    return choose

@@ -1,0 +1,174 @@
+"""CDM: counter-based distributed matching inside CBDLO's attribute topologies (sans-IO).
+
+How it works (the 004 document, section 4, figure 4):
+
+* First conversion (:func:`enter`). The entry point a walk reached (a real node) looks the
+  attribute up in its *virtual node list*: the virtual nodes of that attribute's topology
+  it hosts. If it hosts none -- the subscriber left, or its virtual nodes moved, while an
+  APT still named it -- the lower-layer search starts again from here with its maximum hops
+  halved (:func:`flowbus.routing.crawl.restart`), so repeated misses cannot loop.
+* Matching in the tree (:func:`route`). From the hosted virtual node nearest the value,
+  the pair climbs the balanced binary tree until the subtree spans the value, then goes
+  down to the one virtual node whose sub-range holds it
+  (:func:`flowbus.overlay.cbdlo_tree.next_hop`). A step to a virtual node hosted elsewhere
+  is a :class:`TreeStep` message; steps between virtual nodes of one host are local.
+* Second conversion. The virtual node found sends a :class:`Match` to every real node of
+  its node list: the nodes with a subscription whose predicate on the attribute holds the
+  value.
+* Counting (:func:`on_match`). A subscriber counts, per event and subscription, the
+  attributes that matched; when the count reaches the subscription's number of
+  attributes it accepts the event (``Deliver``). The document says "when the count
+  *exceeds* the subscription's attributes"; a count can never exceed it (one count per
+  attribute), so equal is taken as a match. The counts of an event are forgotten
+  ``ttl`` time units after its first match (a timer).
+
+Every (event, attribute) search that reaches its virtual node is reported to the host's
+``observer`` (``found(...)``) with its lower-layer hops H1 and tree hops H2, the two terms
+of the document's matching cost ``|APT| x H1 + 1 x H2`` (section 5.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flowbus.overlay.cbdlo_tree import Subscription, Topologies, VNode, next_hop
+from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
+from flowbus.routing.crawl import Publication, Walk, WalkHost, restart
+
+__all__ = ["Counts", "MatchHost", "Matched", "TreeStep", "enter", "on_match", "on_tree_step", "route"]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStep:
+    """Host to host inside ``walk.attr``'s topology: go on from virtual node ``vid``.
+
+    ``tree_hops``: virtual-node steps so far (H2)."""
+
+    walk: Walk
+    vid: int
+    tree_hops: int
+
+
+@dataclass(frozen=True, slots=True)
+class Matched:
+    """Virtual node to a real node of its node list: ``attr``'s value of ``pub`` is inside
+    one of your predicates on ``attr``."""
+
+    pub: Publication
+    attr: str
+    value: float
+
+
+class MatchHost(WalkHost, Protocol):
+    """What CDM needs of the node it runs on, besides CRAWL's needs."""
+
+    @property
+    def topologies(self) -> Topologies: ...
+
+    @property
+    def subs(self) -> Mapping[Hashable, Subscription]: ...
+
+    @property
+    def counts(self) -> Counts: ...
+
+    @property
+    def ttl(self) -> float: ...
+
+
+class Counts:
+    """A subscriber's attribute counts: event id -> subscription id -> matched attributes."""
+
+    __slots__ = ("delivered", "matched")
+
+    def __init__(self) -> None:
+        self.matched: dict[int, dict[Hashable, set[str]]] = {}
+        self.delivered: dict[int, set[Hashable]] = {}
+
+    def forget(self, eid: int) -> None:
+        self.matched.pop(eid, None)
+        self.delivered.pop(eid, None)
+
+
+def _nearest(vnodes: list[VNode], value: float) -> VNode:
+    def distance(v: VNode) -> float:
+        return 0.0 if v.contains(value) else min(abs(v.lo - value), abs(v.hi - value))
+
+    return min(vnodes, key=distance)
+
+
+def enter(host: MatchHost, walk: Walk) -> list[Effect]:
+    """First conversion at the entry point, then matching in the tree."""
+    tree = host.topologies.trees.get(walk.attr)
+    hosted = tree.vnodes_of(host.addr) if tree is not None else []
+    if not hosted:
+        return restart(host, walk, reason="departed")
+    if host.observer is not None:
+        host.observer.walk_ended(walk, "hit", host.addr)
+    return route(host, walk, _nearest(hosted, walk.value), 0)
+
+
+def route(host: MatchHost, walk: Walk, v: VNode, tree_hops: int) -> list[Effect]:
+    """From ``v`` (hosted here) towards the virtual node holding the value; at it, the
+    second conversion."""
+    while True:
+        nxt = next_hop(v, walk.value)
+        if nxt is None:
+            break
+        tree_hops += 1
+        if nxt.host != host.addr:
+            return [Send(nxt.host, TreeStep(walk, nxt.vid, tree_hops))]
+        v = nxt
+    members = host.topologies.trees[walk.attr].node_list(v)
+    if host.observer is not None:
+        host.observer.found(walk, tree_hops, len(members))
+    match = Matched(walk.pub, walk.attr, walk.value)
+    effects: list[Effect] = []
+    for node in members:
+        if node == host.addr:
+            effects += on_match(host, match)
+        else:
+            effects.append(Send(node, match))
+    return effects
+
+
+def on_tree_step(host: MatchHost, step: TreeStep) -> list[Effect]:
+    """A tree step arrived; if the virtual node is no longer here (moved, merged away),
+    the search starts again from the lower layer with halved hops."""
+    tree = host.topologies.trees.get(step.walk.attr)
+    v = tree.by_vid.get(step.vid) if tree is not None else None
+    if v is None or v.host != host.addr:
+        return restart(host, step.walk, reason="departed")
+    return route(host, step.walk, v, step.tree_hops)
+
+
+def on_match(host: MatchHost, m: Matched) -> list[Effect]:
+    """Counting: one more matched attribute for each local subscription whose predicate on
+    ``m.attr`` holds the value; a subscription with all its attributes matched accepts."""
+    eid = m.pub.eid
+    counts = host.counts
+    effects: list[Effect] = []
+    per_sub = counts.matched.get(eid)
+    if per_sub is None:
+        per_sub = counts.matched[eid] = {}
+        effects.append(SetTimer(host.ttl, ("cdm", eid)))
+    done = counts.delivered.setdefault(eid, set())
+    for sid, sub in host.subs.items():
+        if sid in done:
+            continue
+        r = sub.range_of(m.attr)
+        if r is None or not r[0] <= m.value < r[1]:
+            continue
+        got = per_sub.setdefault(sid, set())
+        got.add(m.attr)
+        if len(got) == len(sub.ranges):
+            done.add(sid)
+            effects.append(Deliver(sid, m.pub))
+    return effects
+
+
+def cdm_timer(host: MatchHost, key: Any) -> list[Effect]:
+    """The ``("cdm", eid)`` timer: forget the event's counts."""
+    host.counts.forget(key[1])
+    return []

@@ -449,56 +449,28 @@ def _num(value: Any) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-@sim_app.command("cbdlo-cost")
-def cbdlo_cost(
-    config: CbdloConfigOption = None,
-    seeds: CbdloSeedsOption = None,
-    out: CbdloOutOption = CBDLO_OUT,
-    as_json: JsonOption = False,
-) -> None:
-    """Effective distribution cost against total subscriptions, Simple / CBDLO / TERA (004's figure 5)."""
-    _cbdlo_command("cbdlo-cost", config, seeds, out, as_json)
+_CBDLO_COMMANDS = {
+    "cbdlo-cost": "Effective distribution cost against total subscriptions: Simple, CBDLO, TERA (figure 5).",
+    "cbdlo-hops": "Effective distribution cost against maximum hops (the 004 document's figure 6).",
+    "cbdlo-scale": "Messages per event of TERA and CBDLO against network size, then extrapolated (figure 7).",
+    "cbdlo-matching": "Matching cost against subscriptions and attributes: Simple vs CBDLO (figures 8, 9).",
+    "cbdlo-apt": "Share of attribute searches entering their topology within 10 hops, against the APT size.",
+}
 
 
-@sim_app.command("cbdlo-hops")
-def cbdlo_hops(
-    config: CbdloConfigOption = None,
-    seeds: CbdloSeedsOption = None,
-    out: CbdloOutOption = CBDLO_OUT,
-    as_json: JsonOption = False,
-) -> None:
-    """Effective distribution cost against maximum hops (the 004 document's figure 6)."""
-    _cbdlo_command("cbdlo-hops", config, seeds, out, as_json)
+def _cbdlo_cli(experiment: str, doc: str) -> Any:
+    def command(
+        config: CbdloConfigOption = None,
+        seeds: CbdloSeedsOption = None,
+        out: CbdloOutOption = CBDLO_OUT,
+        as_json: JsonOption = False,
+    ) -> None:
+        _cbdlo_command(experiment, config, seeds, out, as_json)
+
+    command.__doc__ = doc
+    command.__name__ = experiment.replace("-", "_")
+    return command
 
 
-@sim_app.command("cbdlo-scale")
-def cbdlo_scale(
-    config: CbdloConfigOption = None,
-    seeds: CbdloSeedsOption = None,
-    out: CbdloOutOption = CBDLO_OUT,
-    as_json: JsonOption = False,
-) -> None:
-    """Messages per event of TERA and CBDLO against network size, simulated then extrapolated (figure 7)."""
-    _cbdlo_command("cbdlo-scale", config, seeds, out, as_json)
-
-
-@sim_app.command("cbdlo-matching")
-def cbdlo_matching(
-    config: CbdloConfigOption = None,
-    seeds: CbdloSeedsOption = None,
-    out: CbdloOutOption = CBDLO_OUT,
-    as_json: JsonOption = False,
-) -> None:
-    """Matching cost against subscriptions and against attributes: Simple vs CBDLO (figures 8 and 9)."""
-    _cbdlo_command("cbdlo-matching", config, seeds, out, as_json)
-
-
-@sim_app.command("cbdlo-apt")
-def cbdlo_apt(
-    config: CbdloConfigOption = None,
-    seeds: CbdloSeedsOption = None,
-    out: CbdloOutOption = CBDLO_OUT,
-    as_json: JsonOption = False,
-) -> None:
-    """Share of attribute searches entering their topology within 10 hops, against the APT size."""
-    _cbdlo_command("cbdlo-apt", config, seeds, out, as_json)
+for _name, _doc in _CBDLO_COMMANDS.items():
+    sim_app.command(_name)(_cbdlo_cli(_name, _doc))

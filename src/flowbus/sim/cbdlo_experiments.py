@@ -44,6 +44,7 @@ import numpy as np
 from flowbus.errors import FlowbusError
 from flowbus.sim.cbdlo_run import PROTOCOLS, RunConfig
 from flowbus.sim.cbdlo_run import run as run_one
+from flowbus.sim.sweep import read_yaml_mapping
 
 __all__ = ["DEFAULTS", "EXPERIMENTS", "ExperimentError", "fit", "load", "run", "write_outputs"]
 
@@ -133,18 +134,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def _read_yaml(path: Path, experiment: str) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ExperimentError(f"cannot read the config {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ExperimentError(f"{path}: not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ExperimentError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    data = read_yaml_mapping(path, ExperimentError)
     if data.get("experiment", experiment) != experiment:
         raise ExperimentError(f"{path} is a config for {data['experiment']!r}, not {experiment!r}")
     for key in data:

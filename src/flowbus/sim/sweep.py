@@ -360,19 +360,26 @@ def load_sweep(
     return Sweep(**values)
 
 
-def _read_yaml(path: Path, experiment: str) -> dict[str, Any]:
+def read_yaml_mapping(path: Path, error: type[FlowbusError], what: str = "config") -> dict[str, Any]:
+    """The mapping in the YAML file ``path`` (empty file: empty mapping), or ``error`` saying
+    why not (``what`` names the file in the message)."""
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise SweepError(f"cannot read the sweep config {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise SweepError(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{path}: not valid YAML: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise SweepError(f"{path}: expected a mapping of sweep settings, got {type(data).__name__}")
+        raise error(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def _read_yaml(path: Path, experiment: str) -> dict[str, Any]:
+    data = read_yaml_mapping(path, SweepError, "sweep config")
     known = {f.name for f in fields(Sweep)}
     out: dict[str, Any] = {}
     for key, value in data.items():

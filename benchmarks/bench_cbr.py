@@ -28,70 +28,23 @@ import argparse
 import gc
 import importlib.util
 import json
-import random
 import sys
 import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from flowbus.filters import Filter, parse
+from flowbus.workloads import STOCK_SYMBOLS, stock_events, stock_filters
 
-# The broker workload of ``benchmarks/broker.py`` (the same generators, copied: that module
-# starts broker processes and imports the whole client stack).
-SYMBOLS = [f"S{i}" for i in range(50)]
-EXCHANGES = ["NYSE", "NASDAQ", "LSE", "TSE", "HKEX"]
-PRICE = (10.0, 110.0)
-QUANTITY = (1, 1000)
-
-
-def make_events(n: int, seed: int) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    symbol = rng.integers(0, len(SYMBOLS), n).tolist()
-    price = np.round(rng.uniform(*PRICE, n), 2).tolist()
-    quantity = rng.integers(QUANTITY[0], QUANTITY[1] + 1, n).tolist()
-    exchange = rng.integers(0, len(EXCHANGES), n).tolist()
-    level = rng.integers(0, 10, n).tolist()
-    return [
-        {"symbol": SYMBOLS[s], "price": p, "quantity": q, "exchange": EXCHANGES[x], "level": lv}
-        for s, p, q, x, lv in zip(symbol, price, quantity, exchange, level, strict=True)
-    ]
-
-
-def _range(
-    rng: random.Random, name: str, lo: float, hi: float, frac: tuple[float, float], digits: int
-) -> str:
-    width = (hi - lo) * rng.uniform(*frac)
-    a = rng.uniform(lo, hi - width)
-    if digits:
-        return f"{name} >= {round(a, digits)} & {name} < {round(a + width, digits)}"
-    return f"{name} >= {int(a)} & {name} <= {int(a + width)}"
+# The broker workload of ``benchmarks/broker.py`` (from :mod:`flowbus.workloads`).
+SYMBOLS = STOCK_SYMBOLS
+make_events = stock_events
 
 
 def make_filters(k: int, seed: int) -> list[Filter]:
-    """``k`` filters: ``symbol = "S<i>"`` and conditions on 2-4 of price, quantity, level, exchange."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(k):
-        parts = [f'symbol = "{rng.choice(SYMBOLS)}"']
-        for attr in sorted(rng.sample(["price", "quantity", "level", "exchange"], rng.randint(2, 4))):
-            if attr == "price":
-                parts.append(_range(rng, "price", *PRICE, (0.2, 0.6), 1))
-            elif attr == "quantity":
-                parts.append(_range(rng, "quantity", *QUANTITY, (0.3, 0.7), 0))
-            elif attr == "level":
-                a = rng.randint(0, 7)
-                b = rng.randint(a + 2, 9)
-                parts.append(f"level >= {a}" if b == 9 else f"level between {a} and {b}")
-            elif rng.random() < 0.5:
-                parts.append(f'exchange = "{rng.choice(EXCHANGES)}"')
-            else:
-                names = ", ".join(f'"{x}"' for x in rng.sample(EXCHANGES, rng.randint(2, 3)))
-                parts.append(f"exchange in {{{names}}}")
-        out.append(parse(" & ".join(parts)))
-    return out
+    """``k`` filters of the broker workload, parsed."""
+    return [parse(text) for text in stock_filters(k, seed)]
 
 
 def load(path: str | None) -> ModuleType:

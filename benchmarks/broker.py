@@ -42,7 +42,6 @@ import gc
 import json
 import os
 import platform
-import random
 import select
 import subprocess
 import sys
@@ -66,6 +65,7 @@ from flowbus.errors import FlowbusError
 from flowbus.filters import parse
 from flowbus.matching import Matcher
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
+from flowbus.workloads import stock_events, stock_filters
 
 Progress = Callable[[str, int, int], None]
 
@@ -78,10 +78,6 @@ SCHEMA = {
     "level": "int",
     "t": "float",
 }
-SYMBOLS = [f"S{i}" for i in range(50)]
-EXCHANGES = ["NYSE", "NASDAQ", "LSE", "TSE", "HKEX"]
-PRICE = (10.0, 110.0)
-QUANTITY = (1, 1000)
 PROBE = "__probe"
 
 REFERENCE = {
@@ -94,52 +90,8 @@ GOAL = {"subscriptions": 10_000, "events_per_s_in": 20_000, "latency_p99_ms": 50
 # ------------------------------------------------------------------------------------ workload
 
 
-def make_events(n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` events without ``t`` (the publisher stamps it), as plain Python values."""
-    rng = np.random.default_rng(seed)
-    symbol = rng.integers(0, len(SYMBOLS), n).tolist()
-    price = np.round(rng.uniform(*PRICE, n), 2).tolist()
-    quantity = rng.integers(QUANTITY[0], QUANTITY[1] + 1, n).tolist()
-    exchange = rng.integers(0, len(EXCHANGES), n).tolist()
-    level = rng.integers(0, 10, n).tolist()
-    return [
-        {"symbol": SYMBOLS[s], "price": pr, "quantity": q, "exchange": EXCHANGES[x], "level": lv}
-        for s, pr, q, x, lv in zip(symbol, price, quantity, exchange, level, strict=True)
-    ]
-
-
-def _range(
-    rng: random.Random, name: str, lo: float, hi: float, frac: tuple[float, float], digits: int
-) -> str:
-    width = (hi - lo) * rng.uniform(*frac)
-    a = rng.uniform(lo, hi - width)
-    if digits:
-        return f"{name} >= {round(a, digits)} & {name} < {round(a + width, digits)}"
-    return f"{name} >= {int(a)} & {name} <= {int(a + width)}"
-
-
-def make_filters(k: int, seed: int) -> list[str]:
-    """``k`` filters: ``symbol = "S<i>"`` and conditions on 2-4 of price, quantity, level, exchange."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(k):
-        parts = [f'symbol = "{rng.choice(SYMBOLS)}"']
-        for attr in sorted(rng.sample(["price", "quantity", "level", "exchange"], rng.randint(2, 4))):
-            if attr == "price":
-                parts.append(_range(rng, "price", *PRICE, (0.2, 0.6), 1))
-            elif attr == "quantity":
-                parts.append(_range(rng, "quantity", *QUANTITY, (0.3, 0.7), 0))
-            elif attr == "level":
-                a = rng.randint(0, 7)
-                b = rng.randint(a + 2, 9)
-                parts.append(f"level >= {a}" if b == 9 else f"level between {a} and {b}")
-            elif rng.random() < 0.5:
-                parts.append(f'exchange = "{rng.choice(EXCHANGES)}"')
-            else:
-                names = ", ".join(f'"{x}"' for x in rng.sample(EXCHANGES, rng.randint(2, 3)))
-                parts.append(f"exchange in {{{names}}}")
-        out.append(" & ".join(parts))
-    return out
+make_events = stock_events  # (events without ``t``: the publisher stamps it)
+make_filters = stock_filters
 
 
 def offline_counts(

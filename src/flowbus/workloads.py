@@ -13,10 +13,16 @@
 
 Filters are built straight into the canonical form (no text parsing) and come in
 chunks, so a million subscriptions never sit in memory as Python objects.
+
+* The stock workload of the broker benchmarks (:func:`stock_events`,
+  :func:`stock_filters`): events with a ``symbol`` of 50 values, a ``price``, a
+  ``quantity``, an ``exchange`` of 5 values and a ``level`` 0-9; filters with equality on
+  the symbol and ranges on 2-4 of the others, as text (an event matches about K / 500 of K).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -94,3 +100,60 @@ def _rein_filter(attrs: list[int], los: list[float]) -> Filter:
         lits.append(Predicate(f"a{a}", Op.GE, lo))
         lits.append(Predicate(f"a{a}", Op.LE, lo + 0.4 * REIN_DOMAIN))
     return Filter((Conjunction(tuple(lits)),))
+
+
+# ------------------------------------------------------------------- the stock workload
+
+STOCK_SYMBOLS = [f"S{i}" for i in range(50)]
+STOCK_EXCHANGES = ["NYSE", "NASDAQ", "LSE", "TSE", "HKEX"]
+STOCK_PRICE = (10.0, 110.0)
+STOCK_QUANTITY = (1, 1000)
+
+
+def stock_events(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` stock events as plain Python values."""
+    rng = np.random.default_rng(seed)
+    symbol = rng.integers(0, len(STOCK_SYMBOLS), n).tolist()
+    price = np.round(rng.uniform(*STOCK_PRICE, n), 2).tolist()
+    quantity = rng.integers(STOCK_QUANTITY[0], STOCK_QUANTITY[1] + 1, n).tolist()
+    exchange = rng.integers(0, len(STOCK_EXCHANGES), n).tolist()
+    level = rng.integers(0, 10, n).tolist()
+    return [
+        {"symbol": STOCK_SYMBOLS[s], "price": p, "quantity": q, "exchange": STOCK_EXCHANGES[x], "level": lv}
+        for s, p, q, x, lv in zip(symbol, price, quantity, exchange, level, strict=True)
+    ]
+
+
+def _range(
+    rng: random.Random, name: str, lo: float, hi: float, frac: tuple[float, float], digits: int
+) -> str:
+    width = (hi - lo) * rng.uniform(*frac)
+    a = rng.uniform(lo, hi - width)
+    if digits:
+        return f"{name} >= {round(a, digits)} & {name} < {round(a + width, digits)}"
+    return f"{name} >= {int(a)} & {name} <= {int(a + width)}"
+
+
+def stock_filters(k: int, seed: int) -> list[str]:
+    """``k`` filters (text): ``symbol = "S<i>"`` and conditions on 2-4 of price, quantity,
+    level, exchange."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        parts = [f'symbol = "{rng.choice(STOCK_SYMBOLS)}"']
+        for attr in sorted(rng.sample(["price", "quantity", "level", "exchange"], rng.randint(2, 4))):
+            if attr == "price":
+                parts.append(_range(rng, "price", *STOCK_PRICE, (0.2, 0.6), 1))
+            elif attr == "quantity":
+                parts.append(_range(rng, "quantity", *STOCK_QUANTITY, (0.3, 0.7), 0))
+            elif attr == "level":
+                a = rng.randint(0, 7)
+                b = rng.randint(a + 2, 9)
+                parts.append(f"level >= {a}" if b == 9 else f"level between {a} and {b}")
+            elif rng.random() < 0.5:
+                parts.append(f'exchange = "{rng.choice(STOCK_EXCHANGES)}"')
+            else:
+                names = ", ".join(f'"{x}"' for x in rng.sample(STOCK_EXCHANGES, rng.randint(2, 3)))
+                parts.append(f"exchange in {{{names}}}")
+        out.append(" & ".join(parts))
+    return out

@@ -131,6 +131,8 @@ CASES: list[object] = [
     bp.Nack(pseq=3, error="field 'x' is missing"),
     bp.Subscribe(req=1, sub_id="c1/a", space="s", filter="x > 1", durable=True, collapse="last", resume=True),
     bp.Unsubscribe(req=2, sub_id="c1/a"),
+    bp.Advertise(req=3, adv_id="ibm", space="s", filter='symbol = "IBM"'),
+    bp.Unadvertise(req=4, adv_id="ibm"),
     bp.Reply(req=2, ok=False, error="no subscription"),
     bp.Ack(items=(("c1/a", 4),)),
     bp.Events(batch=bp.pack_events([("c1/a", 1, ("c2", 5), {"x": 3})])),

@@ -85,3 +85,29 @@ def test_errors() -> None:
     with pytest.raises(ProtocolError, match="no subscription"):
         b.unsubscribe("t")
     assert b.tree_neighbours() == set()
+
+
+def test_events_that_came_together_are_routed_as_they_would_be_one_by_one() -> None:
+    """``on_messages`` (what the asyncio runtime calls with the frames of one read) routes a
+    run of events from a tree neighbour in one matcher pass, with the same effects as
+    taking each message in turn."""
+    import copy
+
+    from flowbus.routing import cbr
+    from flowbus.routing.ring_broker import EVENT_ID
+
+    world, rng = World(6, 3), random.Random(4)
+    for i in range(30):
+        world.subscribe(
+            rng.randrange(6), ("c", i), rng.choice([f"x > {rng.randrange(90)}", f'k = "k{i % 4}"'])
+        )
+    world.settle(100.0)
+    b = next(b for b in world.brokers if len(b.router.neighbours) == 2)
+    src = min(b.router.neighbours)
+    events = [{"x": rng.randrange(100), "k": f"k{rng.randrange(4)}", EVENT_ID: ("p", n)} for n in range(12)]
+    msgs = [cbr.Publish(e) for e in events]
+    one_by_one = copy.deepcopy(b)
+    together = b.on_messages(src, msgs, 1.0)
+    apart = [e for m in msgs for e in one_by_one.on_message(src, m, 1.0)]
+    assert sorted(map(repr, together)) == sorted(map(repr, apart))
+    assert any(type(e).__name__ == "Deliver" for e in together)

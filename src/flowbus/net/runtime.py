@@ -7,6 +7,9 @@ where each address listens.
 * ``Send(dst, msg)``. The message goes out as one frame, ``(src, msg)`` encoded by
   :mod:`flowbus.net.codec`, on a persistent connection to ``dst``, opened on first use.
   - There is one connection per destination, so messages to one peer stay in order.
+  - The frames of one step to one destination are written at once, in one call (one
+    system call, not one per message); while a connection opens, later sends queue
+    behind it.
   - If connecting or writing fails, the core's ``on_send_failed(dst, msg, now)`` is called
     when it has one. This is the failure notice the simulator's ``failure_notice`` models,
     given here by TCP.
@@ -113,6 +116,7 @@ class Runtime:
         self._server: asyncio.Server | None = None
         self._out: dict[int, asyncio.StreamWriter] = {}
         self._opening: dict[int, asyncio.Lock] = {}
+        self._queued: dict[int, list[Any]] = {}  # dst -> messages waiting for its connection
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -170,12 +174,13 @@ class Runtime:
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:
         loop = asyncio.get_running_loop()
+        sends: dict[int, list[Any]] = {}
         for e in effects:
-            if isinstance(e, Send):
-                self._spawn(self._send(e.dst, e.msg))
-            elif isinstance(e, Deliver):
+            if isinstance(e, Deliver):
                 if self.on_deliver is not None:
                     self.on_deliver(self.addr, e.sub, e.event)
+            elif isinstance(e, Send):
+                sends.setdefault(e.dst, []).append(e.msg)
             elif isinstance(e, SetTimer):
                 old = self._timers.pop(e.key, None)
                 if old is not None:
@@ -187,6 +192,8 @@ class Runtime:
                     handle.cancel()
             else:
                 raise FlowbusError(f"node {self.addr}: {e!r} is not an effect")
+        for dst, msgs in sends.items():
+            self._send_all(dst, msgs)
 
     def _fire(self, key: Hashable) -> None:
         self._timers.pop(key, None)
@@ -198,15 +205,33 @@ class Runtime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, dst: int, msg: Any) -> None:
+    def _send_all(self, dst: int, msgs: list[Any]) -> None:
+        """Write ``msgs`` to ``dst`` now if its connection is open, else queue them behind
+        the connection being opened (opening it if nobody is)."""
+        queued = self._queued.get(dst)
+        if queued is not None:
+            queued.extend(msgs)
+            return
+        writer = self._out.get(dst)
+        if writer is not None and not writer.is_closing():
+            writer.write(b"".join([frame(encode((self.addr, m))) for m in msgs]))
+            self.sent += len(msgs)
+            return
+        self._queued[dst] = list(msgs)
+        self._spawn(self._open_and_send(dst))
+
+    async def _open_and_send(self, dst: int) -> None:
         try:
             writer = await self._connection(dst)
-            writer.write(frame(encode((self.addr, msg))))
+            msgs = self._queued.pop(dst, [])
+            writer.write(b"".join([frame(encode((self.addr, m))) for m in msgs]))
+            self.sent += len(msgs)
             await writer.drain()
-            self.sent += 1
         except (OSError, ConnectionError, FlowbusError):
+            msgs = self._queued.pop(dst, [])
             self._drop(dst)
-            self._failed(dst, msg)
+            for msg in msgs:
+                self._failed(dst, msg)
 
     def _failed(self, dst: int, msg: Any) -> None:
         handler = getattr(self.core, "on_send_failed", None)
@@ -244,6 +269,17 @@ class Runtime:
 
     # -- incoming
 
+    def _take(self, run: list[tuple[int, Any]]) -> None:
+        """Messages read together from one source: to the core's ``on_messages`` at once if
+        it has one (a batch of events is matched in one pass), else one by one."""
+        self.received += len(run)
+        many = getattr(self.core, "on_messages", None)
+        if many is not None and len(run) > 1:
+            self._apply(many(run[0][0], [m for _, m in run], self._now()))
+            return
+        for src, msg in run:
+            self._apply(self.core.on_message(src, msg, self._now()))
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -256,17 +292,24 @@ class Runtime:
                 if not data:
                     break
                 bodies = frames.feed(data)
-                for i, body in enumerate(bodies):
-                    obj = decode(body)
-                    if first and self.on_client is not None and _is_hello(obj):
-                        if task is not None:
-                            self._tasks.discard(task)  # the client session closes it
-                        await self.on_client(obj, reader, writer, bodies[i + 1 :], frames)
-                        return
-                    first = False
-                    src, msg = _envelope(obj)
-                    self.received += 1
-                    self._apply(self.core.on_message(src, msg, self._now()))
+                run: list[Any] = []  # consecutive messages (of one source: one connection)
+                try:
+                    for i, body in enumerate(bodies):
+                        obj = decode(body)
+                        if first and self.on_client is not None and _is_hello(obj):
+                            if task is not None:
+                                self._tasks.discard(task)  # the client session closes it
+                            await self.on_client(obj, reader, writer, bodies[i + 1 :], frames)
+                            return
+                        first = False
+                        src, msg = _envelope(obj)
+                        if run and src != run[0][0]:
+                            self._take(run)
+                            run = []
+                        run.append((src, msg))
+                finally:
+                    if run:  # (what came before a bad frame is taken)
+                        self._take(run)
         except FlowbusError:  # a malformed frame, or a message the core refuses
             self.bad_frames += 1
         except (OSError, ConnectionError, asyncio.CancelledError):

@@ -280,6 +280,35 @@ class RingBroker:
 
     # -- the driver's entry points
 
+    def on_messages(self, src: int, msgs: Sequence[Any], now: float) -> list[Effect]:
+        """Messages from ``src`` that came together: the effects of taking them one by one,
+        in order, but each run of events from a tree neighbour routed in one matcher pass."""
+        out: list[Effect] = []
+        i = 0
+        while i < len(msgs):
+            j = i
+            while j < len(msgs) and type(msgs[j]) is cbr.Publish:
+                j += 1
+            if j - i > 1 and src in self.router.neighbours:
+                out.extend(self._publishes_from(src, [m.event for m in msgs[i:j]], now))
+                i = j
+            else:
+                out.extend(self.on_message(src, msgs[i], now))
+                i += 1
+        return out
+
+    def _publishes_from(self, src: int, events: list[Mapping[str, Any]], now: float) -> list[Effect]:
+        """Events a tree neighbour sent (what ``on_message`` does with each, in one pass)."""
+        self.ring.heard_from(src, now)
+        for event in events:
+            self._open(src, event)
+        if not self._orphans and not self._syncing:
+            return self._out(self.router.route_batch(events, src))
+        out: list[Effect] = []
+        for event in events:
+            out.extend(self._extra(self.router.route_batch([event], src), event, src))
+        return self._out(out)
+
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
         if isinstance(msg, Confirm):

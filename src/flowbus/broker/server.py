@@ -410,7 +410,11 @@ class Broker:
         else:
             sub.pending.append((eid, plain, None))
             sub.in_memory += 1
-        self._pump_soon(sub)
+        if sub.session is not None:  # (_pump_soon, inlined: once per delivery)
+            self._pumps.add(sub)
+            if not self._pump_due:
+                self._pump_due = True
+                asyncio.get_running_loop().call_soon(self._pump_all)
 
     def _adopt(self, sub_id: Hashable) -> _Sub | None:
         """A subscription the core took over from a dead broker: serve it here."""
@@ -462,7 +466,14 @@ class Broker:
         ring: RingNode | None = getattr(self.core, "ring", None)
         if ring is None or not ring.joined:
             return
-        quick = (ring.version, len(ring.window), len(ring.dead), len(ring.taken_over), len(ring.suspects))
+        quick = (
+            ring.version,
+            len(ring.succ),
+            len(ring.pred),
+            len(ring.dead),
+            len(ring.taken_over),
+            ring.watched,
+        )
         if quick == self._ring_quick:
             return
         self._ring_quick = quick

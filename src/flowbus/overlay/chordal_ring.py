@@ -220,6 +220,11 @@ class RingNode:
         return sorted(self._suspects)
 
     @property
+    def watched(self) -> int:
+        """How many brokers are suspected and being tested (cheap: for a driver's log)."""
+        return len(self._suspects)
+
+    @property
     def joined(self) -> bool:
         return self.id is not None
 

@@ -381,7 +381,7 @@ class Client:
                 for i in range(0, len(items), 2000):
                     out.append(frame(encode(p.Publish(space, p.pack_publish(items[i : i + 2000])))))
         if self._acks:
-            out.append(frame(encode(p.Ack(tuple(self._acks.items())))))
+            out.append(frame(encode(p.Ack(p.pack_acks(self._acks.items())))))
             self._acks = {}
         if out:
             self._writer.write(b"".join(out))

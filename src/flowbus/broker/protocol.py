@@ -35,7 +35,7 @@ Broker -> client:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +108,16 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class PubAck:
-    pseqs: tuple[int, ...]
+    """``batch``: plain msgpack of the acknowledged ``pseq`` numbers (:func:`pack_pubacks`)."""
+
+    batch: bytes
+
+    @property
+    def pseqs(self) -> list[int]:
+        raw = _unpack(self.batch, "PubAck")
+        if not all(type(n) is int for n in raw):
+            raise ProtocolError("PubAck: a list of publish sequence numbers")
+        return raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +178,20 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    items: tuple[tuple[str, int], ...]
+    """``batch``: plain msgpack of ``[[sub_id, dseq], ...]``: each subscription's deliveries
+    up to ``dseq`` are taken (:func:`pack_acks`)."""
+
+    batch: bytes
+
+    def items(self) -> list[tuple[str, int]]:
+        raw = _unpack(self.batch, "Ack")
+        try:
+            out = [(s, n) for s, n in raw]
+        except (TypeError, ValueError):
+            raise ProtocolError("Ack: each item is [sub_id, dseq]") from None
+        if not all(type(s) is str and type(n) is int for s, n in out):
+            raise ProtocolError("Ack: each item is [sub_id, dseq]")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +207,14 @@ class Events:
             return [(s, d, (who, n), e) for s, d, who, n, e in raw]
         except (TypeError, ValueError):
             raise ProtocolError("Events: each item is [sub_id, dseq, publisher, pseq, event]") from None
+
+
+def pack_acks(items: Iterable[tuple[str, int]]) -> bytes:
+    return msgpack.packb([[s, n] for s, n in items], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def pack_pubacks(pseqs: Iterable[int]) -> bytes:
+    return msgpack.packb(list(pseqs), use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]]) -> bytes:

@@ -211,7 +211,7 @@ class _Session:
             return
         msgs = self._out
         if self._acks:
-            msgs.append(p.PubAck(tuple(self._acks)))
+            msgs.append(p.PubAck(p.pack_pubacks(self._acks)))
         for i in range(0, len(self._events), 2000):  # (frames well under the size limit)
             msgs.append(p.Events(p.pack_event_rows(self._events[i : i + 2000])))
         self._out, self._acks, self._events = [], [], []
@@ -707,7 +707,7 @@ class Broker:
         if isinstance(msg, p.Publish):
             self._publish(session, msg)
         elif isinstance(msg, p.Ack):
-            for sub_id, upto in msg.items:
+            for sub_id, upto in msg.items():
                 sub = self.subs.get(sub_id)
                 if sub is not None and sub.session is session:
                     self._ack(sub, upto)

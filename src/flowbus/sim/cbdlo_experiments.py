@@ -44,7 +44,7 @@ import numpy as np
 from flowbus.errors import FlowbusError
 from flowbus.sim.cbdlo_run import PROTOCOLS, RunConfig
 from flowbus.sim.cbdlo_run import run as run_one
-from flowbus.sim.sweep import read_yaml_mapping
+from flowbus.sim.sweep import read_yaml_mapping, write_csv
 
 __all__ = ["DEFAULTS", "EXPERIMENTS", "ExperimentError", "fit", "load", "run", "write_outputs"]
 
@@ -346,20 +346,8 @@ def extrapolate(summary: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- outputs
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
     """``<name>.csv``, ``<name>.json`` and ``<name>.png`` in ``out``; their paths by name."""
-    import csv
-
     from flowbus.sim.cbdlo_plots import plot
 
     name = result["experiment"]
@@ -368,11 +356,7 @@ def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
     rows = result["rows"]
     first = ["sweep", *RUN_FIELDS]
     rest = sorted({k for r in rows for k in r} - set(first) - set(TIMING))
-    with paths["csv"].open("w", encoding="utf-8", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(first + rest)
-        for r in rows:
-            w.writerow([_cell(r.get(c)) for c in first + rest])
+    write_csv(paths["csv"], first + rest, rows)
     plot(result, paths["plot"])
     names = {k: str(v) for k, v in paths.items()}
     result["outputs"] = names

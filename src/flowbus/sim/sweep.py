@@ -542,12 +542,13 @@ def _cell(value: Any) -> str:
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
-    """``rows`` as CSV with exactly ``columns`` (floats in full precision, None empty, LF line ends)."""
+    """``rows`` as CSV with exactly ``columns`` (floats in full precision, None or missing
+    empty, LF line ends)."""
     with path.open("w", encoding="utf-8", newline="") as fh:
         w = csv.writer(fh, lineterminator="\n")
         w.writerow(columns)
         for r in rows:
-            w.writerow([_cell(r[c]) for c in columns])
+            w.writerow([_cell(r.get(c)) for c in columns])
 
 
 def _version() -> str:

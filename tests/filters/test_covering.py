@@ -25,6 +25,8 @@ from strategies import (
     simple_predicates,
 )
 
+from .grid import ATTRS, MISSING, NUMS, STRS, increment
+
 COVERS = [
     ("x > 1", "x > 2"),
     ("x >= 1 & x <= 5", "x in {1, 2, 5}"),
@@ -155,16 +157,6 @@ def test_covering_is_sound(pair: tuple[Filter, Filter, bool], evs: list[dict[str
 
 # ------------------------------------------------------------ completeness
 
-ATTRS = ("a", "b")
-NUMS = (0, 1, 2, 3)
-STRS = ("", "a", "ab", "b")
-MISSING = object()
-
-
-def _increment(s: str) -> str | None:
-    s = s.rstrip(chr(0x10FFFF))
-    return s[:-1] + chr(ord(s[-1]) + 1) if s else None
-
 
 def _constants(*fs: Filter) -> list[Any]:
     """The constants of ``fs`` (a list: a set would merge ``1`` and ``true``)."""
@@ -184,7 +176,7 @@ def _candidates(*fs: Filter) -> list[Any]:
             out += [v, v - 0.5, v + 0.5]
         elif type(v) is str:
             out += [v, v + "\0", v + "a"]
-            nxt = _increment(v)
+            nxt = increment(v)
             out += [nxt, nxt + "\0"] if nxt is not None else []
     return out
 

@@ -26,6 +26,8 @@ from strategies import (
     simple_predicates,
 )
 
+from .grid import ATTRS, MISSING, NUMS, STRS, increment
+
 OVERLAP = [
     ("x > 1", "x < 3"),
     ("x >= 2", "x <= 2"),
@@ -109,16 +111,6 @@ def test_overlaps_is_sound(f: Filter, g: Filter, evs: list[dict[str, Any]]) -> N
 
 # ------------------------------------------------- brute force on a small grid
 
-ATTRS = ("a", "b")
-NUMS = (0, 1, 2, 3)
-STRS = ("", "a", "ab", "b")
-MISSING = object()
-
-
-def _increment(s: str) -> str | None:
-    s = s.rstrip(chr(0x10FFFF))
-    return s[:-1] + chr(ord(s[-1]) + 1) if s else None
-
 
 def _candidates(*fs: Filter) -> list[Any]:
     """One value in each region the constants cut the value domain into, and the attribute missing."""
@@ -131,7 +123,7 @@ def _candidates(*fs: Filter) -> list[Any]:
                         out += [v, v - 0.5, v + 0.5]
                     elif type(v) is str:
                         out += [v, v + "\0", v + "a", "x" + v, "a" + v]
-                        nxt = _increment(v)
+                        nxt = increment(v)
                         out += [nxt, nxt + "\0"] if nxt is not None else []
     return out
 

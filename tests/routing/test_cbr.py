@@ -16,24 +16,12 @@ from flowbus.filters import Filter, parse
 from flowbus.routing.cbr import ContentRouter, Publish, Subscribe, Unsubscribe
 from flowbus.sim import ConstantLatency, Simulator, UniformLatency
 
-Adj = dict[int, set[int]]
+from .trees import Adj, path, random_tree
+
 Subs = dict[tuple[int, Hashable], Filter]
 
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def random_tree(n: int, rng: random.Random) -> Adj:
-    adj: Adj = {i: set() for i in range(n)}
-    for i in range(1, n):
-        p = rng.randrange(i)
-        adj[i].add(p)
-        adj[p].add(i)
-    return adj
-
-
-def path(n: int) -> Adj:
-    return {i: {j for j in (i - 1, i + 1) if 0 <= j < n} for i in range(n)}
 
 
 def random_filter(rng: random.Random, *, disjunctions: bool = False) -> Filter:

@@ -19,24 +19,12 @@ from flowbus.filters.covering import overlaps
 from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing.cbr import Advertise, ContentRouter, Publish, Subscribe, Unadvertise
 
-Adj = dict[int, set[int]]
+from .trees import Adj, path, random_tree
+
 Keyed = dict[tuple[int, Hashable], Filter]
 
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def random_tree(n: int, rng: random.Random) -> Adj:
-    adj: Adj = {i: set() for i in range(n)}
-    for i in range(1, n):
-        p = rng.randrange(i)
-        adj[i].add(p)
-        adj[p].add(i)
-    return adj
-
-
-def path(n: int) -> Adj:
-    return {i: {j for j in (i - 1, i + 1) if 0 <= j < n} for i in range(n)}
 
 
 def random_sub(rng: random.Random) -> Filter:

@@ -16,7 +16,7 @@ from flowbus.filters import Filter, parse
 from flowbus.routing.cbr import ContentRouter, Publish, Subscribe, Unsubscribe
 from flowbus.sim import ConstantLatency, Simulator, UniformLatency
 
-from .trees import Adj, path, random_tree
+from .trees import Adj, path, random_tree, split_and_rejoin
 
 Subs = dict[tuple[int, Hashable], Filter]
 
@@ -220,23 +220,6 @@ def test_events_only_enter_subtrees_with_matching_subscriptions() -> None:
 
 
 # --------------------------------------------------------------------- topology changes
-
-
-def split_and_rejoin(adj: Adj, rng: random.Random) -> tuple[tuple[int, int], tuple[int, int]]:
-    """A tree edge to cut and a new edge joining the two halves again."""
-    u = rng.choice([b for b in adj if adj[b]])
-    v = rng.choice(sorted(adj[u]))
-    side, todo = {u}, [u]
-    while todo:
-        b = todo.pop()
-        for c in adj[b]:
-            if c not in side and (b, c) != (u, v):
-                side.add(c)
-                todo.append(c)
-    while True:
-        a, c = rng.choice(sorted(side)), rng.choice(sorted(set(adj) - side))
-        if (a, c) != (u, v):
-            return (u, v), (a, c)
 
 
 @pytest.mark.parametrize("reorder", [False, True])

@@ -19,7 +19,7 @@ from flowbus.filters.covering import overlaps
 from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing.cbr import Advertise, ContentRouter, Publish, Subscribe, Unadvertise
 
-from .trees import Adj, path, random_tree
+from .trees import Adj, path, random_tree, split_and_rejoin
 
 Keyed = dict[tuple[int, Hashable], Filter]
 
@@ -220,16 +220,7 @@ def test_topology_changes_converge_to_from_scratch(seed: int) -> None:
     advs, subs = random_workload(net, sorted(adj), rng, 120)
     for _ in range(3):
         for _ in range(rng.randrange(1, 3)):
-            u = rng.choice([b for b in adj if adj[b]])
-            v = rng.choice(sorted(adj[u]))
-            side, todo = {u}, [u]
-            while todo:
-                b = todo.pop()
-                for c in adj[b]:
-                    if c not in side and (b, c) != (u, v):
-                        side.add(c)
-                        todo.append(c)
-            a, c = rng.choice(sorted(side)), rng.choice(sorted(set(adj) - side))
+            (u, v), (a, c) = split_and_rejoin(adj, rng)
             adj[u].discard(v)
             adj[v].discard(u)
             adj[a].add(c)

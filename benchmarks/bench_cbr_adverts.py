@@ -32,8 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from flowbus.core import Deliver, Effect, Send
 from flowbus.filters import Filter, parse
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing.cbr import ContentRouter
 
 

@@ -58,9 +58,9 @@ from typing import Any
 import numpy as np
 
 import flowbus
-from flowbus.broker import protocol as p
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.client import Subscription
+from flowbus.client import protocol as p
 from flowbus.errors import FlowbusError
 from flowbus.filters import parse
 from flowbus.matching import Matcher

@@ -15,7 +15,7 @@ Three measurements in one Spark session (``local[2]`` by default):
   Every subscription point (and the space feeding the collapses) is written to
   Spark's ``noop`` sink; the best of ``rounds`` runs counts. Both deliver the
   same number of events per point (checked).
-* ``engine`` -- ``flowbus run`` itself (:class:`flowbus.flow.spark.SparkFlow`,
+* ``engine`` -- ``flowbus run`` itself (:class:`flowbus.spark.flow.SparkFlow`,
   Structured Streaming, collapse and expand in ``transformWithState``) on the
   stock flow: events per second from the first micro-batch to the last.
 * ``collapse`` -- the state paths on a flow that is only a collapse and an
@@ -41,8 +41,8 @@ from flowbus.flow import FlowBuilder, Graph, load_spec, rewrite
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import EventSpace, Route, Select, Transform
 from flowbus.flow.plan import INPUT, plan
-from flowbus.flow.spark import SparkFlow, log_schema, spark_type
 from flowbus.spark.columns import ColumnCompiler
+from flowbus.spark.flow import SparkFlow, log_schema, spark_type
 
 Progress = Callable[[str, int, int], None]
 STOCKS = Path(__file__).resolve().parents[1] / "examples" / "stocks" / "flow.yaml"

@@ -1,18 +1,79 @@
-"""The exceptions flowbus raises: every one derives from :class:`FlowbusError`.
+"""Every exception flowbus raises on purpose, in one tree rooted at :class:`FlowbusError`.
 
-A user's bad input (a filter with a syntax error, an event that does not fit its
-schema, ...) raises one of these with a message naming what was wrong and where;
-the operation that raised it has changed no state.
+Three branches say whose fault it is:
+
+* :class:`UserError`: the caller's input is wrong (a filter with a syntax error, an event
+  that does not fit its schema, a flow with a cycle, a config with a bad key...). The
+  message names what was wrong and where; fields carry the same for code
+  (``SchemaError.field``, ``FilterSyntaxError.line``...). The call that raised it changed
+  no state.
+* :class:`ProtocolError`: a peer sent something this side cannot handle (a malformed
+  frame, an unknown wire tag, a message a core does not take). Close that connection.
+* :class:`InternalError`: flowbus broke one of its own rules (two classes claiming one
+  wire tag, say): a bug to report.
+
+:class:`ClientError` is what a client call could not do: the broker refused it
+(:class:`PublishError`, :class:`SubscribeError`, with the broker's reason) or no broker
+could be reached.
+
+::
+
+    FlowbusError
+    ├── UserError
+    │   ├── FilterError ── FilterSyntaxError, ColumnUnsupported
+    │   ├── SchemaError
+    │   ├── FlowError ── ExpandError
+    │   ├── SubscriptionError (also a KeyError)
+    │   ├── ConfigError
+    │   ├── StoreError
+    │   ├── OverlayError ── TopologyError
+    │   ├── SimError ── TransportError
+    │   └── ExperimentError
+    ├── ProtocolError ── FrameError
+    ├── ClientError ── PublishError, SubscribeError
+    └── InternalError
 """
 
 from __future__ import annotations
+
+__all__ = [
+    "ClientError",
+    "ColumnUnsupported",
+    "ConfigError",
+    "ExpandError",
+    "ExperimentError",
+    "FilterError",
+    "FilterSyntaxError",
+    "FlowError",
+    "FlowbusError",
+    "FrameError",
+    "InternalError",
+    "OverlayError",
+    "ProtocolError",
+    "PublishError",
+    "SchemaError",
+    "SimError",
+    "StoreError",
+    "SubscribeError",
+    "SubscriptionError",
+    "TopologyError",
+    "TransportError",
+    "UserError",
+]
 
 
 class FlowbusError(Exception):
     """Root of every error flowbus raises on purpose."""
 
 
-class FilterError(FlowbusError):
+# ------------------------------------------------------------------------------------ user input
+
+
+class UserError(FlowbusError):
+    """The caller's input cannot be used; the message names what and where, and nothing changed."""
+
+
+class FilterError(UserError):
     """A filter is well formed text but cannot be used (unknown function, too complex...)."""
 
 
@@ -41,7 +102,16 @@ class FilterSyntaxError(FilterError):
         super().__init__(f"{message}{where}{want}")
 
 
-class SchemaError(FlowbusError):
+class ColumnUnsupported(FilterError):
+    """A filter or expression uses something a Spark Column cannot express (a Python
+    callable, named in ``function``): the Spark engine evaluates it in Python instead."""
+
+    def __init__(self, message: str, *, function: str) -> None:
+        self.function = function
+        super().__init__(message)
+
+
+class SchemaError(UserError):
     """An event or filter does not fit a schema; ``field`` names the culprit."""
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
@@ -49,9 +119,84 @@ class SchemaError(FlowbusError):
         super().__init__(message)
 
 
-class OverlayError(FlowbusError):
+class FlowError(UserError):
+    """An information flow graph, its spec or its input is not usable; the message says
+    where (the spec file, the arc or space) and what was wrong."""
+
+
+class ExpandError(FlowError):
+    """No event sequence takes the start state to the goal (within the bound, if one was given)."""
+
+
+class SubscriptionError(UserError, KeyError):
+    """An unknown subscription id was removed, or a known one added again."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(UserError):
+    """A broker configuration that cannot be used; the message names the key."""
+
+
+class StoreError(UserError):
+    """A refused change to a broker's store (the store is unchanged)."""
+
+
+class OverlayError(UserError):
     """A change or query of a broker overlay that cannot be done (the overlay is unchanged)."""
 
 
+class TopologyError(OverlayError):
+    """A change of CBDLO's attribute topologies that cannot be done (a bad subscription or range)."""
+
+
+class SimError(UserError):
+    """The simulator was asked something impossible (a duplicate node, a time in the past...)."""
+
+
+class TransportError(SimError):
+    """A simulated transport layer was configured with impossible values."""
+
+
+class ExperimentError(UserError):
+    """An experiment's config is invalid (nothing has run); the message names the key."""
+
+
+# -------------------------------------------------------------------------------------- protocol
+
+
 class ProtocolError(FlowbusError):
-    """A protocol core received a message it cannot handle."""
+    """A protocol core or a codec received something it cannot handle."""
+
+
+class FrameError(ProtocolError):
+    """A frame or body that cannot be read or written: malformed, oversized, an unknown
+    type tag, a bad field... The message names what was wrong; close the connection."""
+
+
+# ---------------------------------------------------------------------------------------- client
+
+
+class ClientError(FlowbusError):
+    """The client cannot do what was asked (not connected, closed, no broker answers...)."""
+
+
+class PublishError(ClientError):
+    """A broker refused a published event: ``pseq`` numbers it, ``reason`` is the broker's."""
+
+    def __init__(self, pseq: int, reason: str) -> None:
+        self.pseq = pseq
+        self.reason = reason
+        super().__init__(f"publish #{pseq} refused: {reason}")
+
+
+class SubscribeError(ClientError):
+    """A broker refused a subscription or an unsubscription; the message says why."""
+
+
+# -------------------------------------------------------------------------------------- internal
+
+
+class InternalError(FlowbusError):
+    """flowbus broke one of its own rules: a bug, not a misuse."""

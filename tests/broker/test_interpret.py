@@ -19,8 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowbus.broker.interpret import Interpretation, Interpretations, load_interpretation
-from flowbus.errors import FlowbusError, SchemaError
-from flowbus.flow.errors import FlowError
+from flowbus.errors import FlowbusError, FlowError, SchemaError
 
 TRADE = {"symbol": "str", "price": "float", "vol": "int"}
 

@@ -16,10 +16,10 @@ import msgpack  # type: ignore[import-untyped]
 import pytest
 
 import flowbus
-from flowbus.broker import protocol as p
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.server import Broker
 from flowbus.client import ClientError, PublishError, SubscribeError
+from flowbus.client import protocol as p
 from flowbus.errors import SchemaError
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 

@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flowbus.cli_flow import bench_flow, flow_app, run
+from flowbus.cli.flow import bench_flow, flow_app, run
 from flowbus.filters import parse
 from flowbus.filters.expr import parse_expression
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from flowbus.errors import FilterError, FilterSyntaxError
 from flowbus.filters import parse
 from flowbus.filters.ast import BinOp, Call, Const, Expr, Field, Filter, Undefined
+from flowbus.filters.compile import Compiler, expressions_of, shared_subexpressions
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.substitute import substitute_expr, substitute_filter
 from flowbus.filters.text import expr_to_text
-from flowbus.flow.compile import Compiler, expressions_of, shared_subexpressions
 from strategies import FUNCTIONS, canonical_filters, events, expressions
 
 # ------------------------------------------------------------ parse_expression

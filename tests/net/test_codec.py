@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowbus.broker import protocol as bp
-from flowbus.errors import ProtocolError
+from flowbus import wire
+from flowbus.client import protocol as bp
+from flowbus.errors import InternalError
 from flowbus.filters import Filter, parse
 from flowbus.net import (
     MAX_DEPTH,
@@ -27,7 +28,6 @@ from flowbus.net import (
     decode,
     encode,
     frame,
-    register,
     registered,
 )
 from flowbus.overlay import class_router, pastry
@@ -181,8 +181,9 @@ def test_round_trip(msg: object) -> None:
 
 def test_every_registered_type_has_a_case() -> None:
     covered = {type(m) for m in CASES}
-    # the project's message types (this file registers a test class of its own)
-    missing = [tag for tag, cls in registered().items() if tag.startswith("flowbus.") and cls not in covered]
+    # the project's message types (this file tags a test class of its own)
+    ours = {tag: cls for tag, cls in registered().items() if cls.__module__.startswith("flowbus.")}
+    missing = [tag for tag, cls in ours.items() if cls not in covered]
     assert not missing, f"registered types without a round-trip case in CASES: {missing}"
 
 
@@ -200,7 +201,7 @@ def test_big_ints() -> None:
 
 
 def test_documented_example_bytes() -> None:
-    tag = b"flowbus.overlay.ring_messages:Peer"
+    tag = b"ring.peer"
     expected = msgpack.packb([msgpack.ExtType(2, tag), 5, 3])
     assert encode(rm.Peer(5, 3)) == expected
     assert decode(expected) == rm.Peer(5, 3)
@@ -278,6 +279,7 @@ class _Unregistered:
     x: int
 
 
+@wire.message("test.local")
 @dataclasses.dataclass(frozen=True)
 class _Local:
     n: int
@@ -287,9 +289,6 @@ class _Local:
     def __post_init__(self) -> None:
         if self.n < 0:
             raise ValueError("n must be >= 0")
-
-
-register(_Local)
 
 
 @pytest.mark.parametrize(
@@ -314,13 +313,15 @@ def test_encode_rejects_deep_nesting_and_cycles() -> None:
         encode(loop)
 
 
-def test_register() -> None:
+def test_wire_tags() -> None:
     assert decode(encode(_Local(1, "a", P1))) == _Local(1, "a", P1)
-    assert register(_Local) is _Local  # again: no-op
-    with pytest.raises(ProtocolError):
-        register(int)
-    with pytest.raises(ProtocolError):
-        register(Filter)
+    assert wire.message("test.local")(_Local) is _Local  # again: no-op
+    with pytest.raises(InternalError, match="neither"):
+        wire.message("test.int")(int)
+    with pytest.raises(InternalError, match="taken"):
+        wire.message("test.local")(_Unregistered)
+    with pytest.raises(InternalError, match=r"family\.name"):
+        wire.message("flowbus.overlay:Peer")
 
 
 # ------------------------------------------------------------------------ decode errors
@@ -330,7 +331,7 @@ def _tagged(tag: str, *items: object) -> bytes:
     return bytes(msgpack.packb([msgpack.ExtType(2, tag.encode()), *items]))
 
 
-PEER = "flowbus.overlay.ring_messages:Peer"
+PEER = "ring.peer"
 
 
 @pytest.mark.parametrize(
@@ -346,14 +347,15 @@ PEER = "flowbus.overlay.ring_messages:Peer"
         (_tagged(PEER, 1, 2, 3), "2 fields expected"),
         (_tagged(PEER, "x", 2), "bad field 'id'"),
         (_tagged(PEER, True, 2), "bad field 'id'"),
-        (_tagged("flowbus.overlay.pastry:Join", -1, 2, 0), "constructor"),
+        (_tagged("pastry.join", -1, 2, 0), "constructor"),
         (
-            _tagged("flowbus.overlay.pastry:Join", msgpack.ExtType(1, b"\x01" + bytes(16)), 2, 0),
+            _tagged("pastry.join", msgpack.ExtType(1, b"\x01" + bytes(16)), 2, 0),
             "constructor",
         ),
-        (_tagged(f"{_Local.__module__}:_Local", -1, "a", None), "constructor"),
-        (_tagged(f"{_Local.__module__}:_Local", 1, "a", 5), "bad field 'peer'"),
-        (_tagged("flowbus.overlay.multigraph:LinkClass", "nope"), "no member"),
+        (_tagged("test.local", -1, "a", None), "constructor"),
+        (_tagged("test.local", 1, "a", 5), "bad field 'peer'"),
+        (_tagged("classes.link_class", "nope"), "no member"),
+        (_tagged("flowbus.overlay.ring_messages:Peer", 1, 2), "unknown type tag"),
         (_tagged("filter", "x >"), "bad filter"),
         (_tagged("filter", 3), "one string"),
         (_tagged("set", [1], 2), "unhashable"),
@@ -378,9 +380,9 @@ def test_decode_rejects(body: bytes, what: str) -> None:
 def test_decode_errors_name_huge_values_safely() -> None:
     huge = msgpack.ExtType(1, (2**20000).to_bytes(2501, "big", signed=True))
     with pytest.raises(FrameError, match="bad field 'addr'"):
-        decode(_tagged("flowbus.overlay.ring_messages:Ping", [huge], 1.0))
+        decode(_tagged("ring.ping", [huge], 1.0))
     with pytest.raises(FrameError, match="constructor"):
-        decode(_tagged("flowbus.overlay.pastry:Join", huge, 2, 0))
+        decode(_tagged("pastry.join", huge, 2, 0))
     assert decode(_tagged(PEER, huge, 1)) == rm.Peer(2**20000, 1)
 
 
@@ -397,7 +399,7 @@ def test_fuzz_decode_garbage(body: bytes) -> None:
         decode(body)
 
 
-_TAGS = [*registered(), "tuple", "set", "frozenset", "filter", "", "no.such:Thing"]
+_TAGS = [*registered(), "tuple", "set", "frozenset", "filter", "", "no.such:Thing", "no.such"]
 _wire_scalars = st.one_of(
     st.none(),
     st.booleans(),

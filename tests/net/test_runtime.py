@@ -9,11 +9,11 @@ import random
 from collections.abc import Hashable
 from typing import Any
 
+from flowbus.core import Effect, Send
+from flowbus.experiments.ring_sim import ring_errors
 from flowbus.net.codec import frame
 from flowbus.net.runtime import Directory, Runtime
 from flowbus.overlay.chordal_ring import RingNode, RingRoute
-from flowbus.overlay.effects import Effect, Send
-from flowbus.sim.ring import ring_errors
 
 HB = 0.1  # heartbeat period (s): failures are found within a few tenths of a second
 

@@ -11,8 +11,9 @@ from collections import Counter, deque
 import pytest
 
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo import Apt, CbdloNode, Descriptor, Shuffle, ShuffleReply
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.overlay.cyclon import Apt, Descriptor, Shuffle, ShuffleReply
+from flowbus.routing.cbdlo import CbdloNode
 from flowbus.sim import ConstantLatency, Simulator
 
 PERIOD = 10.0

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from flowbus.errors import ProtocolError
+from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
 from flowbus.sim import LinkFailure
-from flowbus.sim.ring import RingSim, ring_errors
 
 
 def ring(n: int, *, seed: int = 1, backup: int = 2, heartbeat: float | None = 5.0, **kw: Any) -> RingSim:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from flowbus.errors import ProtocolError
+from flowbus.experiments.ring_classes import LinkLatency, run
 from flowbus.overlay.class_router import Classed, ClassRouter
 from flowbus.overlay.multigraph import LinkClass, Multigraph
 from flowbus.sim import Simulator
-from flowbus.sim.ring_classes import LinkLatency, run
 
 NORMAL, EXPRESS, SECURE = LinkClass.NORMAL, LinkClass.EXPRESS, LinkClass.SECURE
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
 from flowbus.overlay.pastry import (
     HEARTBEAT,
     SPACE,

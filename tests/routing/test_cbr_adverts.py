@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.filters.covering import overlaps
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing.cbr import Advertise, ContentRouter, Publish, Subscribe, Unadvertise
 
 from .trees import Adj, path, random_tree, split_and_rejoin

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing import cbr_index
 from flowbus.routing.cbr import (
     ContentRouter,

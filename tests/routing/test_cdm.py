@@ -9,9 +9,9 @@ import random
 from collections.abc import Hashable
 from functools import partial
 
-from flowbus.overlay.cbdlo import CbdloNode
+from flowbus.core import Deliver, Effect, SetTimer
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
-from flowbus.overlay.effects import Deliver, Effect, SetTimer
+from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.cdm import Matched, TreeStep
 from flowbus.routing.crawl import Publication, Walk
 from flowbus.sim import ConstantLatency, Simulator

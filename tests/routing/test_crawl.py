@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Send
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo import CbdloNode
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
-from flowbus.overlay.effects import Send
+from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.crawl import Enter, Publication, Walk
 from flowbus.sim import Simulator
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.overlay.pastry import BITS, NDIGITS, shared_prefix_len
 from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.irbr import (

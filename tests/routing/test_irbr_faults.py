@@ -14,12 +14,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flowbus.experiments.irbr_run import QuoteWorkload, RunConfig, reachable_sets, run
 from flowbus.filters import Filter, parse
 from flowbus.overlay.pastry import BITS, PastryNode, shared_prefix_len
 from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.irbr import IrbrNode, Publish, prefix_of
 from flowbus.sim import ConstantLatency, Simulator
-from flowbus.sim.irbr_run import QuoteWorkload, RunConfig, reachable_sets, run
 
 
 @settings(max_examples=25, deadline=None)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
-from flowbus.overlay.effects import Effect, Send
 from flowbus.overlay.pastry import BITS, Route, numerically_closest
 from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.scribe import (

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Effect
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo import Apt
 from flowbus.overlay.cbdlo_tree import Subscription
-from flowbus.overlay.effects import Effect
+from flowbus.overlay.cyclon import Apt
 from flowbus.routing.crawl import Publication
 from flowbus.routing.tera import TeraNode, TopicFlood
 from flowbus.sim import ConstantLatency, Simulator

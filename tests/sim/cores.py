@@ -7,8 +7,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from flowbus.sim.cbdlo_experiments import ExperimentError, extrapolate, fit, load, points
-from flowbus.sim.cbdlo_run import RunConfig, RunError, Workload, run
+from flowbus.experiments.cbdlo_experiments import ExperimentError, extrapolate, fit, load, points
+from flowbus.experiments.cbdlo_run import RunConfig, Workload, run
 
 runner = CliRunner()
 SMALL: dict[str, Any] = {"nodes": 200, "subscriptions": 150, "events": 12, "attributes": 20}
@@ -64,13 +64,13 @@ def test_workload_follows_the_zipf_law() -> None:
 
 
 def test_bad_run_configs_are_refused() -> None:
-    with pytest.raises(RunError, match="unknown protocol"):
+    with pytest.raises(ExperimentError, match="unknown protocol"):
         RunConfig(protocol="gossip")
-    with pytest.raises(RunError, match="do not fit"):
+    with pytest.raises(ExperimentError, match="do not fit"):
         RunConfig(nodes=12, subscriptions=2000, local_max=100)
-    with pytest.raises(RunError, match="event_attrs"):
+    with pytest.raises(ExperimentError, match="event_attrs"):
         RunConfig(attributes=4, event_attrs=8)
-    with pytest.raises(RunError, match="width"):
+    with pytest.raises(ExperimentError, match="width"):
         RunConfig(width_min=0.5, width_max=0.2)
 
 
@@ -151,7 +151,7 @@ def test_cli_cbdlo_bad_config_exits_2(tmp_path: Path) -> None:
 
 
 def test_the_yaml_configs_are_the_built_in_defaults() -> None:
-    from flowbus.sim.cbdlo_experiments import EXPERIMENTS
+    from flowbus.experiments.cbdlo_experiments import EXPERIMENTS
 
     root = Path(__file__).resolve().parents[2] / "experiments"
     for name in EXPERIMENTS:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError, ProtocolError
-from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.sim import EXTERNAL, ConstantLatency, LinkFailure, Loss, SimError, Simulator, derive_seed
 
 from .cores import Do, Ping, PingPong, Pong, Recorder

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from flowbus.errors import FlowbusError
-from flowbus.sim.irbr_run import TIMING_FIELDS, QuoteWorkload, RunConfig, RunResult, run, run_group
+from flowbus.experiments.irbr_run import TIMING_FIELDS, QuoteWorkload, RunConfig, RunResult, run, run_group
 
 
 def stable(result: RunResult) -> str:

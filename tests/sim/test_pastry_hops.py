@@ -1,4 +1,4 @@
-"""``flowbus.sim.pastry_hops``: Pastry lookups through the simulator, and ``flowbus sim pastry-hops``."""
+"""``flowbus.experiments.pastry_hops``: Pastry lookups in the simulator, and ``flowbus sim pastry-hops``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flowbus.cli_sim import sim_app
+from flowbus.cli.sim import sim_app
+from flowbus.experiments.pastry_hops import TIMING_FIELDS, hop_bound, run
 from flowbus.sim import SimError
-from flowbus.sim.pastry_hops import TIMING_FIELDS, hop_bound, run
 
 runner = CliRunner()
 app = typer.Typer()

@@ -10,7 +10,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from flowbus.sim.ring_experiments import fit_log, join_cost, repair_cost
+from flowbus.experiments.ring_experiments import fit_log, join_cost, repair_cost
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowbus.errors import FlowbusError
-from flowbus.sim.ring_faults import run
+from flowbus.experiments.ring_faults import run
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""``flowbus.sim.sweep``: sweep configs, serial runs, aggregation, outputs, ``flowbus sim irbr-*``."""
+"""``flowbus.experiments.sweep``: sweep configs, serial runs, aggregation, outputs, ``flowbus sim irbr-*``."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import pytest
 from typer.testing import CliRunner
 
 from flowbus.errors import FlowbusError
-from flowbus.sim import irbr_run
-from flowbus.sim.irbr_run import TIMING_FIELDS
-from flowbus.sim.sweep import (
+from flowbus.experiments import irbr_run
+from flowbus.experiments.irbr_run import TIMING_FIELDS
+from flowbus.experiments.sweep import (
     DEFAULTS,
     EVENT_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
+    ExperimentError,
     Sweep,
-    SweepError,
     SweepResult,
     aggregate,
     forwards_by_interest,
@@ -120,14 +120,14 @@ def test_bad_input_raises_before_running(
     monkeypatch.setattr(irbr_run, "run", no_run)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
-    with pytest.raises(SweepError) as info:
+    with pytest.raises(ExperimentError) as info:
         run_serial(load_sweep("irbr-faults", path, **overrides))
     assert message in str(info.value)
     assert isinstance(info.value, FlowbusError)
 
 
 def test_forwards_sweep_has_no_failures() -> None:
-    with pytest.raises(SweepError, match="without failures"):
+    with pytest.raises(ExperimentError, match="without failures"):
         load_sweep("irbr-forwards", failures="0.1")
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flowbus.overlay.effects import Send
+from flowbus.core import Send
 from flowbus.sim import (
     Chain,
     ConstantLatency,

@@ -16,7 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flowbus.cli_spark import match
+from flowbus.cli.spark import match
 from flowbus.errors import FilterError, FlowbusError
 from flowbus.filters import Filter, Predicate, parse
 from flowbus.matching import Matcher, Strategy, SubscriptionError

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 from tests.spark.flowgen import random_events, random_flow
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, FlowError
 from flowbus.flow import FlowBuilder, Graph, LocalRun, load_spec, rewrite
-from flowbus.flow.errors import FlowError
 from flowbus.flow.generators import generate
 from flowbus.flow.plan import INPUT, plan
-from flowbus.flow.spark import GroupFolder, SparkFlow, fingerprint, read_matched, read_outputs
+from flowbus.spark.flow import GroupFolder, SparkFlow, fingerprint, read_matched, read_outputs
 
 STOCKS = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
 
@@ -242,7 +241,7 @@ def test_the_run_command_follows_source_directories_until_its_timeout(
     import typer
     from typer.testing import CliRunner
 
-    from flowbus.cli_flow import run
+    from flowbus.cli.flow import run
 
     app = typer.Typer()
     app.command("run")(run)

@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 
-from flowbus.sim.irbr_run import TIMING_FIELDS
-from flowbus.sim.sweep import SUMMARY_COLUMNS, Sweep, SweepResult, load_sweep, run_serial, t975, write_outputs
+from flowbus.experiments.irbr_run import TIMING_FIELDS
+from flowbus.experiments.sweep import (
+    SUMMARY_COLUMNS,
+    Sweep,
+    SweepResult,
+    load_sweep,
+    run_serial,
+    t975,
+    write_outputs,
+)
 
 
 @pytest.fixture(scope="module")

@@ -30,14 +30,10 @@ from typing import Any
 
 import yaml
 
-from flowbus.errors import FlowbusError, SchemaError
+from flowbus.errors import ConfigError, SchemaError
 from flowbus.model import Schema
 
 __all__ = ["DEFAULT", "BrokerConfig", "ConfigError"]
-
-
-class ConfigError(FlowbusError):
-    """A broker configuration that cannot be used; the message names the key."""
 
 
 STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})

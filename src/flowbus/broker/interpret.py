@@ -56,7 +56,7 @@ How it works:
   in a found sequence they are copied from the key's last backlog event.
 
 Errors: a bad rule set or one that does not fit the event schema, an unknown rule
-set name, or a malformed state raise :class:`~flowbus.flow.errors.FlowError`; an
+set name, or a malformed state raise :class:`~flowbus.errors.FlowError`; an
 event that does not fit the schema raises :class:`~flowbus.errors.SchemaError`
 naming its position and field. Nothing is changed by a call that raises.
 """
@@ -71,11 +71,10 @@ from typing import Any, NoReturn
 
 import yaml
 
-from flowbus.errors import FlowbusError, SchemaError
+from flowbus.errors import ExpandError, FlowbusError, FlowError, SchemaError
 from flowbus.filters.ast import Expr, Field, Functions
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import BoundRules, Key, Row, RuleSet
-from flowbus.flow.errors import ExpandError, FlowError
 from flowbus.flow.expand import expand_key, rows_from_json
 from flowbus.flow.infer import NUMBERS, check_expr, hint, with_builtins
 from flowbus.flow.spec import FlowBuilder

@@ -6,7 +6,7 @@ How it works:
   ring membership, backups, failure repair, covering-based routing, custody) runs under
   the :class:`~flowbus.net.runtime.Runtime`, the asyncio driver of the same effects the
   simulator carries out. Peers and clients share the listening port; a client's first
-  frame is ``Hello`` (:mod:`flowbus.broker.protocol`). The broker's address in the ring
+  frame is ``Hello`` (:mod:`flowbus.client.protocol`). The broker's address in the ring
   is its IPv4 address and port (:func:`~flowbus.net.runtime.addr_of`). With
   ``overlay="pastry-irbr"`` the core is IRBR over Pastry instead
   (:mod:`flowbus.routing.irbr_broker`: no custody, no takeover).
@@ -61,10 +61,11 @@ from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 
-from flowbus.broker import protocol as p
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.interpret import Interpretation, Interpretations
 from flowbus.broker.store import Store
+from flowbus.client import protocol as p
+from flowbus.core import Effect
 from flowbus.errors import FlowbusError, SchemaError
 from flowbus.filters import Filter, parse
 from flowbus.filters.ast import Conjunction, Op, Predicate
@@ -72,7 +73,6 @@ from flowbus.matching.matcher import warm_up
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 from flowbus.net.runtime import Directory, Runtime, addr_of, where_of
 from flowbus.overlay.chordal_ring import RingNode
-from flowbus.overlay.effects import Effect
 from flowbus.routing.irbr_broker import IrbrBroker
 from flowbus.routing.memo import compiled
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
@@ -314,6 +314,7 @@ class Broker:
             port=self.port,
             on_deliver=self._on_deliver,
             on_client=self._serve_client,
+            client_hello=p.Hello,
             after_step=self._after_step,
         )
         await self.runtime.start(sock=sock)

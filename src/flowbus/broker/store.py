@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import StoreError
 
 __all__ = ["QueuedEvent", "Store", "StoreError", "SubscriptionRow"]
 
@@ -54,10 +54,6 @@ CREATE TABLE IF NOT EXISTS publishers (
     last_seq INTEGER NOT NULL
 );
 """
-
-
-class StoreError(FlowbusError):
-    """A refused change to a broker's store (the store is unchanged)."""
 
 
 @dataclass(frozen=True, slots=True)

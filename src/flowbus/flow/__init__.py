@@ -9,8 +9,8 @@ subscription path is one ``[select; transform]`` route (section 4.1);
 (section 4.2); :class:`LocalRun` is the reference interpreter of either graph.
 """
 
+from flowbus.errors import ExpandError, FlowError
 from flowbus.flow.collapse import BoundRules, Rule, RuleSet
-from flowbus.flow.errors import ExpandError, FlowError
 from flowbus.flow.expand import Expansion, KeyExpansion, expand, expand_key
 from flowbus.flow.graph import (
     Arc,

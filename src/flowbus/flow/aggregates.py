@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import (
     FLIPPED,
     STRING_OPS,
@@ -73,7 +74,6 @@ from flowbus.filters.ast import (
 )
 from flowbus.filters.text import expr_to_text, value_to_text
 from flowbus.flow.collapse import BoundRules, Key, Row
-from flowbus.flow.errors import FlowError
 from flowbus.model import Value
 
 __all__ = ["MAX_ATOMS", "Aggregate", "AggregateKind", "Aggregates", "as_aggregates", "fold_aggregates"]

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import (
     BinOp,
     Const,
@@ -42,9 +43,8 @@ from flowbus.filters.ast import (
     Predicate,
     Undefined,
 )
+from flowbus.filters.compile import ALWAYS, Compiler, ExprFn, TestFn, expressions_of, shared_subexpressions
 from flowbus.filters.text import expr_to_text
-from flowbus.flow.compile import ALWAYS, Compiler, ExprFn, TestFn, expressions_of, shared_subexpressions
-from flowbus.flow.errors import FlowError
 from flowbus.flow.infer import check_assign, check_expr, check_filter, hint, with_builtins
 from flowbus.model import Schema, Value
 

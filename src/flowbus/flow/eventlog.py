@@ -26,8 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowbus.errors import FlowbusError
-from flowbus.flow.errors import FlowError
+from flowbus.errors import FlowbusError, FlowError
 from flowbus.flow.graph import EventSpace, Graph
 from flowbus.flow.plan import Log
 from flowbus.model import Schema

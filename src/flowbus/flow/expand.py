@@ -44,9 +44,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus.errors import ExpandError, FlowError
 from flowbus.filters.ast import Const, Expr, Field, value_key
 from flowbus.flow.collapse import BoundRules, Key, Row
-from flowbus.flow.errors import ExpandError, FlowError
 from flowbus.model import Value
 
 __all__ = [

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from flowbus.flow.errors import FlowError
+from flowbus.errors import FlowError
 from flowbus.flow.graph import Graph
 
 __all__ = ["GENERATORS", "generate", "stocks"]

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import Expr, Field, Filter
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import RuleSet
-from flowbus.flow.errors import FlowError
 from flowbus.flow.infer import with_builtins
 from flowbus.model import Schema, Value
 

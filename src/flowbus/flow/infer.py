@@ -18,9 +18,9 @@ import difflib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import BinOp, Call, Const, Expr, ExprPredicate, Field, Filter, Functions
 from flowbus.filters.text import expr_to_text
-from flowbus.flow.errors import FlowError
 
 __all__ = ["ANY", "BUILTINS", "check_assign", "check_expr", "check_filter", "hint", "with_builtins"]
 

@@ -12,7 +12,7 @@ fan-in merges: each arc simply forwards what it produces.
   transform forwards a new event, or nothing when an output is undefined.
 * The routes of a rewritten graph that leave one space are compiled together,
   so a subexpression they share (``NYS(issue)``, ``price*vol``) is computed once
-  per event (:mod:`flowbus.flow.compile`).
+  per event (:mod:`flowbus.filters.compile`).
 * A route into a space that is no subscription point and has only collapse arcs
   out (how a rewritten graph feeds a collapse: one [S; T] path straight from a
   publication point) is fused with those collapses: its output goes directly
@@ -40,11 +40,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, FlowError
 from flowbus.filters.ast import Field, Undefined
+from flowbus.filters.compile import ALWAYS, Compiler, expressions_of, shared_subexpressions
 from flowbus.flow.collapse import BoundRules, Key, Row
-from flowbus.flow.compile import ALWAYS, Compiler, expressions_of, shared_subexpressions
-from flowbus.flow.errors import FlowError
 from flowbus.flow.expand import Expansion, KeyExpansion, analyse, expand_key
 from flowbus.flow.graph import Collapse, EventSpace, Expand, Graph, Route, Select, StateSpace, Transform
 from flowbus.flow.rewrite import exit_name, route_shared

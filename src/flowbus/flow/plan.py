@@ -1,7 +1,7 @@
 """How a rewritten graph runs as streams: event logs, stateless deliveries and stateful groups.
 
 How it works: an engine that runs a graph as a set of streaming queries (the
-Spark engine, :mod:`flowbus.flow.spark`) needs to know which events flow
+Spark engine, :mod:`flowbus.spark.flow`) needs to know which events flow
 where, with no Spark in sight -- this module is that part, and is tested on
 its own.
 
@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import Expr
-from flowbus.flow.errors import FlowError
 from flowbus.flow.graph import Collapse, EventSpace, Expand, Graph, Route
 
 __all__ = ["INPUT", "FlowPlan", "Log", "StatefulGroup", "plan"]

@@ -38,12 +38,11 @@ from typing import Any
 
 import yaml
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, FlowError
 from flowbus.filters.ast import Const, Expr, Filter
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.parser import parse
 from flowbus.flow.collapse import Rule, RuleSet
-from flowbus.flow.errors import FlowError
 from flowbus.flow.graph import (
     Arc,
     Collapse,

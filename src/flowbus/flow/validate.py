@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import Field
 from flowbus.flow.collapse import BoundRules
-from flowbus.flow.errors import FlowError
 from flowbus.flow.infer import check_assign, check_expr, check_filter, hint
 from flowbus.model import Value
 

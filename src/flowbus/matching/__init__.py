@@ -1,5 +1,6 @@
 """Matching events against many subscriptions (the 001 document's two-stage algorithms)."""
 
-from flowbus.matching.matcher import Matcher, Strategy, SubscriptionError
+from flowbus.errors import SubscriptionError
+from flowbus.matching.matcher import Matcher, Strategy
 
 __all__ = ["Matcher", "Strategy", "SubscriptionError"]

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from flowbus.errors import FilterError, FlowbusError
+from flowbus.errors import FilterError, FlowbusError, SubscriptionError
 from flowbus.filters.ast import Conjunction, ExprPredicate, Filter, Functions, Op, Predicate
 from flowbus.filters.parser import parse
 from flowbus.matching import kernels
@@ -59,13 +59,6 @@ _PARALLEL_MIN = 2048
 """Events per thread below which a batch is matched on the calling thread."""
 _ALIVE_BYTES = 8 << 20
 """Upper bound on the per-batch bitsets of live conjunctions; larger batches are cut in chunks."""
-
-
-class SubscriptionError(FlowbusError, KeyError):
-    """An unknown subscription id was removed, or a known one added again."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True, slots=True)

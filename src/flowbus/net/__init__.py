@@ -10,8 +10,6 @@ from flowbus.net.codec import (
     decode,
     encode,
     frame,
-    register,
-    register_module,
     registered,
 )
 from flowbus.net.runtime import Directory, Runtime
@@ -26,7 +24,5 @@ __all__ = [
     "decode",
     "encode",
     "frame",
-    "register",
-    "register_module",
     "registered",
 ]

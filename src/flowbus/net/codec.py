@@ -3,8 +3,8 @@
 The sans-IO protocol cores exchange frozen dataclasses; :func:`encode` turns one into a
 msgpack body, :func:`decode` rebuilds the exact instance, :func:`frame` prefixes a body
 with its length and :class:`FrameDecoder` cuts a byte stream back into bodies. Decoding
-never runs code other than the constructors of registered dataclasses and enums (no
-pickle), and garbage raises :class:`FrameError` and nothing else.
+never runs code other than the constructors of tagged dataclasses and enums (no
+pickle), and garbage raises :class:`~flowbus.errors.FrameError` and nothing else.
 
 How it works
 ============
@@ -39,16 +39,15 @@ A body is exactly one msgpack object (no trailing bytes) built from these forms:
     duplicates);
   - ``"filter"``: one string ``x1``, a :class:`flowbus.filters.Filter` in its text form
     (``Filter.to_text()``, read back with :func:`flowbus.filters.parse`);
-  - ``"<module>:<qualname>"`` of a registered dataclass (e.g.
-    ``"flowbus.routing.irbr:Subscribe"``): ``x1 ... xn`` are the values of its ``init``
-    fields in declaration order (``dataclasses.fields``), passed to the constructor by
-    name;
-  - ``"<module>:<qualname>"`` of a registered ``Enum``: one element, the member's
-    ``value``.
+  - the wire tag of a message dataclass (:mod:`flowbus.wire`, e.g. ``"irbr.subscribe"``):
+    ``x1 ... xn`` are the values of its ``init`` fields in declaration order
+    (``dataclasses.fields``), passed to the constructor by name;
+  - the wire tag of an ``Enum``: one element, the member's ``value``.
 
 No other ext types are accepted (msgpack's timestamp, ext -1, included). Forms nest at
-most :data:`MAX_DEPTH` deep. Example: ``Peer(5, 3)`` of
-``flowbus.overlay.ring_messages`` is the array ``[ext(2, b"flowbus.overlay.ring_messages:Peer"), 5, 3]``.
+most :data:`MAX_DEPTH` deep. Example: the ring's ``Peer(5, 3)`` (tag ``ring.peer``) is the array
+``[ext(2, b"ring.peer"), 5, 3]``. A tag no module of this process declared is a
+:class:`FrameError` naming it.
 
 Checks
 ------
@@ -73,7 +72,8 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # no stubs, no py.typed
 
-from flowbus.errors import ProtocolError
+from flowbus import wire
+from flowbus.errors import FrameError, ProtocolError
 from flowbus.filters import Filter, parse
 
 __all__ = [
@@ -84,8 +84,6 @@ __all__ = [
     "decode",
     "encode",
     "frame",
-    "register",
-    "register_module",
     "registered",
 ]
 
@@ -108,11 +106,6 @@ _FILTER: Final = "filter"
 _BUILTIN_TAGS: Final = frozenset({_TUPLE, _SET, _FROZENSET, _FILTER})
 
 
-class FrameError(ProtocolError):
-    """A frame or body that cannot be read or written: malformed, oversized, an unknown
-    type tag, a bad field... The message names what was wrong; close the connection."""
-
-
 # ------------------------------------------------------------------------------------- registry
 
 _Check = Callable[[object], bool]
@@ -126,94 +119,44 @@ class _Kind:
     is_enum: bool
 
 
-_lock = threading.RLock()
-_by_tag: dict[str, _Kind] = {}
-_by_type: dict[type, _Kind] = {}
+_lock = threading.Lock()
+_kinds: dict[type, _Kind] = {}
 _checks: dict[type, tuple[_Check | None, ...]] = {}
-_defaults_loaded = False
-
-
-def _tag_of(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def register(cls: type) -> type:
-    """Register a dataclass (or an ``Enum``) so it can cross the wire; returns ``cls``, so
-    it works as a decorator. Its tag is ``"<module>:<qualname>"``; registering the same
-    class again does nothing, another class with the same tag is a :class:`ProtocolError`."""
-    if isinstance(cls, type) and issubclass(cls, enum.Enum):
-        kind = _Kind(cls, _tag_of(cls), (), True)
-    elif isinstance(cls, type) and dataclasses.is_dataclass(cls):
-        if issubclass(cls, Filter):
-            raise ProtocolError("Filter is encoded by its text form; it cannot be registered")
-        names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
-        kind = _Kind(cls, _tag_of(cls), names, False)
-    else:
-        raise ProtocolError(f"only dataclasses and enums can be registered, got {cls!r}")
-    if kind.tag in _BUILTIN_TAGS:
-        raise ProtocolError(f"tag {kind.tag!r} is reserved")
-    with _lock:
-        old = _by_tag.get(kind.tag)
-        if old is not None:
-            if old.cls is cls:
-                return cls
-            raise ProtocolError(f"tag {kind.tag!r} is already registered for {old.cls!r}")
-        _by_tag[kind.tag] = kind
-        _by_type[cls] = kind
-    return cls
-
-
-def register_module(module: types.ModuleType) -> None:
-    """Register every dataclass defined in ``module`` (not those it imports)."""
-    for obj in list(vars(module).values()):
-        if (
-            isinstance(obj, type)
-            and dataclasses.is_dataclass(obj)
-            and obj.__module__ == module.__name__
-            and not issubclass(obj, Filter)
-        ):
-            register(obj)
-
-
-def _load_defaults() -> None:
-    global _defaults_loaded
-    if _defaults_loaded:
-        return
-    with _lock:
-        if _defaults_loaded:
-            return
-        # Imported here: these modules are heavy and some may one day import flowbus.net.
-        from flowbus.broker import protocol
-        from flowbus.overlay import class_router, multigraph, pastry, ring_messages
-        from flowbus.routing import cbr, irbr, ring_broker, scribe
-
-        for module in (ring_messages, pastry, irbr, scribe, cbr, ring_broker, class_router, protocol):
-            register_module(module)
-        register(multigraph.LinkClass)
-        _defaults_loaded = True
-
-
-def registered() -> Mapping[str, type]:
-    """Every registered type by tag (the default message modules included)."""
-    _load_defaults()
-    with _lock:
-        return types.MappingProxyType({tag: k.cls for tag, k in _by_tag.items()})
 
 
 def _kind_for_type(cls: type) -> _Kind | None:
-    kind = _by_type.get(cls)
-    if kind is None and not _defaults_loaded:
-        _load_defaults()
-        kind = _by_type.get(cls)
+    kind = _kinds.get(cls)
+    if kind is None:
+        tag = wire.tag_of(cls)
+        if tag is None:
+            return None
+        kind = _kind(cls, tag)
     return kind
 
 
 def _kind_for_tag(tag: str) -> _Kind | None:
-    kind = _by_tag.get(tag)
-    if kind is None and not _defaults_loaded:
-        _load_defaults()
-        kind = _by_tag.get(tag)
+    cls = wire.type_of(tag)
+    return None if cls is None else _kind_for_type(cls)
+
+
+def _kind(cls: type, tag: str) -> _Kind:
+    if tag in _BUILTIN_TAGS:
+        raise ProtocolError(f"tag {tag!r} is reserved")
+    if issubclass(cls, enum.Enum):
+        kind = _Kind(cls, tag, (), True)
+    else:
+        if issubclass(cls, Filter):
+            raise ProtocolError("Filter is encoded by its text form; it cannot have a wire tag")
+        names = tuple(f.name for f in dataclasses.fields(typing.cast(Any, cls)) if f.init)
+        kind = _Kind(cls, tag, names, False)
+    with _lock:
+        _kinds[cls] = kind
     return kind
+
+
+def registered() -> Mapping[str, type]:
+    """Every message type this process can encode and decode, by tag (:func:`flowbus.wire.table`)."""
+    return wire.table()
 
 
 # ---------------------------------------------------------------------------------- field checks
@@ -325,7 +268,7 @@ def _short(x: object) -> str:
 def encode(msg: object) -> bytes:
     """The msgpack body of ``msg`` (see the module docstring for the format).
 
-    Raises :class:`FrameError` for a value the format cannot carry (an unregistered
+    Raises :class:`FrameError` for a value the format cannot carry (an untagged
     dataclass, an unknown type, nesting deeper than :data:`MAX_DEPTH`, a bad field)."""
     out: list[bytes] = []
     packer = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True)
@@ -345,7 +288,7 @@ def _encode(x: object, out: list[bytes], packer: msgpack.Packer, depth: int) -> 
     if isinstance(x, enum.Enum):
         kind = _kind_for_type(type(x))
         if kind is None:
-            raise FrameError(f"cannot encode {type(x).__qualname__}: an unregistered enum")
+            raise FrameError(f"cannot encode {type(x).__qualname__}: an enum with no wire tag")
         out.append(_tag_bytes(packer, kind.tag, 1))
         _encode(x.value, out, packer, depth + 1)
         return
@@ -374,7 +317,8 @@ def _encode(x: object, out: list[bytes], packer: msgpack.Packer, depth: int) -> 
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         kind = _kind_for_type(type(x))
         if kind is None or kind.is_enum:
-            raise FrameError(f"cannot encode {_tag_of(type(x))}: an unregistered dataclass")
+            name = f"{type(x).__module__}.{type(x).__qualname__}"
+            raise FrameError(f"cannot encode {name}: a dataclass with no wire tag")
         values = [getattr(x, name) for name in kind.fields]
         _check_fields(kind, values)
         out.append(_tag_bytes(packer, kind.tag, len(values)))

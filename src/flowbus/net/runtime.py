@@ -22,8 +22,9 @@ where each address listens.
   simulator: setting a key again replaces its timer.
 * ``Deliver(sub, event)`` goes to the ``on_deliver`` callback.
 * ``now`` is the event loop's clock.
-* **Clients on the same port.** If the first frame of an incoming connection is a client's
-  ``Hello`` (:mod:`flowbus.broker.protocol`), the connection is handed to ``on_client``.
+* **Clients on the same port.** If the first frame of an incoming connection is of the
+  type ``client_hello`` (a broker passes the client protocol's ``Hello``,
+  :mod:`flowbus.client.protocol`), the connection is handed to ``on_client``.
 * ``after_step`` is called after every step of the core (a message, a timer, a failed
   send, a local call), for a driver that reads what the step changed.
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
@@ -41,9 +42,9 @@ import socket
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
+from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError
 from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame
-from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 
 __all__ = ["Directory", "Runtime"]
 
@@ -100,6 +101,7 @@ class Runtime:
         port: int = 0,
         on_deliver: DeliverHook | None = None,
         on_client: ClientHook | None = None,
+        client_hello: type | None = None,
         after_step: Callable[[], object] | None = None,
     ) -> None:
         self.addr = addr
@@ -109,6 +111,7 @@ class Runtime:
         self.port = port
         self.on_deliver = on_deliver
         self.on_client = on_client
+        self.client_hello = client_hello
         self.after_step = after_step
         self.bad_frames = 0
         self.sent = 0
@@ -296,10 +299,11 @@ class Runtime:
                 try:
                     for i, body in enumerate(bodies):
                         obj = decode(body)
-                        if first and self.on_client is not None and _is_hello(obj):
+                        hello, on_client = self.client_hello, self.on_client
+                        if first and hello and on_client and isinstance(obj, hello):
                             if task is not None:
                                 self._tasks.discard(task)  # the client session closes it
-                            await self.on_client(obj, reader, writer, bodies[i + 1 :], frames)
+                            await on_client(obj, reader, writer, bodies[i + 1 :], frames)
                             return
                         first = False
                         src, msg = _envelope(obj)
@@ -318,12 +322,6 @@ class Runtime:
             writer.close()
             if task is not None:
                 self._tasks.discard(task)
-
-
-def _is_hello(obj: object) -> bool:
-    from flowbus.broker.protocol import Hello
-
-    return isinstance(obj, Hello)
 
 
 def _envelope(obj: object) -> tuple[int, Any]:

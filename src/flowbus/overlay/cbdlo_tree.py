@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import TopologyError
 from flowbus.filters import Filter, Op, Predicate
 from flowbus.filters.ast import Conjunction
 
@@ -53,10 +53,6 @@ __all__ = [
     "VNode",
     "next_hop",
 ]
-
-
-class TopologyError(FlowbusError):
-    """An attribute topology was asked something impossible (a bad range, an unknown subscription)."""
 
 
 # --------------------------------------------------------------------------- subscriptions

@@ -59,8 +59,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,

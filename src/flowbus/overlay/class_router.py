@@ -29,13 +29,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus import wire
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.overlay.multigraph import LinkClass, Multigraph
 
 __all__ = ["ClassRouter", "Classed"]
 
 
+@wire.message("classes.classed")
 @dataclass(frozen=True, slots=True)
 class Classed:
     """An event of class ``cls`` from broker ``origin`` to broker ``dst``, on link ``link``."""

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from enum import Enum
 from heapq import heappop, heappush
 
+from flowbus import wire
 from flowbus.errors import OverlayError
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 
+@wire.message("classes.link_class")
 class LinkClass(Enum):
     """What a link guarantees: every link is NORMAL; some are also EXPRESS and/or SECURE."""
 

@@ -53,8 +53,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from flowbus import wire
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
 
 __all__ = [
     "BASE",
@@ -167,6 +168,7 @@ def numerically_closest(sorted_ids: Sequence[int], key: int) -> int:
 # ----------------------------------------------------------------------------------- messages
 
 
+@wire.message("pastry.route")
 @dataclass(frozen=True, slots=True)
 class Route:
     """An application message routed towards the node responsible for ``key``;
@@ -182,6 +184,7 @@ class Route:
             raise ProtocolError(f"Route: bad key {self.key!r} or hops {self.hops!r}")
 
 
+@wire.message("pastry.join")
 @dataclass(frozen=True, slots=True)
 class Join:
     """A newcomer's join request, routed with key ``joiner_id``; ``hops`` = path index."""
@@ -194,6 +197,7 @@ class Join:
         _check_id(self.joiner_id, "Join")
 
 
+@wire.message("pastry.join_state")
 @dataclass(frozen=True, slots=True)
 class JoinState:
     """State sent to a joiner by the node at path index ``hop`` (rows, and with
@@ -206,6 +210,7 @@ class JoinState:
     final: bool
 
 
+@wire.message("pastry.announce")
 @dataclass(frozen=True, slots=True)
 class Announce:
     """A joiner's state, sent to every node it knows once it has joined."""
@@ -215,12 +220,14 @@ class Announce:
     entries: Entries
 
 
+@wire.message("pastry.leaf_set_request")
 @dataclass(frozen=True, slots=True)
 class LeafSetRequest:
     node_id: int
     addr: int
 
 
+@wire.message("pastry.leaf_set_reply")
 @dataclass(frozen=True, slots=True)
 class LeafSetReply:
     node_id: int
@@ -228,6 +235,7 @@ class LeafSetReply:
     entries: Entries
 
 
+@wire.message("pastry.ping")
 @dataclass(frozen=True, slots=True)
 class Ping:
     """Heartbeat to a leaf; answered by :class:`Pong`."""
@@ -236,12 +244,14 @@ class Ping:
     addr: int
 
 
+@wire.message("pastry.pong")
 @dataclass(frozen=True, slots=True)
 class Pong:
     node_id: int
     addr: int
 
 
+@wire.message("pastry.row_request")
 @dataclass(frozen=True, slots=True)
 class RowRequest:
     node_id: int
@@ -249,6 +259,7 @@ class RowRequest:
     row: int
 
 
+@wire.message("pastry.row_reply")
 @dataclass(frozen=True, slots=True)
 class RowReply:
     node_id: int

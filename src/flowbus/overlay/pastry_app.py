@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
+from flowbus.core import Effect, Send
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import Effect, Send
 from flowbus.overlay.pastry import PastryNode, Route
 
 __all__ = ["PastryApp"]

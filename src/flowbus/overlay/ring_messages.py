@@ -11,6 +11,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from flowbus import wire
+
 __all__ = [
     "BACKUP_ORDER",
     "MAX_HOPS",
@@ -64,6 +66,7 @@ def cw(a: int, b: int) -> int:
     return (b - a) % SPACE
 
 
+@wire.message("ring.peer")
 @dataclass(frozen=True, slots=True, order=True)
 class Peer:
     """A broker: its ring id and its address."""
@@ -75,30 +78,35 @@ class Peer:
 # ------------------------------------------------------------------------------- messages
 
 
+@wire.message("ring.ping")
 @dataclass(frozen=True, slots=True)
 class Ping:
     addr: int
     sent: float
 
 
+@wire.message("ring.pong")
 @dataclass(frozen=True, slots=True)
 class Pong:
     addr: int
     sent: float
 
 
+@wire.message("ring.join_request")
 @dataclass(frozen=True, slots=True)
 class JoinRequest:
     addr: int
     hops: int = 0
 
 
+@wire.message("ring.join_accept")
 @dataclass(frozen=True, slots=True)
 class JoinAccept:
     id: int
     window: tuple[Peer, ...]
 
 
+@wire.message("ring.insert")
 @dataclass(frozen=True, slots=True)
 class Insert:
     """A broker joined: take it into your window (and re-send your backup if needed)."""
@@ -106,23 +114,27 @@ class Insert:
     new: Peer
 
 
+@wire.message("ring.chord_query")
 @dataclass(frozen=True, slots=True)
 class ChordQuery:
     level: int
     asker: Peer
 
 
+@wire.message("ring.chord_reply")
 @dataclass(frozen=True, slots=True)
 class ChordReply:
     level: int
     chord: Peer | None  # None: the doubling went round the ring (no such chord)
 
 
+@wire.message("ring.heartbeat")
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     peer: Peer
 
 
+@wire.message("ring.test_neighbour")
 @dataclass(frozen=True, slots=True)
 class TestNeighbour:
     suspect: Peer
@@ -130,28 +142,33 @@ class TestNeighbour:
     window: tuple[Peer, ...]
 
 
+@wire.message("ring.probe")
 @dataclass(frozen=True, slots=True)
 class Probe:
     asker: Peer
 
 
+@wire.message("ring.probe_ack")
 @dataclass(frozen=True, slots=True)
 class ProbeAck:
     peer: Peer
 
 
+@wire.message("ring.alive")
 @dataclass(frozen=True, slots=True)
 class Alive:
     suspect: Peer
     via: Peer
 
 
+@wire.message("ring.failed")
 @dataclass(frozen=True, slots=True)
 class Failed:
     suspect: Peer
     window: tuple[Peer, ...]
 
 
+@wire.message("ring.set_side")
 @dataclass(frozen=True, slots=True)
 class SetSide:
     """Your ``side`` (1: Right, Rightright; -1: Left, Leftleft) now begins with ``peers``,
@@ -162,6 +179,7 @@ class SetSide:
     dead: tuple[Peer, ...] = ()
 
 
+@wire.message("ring.redirect")
 @dataclass(frozen=True, slots=True)
 class Redirect:
     """Route what was meant for ``dead`` to ``to``."""
@@ -170,6 +188,7 @@ class Redirect:
     to: Peer
 
 
+@wire.message("ring.reconnect")
 @dataclass(frozen=True, slots=True)
 class Reconnect:
     """``asker`` lost its neighbours ``dead`` on one side: the first live broker on that side
@@ -181,6 +200,7 @@ class Reconnect:
     side: int  # the side of the asker that lost them
 
 
+@wire.message("ring.backup_copy")
 @dataclass(frozen=True, slots=True)
 class BackupCopy:
     owner: Peer
@@ -190,6 +210,7 @@ class BackupCopy:
     holders: tuple[Peer, ...] = ()  # every holder, in takeover order
 
 
+@wire.message("ring.backup_delta")
 @dataclass(frozen=True, slots=True)
 class BackupDelta:
     """The changes of the owner's state since the copy ``base`` its holder has: keys set
@@ -205,6 +226,7 @@ class BackupDelta:
     holders: tuple[Peer, ...]
 
 
+@wire.message("ring.backup_resync")
 @dataclass(frozen=True, slots=True)
 class BackupResync:
     """A holder missed a delta (``BackupDelta`` on a base it does not have): send it the whole state."""
@@ -212,6 +234,7 @@ class BackupResync:
     holder: Peer
 
 
+@wire.message("ring.share_state")
 @dataclass(frozen=True, slots=True)
 class ShareState:
     """Part of a dead broker's state, passed on by the broker that took it over and is
@@ -221,6 +244,7 @@ class ShareState:
     entries: Mapping[Hashable, Any]
 
 
+@wire.message("ring.route")
 @dataclass(frozen=True, slots=True)
 class RingRoute:
     """An application message routed over the overlay to broker id ``target``."""
@@ -230,6 +254,7 @@ class RingRoute:
     hops: int = 0
 
 
+@wire.message("ring.traced_query")
 @dataclass(frozen=True, slots=True)
 class TracedQuery:
     origin: Peer
@@ -237,6 +262,7 @@ class TracedQuery:
     trace: tuple[Peer, ...]
 
 
+@wire.message("ring.link_down")
 @dataclass(frozen=True, slots=True)
 class LinkDown:
     origin: Peer

@@ -68,10 +68,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus import wire
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.filters.covering import overlaps
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing.cbr_index import CoverIndex, Forwarded, RouteIndex
 from flowbus.routing.memo import compiled, covers
 
@@ -101,6 +102,7 @@ def _check_origin(origin: Any, where: str) -> None:
         raise ProtocolError(f"{where}: an origin is (broker id, sub id), got {origin!r}")
 
 
+@wire.message("cbr.subscribe")
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """``origin`` wants ``filter``; ``seq`` orders the sender's messages on this link.
@@ -122,6 +124,7 @@ class Subscribe:
             raise ProtocolError(f"Subscribe: {self.origin!r} both added and withdrawn")
 
 
+@wire.message("cbr.unsubscribe")
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
     """``origin``'s subscription no longer comes from the sender's side."""
@@ -133,6 +136,7 @@ class Unsubscribe:
         _check_origin(self.origin, "Unsubscribe")
 
 
+@wire.message("cbr.advertise")
 @dataclass(frozen=True, slots=True)
 class Advertise:
     """Publishers at ``origin``'s broker will publish events matching ``filter`` (an
@@ -148,6 +152,7 @@ class Advertise:
             raise ProtocolError(f"Advertise: a Filter is needed, got {self.filter!r}")
 
 
+@wire.message("cbr.unadvertise")
 @dataclass(frozen=True, slots=True)
 class Unadvertise:
     """``origin``'s advertisement no longer comes from the sender's side."""
@@ -159,6 +164,7 @@ class Unadvertise:
         _check_origin(self.origin, "Unadvertise")
 
 
+@wire.message("cbr.publish")
 @dataclass(frozen=True, slots=True)
 class Publish:
     event: Mapping[str, Any]

@@ -42,11 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from flowbus.errors import FilterError
+from flowbus.errors import FilterError, SubscriptionError
 from flowbus.filters.ast import Filter, Predicate, value_key
 from flowbus.filters.covering import _attribute_sets, _Values
 from flowbus.matching import Matcher
-from flowbus.matching.matcher import SubscriptionError
 from flowbus.routing.memo import compiled
 
 __all__ = [

@@ -33,8 +33,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies, VNode, next_hop
-from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
 from flowbus.routing.crawl import Publication, Walk, WalkHost, restart
 
 __all__ = ["Counts", "MatchHost", "Matched", "TreeStep", "enter", "on_match", "on_tree_step", "route"]

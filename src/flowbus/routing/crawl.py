@@ -24,7 +24,7 @@ How it works (the 004 document, section 3, figures 2 and 3):
   restart the search with halved hops (the document's "the subscriber may have left",
   section 4).
 
-The functions act on a :class:`WalkHost` -- the CBDLO node (:class:`flowbus.overlay.cbdlo.CbdloNode`)
+The functions act on a :class:`WalkHost` -- the CBDLO node (:class:`flowbus.routing.cbdlo.CbdloNode`)
 -- and return effects. The outcome of every walk (hit, expired, gave up) is reported to the
 host's ``observer``, if any, for the experiments.
 """
@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from flowbus.core import Effect, Send
 from flowbus.errors import ProtocolError
-from flowbus.overlay.effects import Effect, Send
 
 __all__ = [
     "Enter",

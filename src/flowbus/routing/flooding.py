@@ -24,9 +24,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.cbdlo_tree import Subscription
-from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
 from flowbus.routing.crawl import Publication
 
 __all__ = ["Flood", "SimpleNode"]

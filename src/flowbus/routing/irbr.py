@@ -60,9 +60,10 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
+from flowbus import wire
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.overlay.pastry import (
     BASE,
     BITS,
@@ -146,6 +147,7 @@ class AddResult(Enum):
     IGNORED = "ignored"  # a duplicate, or not newer than a removal already seen
 
 
+@wire.message("irbr.entry")
 @dataclass(frozen=True, slots=True)
 class Entry:
     prefix: Prefix
@@ -302,6 +304,7 @@ class FilterTable:
 # ------------------------------------------------------------------------------- messages
 
 
+@wire.message("irbr.subscribe")
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     node: int  # the subscriber's Pastry id
@@ -311,6 +314,7 @@ class Subscribe:
     prefix: Prefix  # the range the receiver is responsible for
 
 
+@wire.message("irbr.unsubscribe")
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
     node: int
@@ -319,12 +323,14 @@ class Unsubscribe:
     prefix: Prefix
 
 
+@wire.message("irbr.publish")
 @dataclass(frozen=True, slots=True)
 class Publish:
     event: Mapping[str, Any]
     prefix: Prefix
 
 
+@wire.message("irbr.table_request")
 @dataclass(frozen=True, slots=True)
 class TableRequest:
     """A node that just joined asks a leaf for its filter table (section 3.5, item 3)."""
@@ -332,6 +338,7 @@ class TableRequest:
     addr: int
 
 
+@wire.message("irbr.table_reply")
 @dataclass(frozen=True, slots=True)
 class TableReply:
     """A filter table as data: ``(node, sub, filter, clock)`` rows and ``(node, sub, clock)``

@@ -24,9 +24,9 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+from flowbus.core import Deliver, Effect
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
-from flowbus.overlay.effects import Deliver, Effect
 from flowbus.overlay.pastry import BITS, PastryNode
 from flowbus.routing.irbr import IrbrNode
 from flowbus.routing.ring_broker import DEDUP_WINDOW, EVENT_ID

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from flowbus.filters import Filter
-from flowbus.flow.compile import Compiler
+from flowbus.filters.compile import Compiler
 
 __all__ = ["compiled", "covers"]
 

@@ -59,10 +59,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus import wire
+from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.overlay.chordal_ring import RingNode
-from flowbus.overlay.effects import Deliver, Effect, Send
 from flowbus.routing import cbr
 from flowbus.routing.memo import compiled
 
@@ -82,6 +83,7 @@ EVENT_ID = "__flowbus_event_id"
 """The field an event carries between brokers: (publishing broker, sequence number)."""
 
 
+@wire.message("ringbroker.handed_over")
 @dataclass(frozen=True, slots=True)
 class HandedOver:
     """An event that a broker could not send to the dead broker ``dead``, handed to the ring
@@ -91,6 +93,7 @@ class HandedOver:
     dead: int
 
 
+@wire.message("ringbroker.synced")
 @dataclass(frozen=True, slots=True)
 class Synced:
     """The sender has sent the receiver, a new tree neighbour, every subscription it has
@@ -100,6 +103,7 @@ class Synced:
 _CBR = (cbr.Subscribe, cbr.Unsubscribe, cbr.Advertise, cbr.Unadvertise, cbr.Publish, Synced)
 
 
+@wire.message("ringbroker.confirm")
 @dataclass(frozen=True, slots=True)
 class Confirm:
     """The sender is done with these events the receiver sent it (custody, see the note)."""

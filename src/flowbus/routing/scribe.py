@@ -45,9 +45,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+from flowbus import wire
+from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
-from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.overlay.pastry import SPACE, PastryNode, Route, node_id_from
 from flowbus.overlay.pastry_app import PastryApp
 
@@ -66,6 +67,7 @@ SILENT_ROUNDS: Final = 3
 # ------------------------------------------------------------------------------- messages
 
 
+@wire.message("scribe.join_tree")
 @dataclass(frozen=True, slots=True)
 class JoinTree:
     """Routed towards the topic key: the previous hop (in its tree membership number
@@ -74,6 +76,7 @@ class JoinTree:
     epoch: int
 
 
+@wire.message("scribe.leave_tree")
 @dataclass(frozen=True, slots=True)
 class LeaveTree:
     """Child to parent: forget me (my membership ``epoch`` and older ones)."""
@@ -81,6 +84,7 @@ class LeaveTree:
     epoch: int
 
 
+@wire.message("scribe.publish")
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Routed towards the topic key: the rendezvous multicasts ``event``."""
@@ -88,6 +92,7 @@ class Publish:
     event: Mapping[str, Any]
 
 
+@wire.message("scribe.multicast")
 @dataclass(frozen=True, slots=True)
 class Multicast:
     """Parent to child: ``event`` on its way down the tree."""
@@ -95,6 +100,7 @@ class Multicast:
     event: Mapping[str, Any]
 
 
+@wire.message("scribe.heartbeat")
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     """Parent to child: I am alive (every period, and at once to a new child)."""

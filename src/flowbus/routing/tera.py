@@ -6,7 +6,7 @@ uses it with an access-point table of 50 and attributes as topics):
 
 * Every node is in the general overlay (a view of random neighbours); the subscribers of a
   topic also form that topic's overlay (``topic_views``: a few random other members each).
-* A node keeps an access-point table (:class:`~flowbus.overlay.cbdlo.Apt`): topic -> a
+* A node keeps an access-point table (:class:`~flowbus.overlay.cyclon.Apt`): topic -> a
   member of the topic's overlay.
 * Publishing: one search per topic of the event (here: per attribute). A node that is a
   member of the topic, or finds it in its APT, hands the event to the topic's overlay
@@ -30,10 +30,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo import Apt
 from flowbus.overlay.cbdlo_tree import Subscription
-from flowbus.overlay.effects import Deliver, Effect, Send, SetTimer
+from flowbus.overlay.cyclon import Apt
 from flowbus.routing.crawl import Publication
 
 __all__ = ["TeraNode", "TopicEnter", "TopicFlood", "TopicWalk"]

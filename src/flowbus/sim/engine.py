@@ -37,8 +37,8 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, Protocol
 
-from flowbus.errors import FlowbusError, ProtocolError
-from flowbus.overlay.effects import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.errors import ProtocolError, SimError
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import Chain, Layer
 
@@ -59,10 +59,6 @@ UNREACHABLE: Final = frozenset({"crash", "link", "partition"})
 Entry = tuple[float, int, int, int, Any, Any]
 DeliverHook = Callable[[int, Hashable, Any, float], object]
 ProgressHook = Callable[[int, float], object]
-
-
-class SimError(FlowbusError):
-    """The simulator was asked something impossible (a duplicate node, a time in the past...)."""
 
 
 class Core(Protocol):

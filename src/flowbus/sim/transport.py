@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import TransportError
 
 __all__ = [
     "Chain",
@@ -51,10 +51,6 @@ Decide = Callable[[int, int, Any, float], "float | str"]
 """``(src, dst, msg, now) -> extra delay`` or a drop reason."""
 
 _UNIT = 1.0 / (1 << 53)
-
-
-class TransportError(FlowbusError):
-    """A transport layer was configured with impossible values."""
 
 
 class Host(Protocol):

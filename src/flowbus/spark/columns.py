@@ -68,7 +68,7 @@ from pyspark.sql.types import (
     VarcharType,
 )
 
-from flowbus.errors import FilterError, FlowbusError
+from flowbus.errors import ColumnUnsupported, FilterError, FlowbusError
 from flowbus.filters.ast import (
     ORDERING_OPS,
     STRING_OPS,
@@ -101,14 +101,6 @@ FunctionsLike = Mapping[str, Callable[..., Any] | Mapping[Any, Any]]
 _NUMBERS = ("int", "float")
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 _KIND_OF_TYPE: dict[type, str] = {bool: "bool", int: "int", float: "float", str: "str"}
-
-
-class ColumnUnsupported(FilterError):
-    """A filter or expression uses something a Spark Column cannot express (a Python callable)."""
-
-    def __init__(self, message: str, *, function: str) -> None:
-        self.function = function
-        super().__init__(message)
 
 
 def schema_types(schema: StructType) -> dict[str, type]:

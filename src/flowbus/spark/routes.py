@@ -8,7 +8,7 @@ be defined. For each route, :func:`apply_routes` keeps the rows where
 
 * the select holds (:func:`flowbus.spark.columns.filter_to_column`),
 * every required expression and every output is defined (as
-  :meth:`flowbus.flow.compile.Compiler.transform` drops an event on which one is
+  :meth:`flowbus.filters.compile.Compiler.transform` drops an event on which one is
   undefined -- a lookup miss, a division by zero),
 
 and projects the outputs. Routes to the same target (fan-out, then fan-in)

@@ -2,10 +2,10 @@
 
 How it works: :func:`run_dataframe` starts from ``spark.range(n, numPartitions=n)`` --
 one partition, so one task, per group of runs (one protocol and seed, every failure rate:
-:meth:`~flowbus.sim.sweep.Sweep.groups`) -- and maps each group index through
-``mapInArrow`` to :func:`flowbus.sim.irbr_run.run_group` (the group list travels with the
+:meth:`~flowbus.experiments.sweep.Sweep.groups`) -- and maps each group index through
+``mapInArrow`` to :func:`flowbus.experiments.irbr_run.run_group` (the group list travels with the
 function; the runs of a group share one subscription phase). Each run gives one row:
-the run's :data:`~flowbus.sim.sweep.RUN_COLUMNS`, ``run_s``, and its per-event rows in
+the run's :data:`~flowbus.experiments.sweep.RUN_COLUMNS`, ``run_s``, and its per-event rows in
 an array-of-struct column ``event_rows`` (explicit schema). Nothing here uses
 ``sparkContext``, so it works on classic and Spark Connect sessions alike (the executors
 need flowbus: see :func:`flowbus.spark.session.spark_session`).
@@ -15,8 +15,8 @@ rows, and the event rows flattened on the driver; both sorted like the serial
 runner's), and aggregates the cached run rows in Spark
 (:func:`aggregate_dataframe`: ``groupBy(protocol, failure)`` with mean, sample
 standard deviation, count, sums and maxima; the 95 % t interval is a column
-expression over the same t table as :func:`flowbus.sim.sweep.t975`). The result
-equals :func:`flowbus.sim.sweep.run_serial`'s, timing aside (aggregates to float
+expression over the same t table as :func:`flowbus.experiments.sweep.t975`). The result
+equals :func:`flowbus.experiments.sweep.run_serial`'s, timing aside (aggregates to float
 rounding).
 """
 
@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from flowbus.sim.irbr_run import RunConfig, run_group
-from flowbus.sim.sweep import (
+from flowbus.experiments.irbr_run import RunConfig, run_group
+from flowbus.experiments.sweep import (
     EVENT_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
@@ -91,14 +91,14 @@ def _run_partition(
 
 def run_dataframe(spark: SparkSession, groups: Sequence[Sequence[RunConfig]]) -> DataFrame:
     """One row per run; one Spark task per group of runs sharing their subscription phase
-    (:func:`~flowbus.sim.irbr_run.run_group`). Lazy: nothing runs until an action."""
+    (:func:`~flowbus.experiments.irbr_run.run_group`). Lazy: nothing runs until an action."""
     n = len(groups)
     ids = spark.range(0, n, 1, numPartitions=max(n, 1))
     return ids.mapInArrow(partial(_run_partition, groups=[list(g) for g in groups]), result_ddl())
 
 
 def t975_column(df: Column) -> Column:
-    """:func:`flowbus.sim.sweep.t975` as a Spark column expression of degrees of freedom ``df``."""
+    """:func:`flowbus.experiments.sweep.t975` as a Spark column expression of degrees of freedom ``df``."""
     from pyspark.sql import functions as F
 
     expr: Any = None
@@ -114,7 +114,7 @@ def t975_column(df: Column) -> Column:
 
 
 def aggregate_dataframe(runs: DataFrame) -> DataFrame:
-    """The :data:`~flowbus.sim.sweep.SUMMARY_COLUMNS` rows of ``runs``: per (protocol, failure)."""
+    """The :data:`~flowbus.experiments.sweep.SUMMARY_COLUMNS` rows of ``runs``: per (protocol, failure)."""
     from pyspark.sql import functions as F
 
     aggs: list[Column] = [F.count(F.lit(1)).alias("runs")]

@@ -3,7 +3,7 @@
 How it works: the spec is loaded and checked, the input (the spec's generator,
 or ``--source POINT=DIR`` directories) is written to the run's input log under
 ``OUT/_flowbus``, the session starts (``local[*]`` unless ``--master`` names a
-cluster), and :class:`flowbus.flow.spark.SparkFlow` starts one query per event
+cluster), and :class:`flowbus.spark.flow.SparkFlow` starts one query per event
 log and per stateful group. Without ``--follow`` the run ends when every query
 has processed all its input; with it, new files in the source directories are
 ingested every second (and processed before the next look) until Ctrl-C or
@@ -25,8 +25,7 @@ from typing import Any
 from rich.live import Live
 from rich.table import Table
 
-from flowbus.errors import FlowbusError
-from flowbus.flow.errors import FlowError
+from flowbus.errors import FlowbusError, FlowError
 from flowbus.flow.graph import Graph
 
 __all__ = ["run_spark"]
@@ -144,7 +143,7 @@ def run_spark(
     if not dirs and g.input is not None:
         total = events if events is not None else g.input.events
 
-    from flowbus.flow.spark import SparkFlow, fingerprint
+    from flowbus.spark.flow import SparkFlow, fingerprint
     from flowbus.spark.session import spark_session
 
     t0 = time.perf_counter()

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from flowbus.core import Effect
 from flowbus.errors import FlowbusError
 from flowbus.overlay.class_router import Classed, ClassRouter
-from flowbus.overlay.effects import Effect
 from flowbus.overlay.multigraph import LinkClass, Multigraph, ring_deployment
 from flowbus.sim.engine import Simulator, derive_seed
 
@@ -157,7 +157,7 @@ def _send(dst: int, payload: int, cls: LinkClass, now: float, router: ClassRoute
 
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
     """``rows.csv``, ``result.json`` and the PNG in ``out``."""
-    from flowbus.sim.ring_experiments import write_result
+    from flowbus.experiments.ring_experiments import write_result
 
     return write_result(result, out, _plot)
 

@@ -5,7 +5,7 @@ without simulating the gossip that leads to it (the 004 document's experiments m
 routing on a settled overlay too):
 
 * Views: each node's view is ``view`` distinct nodes drawn uniformly at random -- the
-  random out-graph Cyclon converges to (:mod:`flowbus.overlay.cbdlo` shows it stays so
+  random out-graph Cyclon converges to (:mod:`flowbus.overlay.cyclon` shows it stays so
   under churn; ``tests/overlay/test_cbdlo_cyclon.py`` checks it).
 * Subscriptions: ``subscriptions`` of them on random nodes, at most ``local_max`` per node.
   Attribute ``i`` (1-based) occurs in a subscription with probability ``mu * i^-alpha``
@@ -19,7 +19,7 @@ routing on a settled overlay too):
   ``subscribe``. APTs: an LRU table of a node that has heard many descriptors holds the
   ``apt`` most recently heard distinct attributes, and in a stream of random descriptors
   those are a weighted sample without replacement, an attribute weighing as many as the
-  nodes hosting it; so each APT is filled by :meth:`~flowbus.overlay.cbdlo.Apt.learn` with
+  nodes hosting it; so each APT is filled by :meth:`~flowbus.overlay.cyclon.Apt.learn` with
   such a sample (oldest first), each entry a random host of the attribute.
 * TERA: a topic (attribute) overlay of its subscribers, each with ``topic_view`` random other
   members; APTs filled the same way, weighted by topic size.
@@ -44,26 +44,23 @@ from typing import Any, Final
 
 import numpy as np
 
-from flowbus.errors import FlowbusError
-from flowbus.overlay.cbdlo import Apt, CbdloNode
+from flowbus.core import Effect
+from flowbus.errors import ExperimentError
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
-from flowbus.overlay.effects import Effect
+from flowbus.overlay.cyclon import Apt
+from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.crawl import Publication, Walk
 from flowbus.routing.flooding import SimpleNode
 from flowbus.routing.tera import TeraNode
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import ConstantLatency
 
-__all__ = ["PROTOCOLS", "Network", "RunConfig", "RunError", "Workload", "build", "run"]
+__all__ = ["PROTOCOLS", "ExperimentError", "Network", "RunConfig", "Workload", "build", "run"]
 
 PROTOCOLS: Final = ("simple", "cbdlo", "tera")
 ProgressFn = Callable[[str, int, int], object]
 SETTLE: Final = 500.0
 """Time units each event is given to settle (latency 1: far more than any path)."""
-
-
-class RunError(FlowbusError):
-    """A run's configuration is invalid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,30 +90,34 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
-            raise RunError(f"unknown protocol {self.protocol!r} (expected one of {', '.join(PROTOCOLS)})")
+            raise ExperimentError(
+                f"unknown protocol {self.protocol!r} (expected one of {', '.join(PROTOCOLS)})"
+            )
         ints = {"nodes": 2, "view": 1, "apt": 0, "max_hops": 0, "trace": 0, "subscriptions": 1,
                 "local_max": 1, "attributes": 1, "event_attrs": 1, "events": 1, "fanout": 0,
                 "topic_view": 1, "seed": 0}  # fmt: skip
         for name, low in ints.items():
             v = getattr(self, name)
             if type(v) is not int or v < low:
-                raise RunError(f"{name} must be an int >= {low}, got {v!r}")
+                raise ExperimentError(f"{name} must be an int >= {low}, got {v!r}")
         if self.view >= self.nodes:
-            raise RunError(f"view ({self.view}) must be smaller than nodes ({self.nodes})")
+            raise ExperimentError(f"view ({self.view}) must be smaller than nodes ({self.nodes})")
         if self.subscriptions > self.nodes * self.local_max:
-            raise RunError(
+            raise ExperimentError(
                 f"{self.subscriptions} subscriptions do not fit {self.nodes} nodes x {self.local_max} each"
             )
         if self.event_attrs > self.attributes:
-            raise RunError(f"event_attrs ({self.event_attrs}) > attributes ({self.attributes})")
+            raise ExperimentError(f"event_attrs ({self.event_attrs}) > attributes ({self.attributes})")
         for name in ("alpha", "mu", "width_min", "width_max", "one_sided", "domain"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise RunError(f"{name} must be a number, got {v!r}")
+                raise ExperimentError(f"{name} must be a number, got {v!r}")
         if not (0 < self.mu <= 1 and self.alpha >= 0 and 0 <= self.one_sided <= 1 and self.domain > 0):
-            raise RunError(f"need 0 < mu <= 1, alpha >= 0, 0 <= one_sided <= 1, domain > 0 in {self}")
+            raise ExperimentError(f"need 0 < mu <= 1, alpha >= 0, 0 <= one_sided <= 1, domain > 0 in {self}")
         if not 0 < self.width_min <= self.width_max <= 1:
-            raise RunError(f"need 0 < width_min <= width_max <= 1, got {self.width_min}, {self.width_max}")
+            raise ExperimentError(
+                f"need 0 < width_min <= width_max <= 1, got {self.width_min}, {self.width_max}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -339,7 +340,9 @@ def run(
         hit = {sid for sid, eid in got if eid == i}
         wrong = len(hit - want)
         if wrong:
-            raise RunError(f"{c.protocol}: event {i} delivered to {wrong} subscriptions that do not match it")
+            raise ExperimentError(
+                f"{c.protocol}: event {i} delivered to {wrong} subscriptions that do not match it"
+            )
         got.clear()
         expected += len(want)
         delivered += len(hit)

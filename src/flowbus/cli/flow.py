@@ -70,7 +70,7 @@ def explain(spec: SpecArgument, as_json: JsonOption = False) -> None:
 
 def _rules_for(g: Graph, state: str, arc: str | None) -> tuple[str, BoundRules]:
     """The arc whose rule set ``flow expand`` uses: ``arc``, the state's one expand arc, or its collapse."""
-    from flowbus.flow.errors import FlowError
+    from flowbus.errors import FlowError
     from flowbus.flow.graph import Collapse, Expand
     from flowbus.flow.validate import bind_rules
 
@@ -226,7 +226,7 @@ def run(
 
 
 def _run_spark_cli(spec: Path, *, as_json: bool, **options: Any) -> None:
-    from flowbus.cli_run import run_spark
+    from flowbus.cli.run import run_spark
 
     cli = _cli()
     try:

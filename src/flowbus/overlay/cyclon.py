@@ -1,4 +1,4 @@
-"""CBDLO: the content-based double-layered overlay -- its node, lower layer and APT (sans-IO).
+"""CBDLO's lower layer: the Cyclon-gossiped random graph and the access-point table (sans-IO).
 
 How it works (the 004 document, section 2, figure 1):
 
@@ -22,30 +22,23 @@ How it works (the 004 document, section 2, figure 1):
   with many subscribers, as the walks need.
 * Upper layer: one attribute topology per subscribed attribute
   (:mod:`flowbus.overlay.cbdlo_tree`), shared here as a :class:`Topologies` object.
-* The node (:class:`CbdloNode`) runs the lower layer, CRAWL (:mod:`flowbus.routing.crawl`)
-  and CDM (:mod:`flowbus.routing.cdm`); :meth:`CbdloNode.on_message` dispatches on one
-  ``match``; an unknown message raises :class:`~flowbus.errors.ProtocolError`.
+* The node (:class:`flowbus.routing.cbdlo.CbdloNode`) runs this lower layer, CRAWL
+  (:mod:`flowbus.routing.crawl`) and CDM (:mod:`flowbus.routing.cdm`).
 """
 
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription, Topologies
-from flowbus.overlay.effects import Effect, Send, SetTimer
-from flowbus.routing import cdm, crawl
-from flowbus.routing.cdm import Counts, Matched, TreeStep
-from flowbus.routing.crawl import Enter, Publication, Walk
 
 __all__ = [
     "CYCLON_TIMER",
     "Apt",
-    "CbdloNode",
     "Cyclon",
     "Descriptor",
     "Shuffle",
@@ -194,148 +187,3 @@ class Cyclon:
             elif replaceable:
                 del self.view[replaceable.pop()]
                 self.view[d.node] = d
-
-
-# ------------------------------------------------------------------------------------ node
-
-
-class CbdloNode:
-    """One real node of CBDLO: Cyclon view, APT, CRAWL walker, CDM host and subscriber.
-
-    ``topologies`` is the upper layer shared by all nodes (the distributed trees); ``subs``
-    the node's local subscriptions (id -> :class:`Subscription`), also entered into
-    ``topologies`` by :meth:`subscribe`. ``observer`` (optional) is told every walk's
-    outcome (``walk_ended``) and every search that found its virtual node (``found``).
-    """
-
-    __slots__ = (
-        "addr", "apt", "counts", "cyclon", "max_hops", "observer", "period", "rng", "subs",
-        "topologies", "trace_len", "ttl",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        addr: int,
-        *,
-        topologies: Topologies,
-        rng: random.Random,
-        view_size: int = 10,
-        shuffle_len: int = 5,
-        apt_size: int = 100,
-        trace_len: int = 5,
-        max_hops: int = 10,
-        period: float = 10.0,
-        ttl: float = 1000.0,
-        observer: Any = None,
-    ) -> None:
-        if trace_len < 0 or max_hops < 0 or period <= 0 or ttl <= 0:
-            raise ProtocolError(f"CBDLO node {addr}: bad trace_len, max_hops, period or ttl")
-        self.addr = addr
-        self.rng = rng
-        self.topologies = topologies
-        self.cyclon = Cyclon(addr, size=view_size, shuffle_len=shuffle_len, rng=rng)
-        self.apt = Apt(apt_size)
-        self.trace_len = trace_len
-        self.max_hops = max_hops
-        self.period = period
-        self.ttl = ttl
-        self.observer = observer
-        self.subs: dict[Hashable, Subscription] = {}
-        self.counts = Counts()
-
-    # -- local API ----------------------------------------------------------------------
-
-    def start(self) -> list[Effect]:
-        """Start gossiping: the first shuffle after a random fraction of a period."""
-        return [SetTimer(self.rng.random() * self.period, CYCLON_TIMER)]
-
-    def publish(self, pub: Publication) -> list[Effect]:
-        return crawl.start(self, pub, max_hops=self.max_hops)
-
-    def subscribe(self, sub: Subscription) -> list[Effect]:
-        if sub.node != self.addr:
-            raise ProtocolError(f"node {self.addr} cannot subscribe for node {sub.node}")
-        self.topologies.subscribe(sub)
-        self.subs[sub.sid] = sub
-        return []
-
-    def unsubscribe(self, sid: Hashable) -> list[Effect]:
-        self.topologies.unsubscribe(self.addr, sid)
-        del self.subs[sid]
-        return []
-
-    # -- what CRAWL and CDM need ----------------------------------------------------------
-
-    def neighbours(self) -> list[int]:
-        return self.cyclon.neighbours()
-
-    def lookup(self, attr: str) -> int | None:
-        tree = self.topologies.trees.get(attr)
-        if tree is not None and self.addr in tree.hosted:
-            return self.addr
-        return self.apt.lookup(attr)
-
-    def forget_entry(self, attr: str, node: int) -> None:
-        self.apt.forget(attr, node)
-
-    def drop_neighbour(self, node: int) -> None:
-        self.cyclon.view.pop(node, None)
-
-    def enter(self, walk: Walk) -> list[Effect]:
-        return cdm.enter(self, walk)
-
-    def descriptor(self) -> Descriptor:
-        return Descriptor(self.addr, 0, self.topologies.hosted_attrs(self.addr))
-
-    def _learn(self, entries: Sequence[Descriptor]) -> None:
-        for d in entries:
-            if d.node != self.addr:
-                for attr in d.attrs:
-                    self.apt.learn(attr, d.node)
-
-    # -- the core -------------------------------------------------------------------------
-
-    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        match msg:
-            case Walk():
-                return crawl.step(self, msg)
-            case Enter():
-                return cdm.enter(self, msg.walk)
-            case TreeStep():
-                return cdm.on_tree_step(self, msg)
-            case Matched():
-                return cdm.on_match(self, msg)
-            case Shuffle():
-                self._learn(msg.entries)
-                return [Send(src, self.cyclon.answer(src, msg))]
-            case ShuffleReply():
-                self._learn(msg.entries)
-                self.cyclon.reply(src, msg)
-                return []
-            case _:
-                raise ProtocolError(f"CBDLO node {self.addr}: unknown message {msg!r} from {src}")
-
-    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
-        if key == CYCLON_TIMER:
-            effects: list[Effect] = [SetTimer(self.period, CYCLON_TIMER)]
-            out = self.cyclon.start_shuffle(self.descriptor())
-            if out is not None:
-                effects.append(Send(out[0], out[1]))
-            return effects
-        if isinstance(key, tuple) and key and key[0] == "cdm":
-            return cdm.cdm_timer(self, key)
-        raise ProtocolError(f"CBDLO node {self.addr}: unknown timer {key!r}")
-
-    def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
-        match msg:
-            case Walk():
-                return crawl.on_walk_failed(self, dst, msg)
-            case Enter():
-                return crawl.on_enter_failed(self, dst, msg.walk)
-            case TreeStep():
-                return crawl.restart(self, msg.walk, reason="departed")
-            case Shuffle():
-                self.cyclon.pending.pop(dst, None)
-                return []
-            case _:
-                return []

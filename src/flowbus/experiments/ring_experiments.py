@@ -2,7 +2,7 @@
 
 How it works:
 
-* :func:`join_cost` grows one ring by ``max_nodes`` joins (:class:`~flowbus.sim.ring.RingSim`)
+* :func:`join_cost` grows one ring by ``max_nodes`` joins (:class:`~flowbus.experiments.ring_sim.RingSim`)
   and reports, for each size in ``sizes``, the mean and maximum of the messages one join
   sent and of the brokers it touched, over the joins just below that size. The document
   claims O(1): four brokers updated.
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from flowbus.errors import FlowbusError
+from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.sim import LinkFailure
-from flowbus.sim.ring import RingSim, ring_errors
 
 __all__ = ["fit_log", "join_cost", "repair_cost", "write_outputs", "write_result"]
 
@@ -206,7 +206,7 @@ def write_result(
 ) -> dict[str, str]:
     """What every ring experiment writes in ``out``: ``rows.csv`` (the result's rows),
     ``result.json`` (all of it) and ``<experiment>.png`` (drawn by ``plot``)."""
-    from flowbus.sim.sweep import write_csv
+    from flowbus.experiments.sweep import write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     rows = result["rows"]

@@ -74,7 +74,7 @@ def emit(result: dict[str, Any], *, as_json: bool, title: str) -> None:
 
 def _benchmarks() -> Any:
     """Import the repository's ``benchmarks`` package (it lives beside ``src/``)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / "benchmarks" / "__init__.py").is_file():
         raise FlowbusError(f"benchmarks/ not found next to {root / 'src'}: run from a checkout of flowbus")
     if str(root) not in sys.path:
@@ -102,7 +102,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed of the generator.")] = 7,
 ) -> None:
     """Match a stream of stock trades (the 000 document's example) against many subscriptions."""
-    from flowbus.demo import run_demo
+    from flowbus.cli.demo import run_demo
 
     try:
         run_demo(subscriptions=subscriptions, trades=trades, seed=seed, console=out)
@@ -140,10 +140,10 @@ def bench_match(
 
 
 def _mount() -> None:
-    from flowbus.cli_broker import bench_broker, broker_app, cluster_app, pub, sub
-    from flowbus.cli_flow import bench_flow, flow_app, run
-    from flowbus.cli_sim import sim_app
-    from flowbus.cli_spark import bench_spark, match
+    from flowbus.cli.broker import bench_broker, broker_app, cluster_app, pub, sub
+    from flowbus.cli.flow import bench_flow, flow_app, run
+    from flowbus.cli.sim import sim_app
+    from flowbus.cli.spark import bench_spark, match
 
     app.add_typer(flow_app, name="flow")
     app.add_typer(sim_app, name="sim")

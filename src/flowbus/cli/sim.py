@@ -1,7 +1,7 @@
 """The simulator commands: ``flowbus sim pastry-hops``, ``irbr-faults``, ``irbr-forwards``,
 the chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``, and
 CBDLO's ``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``
-(:mod:`flowbus.sim.cbdlo_experiments`: configs in ``experiments/cbdlo-*.yaml``; CSV, JSON and
+(:mod:`flowbus.experiments.cbdlo_experiments`: configs in ``experiments/cbdlo-*.yaml``; CSV, JSON and
 PNG under ``--out``, by default ``docs/results/cbdlo``).
 
 ``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`). As
@@ -10,7 +10,7 @@ output (progress, if any, goes to standard error), otherwise a two-column table;
 input prints a red message on standard error and exits with status 2, without a traceback.
 
 ``irbr-faults`` and ``irbr-forwards`` run a sweep of the IRBR fault experiment
-(:mod:`flowbus.sim.sweep`): the sweep is read from ``--config`` (default
+(:mod:`flowbus.experiments.sweep`): the sweep is read from ``--config`` (default
 ``experiments/<command>.yaml`` under the current directory, else the built-in defaults,
 the same values) with the command line overrides, and checked before anything runs. The
 runs go to Spark as one task each (``--master`` / ``--remote``; ``local[*]`` by default)
@@ -29,7 +29,7 @@ import typer
 from flowbus.errors import FlowbusError
 
 if TYPE_CHECKING:
-    from flowbus.sim.sweep import Sweep, SweepResult
+    from flowbus.experiments.sweep import Sweep, SweepResult
 
 __all__ = ["irbr_faults", "irbr_forwards", "pastry_hops", "sim_app"]
 
@@ -58,7 +58,7 @@ def pastry_hops(
     as_json: JsonOption = False,
 ) -> None:
     """Routing hops of Pastry lookups against ceil(log16 N) + 1 and the paper's figure 4."""
-    from flowbus.sim.pastry_hops import run
+    from flowbus.experiments.pastry_hops import run
 
     cli = _cli()
     try:
@@ -93,24 +93,24 @@ RemoteOption = Annotated[str | None, typer.Option(help="Spark Connect server, sc
 
 def _load(experiment: str, config: Path | None, **overrides: Any) -> tuple[Sweep, str | None]:
     """The sweep, and the config file it came from (None: the built-in defaults)."""
-    from flowbus.sim.sweep import SweepError, load_sweep
+    from flowbus.experiments.sweep import ExperimentError, load_sweep
 
     if config is None:
         default = Path("experiments") / f"{experiment}.yaml"
         config = default if default.is_file() else None
     elif not config.is_file():
-        raise SweepError(f"sweep config not found: {config}")
+        raise ExperimentError(f"sweep config not found: {config}")
     return load_sweep(experiment, config, **overrides), None if config is None else str(config)
 
 
 def _run_sweep(
     sweep: Sweep, *, serial: bool, master: str | None, remote: str | None, progress: Any
 ) -> SweepResult:
-    from flowbus.sim.sweep import SweepError, run_serial
+    from flowbus.experiments.sweep import ExperimentError, run_serial
 
     if serial:
         if master is not None or remote is not None:
-            raise SweepError("--serial runs without Spark: drop --master / --remote")
+            raise ExperimentError("--serial runs without Spark: drop --master / --remote")
         return run_serial(sweep, progress=progress)
     from flowbus.spark.session import is_connect, spark_session
     from flowbus.spark.sweep import run_spark
@@ -137,7 +137,7 @@ def _sweep_command(
     remote: str | None,
     **overrides: Any,
 ) -> tuple[Sweep, str | None, SweepResult, dict[str, str]]:
-    from flowbus.sim.sweep import write_outputs
+    from flowbus.experiments.sweep import write_outputs
 
     cli = _cli()
     try:
@@ -234,7 +234,7 @@ def irbr_forwards(
     as_json: JsonOption = False,
 ) -> None:
     """Forwards per event against interested nodes, IRBR vs Scribe, no failures (the paper's figure 4b)."""
-    from flowbus.sim.sweep import forwards_by_interest, irbr_below_scribe
+    from flowbus.experiments.sweep import forwards_by_interest, irbr_below_scribe
 
     sweep, config_file, result, outputs = _sweep_command(
         "irbr-forwards", config, out, serial, master, remote,
@@ -300,7 +300,7 @@ def _ring_command(result_fn: Any, out: Path, as_json: bool, title: str | Any, *,
     writer, default ring-join/ring-repair's), print JSON or a table titled ``title`` (a
     string, or a function of the result)."""
     if write is None:
-        from flowbus.sim.ring_experiments import write_outputs as write
+        from flowbus.experiments.ring_experiments import write_outputs as write
 
     cli = _cli()
     try:
@@ -327,7 +327,7 @@ def ring_join(
     as_json: JsonOption = False,
 ) -> None:
     """Messages and brokers touched by one join of the chordal ring, against its size (O(1) claimed)."""
-    from flowbus.sim.ring_experiments import join_cost
+    from flowbus.experiments.ring_experiments import join_cost
 
     ns = _sizes(sizes)
     _ring_command(
@@ -344,7 +344,7 @@ def ring_repair(
     as_json: JsonOption = False,
 ) -> None:
     """Messages and time to repair a broker, ring-link and chord-link failure against n (O(log n)?)."""
-    from flowbus.sim.ring_experiments import repair_cost
+    from flowbus.experiments.ring_experiments import repair_cost
 
     ns = _sizes(sizes)
     _ring_command(
@@ -365,7 +365,7 @@ def ring_classes(
     as_json: JsonOption = False,
 ) -> None:
     """Normal, express and secure events over the broker multigraph: violations, latency, hops."""
-    from flowbus.sim.ring_classes import run, write_outputs
+    from flowbus.experiments.ring_classes import run, write_outputs
 
     _ring_command(
         lambda p: run(nodes=nodes, events=events, link_failures=link_failures, seed=seed, progress=p),
@@ -385,7 +385,7 @@ def ring_faults(
     as_json: JsonOption = False,
 ) -> None:
     """Events lost, duplicated and delayed while brokers crash, for backup factors 1..4."""
-    from flowbus.sim.ring_faults import run, write_outputs
+    from flowbus.experiments.ring_faults import run, write_outputs
 
     names = [s.strip() for s in scenarios.split(",") if s.strip()]
     factors = _sizes(backups)
@@ -410,7 +410,7 @@ CBDLO_OUT = Path("docs/results/cbdlo")
 
 def _cbdlo_command(experiment: str, config: Path | None, seeds: str | None, out: Path, as_json: bool) -> None:
     """Load, run and write one CBDLO experiment; print its JSON document or a table of means."""
-    from flowbus.sim.cbdlo_experiments import ExperimentError, load, run, write_outputs
+    from flowbus.experiments.cbdlo_experiments import ExperimentError, load, run, write_outputs
 
     cli = _cli()
     try:

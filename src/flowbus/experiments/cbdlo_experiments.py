@@ -2,10 +2,10 @@
 
 How it works: an experiment is a config -- ``experiments/<name>.yaml`` or the built-in
 :data:`DEFAULTS` (the same values) -- of protocols x seeds x one or more sweeps (a
-:class:`~flowbus.sim.cbdlo_run.RunConfig` field and its values); every other
+:class:`~flowbus.experiments.cbdlo_run.RunConfig` field and its values); every other
 ``RunConfig`` field is fixed by the config, possibly per protocol (``per_protocol``).
 :func:`load` checks everything before anything runs (an :class:`ExperimentError` names the
-culprit). :func:`run` makes one :func:`flowbus.sim.cbdlo_run.run` per point, protocol and
+culprit). :func:`run` makes one :func:`flowbus.experiments.cbdlo_run.run` per point, protocol and
 seed, and returns the rows, their means over the seeds (``summary``) and what the
 experiment adds (the document's reference values, the figure 7 extrapolation).
 :func:`write_outputs` writes ``<name>.csv`` (one row per run, no timing column: the same
@@ -41,10 +41,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from flowbus.errors import FlowbusError
-from flowbus.sim.cbdlo_run import PROTOCOLS, RunConfig
-from flowbus.sim.cbdlo_run import run as run_one
-from flowbus.sim.sweep import read_yaml_mapping, write_csv
+from flowbus.errors import ExperimentError, FlowbusError
+from flowbus.experiments.cbdlo_run import PROTOCOLS, RunConfig
+from flowbus.experiments.cbdlo_run import run as run_one
+from flowbus.experiments.sweep import read_yaml_mapping, write_csv
 
 __all__ = ["DEFAULTS", "EXPERIMENTS", "ExperimentError", "fit", "load", "run", "write_outputs"]
 
@@ -59,10 +59,6 @@ PAPER: Final[Mapping[str, Any]] = {
     "cbdlo-apt": {"apt": 100, "hit_rate_10": 0.90, "tera_apt": 50},
 }  # fmt: skip
 """What the document states in numbers (section 5.3)."""
-
-
-class ExperimentError(FlowbusError):
-    """An experiment's config is invalid (nothing has run)."""
 
 
 _BASE: Final[dict[str, Any]] = {
@@ -348,7 +344,7 @@ def extrapolate(summary: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
     """``<name>.csv``, ``<name>.json`` and ``<name>.png`` in ``out``; their paths by name."""
-    from flowbus.sim.cbdlo_plots import plot
+    from flowbus.experiments.cbdlo_plots import plot
 
     name = result["experiment"]
     out.mkdir(parents=True, exist_ok=True)

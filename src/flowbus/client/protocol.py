@@ -41,6 +41,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
+from flowbus import wire
 from flowbus.errors import ProtocolError
 
 __all__ = [
@@ -68,6 +69,7 @@ def _name(value: object, what: str) -> None:
         raise ProtocolError(f"{what} must be a non-empty string of at most 200 characters, got {value!r}")
 
 
+@wire.message("client.hello")
 @dataclass(frozen=True, slots=True)
 class Hello:
     client: str
@@ -77,6 +79,7 @@ class Hello:
         _name(self.client, "Hello.client")
 
 
+@wire.message("client.welcome")
 @dataclass(frozen=True, slots=True)
 class Welcome:
     broker: str  # "host:port"
@@ -84,6 +87,7 @@ class Welcome:
     spaces: dict[str, dict[str, str] | None]  # name -> schema (field -> type name), None: any
 
 
+@wire.message("client.publish")
 @dataclass(frozen=True, slots=True)
 class Publish:
     """``batch``: plain msgpack of ``[[pseq, event], ...]`` (:func:`pack_publish`): events
@@ -106,6 +110,7 @@ class Publish:
         return out
 
 
+@wire.message("client.pub_ack")
 @dataclass(frozen=True, slots=True)
 class PubAck:
     """``batch``: plain msgpack of the acknowledged ``pseq`` numbers (:func:`pack_pubacks`)."""
@@ -120,12 +125,14 @@ class PubAck:
         return raw
 
 
+@wire.message("client.nack")
 @dataclass(frozen=True, slots=True)
 class Nack:
     pseq: int
     error: str
 
 
+@wire.message("client.subscribe")
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     req: int
@@ -141,12 +148,14 @@ class Subscribe:
         _name(self.space, "Subscribe.space")
 
 
+@wire.message("client.unsubscribe")
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
     req: int
     sub_id: str
 
 
+@wire.message("client.advertise")
 @dataclass(frozen=True, slots=True)
 class Advertise:
     """This client will publish events of ``space`` matching ``filter`` (brokers with
@@ -163,12 +172,14 @@ class Advertise:
         _name(self.space, "Advertise.space")
 
 
+@wire.message("client.unadvertise")
 @dataclass(frozen=True, slots=True)
 class Unadvertise:
     req: int
     adv_id: str
 
 
+@wire.message("client.reply")
 @dataclass(frozen=True, slots=True)
 class Reply:
     req: int
@@ -176,6 +187,7 @@ class Reply:
     error: str | None = None
 
 
+@wire.message("client.ack")
 @dataclass(frozen=True, slots=True)
 class Ack:
     """``batch``: plain msgpack of ``[[sub_id, dseq], ...]``: each subscription's deliveries
@@ -194,6 +206,7 @@ class Ack:
         return out
 
 
+@wire.message("client.events")
 @dataclass(frozen=True, slots=True)
 class Events:
     """``batch``: plain msgpack of ``[[sub_id, dseq, publisher, pseq, event], ...]``
@@ -240,11 +253,13 @@ def _unpack(batch: bytes, what: str) -> list[Any]:
     return raw
 
 
+@wire.message("client.bye")
 @dataclass(frozen=True, slots=True)
 class Bye:
     pass
 
 
+@wire.message("client.error")
 @dataclass(frozen=True, slots=True)
 class Error:
     what: str

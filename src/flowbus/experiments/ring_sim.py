@@ -23,8 +23,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowbus.core import Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
-from flowbus.overlay.effects import Effect
 from flowbus.sim.engine import Simulator
 from flowbus.sim.transport import CoordinateLatency, Layer
 

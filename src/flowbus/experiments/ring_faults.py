@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from flowbus.core import Effect
 from flowbus.errors import FlowbusError
 from flowbus.filters import Filter, parse
-from flowbus.overlay.effects import Effect
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import CoordinateLatency
@@ -204,7 +204,7 @@ def run(
 
 def write_outputs(result: dict[str, Any], out: Path) -> dict[str, str]:
     """``rows.csv``, ``result.json`` and the PNG in ``out``."""
-    from flowbus.sim.ring_experiments import write_result
+    from flowbus.experiments.ring_experiments import write_result
 
     return write_result(result, out, _plot)
 

@@ -66,22 +66,22 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from flowbus.errors import FlowError
 from flowbus.filters.ast import Field
 from flowbus.flow.aggregates import Aggregate, Aggregates, as_aggregates
 from flowbus.flow.collapse import Key
 from flowbus.flow.collapse import Row as StateRow
-from flowbus.flow.errors import FlowError
 from flowbus.flow.eventlog import InputLog, arrow_schema, read_source_dir
 from flowbus.flow.graph import Collapse, Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
-from flowbus.flow.spark_state import Fold, GroupFolder, StateProcessor
 from flowbus.flow.validate import bind_rules
 from flowbus.matching import Matcher
 from flowbus.model import Schema
 from flowbus.spark.bulk import Shipped, executor_matcher, ship
 from flowbus.spark.columns import ColumnCompiler
 from flowbus.spark.routes import route_columns
+from flowbus.spark.state import Fold, GroupFolder, StateProcessor
 
 __all__ = ["BatchReport", "GroupFolder", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
 

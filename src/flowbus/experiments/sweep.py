@@ -1,12 +1,12 @@
-"""Sweeps of the IRBR fault experiment: many :mod:`~flowbus.sim.irbr_run` runs, aggregated and plotted.
+"""Sweeps of the IRBR fault experiment: many :mod:`~flowbus.experiments.irbr_run` runs, aggregated, plotted.
 
 How it works:
 
 * A :class:`Sweep` is protocols x failure rates x seeds, with the other
-  :class:`~flowbus.sim.irbr_run.RunConfig` fields fixed. :func:`load_sweep` builds one
+  :class:`~flowbus.experiments.irbr_run.RunConfig` fields fixed. :func:`load_sweep` builds one
   from a YAML file (``experiments/irbr-faults.yaml``) or the built-in defaults of the
   experiment (:data:`DEFAULTS`, the same values), with command line overrides; every
-  input is checked there, before any run starts (a :class:`SweepError` says what is
+  input is checked there, before any run starts (a :class:`ExperimentError` says what is
   wrong). :meth:`Sweep.configs` lists the runs sorted by protocol, failure and seed.
 * :func:`run_serial` runs them one after the other in this process;
   :func:`flowbus.spark.sweep.run_spark` runs them as Spark tasks. Both return a
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-from flowbus.errors import FlowbusError
-from flowbus.sim.irbr_run import PROTOCOLS, RunConfig, run_group
+from flowbus.errors import ExperimentError, FlowbusError
+from flowbus.experiments.irbr_run import PROTOCOLS, RunConfig, run_group
 
 __all__ = [
     "DEFAULTS",
@@ -54,8 +54,8 @@ __all__ = [
     "T975_INF",
     "T975_SEGMENTS",
     "T975_TABLE",
+    "ExperimentError",
     "Sweep",
-    "SweepError",
     "SweepResult",
     "aggregate",
     "event_rows",
@@ -77,10 +77,6 @@ __all__ = [
 ]
 
 ProgressFn = Callable[[str, int, int], object]
-
-
-class SweepError(FlowbusError):
-    """A sweep's configuration is invalid (nothing has run)."""
 
 
 EXPERIMENTS: Final = ("irbr-faults", "irbr-forwards")
@@ -174,7 +170,7 @@ class Sweep:
     """Protocols x failure rates x seeds; every other run parameter fixed.
 
     The tuples are stored sorted (protocols in :data:`PROTOCOLS` order); a duplicate is
-    an error. Constructing one checks everything a run would (:class:`SweepError`).
+    an error. Constructing one checks everything a run would (:class:`ExperimentError`).
     """
 
     experiment: str = "irbr-faults"
@@ -192,11 +188,13 @@ class Sweep:
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS:
-            raise SweepError(f"unknown experiment {self.experiment!r} (expected {' or '.join(EXPERIMENTS)})")
+            raise ExperimentError(
+                f"unknown experiment {self.experiment!r} (expected {' or '.join(EXPERIMENTS)})"
+            )
         protocols = _unique("protocols", self.protocols)
         for p in protocols:
             if p not in PROTOCOLS:
-                raise SweepError(f"unknown protocol {p!r} (expected {', '.join(PROTOCOLS)})")
+                raise ExperimentError(f"unknown protocol {p!r} (expected {', '.join(PROTOCOLS)})")
         failures = _unique("failures", self.failures)
         for f in failures:
             if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 <= f < 1.0:
@@ -205,24 +203,26 @@ class Sweep:
                     if isinstance(f, int | float) and f >= 1
                     else ""
                 )
-                raise SweepError(f"a failure rate must be a fraction in [0, 1), got {f!r}{hint}")
+                raise ExperimentError(f"a failure rate must be a fraction in [0, 1), got {f!r}{hint}")
         if self.experiment == "irbr-forwards" and tuple(failures) != (0.0,):
-            raise SweepError(f"irbr-forwards runs without failures (failures: [0]), got {list(failures)}")
+            raise ExperimentError(
+                f"irbr-forwards runs without failures (failures: [0]), got {list(failures)}"
+            )
         seeds = _unique("seeds", self.seeds)
         for s in seeds:
             if type(s) is not int or s < 0:
-                raise SweepError(f"a seed must be an int >= 0, got {s!r}")
+                raise ExperimentError(f"a seed must be an int >= 0, got {s!r}")
         for name in ("nodes", "events", "symbols"):
             value = getattr(self, name)
             low = 2 if name == "nodes" else 1
             if type(value) is not int or value < low:
-                raise SweepError(f"{name} must be an int >= {low}, got {value!r}")
+                raise ExperimentError(f"{name} must be an int >= {low}, got {value!r}")
         if type(self.covering) is not bool:
-            raise SweepError(f"covering must be true or false, got {self.covering!r}")
+            raise ExperimentError(f"covering must be true or false, got {self.covering!r}")
         for name in ("subscribers", "zipf", "latency", "notice"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise SweepError(f"{name} must be a number, got {value!r}")
+                raise ExperimentError(f"{name} must be a number, got {value!r}")
             object.__setattr__(self, name, float(value))
         object.__setattr__(self, "protocols", tuple(p for p in PROTOCOLS if p in protocols))
         object.__setattr__(self, "failures", tuple(sorted(float(f) for f in failures)))
@@ -231,7 +231,7 @@ class Sweep:
             for p in self.protocols:
                 self._config(p, self.failures[-1], self.seeds[0])
         except FlowbusError as exc:
-            raise SweepError(str(exc)) from None
+            raise ExperimentError(str(exc)) from None
 
     def _config(self, protocol: str, failure: float, seed: int) -> RunConfig:
         return RunConfig(
@@ -246,7 +246,7 @@ class Sweep:
 
     def groups(self) -> list[list[RunConfig]]:
         """The runs by (protocol, seed): the failure rates of one group share one subscription
-        phase (:func:`~flowbus.sim.irbr_run.run_group`)."""
+        phase (:func:`~flowbus.experiments.irbr_run.run_group`)."""
         protocols = sorted(self.protocols)
         return [[self._config(p, f, s) for f in self.failures] for p in protocols for s in self.seeds]
 
@@ -256,13 +256,13 @@ class Sweep:
 
 def _unique(name: str, values: Sequence[Any]) -> list[Any]:
     if isinstance(values, str) or not isinstance(values, Sequence):
-        raise SweepError(f"{name} must be a list, got {values!r}")
+        raise ExperimentError(f"{name} must be a list, got {values!r}")
     if not values:
-        raise SweepError(f"{name} must not be empty")
+        raise ExperimentError(f"{name} must not be empty")
     seen: set[Any] = set()
     for v in values:
         if v in seen:
-            raise SweepError(f"{name}: {v!r} is listed twice")
+            raise ExperimentError(f"{name}: {v!r} is listed twice")
         seen.add(v)
     return list(values)
 
@@ -286,13 +286,15 @@ def parse_seeds(text: str) -> tuple[int, ...]:
             a, b = text.split("-", 1)
             lo, hi = int(a), int(b)
             if hi < lo:
-                raise SweepError(f"seeds {text!r}: an empty range")
+                raise ExperimentError(f"seeds {text!r}: an empty range")
             return tuple(range(lo, hi + 1))
         n = int(text)
     except ValueError:
-        raise SweepError(f"seeds must be N (seeds 1..N), A-B or a list like 1,2,3; got {text!r}") from None
+        raise ExperimentError(
+            f"seeds must be N (seeds 1..N), A-B or a list like 1,2,3; got {text!r}"
+        ) from None
     if n < 1:
-        raise SweepError(f"seeds N must be >= 1 (seeds 1..N), got {n}")
+        raise ExperimentError(f"seeds N must be >= 1 (seeds 1..N), got {n}")
     return tuple(range(1, n + 1))
 
 
@@ -301,7 +303,7 @@ def parse_failures(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise SweepError(f"failures must be fractions like 0.005,0.01,0.1; got {text!r}") from None
+        raise ExperimentError(f"failures must be fractions like 0.005,0.01,0.1; got {text!r}") from None
 
 
 def parse_protocols(text: str) -> tuple[str, ...]:
@@ -313,13 +315,13 @@ def _seeds_value(value: Any) -> tuple[int, ...]:
     """A YAML ``seeds``: N (seeds 1..N) or a list."""
     if type(value) is int:
         if value < 1:
-            raise SweepError(f"seeds N must be >= 1 (seeds 1..N), got {value}")
+            raise ExperimentError(f"seeds N must be >= 1 (seeds 1..N), got {value}")
         return tuple(range(1, value + 1))
     if isinstance(value, list):
         return tuple(value)
     if isinstance(value, str):
         return parse_seeds(value)
-    raise SweepError(f"seeds must be N (seeds 1..N) or a list, got {value!r}")
+    raise ExperimentError(f"seeds must be N (seeds 1..N) or a list, got {value!r}")
 
 
 def load_sweep(
@@ -339,7 +341,7 @@ def load_sweep(
     ``failures: [F]``. String overrides are command line text (``"1,2,3"``).
     """
     if experiment not in DEFAULTS:
-        raise SweepError(f"unknown experiment {experiment!r} (expected {' or '.join(EXPERIMENTS)})")
+        raise ExperimentError(f"unknown experiment {experiment!r} (expected {' or '.join(EXPERIMENTS)})")
     values = DEFAULTS[experiment].to_dict()
     if path is not None:
         values.update(_read_yaml(Path(path), experiment))
@@ -379,24 +381,24 @@ def read_yaml_mapping(path: Path, error: type[FlowbusError], what: str = "config
 
 
 def _read_yaml(path: Path, experiment: str) -> dict[str, Any]:
-    data = read_yaml_mapping(path, SweepError, "sweep config")
+    data = read_yaml_mapping(path, ExperimentError, "sweep config")
     known = {f.name for f in fields(Sweep)}
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key == "failure":
             if "failures" in data:
-                raise SweepError(f"{path}: give either failure or failures, not both")
+                raise ExperimentError(f"{path}: give either failure or failures, not both")
             out["failures"] = (value,)
         elif key == "seeds":
             out["seeds"] = _seeds_value(value)
         elif key == "experiment":
             if value != experiment:
-                raise SweepError(f"{path} is a config for {value!r}, not {experiment!r}")
+                raise ExperimentError(f"{path} is a config for {value!r}, not {experiment!r}")
         elif key in known:
             out[key] = value
         else:
             allowed = ", ".join(sorted(known | {"failure"}))
-            raise SweepError(f"{path}: unknown key {key!r} (known keys: {allowed})")
+            raise ExperimentError(f"{path}: unknown key {key!r} (known keys: {allowed})")
     return out
 
 

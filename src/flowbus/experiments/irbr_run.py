@@ -47,9 +47,9 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, Final
 
-from flowbus.errors import FlowbusError
+from flowbus.core import Effect
+from flowbus.errors import ExperimentError
 from flowbus.filters import Filter, parse
-from flowbus.overlay.effects import Effect
 from flowbus.overlay.pastry_app import PastryApp
 from flowbus.overlay.pastry_static import build_static, random_ids
 from flowbus.sim.engine import Simulator, derive_seed
@@ -73,10 +73,6 @@ TIMING_FIELDS: Final = ("run_s",)
 """The fields of a result row that vary from run to run."""
 
 ProgressFn = Callable[[str, int, int], object]
-
-
-class ExperimentError(FlowbusError):
-    """A run's configuration is invalid."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@
             ...
         await sub.unsubscribe()
 
-How it works (the client protocol is in :mod:`flowbus.broker.protocol`):
+How it works (the client protocol is in :mod:`flowbus.client.protocol`):
 
 * **Publishing** is pipelined. :meth:`Client.publish` checks the event against the space's
   schema (the broker's ``Welcome`` lists them), numbers it and sends it in the next frame;
@@ -41,8 +41,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
-from flowbus.broker import protocol as p
-from flowbus.errors import FlowbusError, SchemaError
+from flowbus.client import protocol as p
+from flowbus.errors import ClientError, FlowbusError, PublishError, SchemaError, SubscribeError
 from flowbus.model import Schema
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
@@ -55,22 +55,6 @@ __all__ = [
     "SyncClient",
     "connect",
 ]
-
-
-class ClientError(FlowbusError):
-    """The client cannot do what was asked (not connected, closed, no broker answers...)."""
-
-
-class PublishError(ClientError):
-    """A broker refused a published event; ``pseq`` numbers it."""
-
-    def __init__(self, pseq: int, message: str) -> None:
-        self.pseq = pseq
-        super().__init__(f"publish #{pseq} refused: {message}")
-
-
-class SubscribeError(ClientError):
-    """A broker refused a subscription or an unsubscription; the message says why."""
 
 
 def connect(

@@ -1,0 +1,94 @@
+"""The sans-IO core contract: the effects a protocol core returns and the :class:`Core` it is.
+
+How it works: a protocol core (a Pastry node, an IRBR router, a ring member, a CBDLO
+walker...) is a plain object that offers :class:`Core`: ``on_message(src, msg, now)``,
+``on_timer(key, now)``, ``on_send_failed(dst, msg, now)`` and ``on_messages(src, msgs,
+now)``, each returning a list of effects. It never touches a socket, a clock or a global
+random source: it returns effects, and a driver carries them out. There are two drivers, the
+discrete-event simulator (:mod:`flowbus.sim`) and the asyncio runtime of the broker network
+(:mod:`flowbus.net.runtime`), so a protocol measured at 10^4 simulated nodes is the code that
+runs between brokers. Node ids are ints; messages are frozen dataclasses with a wire tag
+(:mod:`flowbus.wire`).
+
+* :class:`Send` -- send ``msg`` to node ``dst`` (the transport may delay, lose
+  or drop it if ``dst`` has failed).
+* :class:`Deliver` -- hand ``event`` to the local subscriber ``sub`` (what the
+  metrics count as a delivery).
+* :class:`SetTimer` -- call ``on_timer(key, ...)`` after ``delay`` time units
+  (setting a key again replaces the earlier timer).
+* :class:`CancelTimer` -- forget the timer ``key``.
+
+A core reads its messages in one place (one ``match``, or one table from message type to
+handler); a message it does not know raises :class:`~flowbus.errors.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flowbus.errors import ProtocolError
+
+__all__ = ["CancelTimer", "Core", "Deliver", "Effect", "Send", "SetTimer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    dst: int
+    msg: Any
+
+    def __post_init__(self) -> None:
+        if type(self.dst) is not int:
+            raise ProtocolError(f"Send: a node id is an int, got {self.dst!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    sub: Hashable
+    event: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    delay: float
+    key: Hashable
+
+    def __post_init__(self) -> None:
+        if not self.delay >= 0:
+            raise ProtocolError(f"SetTimer {self.key!r}: the delay must be >= 0, got {self.delay!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    key: Hashable
+
+
+Effect = Send | Deliver | SetTimer | CancelTimer
+
+
+class Core(Protocol):
+    """What every sans-IO protocol core offers its drivers.
+
+    A core may subclass :class:`Core` to take the defaults of :meth:`on_messages` (one
+    message at a time) and :meth:`on_send_failed` (nothing to do)."""
+
+    def on_message(self, src: int, msg: Any, now: float) -> Sequence[Effect]:
+        """``msg`` arrived from node ``src`` at time ``now``."""
+        ...
+
+    def on_timer(self, key: Hashable, now: float) -> Sequence[Effect]:
+        """The timer ``key`` set by a :class:`SetTimer` went off."""
+        ...
+
+    def on_messages(self, src: int, msgs: Sequence[Any], now: float) -> Sequence[Effect]:
+        """Messages read together from ``src``, in order (a core may handle a run of them in
+        one pass, as a broker matches a batch of events at once)."""
+        effects: list[Effect] = []
+        for msg in msgs:
+            effects.extend(self.on_message(src, msg, now))
+        return effects
+
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> Sequence[Effect]:
+        """``msg`` could not reach ``dst`` (the failure notice of an acknowledged link)."""
+        return []

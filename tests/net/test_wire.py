@@ -1,0 +1,120 @@
+"""The wire tag table, pinned: every message type that crosses the network, under its tag,
+with its fields in wire order. A change here is a change of the wire protocol: brokers of
+different versions stop understanding each other. Make it on purpose, and say so."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import pytest
+
+import flowbus.broker.server
+import flowbus.overlay.class_router
+import flowbus.routing.irbr
+import flowbus.routing.scribe
+from flowbus import wire
+from flowbus.errors import FrameError
+from flowbus.net import decode, encode
+
+assert flowbus.broker.server and flowbus.overlay.class_router  # (imported for their tags)
+assert flowbus.routing.irbr and flowbus.routing.scribe
+
+PINNED = {
+    "cbr.advertise": "Advertise(origin, filter, seq)",
+    "cbr.publish": "Publish(event)",
+    "cbr.subscribe": "Subscribe(origin, filter, seq, withdraw)",
+    "cbr.unadvertise": "Unadvertise(origin, seq)",
+    "cbr.unsubscribe": "Unsubscribe(origin, seq)",
+    "classes.classed": "Classed(origin, dst, cls, payload, link, sent, hops, fell_back)",
+    "classes.link_class": "LinkClass: 'normal', 'express', 'secure'",
+    "client.ack": "Ack(batch)",
+    "client.advertise": "Advertise(req, adv_id, space, filter)",
+    "client.bye": "Bye()",
+    "client.error": "Error(what)",
+    "client.events": "Events(batch)",
+    "client.hello": "Hello(client, version)",
+    "client.nack": "Nack(pseq, error)",
+    "client.pub_ack": "PubAck(batch)",
+    "client.publish": "Publish(space, batch)",
+    "client.reply": "Reply(req, ok, error)",
+    "client.subscribe": "Subscribe(req, sub_id, space, filter, durable, collapse, resume)",
+    "client.unadvertise": "Unadvertise(req, adv_id)",
+    "client.unsubscribe": "Unsubscribe(req, sub_id)",
+    "client.welcome": "Welcome(broker, peers, spaces)",
+    "irbr.entry": "Entry(prefix, filter, node, sub, clock)",
+    "irbr.publish": "Publish(event, prefix)",
+    "irbr.subscribe": "Subscribe(node, sub, filter, clock, prefix)",
+    "irbr.table_reply": "TableReply(entries, tombstones)",
+    "irbr.table_request": "TableRequest(addr)",
+    "irbr.unsubscribe": "Unsubscribe(node, sub, clock, prefix)",
+    "pastry.announce": "Announce(node_id, addr, entries)",
+    "pastry.join": "Join(joiner_id, joiner_addr, hops)",
+    "pastry.join_state": "JoinState(node_id, addr, hop, entries, final)",
+    "pastry.leaf_set_reply": "LeafSetReply(node_id, addr, entries)",
+    "pastry.leaf_set_request": "LeafSetRequest(node_id, addr)",
+    "pastry.ping": "Ping(node_id, addr)",
+    "pastry.pong": "Pong(node_id, addr)",
+    "pastry.route": "Route(key, payload, hops, origin)",
+    "pastry.row_reply": "RowReply(node_id, addr, entries)",
+    "pastry.row_request": "RowRequest(node_id, addr, row)",
+    "ring.alive": "Alive(suspect, via)",
+    "ring.backup_copy": "BackupCopy(owner, version, state, links, holders)",
+    "ring.backup_delta": "BackupDelta(owner, version, base, entries, deleted, links, holders)",
+    "ring.backup_resync": "BackupResync(holder)",
+    "ring.chord_query": "ChordQuery(level, asker)",
+    "ring.chord_reply": "ChordReply(level, chord)",
+    "ring.failed": "Failed(suspect, window)",
+    "ring.heartbeat": "Heartbeat(peer)",
+    "ring.insert": "Insert(new)",
+    "ring.join_accept": "JoinAccept(id, window)",
+    "ring.join_request": "JoinRequest(addr, hops)",
+    "ring.link_down": "LinkDown(origin, target, trace)",
+    "ring.peer": "Peer(id, addr)",
+    "ring.ping": "Ping(addr, sent)",
+    "ring.pong": "Pong(addr, sent)",
+    "ring.probe": "Probe(asker)",
+    "ring.probe_ack": "ProbeAck(peer)",
+    "ring.reconnect": "Reconnect(asker, dead, window, side)",
+    "ring.redirect": "Redirect(dead, to)",
+    "ring.route": "RingRoute(target, payload, hops)",
+    "ring.set_side": "SetSide(side, peers, dead)",
+    "ring.share_state": "ShareState(sender, entries)",
+    "ring.test_neighbour": "TestNeighbour(suspect, asker, window)",
+    "ring.traced_query": "TracedQuery(origin, target, trace)",
+    "ringbroker.confirm": "Confirm(ids)",
+    "ringbroker.handed_over": "HandedOver(event, dead)",
+    "ringbroker.synced": "Synced()",
+    "scribe.heartbeat": "Heartbeat()",
+    "scribe.join_tree": "JoinTree(epoch)",
+    "scribe.leave_tree": "LeaveTree(epoch)",
+    "scribe.multicast": "Multicast(event)",
+    "scribe.publish": "Publish(event)",
+}
+
+
+def _describe(cls: type) -> str:
+    if issubclass(cls, enum.Enum):
+        return f"{cls.__name__}: " + ", ".join(repr(m.value) for m in cls)
+    fields = ", ".join(f.name for f in dataclasses.fields(cls) if f.init)
+    return f"{cls.__name__}({fields})"
+
+
+def test_the_tag_table_is_pinned() -> None:
+    table = {
+        tag: _describe(cls) for tag, cls in wire.table().items() if cls.__module__.startswith("flowbus.")
+    }
+    assert table == PINNED
+
+
+def test_tags_are_short_and_carry_no_module_path() -> None:
+    for tag, cls in wire.table().items():
+        assert wire.TAG_FORMAT.fullmatch(tag)
+        assert cls.__module__ not in tag and len(tag) <= 32
+        assert wire.tag_of(cls) == tag and wire.type_of(tag) is cls
+
+
+def test_an_unknown_tag_is_a_protocol_error_naming_it() -> None:
+    body = encode(flowbus.routing.scribe.Heartbeat()).replace(b"scribe.heartbeat", b"scribe.heartbeaT")
+    with pytest.raises(FrameError, match=r"scribe\.heartbeaT"):
+        decode(body)

@@ -1,0 +1,117 @@
+"""The import contract: flowbus's packages form layers, and a module imports only from its own
+package or from a layer below it. pyspark is imported only under ``flowbus.spark``.
+
+Read from the source (the AST), so an import inside a function counts as much as one at the
+top; imports under ``if TYPE_CHECKING:`` count too (a type from above is a dependency on it).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "flowbus"
+
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"model", "wire", "core"},
+    {"filters"},
+    {"matching"},
+    {"flow"},
+    {"overlay"},
+    {"routing"},
+    {"sim", "net"},
+    {"client"},
+    {"broker"},
+    {"experiments"},
+    {"spark"},
+    {"bench", "workloads"},
+    {"cli"},
+]
+"""Bottom first. Packages of one layer do not import each other."""
+
+FACADE = {"__init__", "__main__"}
+"""``flowbus`` itself and ``python -m flowbus``: the top, they may import anything."""
+
+LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        yield ".".join(parts), path
+
+
+def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
+    package = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ["flowbus", *package][: len(package) + 2 - node.level]
+                name = ".".join([*base, node.module] if node.module else base)
+                yield node.lineno, name
+            else:
+                yield node.lineno, node.module or ""
+                if node.module == "flowbus":  # from flowbus import wire: the module wire
+                    for alias in node.names:
+                        yield node.lineno, f"flowbus.{alias.name}"
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_package_has_a_layer() -> None:
+    tops = {_top(m) for m, _ in _modules()} - FACADE
+    assert tops <= set(LAYER_OF), f"packages with no layer in LAYERS: {sorted(tops - set(LAYER_OF))}"
+
+
+def _violations() -> list[str]:
+    bad = []
+    for module, path in _modules():
+        mine = _top(module)
+        for line, name in _imports(path, module):
+            where = f"src/flowbus/{path.relative_to(SRC)}:{line}"
+            if _top(name) == "pyspark" and mine != "spark":
+                bad.append(f"{where}: imports {name} outside flowbus.spark")
+            if not name.startswith("flowbus.") or mine in FACADE:
+                continue
+            theirs = _top(name.removeprefix("flowbus."))
+            if theirs == mine or name == "flowbus.__version__":
+                continue
+            if theirs in FACADE:
+                bad.append(f"{where}: imports the facade {name} (import the module that defines it)")
+            elif LAYER_OF[theirs] >= LAYER_OF[mine]:
+                bad.append(f"{where}: {mine} (layer {LAYER_OF[mine]}) imports {name} (layer {LAYER_OF[theirs]})")
+    return bad
+
+
+def test_layers_import_only_downward() -> None:
+    bad = _violations()
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "expected"),
+    [
+        ("from flowbus.broker import server", "routing.cbr", "routing (layer 6) imports flowbus.broker"),
+        ("import pyspark.sql", "flow.local", "imports pyspark.sql outside flowbus.spark"),
+        ("from flowbus import cli", "filters.ast", "filters (layer 2) imports flowbus.cli"),
+    ],
+)
+def test_the_contract_catches_an_upward_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, module: str, expected: str
+) -> None:
+    """The checker itself can fail: a planted upward import is reported."""
+    fake = tmp_path / "flowbus"
+    path = fake / (module.replace(".", "/") + ".py")
+    path.parent.mkdir(parents=True)
+    path.write_text(source + "\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", fake)
+    assert any(expected in v for v in _violations())

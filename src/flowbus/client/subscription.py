@@ -1,0 +1,71 @@
+"""A subscription's events, in order and each once, as an async iterator.
+
+How it works: the client hands every delivery to :meth:`Subscription._offer` with its event id;
+an id seen among the last ``dedup`` is a duplicate (a broker re-sent it after a reconnect): it
+is acknowledged again and dropped. An event is acknowledged to the broker when the application
+takes it from the iterator, so a crash of the application before it took an event leaves the
+event with the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowbus.client.client import Client
+
+__all__ = ["Subscription"]
+
+
+class Subscription:
+    """The events of one subscription, in order, each once."""
+
+    def __init__(self, client: Client, sub_id: str, space: str, filter: str, **options: Any) -> None:
+        self.client = client
+        self.id = sub_id
+        self.space = space
+        self.filter = filter
+        self.options = options
+        self._queue: asyncio.Queue[tuple[int, int, dict[str, Any]] | None] = asyncio.Queue()
+        self._seen: OrderedDict[Any, None] = OrderedDict()
+        self._ended = False
+        self.received = 0
+        self.duplicates = 0
+
+    def _offer(self, epoch: int, dseq: int, eid: Any, event: dict[str, Any]) -> None:
+        key = tuple(eid) if isinstance(eid, list) else eid
+        if key in self._seen:
+            self.duplicates += 1
+            self.client._ack(self.id, epoch, dseq)
+            return
+        self._seen[key] = None
+        if len(self._seen) > self.client.dedup:
+            self._seen.popitem(last=False)
+        self._queue.put_nowait((epoch, dseq, event))
+
+    def _end(self) -> None:
+        self._ended = True
+        self._queue.put_nowait(None)
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        item = await self._queue.get()
+        if item is None:
+            self._queue.put_nowait(None)  # later calls end too
+            raise StopAsyncIteration
+        epoch, dseq, event = item
+        self.received += 1
+        self.client._ack(self.id, epoch, dseq)
+        return event
+
+    async def get(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next event (``asyncio.TimeoutError`` after ``timeout`` seconds)."""
+        return await asyncio.wait_for(self.__anext__(), timeout)
+
+    async def unsubscribe(self) -> None:
+        await self.client._unsubscribe(self)

@@ -46,7 +46,7 @@ def _modules() -> Iterator[tuple[str, Path]]:
 
 
 def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
-    package = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")[:-1]
+    package = module.split(".")[:-1]  # (a package's __init__ is "<package>.__init__")
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -88,7 +88,9 @@ def _violations() -> list[str]:
             if theirs in FACADE:
                 bad.append(f"{where}: imports the facade {name} (import the module that defines it)")
             elif LAYER_OF[theirs] >= LAYER_OF[mine]:
-                bad.append(f"{where}: {mine} (layer {LAYER_OF[mine]}) imports {name} (layer {LAYER_OF[theirs]})")
+                bad.append(
+                    f"{where}: {mine} (layer {LAYER_OF[mine]}) imports {name} (layer {LAYER_OF[theirs]})"
+                )
     return bad
 
 

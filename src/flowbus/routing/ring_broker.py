@@ -498,7 +498,7 @@ class RingBroker:
         ring = self.ring
         fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
-        signature = (ring.foreign, len(ring.taken_over), 0)  # (our own set_state calls: no scan)
+        signature = (ring.backups.foreign, len(ring.taken_over), 0)  # (our own set_state calls: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
         for key, text in list(ring.state.items()) if changed else ():

@@ -10,12 +10,11 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
   clockwise. With five brokers or fewer the window is everyone else, so the pointers
   coincide, or point back to the broker itself, and nothing special-cases small rings.
 * Chords (a choice the document leaves open): the brokers 2^j ring positions clockwise,
-  j = 2, 3, ... while 2^j < n, about log2 n of them. They are built by pointer doubling:
-  chord j = chord j-1 of chord j-1, and chord 1 is Rightright. Each broker asks its
-  chord j-1 for that broker's own chord j-1, and a broker asked for a level it does not
-  have yet answers once it has it. Greedy clockwise routing through these chords (the
-  farthest known broker that does not overshoot the target) takes at most about log2 n
-  hops, and the degree stays 4 + log2 n - 2, bounded by log n as the document assumes.
+  j = 2, 3, ... while 2^j < n, about log2 n of them, built by pointer doubling from
+  Rightright (:class:`~flowbus.overlay.ring_chords.Chords`). Greedy clockwise routing
+  through these chords (the farthest known broker that does not overshoot the target)
+  takes at most about log2 n hops, and the degree stays 4 + log2 n - 2, bounded by log n
+  as the document assumes.
 * Join (section 3.3, Process-join-request): the newcomer pings the candidate brokers it is
   given and sends a ``JoinRequest`` to the one with the lowest round-trip time. That broker
   y takes the newcomer as its left neighbour if there is at least as much id space on its
@@ -29,12 +28,9 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
     the midway point meant is ``id[Left] + gap/2``.
 * Backups (section 3.5): a broker's state (an opaque mapping the layers above own:
   subscriptions, routing entries, undelivered events) is copied to its first ``backup``
-  holders in the order Right, Left, Rightright, Leftleft. It is copied again to the new
-  holders whenever the window changes. While the holders stay the same, only the changes
-  go (``BackupDelta``: the keys set and deleted since the last copy); a holder that missed
-  one asks for the whole state again (``BackupResync``). Whole copies of a large state on
-  every change kept busy brokers from answering heartbeats in time. The copies, sent and
-  held, are :class:`~flowbus.overlay.ring_backups.Backups`'s.
+  holders in the order Right, Left, Rightright, Leftleft, again whenever the window
+  changes; while the holders stay the same, only the changes go
+  (:class:`~flowbus.overlay.ring_backups.Backups`, whose note has the details).
 * Node failure (section 3.4.1, figure 5): A suspects its neighbour B, from a missed
   heartbeat or a failed send. Who is suspected, tested and heard is
   :class:`~flowbus.overlay.ring_detector.FailureDetector`'s (one record per suspect, its
@@ -63,6 +59,7 @@ from typing import Any
 from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
+from flowbus.overlay.ring_chords import Chords
 from flowbus.overlay.ring_detector import FailureDetector
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
@@ -97,37 +94,7 @@ from flowbus.overlay.ring_messages import (
     cw,
 )
 
-__all__ = [
-    "MESSAGES",
-    "SECOND_ID",
-    "SPACE",
-    "Alive",
-    "BackupCopy",
-    "BackupDelta",
-    "BackupResync",
-    "ChordQuery",
-    "ChordReply",
-    "Failed",
-    "Heartbeat",
-    "Insert",
-    "JoinAccept",
-    "JoinRequest",
-    "LinkDown",
-    "Peer",
-    "Ping",
-    "Pong",
-    "Probe",
-    "ProbeAck",
-    "Reconnect",
-    "Redirect",
-    "RingNode",
-    "RingRoute",
-    "SetSide",
-    "ShareState",
-    "TestNeighbour",
-    "TracedQuery",
-    "cw",
-]
+__all__ = ["MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
 
 
 # ---------------------------------------------------------------------------------- node
@@ -172,13 +139,12 @@ class RingNode(Core):
         self.succ: list[Peer] = []  # Right, Rightright (the nearest others clockwise)
         self.pred: list[Peer] = []  # Left, Leftleft (the nearest others counter-clockwise)
         self.open: set[int] = set()  # sides (1: right, -1: left) that lost a broker, not yet refilled
-        self.chords: dict[int, Peer] = {}  # level j >= 2 -> the broker 2^j positions clockwise
+        self.chords = Chords()  # level j >= 2 -> the broker 2^j positions clockwise
         self.redirect: dict[int, Peer] = {}  # dead broker id -> who took over
         self.detour: dict[int, tuple[Peer, ...]] = {}  # broker id -> path when our link to it is down
         self.dead: set[int] = set()
         self._rtt: dict[int, float] = {}
         self._candidates: set[int] = set()
-        self._waiting: dict[int, list[Peer]] = {}  # chord level -> askers to answer once known
         self._was_side: dict[int, int] = {}  # dead neighbour id -> the side it was on
         self._was_side_addr: dict[int, int] = {}  # the same by address
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
@@ -332,11 +298,9 @@ class RingNode(Core):
 
     def refresh_chords(self) -> list[Effect]:
         """(Re)build the chords by pointer doubling from Rightright."""
-        self.chords.clear()
-        rr = self.rightright
-        if rr is None or rr == self.right:
-            return []
-        return [Send(rr.addr, ChordQuery(1, self.me))]
+        if not self.joined:
+            return []  # (no chords yet)
+        return self.chords.refresh(self.me, right=self.right, rightright=self.rightright)
 
     def route(self, target: int, payload: Any) -> list[Effect]:
         """Send ``payload`` over the overlay to the broker with id ``target``."""
@@ -464,33 +428,10 @@ class RingNode(Core):
     # -- chords
 
     def _on_chord_query(self, src: int, msg: ChordQuery, now: float) -> list[Effect]:
-        have = self._chord(msg.level)
-        if have is None and msg.level >= 2 and msg.level not in self.chords:
-            self._waiting.setdefault(msg.level, []).append(msg.asker)
-            return []
-        return [Send(msg.asker.addr, ChordReply(msg.level, have))]
-
-    def _chord(self, level: int) -> Peer | None:
-        return self.rightright if level == 1 else self.chords.get(level)
+        return self.chords.on_query(msg, rightright=self.rightright)
 
     def _on_chord_reply(self, src: int, msg: ChordReply, now: float) -> list[Effect]:
-        level = msg.level + 1
-        prev = self._chord(msg.level)
-        got = msg.chord
-        me = self.me
-        if got is None or prev is None or got.id == me.id or cw(me.id, got.id) <= cw(me.id, prev.id):
-            return self._answer_waiting(level, None)  # 2^level positions go round the ring
-        self.chords[level] = got
-        out = self._answer_waiting(level, got)
-        out.append(Send(got.addr, ChordQuery(level, me)))
-        return out
-
-    def _answer_waiting(self, level: int, chord: Peer | None) -> list[Effect]:
-        askers = self._waiting.pop(level, [])
-        if chord is None:  # nobody will ever have this level from us: end their doubling too
-            for higher in [k for k in self._waiting if k > level]:
-                askers += self._waiting.pop(higher)
-        return [Send(a.addr, ChordReply(level, chord)) for a in askers]
+        return self.chords.on_reply(msg, me=self.me, rightright=self.rightright)
 
     # -- routing
 
@@ -787,7 +728,7 @@ class RingNode(Core):
                 self.open.add(side)
         if not self.succ and not self.pred:
             self.open.clear()
-        self.chords = {k: p for k, p in self.chords.items() if p.id != dead.id}
+        self.chords.drop(dead.id)
         self.detour.pop(dead.id, None)
 
     def _on_redirect(self, src: int, msg: Redirect, now: float) -> list[Effect]:

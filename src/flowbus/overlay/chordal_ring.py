@@ -360,7 +360,7 @@ class RingNode(Core):
         for p in (*self.window, *self.chords.values(), *self.detector.testers()):
             if p.addr == addr:
                 return p.id
-        return next(iter(self.detector.probed), -1)
+        return next(iter(self.detector.probed), -1)  # (else the first broker we probe)
 
     def _known(self, peer_id: int) -> Peer | None:
         """The broker of id ``peer_id`` in our window or among our suspects' testers."""
@@ -598,8 +598,8 @@ class RingNode(Core):
         back to the gap (``Reconnect``).
 
         Unless C was heard from lately (``now`` given: the test's timer ran out, the send
-        did not fail): then C is alive but slow, busy, and is asked again, up to
-        ``RETESTS`` times. Burying a live C along with B split a ring of three in two."""
+        did not fail): then C is alive but slow, busy, and is asked again, up to the
+        detector's ``retests`` times. Burying a live C along with B split a ring of three in two."""
         b = next((p for p in self.window if p.id == suspect), None)
         if b is not None and now is not None:
             again = self.detector.retest(self.me, b, now, window=self._far_side(self._side_of(b)))
@@ -777,8 +777,7 @@ def _window_of(who: Peer, everyone: Iterable[Peer]) -> list[Peer]:
 
 _Handler = Callable[[RingNode, int, Any, float], list[Effect]]
 
-# (one table reads every message; its keys are the ring's messages, MESSAGES)
-
+# (the one place a ring node reads its messages)
 _HANDLERS: dict[type, _Handler] = {
     Ping: RingNode._on_ping,
     Pong: RingNode._on_pong,

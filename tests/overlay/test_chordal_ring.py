@@ -174,17 +174,17 @@ def test_backups_go_as_changes_and_a_holder_that_missed_one_gets_the_whole_state
     r.call(owner.addr, lambda c: c.del_state(("sub", owner.addr)))
     r.settle(20.0)
     assert sent().get("BackupDelta", 0) > deltas and sent().get("BackupCopy", 0) == copies
-    holders = [nd for nd in r.live if owner.me.id in nd.held]
+    holders = [nd for nd in r.live if owner.me.id in nd.backups.held]
     assert len(holders) == 2
     for nd in holders:
-        assert nd.held[owner.me.id].state == owner.state
+        assert nd.backups.held[owner.me.id].state == owner.state
     lagging = holders[0]
-    lagging.held[owner.me.id].version -= 1  # as if it had missed a delta
+    lagging.backups.held[owner.me.id].version -= 1  # as if it had missed a delta
     r.call(owner.addr, lambda c: c.set_state(("sub", "y"), "filter y"))
     r.settle(20.0)
     assert sent().get("BackupResync", 0) == 1
     for nd in holders:
-        assert nd.held[owner.me.id].state == owner.state and ("sub", "y") in owner.state
+        assert nd.backups.held[owner.me.id].state == owner.state and ("sub", "y") in owner.state
 
 
 def test_a_slow_tester_is_asked_again_not_buried_with_the_suspect() -> None:

@@ -87,6 +87,16 @@ def test_errors() -> None:
     assert b.tree_neighbours() == set()
 
 
+def test_messages_are_read_in_one_place_and_an_unknown_one_is_a_protocol_error() -> None:
+    from flowbus.overlay.ring_messages import Ping, Pong
+
+    b = RingBroker(0)
+    b.start()
+    assert b.on_message(1, Ping(1, 0.5), 1.0)[0].msg == Pong(0, 0.5)  # the ring's: to the ring node
+    with pytest.raises(ProtocolError, match=r"RingBroker 0: unknown message 'hello' from 1"):
+        b.on_message(1, "hello", 1.0)
+
+
 def test_events_that_came_together_are_routed_as_they_would_be_one_by_one() -> None:
     """``on_messages`` (what the asyncio runtime calls with the frames of one read) routes a
     run of events from a tree neighbour in one matcher pass, with the same effects as

@@ -10,12 +10,11 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
   clockwise. With five brokers or fewer the window is everyone else, so the pointers
   coincide, or point back to the broker itself, and nothing special-cases small rings.
 * Chords (a choice the document leaves open): the brokers 2^j ring positions clockwise,
-  j = 2, 3, ... while 2^j < n, about log2 n of them. They are built by pointer doubling:
-  chord j = chord j-1 of chord j-1, and chord 1 is Rightright. Each broker asks its
-  chord j-1 for that broker's own chord j-1, and a broker asked for a level it does not
-  have yet answers once it has it. Greedy clockwise routing through these chords (the
-  farthest known broker that does not overshoot the target) takes at most about log2 n
-  hops, and the degree stays 4 + log2 n - 2, bounded by log n as the document assumes.
+  j = 2, 3, ... while 2^j < n, about log2 n of them, built by pointer doubling from
+  Rightright (:class:`~flowbus.overlay.ring_chords.Chords`). Greedy clockwise routing
+  through these chords (the farthest known broker that does not overshoot the target)
+  takes at most about log2 n hops, and the degree stays 4 + log2 n - 2, bounded by log n
+  as the document assumes.
 * Join (section 3.3, Process-join-request): the newcomer pings the candidate brokers it is
   given and sends a ``JoinRequest`` to the one with the lowest round-trip time. That broker
   y takes the newcomer as its left neighbour if there is at least as much id space on its
@@ -29,13 +28,13 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
     the midway point meant is ``id[Left] + gap/2``.
 * Backups (section 3.5): a broker's state (an opaque mapping the layers above own:
   subscriptions, routing entries, undelivered events) is copied to its first ``backup``
-  holders in the order Right, Left, Rightright, Leftleft. It is copied again to the new
-  holders whenever the window changes. While the holders stay the same, only the changes
-  go (``BackupDelta``: the keys set and deleted since the last copy); a holder that missed
-  one asks for the whole state again (``BackupResync``). Whole copies of a large state on
-  every change kept busy brokers from answering heartbeats in time.
+  holders in the order Right, Left, Rightright, Leftleft, again whenever the window
+  changes; while the holders stay the same, only the changes go
+  (:class:`~flowbus.overlay.ring_backups.Backups`, whose note has the details).
 * Node failure (section 3.4.1, figure 5): A suspects its neighbour B, from a missed
-  heartbeat or a failed send.
+  heartbeat or a failed send. Who is suspected, tested and heard is
+  :class:`~flowbus.overlay.ring_detector.FailureDetector`'s (one record per suspect, its
+  note has the state diagram); what is done about a verdict is this module's.
   - A asks C, B's other ring neighbour, to test B (``TestNeighbour``). C probes B.
   - If B does not answer, C tells A ``Failed``. A and C then run *divide-neighbour(B)*:
     they close the ring over B, tell the brokers whose windows held B, and ``Redirect``
@@ -54,13 +53,14 @@ choice is deterministic.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
+from flowbus.overlay.ring_backups import Backups
+from flowbus.overlay.ring_chords import Chords
+from flowbus.overlay.ring_detector import FailureDetector
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,
@@ -94,63 +94,22 @@ from flowbus.overlay.ring_messages import (
     cw,
 )
 
-__all__ = [
-    "SECOND_ID",
-    "SPACE",
-    "Alive",
-    "BackupCopy",
-    "BackupDelta",
-    "BackupResync",
-    "ChordQuery",
-    "ChordReply",
-    "Failed",
-    "Heartbeat",
-    "Insert",
-    "JoinAccept",
-    "JoinRequest",
-    "LinkDown",
-    "Peer",
-    "Ping",
-    "Pong",
-    "Probe",
-    "ProbeAck",
-    "Reconnect",
-    "Redirect",
-    "RingNode",
-    "RingRoute",
-    "SetSide",
-    "ShareState",
-    "TestNeighbour",
-    "TracedQuery",
-    "cw",
-]
-
-
-_GONE: Any = object()  # (a key deleted since the last backup copy)
-
-RETESTS = 3
-"""How many times a suspect's test is asked again of a tester that is slow but alive."""
-
-
-@dataclass(slots=True)
-class _Held:
-    version: int
-    state: Mapping[Hashable, Any]
-    links: tuple[Peer, ...]
-    holders: tuple[Peer, ...]
-    rank: int  # our place among the holders: the first live one takes over
+__all__ = ["MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
 
 
 # ---------------------------------------------------------------------------------- node
 
 
-class RingNode:
-    """One broker of the chordal reliability ring (see the module note).
+class RingNode(Core):
+    """One broker of the chordal reliability ring (see the module note): membership, the
+    window, chords, routing and repair; its backups in :attr:`backups`, its failure
+    detector in :attr:`detector`.
 
     ``backup`` (1..4) is how many ring neighbours hold a copy of this broker's state;
     ``heartbeat`` the period of the ring-neighbour heartbeats (None: failures are only
     found through failed sends, the driver's failure notices); ``probe_timeout`` how long
-    a tester waits for a probed broker.
+    a tester waits for a probed broker; ``load_limit`` the state entries above which a
+    broker that took a dead one's state over passes the excess on.
     """
 
     def __init__(
@@ -174,35 +133,20 @@ class RingNode:
         self.backup = backup
         self.load_limit = load_limit
         self.heartbeat = heartbeat
-        self.probe_timeout = probe_timeout
         self.ping_timeout = ping_timeout
+        self.detector = FailureDetector(probe_timeout=probe_timeout)
+        self.backups = Backups()
         self.succ: list[Peer] = []  # Right, Rightright (the nearest others clockwise)
         self.pred: list[Peer] = []  # Left, Leftleft (the nearest others counter-clockwise)
         self.open: set[int] = set()  # sides (1: right, -1: left) that lost a broker, not yet refilled
-        self.chords: dict[int, Peer] = {}  # level j >= 2 -> the broker 2^j positions clockwise
-        self.state: dict[Hashable, Any] = {}
-        self.held: dict[int, _Held] = {}  # backups we hold, by owner id
+        self.chords = Chords()  # level j >= 2 -> the broker 2^j positions clockwise
         self.redirect: dict[int, Peer] = {}  # dead broker id -> who took over
         self.detour: dict[int, tuple[Peer, ...]] = {}  # broker id -> path when our link to it is down
         self.dead: set[int] = set()
-        self.version = 0
-        self._backup_due = False  # a copy of the state to the holders is on its way
-        self._changed: dict[Hashable, Any] = {}  # key -> value (or _GONE) since the last copy
-        self._whole_due = True  # the next copy is of the whole state (not the changes)
-        self.foreign = 0  # changes of the state not made by set_state / del_state (takeovers, shares)
-        self._holders: tuple[Peer, ...] = ()
         self._rtt: dict[int, float] = {}
         self._candidates: set[int] = set()
-        self._waiting: dict[int, list[Peer]] = {}  # chord level -> askers to answer once known
-        self._testing: dict[int, Peer] = {}  # suspect id -> asker (we probe for them)
-        self._asker_side: dict[int, tuple[Peer, ...]] = {}  # suspect id -> the asker's far side
         self._was_side: dict[int, int] = {}  # dead neighbour id -> the side it was on
         self._was_side_addr: dict[int, int] = {}  # the same by address
-        self._suspects: dict[int, Peer] = {}  # suspect id -> the broker we asked to test it
-        self._heard: dict[int, float] = {}
-        self._heard_addr: dict[int, float] = {}  # address -> when anything last came from it
-        self._retests: dict[int, int] = {}  # suspect id -> tests asked again (a slow tester)
-        self._probed_at: dict[int, float] = {}  # suspect id -> when we probed it for an asker
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
         self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
 
@@ -217,12 +161,22 @@ class RingNode:
     @property
     def suspects(self) -> list[int]:
         """The ids of the brokers suspected and being tested."""
-        return sorted(self._suspects)
+        return self.detector.suspects
 
     @property
     def watched(self) -> int:
         """How many brokers are suspected and being tested (cheap: for a driver's log)."""
-        return len(self._suspects)
+        return self.detector.watched
+
+    @property
+    def state(self) -> Mapping[Hashable, Any]:
+        """This broker's backed-up state (change it with :meth:`set_state`, :meth:`del_state`)."""
+        return self.backups.state
+
+    @property
+    def version(self) -> int:
+        """The version of the last copy of the state (it changes with every copy)."""
+        return self.backups.version
 
     @property
     def joined(self) -> bool:
@@ -328,20 +282,12 @@ class RingNode:
         """Set a key of the backed-up state. The copy to the holders goes out on a timer of
         delay 0, so the changes of one step of the driver (a burst of subscriptions, say)
         cost one copy, not one each."""
-        self.state[key] = value
-        self._changed[key] = value
-        return self._backup_soon()
+        self.backups.set(key, value)
+        return self.backups.soon() if self.joined else []
 
     def del_state(self, key: Hashable) -> list[Effect]:
-        self.state.pop(key, None)
-        self._changed[key] = _GONE
-        return self._backup_soon()
-
-    def _backup_soon(self) -> list[Effect]:
-        if self._backup_due or not self.joined:
-            return []
-        self._backup_due = True
-        return [SetTimer(0.0, ("ring", "backup"))]
+        self.backups.delete(key)
+        return self.backups.soon() if self.joined else []
 
     def start_heartbeats(self, period: float) -> list[Effect]:
         """Turn on the ring-neighbour heartbeats (a ring built without them, then watched)."""
@@ -352,11 +298,9 @@ class RingNode:
 
     def refresh_chords(self) -> list[Effect]:
         """(Re)build the chords by pointer doubling from Rightright."""
-        self.chords.clear()
-        rr = self.rightright
-        if rr is None or rr == self.right:
-            return []
-        return [Send(rr.addr, ChordQuery(1, self.me))]
+        if not self.joined:
+            return []  # (no chords yet)
+        return self.chords.refresh(self.me, right=self.right, rightright=self.rightright)
 
     def route(self, target: int, payload: Any) -> list[Effect]:
         """Send ``payload`` over the overlay to the broker with id ``target``."""
@@ -366,10 +310,10 @@ class RingNode:
 
     def heard_from(self, addr: int, now: float) -> None:
         """Something came from ``addr`` (a driver calls this for its other layers' messages)."""
-        self._heard_addr[addr] = now
+        self.detector.heard(addr, now)
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        self._heard_addr[src] = now
+        self.detector.heard(src, now)
         handler = _HANDLERS.get(type(msg))
         if handler is None:
             raise ProtocolError(f"RingNode {self.addr}: unknown message {msg!r} from {src}")
@@ -382,7 +326,7 @@ class RingNode:
             case ("ring", "heartbeat"):
                 return self._heartbeat_round(now)
             case ("ring", "backup"):
-                self._backup_due = False
+                self.backups.timer_went_off()
                 return self._send_backups(force=True)
             case ("ring", "probe", int(suspect)):
                 return self._probe_expired(suspect, now)
@@ -394,7 +338,9 @@ class RingNode:
         """A send could not reach ``dst``: suspect it if it is a neighbour, re-route a route."""
         peer = next((p for p in self.links() if p.addr == dst), None) if self.joined else None
         out: list[Effect] = []
-        if isinstance(msg, Probe) and msg.asker.id in self._testing:
+        # (``msg.asker`` is this broker: a failed probe ends its test here only if it
+        # probed for a test of itself; else the probe's timer ends it)
+        if isinstance(msg, Probe) and self.detector.probing(msg.asker.id) is not None:
             return self._probe_expired(self._peer_id(dst))
         if isinstance(msg, TestNeighbour):
             return self._test_expired(msg.suspect.id)
@@ -411,12 +357,14 @@ class RingNode:
         return out
 
     def _peer_id(self, addr: int) -> int:
-        for p in (*self.window, *self.chords.values(), *self._suspects.values()):
+        for p in (*self.window, *self.chords.values(), *self.detector.testers()):
             if p.addr == addr:
                 return p.id
-        for sid in self._testing:
-            return sid
-        return -1
+        return next(iter(self.detector.probed), -1)  # (else the first broker we probe)
+
+    def _known(self, peer_id: int) -> Peer | None:
+        """The broker of id ``peer_id`` in our window or among our suspects' testers."""
+        return next((p for p in (*self.window, *self.detector.testers()) if p.id == peer_id), None)
 
     # -- join
 
@@ -480,33 +428,10 @@ class RingNode:
     # -- chords
 
     def _on_chord_query(self, src: int, msg: ChordQuery, now: float) -> list[Effect]:
-        have = self._chord(msg.level)
-        if have is None and msg.level >= 2 and msg.level not in self.chords:
-            self._waiting.setdefault(msg.level, []).append(msg.asker)
-            return []
-        return [Send(msg.asker.addr, ChordReply(msg.level, have))]
-
-    def _chord(self, level: int) -> Peer | None:
-        return self.rightright if level == 1 else self.chords.get(level)
+        return self.chords.on_query(msg, rightright=self.rightright)
 
     def _on_chord_reply(self, src: int, msg: ChordReply, now: float) -> list[Effect]:
-        level = msg.level + 1
-        prev = self._chord(msg.level)
-        got = msg.chord
-        me = self.me
-        if got is None or prev is None or got.id == me.id or cw(me.id, got.id) <= cw(me.id, prev.id):
-            return self._answer_waiting(level, None)  # 2^level positions go round the ring
-        self.chords[level] = got
-        out = self._answer_waiting(level, got)
-        out.append(Send(got.addr, ChordQuery(level, me)))
-        return out
-
-    def _answer_waiting(self, level: int, chord: Peer | None) -> list[Effect]:
-        askers = self._waiting.pop(level, [])
-        if chord is None:  # nobody will ever have this level from us: end their doubling too
-            for higher in [k for k in self._waiting if k > level]:
-                askers += self._waiting.pop(higher)
-        return [Send(a.addr, ChordReply(level, chord)) for a in askers]
+        return self.chords.on_reply(msg, me=self.me, rightright=self.rightright)
 
     # -- routing
 
@@ -548,66 +473,30 @@ class RingNode:
             return max(ahead, key=lambda p: cw(me.id, p.id))
         return min(usable, key=lambda p: cw(p.id, target), default=None)
 
-    # -- backups
+    # -- backups (section 3.5)
 
     def _send_backups(self, *, force: bool) -> list[Effect]:
+        """A copy of the state to its holders: if they changed, or ``force``d."""
         if not self.joined:
             return []
         holders = self.holders()
-        if not force and holders == self._holders:
+        if not force and holders == self.backups.holders:
             return []
-        self.version += 1
-        links = tuple(self.links())
-        copy: BackupCopy | BackupDelta
-        if holders == self._holders and not self._whole_due:
-            changed = self._changed
-            entries = {k: v for k, v in changed.items() if v is not _GONE}
-            deleted = tuple(k for k, v in changed.items() if v is _GONE)
-            copy = BackupDelta(self.me, self.version, self.version - 1, entries, deleted, links, holders)
-        else:
-            copy = BackupCopy(self.me, self.version, dict(self.state), links, holders)
-        self._changed = {}
-        self._whole_due = False
-        out: list[Effect] = [Send(h.addr, copy) for h in holders]
-        gone = [h for h in self._holders if h not in holders]
-        out += [Send(h.addr, BackupCopy(self.me, self.version, None, ())) for h in gone]
-        self._holders = holders
-        return out
+        return self.backups.send(self.me, holders, tuple(self.links()))
 
     def _on_backup(self, src: int, msg: BackupCopy, now: float) -> list[Effect]:
-        held = self.held.get(msg.owner.id)
-        if held is not None and held.version > msg.version:
-            return []
-        if msg.state is None:
-            self.held.pop(msg.owner.id, None)
-        else:
-            rank = next((i for i, h in enumerate(msg.holders) if h.addr == self.addr), 0)
-            state = dict(msg.state)  # (ours: deltas change it in place)
-            self.held[msg.owner.id] = _Held(msg.version, state, msg.links, msg.holders, rank)
+        self.backups.on_copy(msg, addr=self.addr)
         return []
 
     def _on_backup_delta(self, src: int, msg: BackupDelta, now: float) -> list[Effect]:
-        held = self.held.get(msg.owner.id)
-        if held is None or held.version != msg.base:
-            if held is None or held.version < msg.version:  # a delta missed (or a copy
-                return [Send(src, BackupResync(self.me))]  # not come yet): ask for all
-            return []  # an old delta, overtaken
-        state = held.state
-        assert isinstance(state, dict)
-        state.update(msg.entries)
-        for key in msg.deleted:
-            state.pop(key, None)
-        rank = next((i for i, h in enumerate(msg.holders) if h.addr == self.addr), 0)
-        self.held[msg.owner.id] = _Held(msg.version, state, msg.links, msg.holders, rank)
-        return []
+        return self.backups.on_delta(src, msg, me=self.me)
 
     def _on_backup_resync(self, src: int, msg: BackupResync, now: float) -> list[Effect]:
-        if not self.joined or msg.holder not in self._holders:
+        if not self.joined:
             return []
-        copy = BackupCopy(self.me, self.version, dict(self.state), tuple(self.links()), self._holders)
-        return [Send(msg.holder.addr, copy)]
+        return self.backups.resend(self.me, msg.holder, tuple(self.links()))
 
-    # -- failure detection (section 3.4)
+    # -- failure detection (section 3.4.1): the detector decides, the ring is repaired here
 
     def _heartbeat_round(self, now: float) -> list[Effect]:
         assert self.heartbeat is not None
@@ -615,8 +504,8 @@ class RingNode:
         for p in {self.left, self.right} - {None}:
             assert p is not None
             # (anything from it shows it alive: a busy broker's heartbeats may come late)
-            last = max(self._heard.setdefault(p.id, now), self._heard_addr.get(p.addr, -math.inf))
-            if now - last > 2 * self.heartbeat and p.id not in self._suspects and not self.detour.get(p.id):
+            silent = self.detector.silent(p, now, limit=2 * self.heartbeat)
+            if silent and not self.detector.suspected(p.id) and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
             out.append(Send(p.addr, Heartbeat(self.me)))
@@ -627,7 +516,7 @@ class RingNode:
         """A neighbour is heard over our direct link: if we thought the link down (a broker
         too busy to answer a probe in time looks like that), it is up. Were the detour kept,
         the neighbour would never be suspected again, and its death never noticed."""
-        self._heard[msg.peer.id] = now
+        self.detector.beat(msg.peer.id, now)
         if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
             del self.detour[msg.peer.id]
         return []
@@ -640,84 +529,67 @@ class RingNode:
             return -1
         return self._was_side.get(b.id, 0)
 
+    def _far_side(self, side: int) -> tuple[Peer, ...]:
+        """Our neighbours away from ``side`` (1: Left, Leftleft; else Right, Rightright)."""
+        return tuple(self.pred if side > 0 else self.succ)
+
     def _suspect(self, b: Peer) -> list[Effect]:
         """A thinks B failed: ask C, B's other ring neighbour, to test it (figure 5)."""
-        if b.id in self._suspects or b.id in self.dead or self.detour.get(b.id):
+        if self.detector.suspected(b.id) or b.id in self.dead or self.detour.get(b.id):
             return []
         me = self.me
         side = self._side_of(b)
         if side == 0:  # a chord: confirm the link through a traced query (section 3.4.2 b)
             self.detour[b.id] = ()
-            self._suspects[b.id] = b
+            self.detector.trace(b)
             return self._traced_query(b)
         c = self._at(side, 2)
         if c is None or c in (b, me):  # no third broker: test it ourselves
-            self._suspects[b.id] = b
-            self._testing[b.id] = me
-            return [Send(b.addr, Probe(me)), SetTimer(self.probe_timeout, ("ring", "probe", b.id))]
-        self._suspects[b.id] = c
-        test = TestNeighbour(b, me, tuple(self.pred if side > 0 else self.succ))
-        return [Send(c.addr, test), SetTimer(2 * self.probe_timeout, ("ring", "test", b.id))]
+            return self.detector.probe(me, b)
+        return self.detector.ask(me, b, c, self._far_side(side))
 
     def _on_test(self, src: int, msg: TestNeighbour, now: float) -> list[Effect]:
-        self._testing[msg.suspect.id] = msg.asker
-        self._asker_side[msg.suspect.id] = msg.window
-        self._probed_at[msg.suspect.id] = now
-        key = ("ring", "probe", msg.suspect.id)
-        return [Send(msg.suspect.addr, Probe(self.me)), SetTimer(self.probe_timeout, key)]
+        return self.detector.test(self.me, msg, now)
 
     def _on_probe(self, src: int, msg: Probe, now: float) -> list[Effect]:
         return [Send(msg.asker.addr, ProbeAck(self.me))]
 
     def _on_probe_ack(self, src: int, msg: ProbeAck, now: float) -> list[Effect]:
-        asker = self._testing.pop(msg.peer.id, None)
-        self._asker_side.pop(msg.peer.id, None)
-        out: list[Effect] = [CancelTimer(("ring", "probe", msg.peer.id))]
-        if asker is None:
-            return out
-        if asker == self.me:  # our own test: the broker is up, our link to it is not
-            self._suspects.pop(msg.peer.id, None)
-            return out
-        return [*out, Send(asker.addr, Alive(msg.peer, self.me))]
+        return self.detector.answered(self.me, msg.peer)
 
     def _on_alive(self, src: int, msg: Alive, now: float) -> list[Effect]:
         """B is up: the link A-B failed. B's traffic now goes through C."""
-        self._suspects.pop(msg.suspect.id, None)
-        self._retests.pop(msg.suspect.id, None)
+        out = self.detector.alive(msg.suspect.id, now)
         self.detour[msg.suspect.id] = (msg.via,)
-        self._heard[msg.suspect.id] = now
-        return [CancelTimer(("ring", "test", msg.suspect.id))]
+        return out
 
     def _probe_expired(self, suspect: int, now: float | None = None) -> list[Effect]:
         """C's probe of B went unanswered: B is dead. C closes the ring with A.
 
         Unless (``now`` given: the timer ran out, the send did not fail) something came
         from B since the probe went: B is alive but slow to answer, as if it had."""
-        probed = self._probed_at.pop(suspect, None)
-        if now is not None and probed is not None:
-            peer = next((p for p in (*self.window, *self._suspects.values()) if p.id == suspect), None)
-            if peer is not None and self._heard_addr.get(peer.addr, -math.inf) >= probed:
-                return self._on_probe_ack(peer.addr, ProbeAck(peer), now)
-        asker = self._testing.pop(suspect, None)
-        asker_side = self._asker_side.pop(suspect, ())
-        if asker is None:
+        peer = self._known(suspect)
+        if now is not None and self.detector.answered_late(suspect, peer):
+            assert peer is not None
+            return self.detector.answered(self.me, peer)
+        probing = self.detector.unanswered(suspect)
+        if probing is None:
             return []
-        dead = next((p for p in (*self.window, *self._suspects.values()) if p.id == suspect), None)
-        dead = dead or Peer(suspect, -1)
+        dead = peer or Peer(suspect, -1)
         me = self.me
-        if asker == me:  # we tested it ourselves (a ring of two)
+        if probing.asker == me:  # we tested it ourselves (a ring of two)
             return self._bury((dead,))
         side = self._side_of(dead)  # where B was, seen from C
         out = self._bury((dead,))
         if side:
-            out += self._set_side(side, (asker, *asker_side), gone=(dead,))
-        out.append(Send(asker.addr, Failed(dead, (me, *self._side(-side)))))
+            out += self._set_side(side, (probing.asker, *probing.window), gone=(dead,))
+        out.append(Send(probing.asker.addr, Failed(dead, (me, *self._side(-side)))))
         return out
 
     def _on_failed(self, src: int, msg: Failed, now: float) -> list[Effect]:
         """C confirms B's failure: A closes the ring with C (divide-neighbour(B))."""
         side = self._side_of(msg.suspect)
-        out: list[Effect] = [CancelTimer(("ring", "test", msg.suspect.id))]
+        out = self.detector.failed(msg.suspect.id)
         out += self._bury((msg.suspect,))
         return out + (self._set_side(side, msg.window, gone=(msg.suspect,)) if side else [])
 
@@ -726,22 +598,17 @@ class RingNode:
         back to the gap (``Reconnect``).
 
         Unless C was heard from lately (``now`` given: the test's timer ran out, the send
-        did not fail): then C is alive but slow, busy, and is asked again, up to
-        ``RETESTS`` times. Burying a live C along with B split a ring of three in two."""
-        tester = self._suspects.get(suspect)
+        did not fail): then C is alive but slow, busy, and is asked again, up to the
+        detector's ``retests`` times. Burying a live C along with B split a ring of three in two."""
         b = next((p for p in self.window if p.id == suspect), None)
-        if b is not None and tester is not None and tester != b and now is not None:
-            heard = self._heard_addr.get(tester.addr)
-            asked = self._retests.get(suspect, 0)
-            if heard is not None and now - heard <= 2 * self.probe_timeout and asked < RETESTS:
-                self._retests[suspect] = asked + 1
-                side = self._side_of(b)
-                test = TestNeighbour(b, self.me, tuple(self.pred if side > 0 else self.succ))
-                return [Send(tester.addr, test), SetTimer(2 * self.probe_timeout, ("ring", "test", suspect))]
-        self._suspects.pop(suspect, None)
-        self._retests.pop(suspect, None)
-        if b is None or tester is None:
+        if b is not None and now is not None:
+            again = self.detector.retest(self.me, b, now, window=self._far_side(self._side_of(b)))
+            if again:
+                return again
+        ended = self.detector.end(suspect)
+        if b is None or ended is None:
             return []
+        tester = ended.tester
         side = self._side_of(b)
         gone = (b,) if tester == b else (b, tester)
         beyond = self._first_beyond(gone, side)
@@ -815,12 +682,9 @@ class RingNode:
         for dead in fresh:  # all of them first: a dead holder must not block a takeover
             self._forget(dead)
         for dead in fresh:
-            held = self.held.pop(dead.id, None)
-            if held is None or any(h.id not in self.dead for h in held.holders[: held.rank]):
-                continue  # an earlier holder is alive (as far as we know): it takes over
-            self.state.update(held.state)
-            self._whole_due = True
-            self.foreign += 1
+            held = self.backups.take_over(dead.id, dead=self.dead)
+            if held is None:
+                continue
             self.redirect[dead.id] = me
             self.taken_over.append(dead.id)
             notify = {p.id: p for p in held.links if p.id not in self.dead and p.id != me.id}
@@ -839,20 +703,16 @@ class RingNode:
         nxt = self._at(-away_from, 1)
         if nxt is None:
             return []
-        theirs = self.held.get(nxt.id)
-        room = self.load_limit - (len(theirs.state) if theirs is not None else self.load_limit)
+        theirs = self.backups.load_of(nxt.id)
+        room = self.load_limit - (theirs if theirs is not None else self.load_limit)
         excess = min(len(self.state) - self.load_limit, room)
         if excess <= 0:
             return []
-        moved = {k: self.state.pop(k) for k in sorted(taken, key=repr)[:excess] if k in self.state}
-        self._whole_due = True
-        self.foreign += 1
+        moved = self.backups.hand_over(sorted(taken, key=repr)[:excess])
         return [Send(nxt.addr, ShareState(self.me, moved))]
 
     def _on_share(self, src: int, msg: ShareState, now: float) -> list[Effect]:
-        self.state.update(msg.entries)
-        self._whole_due = True
-        self.foreign += 1
+        self.backups.absorb(msg.entries)
         return self._send_backups(force=True)
 
     def _forget(self, dead: Peer) -> None:
@@ -861,15 +721,14 @@ class RingNode:
             self._was_side[dead.id] = side
             self._was_side_addr[dead.addr] = side
         self.dead.add(dead.id)
-        self._retests.pop(dead.id, None)
+        self.detector.end(dead.id)
         for side, lst in ((1, self.succ), (-1, self.pred)):
             if any(p.id == dead.id for p in lst):
                 lst[:] = [p for p in lst if p.id != dead.id]
                 self.open.add(side)
         if not self.succ and not self.pred:
             self.open.clear()
-        self.chords = {k: p for k, p in self.chords.items() if p.id != dead.id}
-        self._suspects.pop(dead.id, None)
+        self.chords.drop(dead.id)
         self.detour.pop(dead.id, None)
 
     def _on_redirect(self, src: int, msg: Redirect, now: float) -> list[Effect]:
@@ -903,7 +762,7 @@ class RingNode:
         i = msg.trace.index(me)
         if i == 0:  # we are the origin: keep the path as our route to the target
             self.detour[msg.target.id] = msg.trace[1:]
-            self._suspects.pop(msg.target.id, None)
+            self.detector.end(msg.target.id)
             return []
         return [Send(msg.trace[i - 1].addr, msg)]
 
@@ -918,6 +777,7 @@ def _window_of(who: Peer, everyone: Iterable[Peer]) -> list[Peer]:
 
 _Handler = Callable[[RingNode, int, Any, float], list[Effect]]
 
+# (the one place a ring node reads its messages)
 _HANDLERS: dict[type, _Handler] = {
     Ping: RingNode._on_ping,
     Pong: RingNode._on_pong,
@@ -943,3 +803,6 @@ _HANDLERS: dict[type, _Handler] = {
     TracedQuery: RingNode._on_traced,
     LinkDown: RingNode._on_link_down,
 }
+
+MESSAGES: frozenset[type] = frozenset(_HANDLERS)
+"""The message types a :class:`RingNode` reads (a core it runs inside passes these on)."""

@@ -60,9 +60,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
+from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing import cbr
 from flowbus.routing.memo import compiled
@@ -100,9 +101,6 @@ class Synced:
     for it: until this arrives, the receiver sends the sender every event (see the note)."""
 
 
-_CBR = (cbr.Subscribe, cbr.Unsubscribe, cbr.Advertise, cbr.Unadvertise, cbr.Publish, Synced)
-
-
 @wire.message("ringbroker.confirm")
 @dataclass(frozen=True, slots=True)
 class Confirm:
@@ -127,8 +125,10 @@ _Key = tuple[int | None, Any]
 """A custody record's key: (the broker the event came from or None, the event id)."""
 
 
-class RingBroker:
-    """One broker: a ring node and a content router over the ring's tree."""
+class RingBroker(Core):
+    """One broker: a ring node and a content router over the ring's tree. It reads its
+    messages in one ``match``: custody, handed-over events and the router's messages here,
+    the ring's to the ring node."""
 
     def __init__(
         self,
@@ -315,20 +315,35 @@ class RingBroker:
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
-        if isinstance(msg, Confirm):
-            for eid in msg.ids:
-                self._release(src, eid)
-            return self._out([])
-        if isinstance(msg, HandedOver):
-            self._open(src, msg.event)
-            return self._out(self._on_handed_over(msg))
-        if isinstance(msg, _CBR):
-            router = self.router
-            if src in router.neighbours or (src in router.former and src not in self.tree_neighbours()):
-                return self._out(self._routing_message(src, msg, now))
-            self._early.setdefault(src, []).append(msg)  # the link is new to its other end only
-            return []
-        return self._out(self._sync(self.ring.on_message(src, msg, now)))
+        match msg:
+            case Confirm(ids=ids):
+                for eid in ids:
+                    self._release(src, eid)
+                return self._out([])
+            case HandedOver():
+                self._open(src, msg.event)
+                return self._out(self._on_handed_over(msg))
+            case (
+                cbr.Publish()
+                | cbr.Subscribe()
+                | cbr.Unsubscribe()
+                | cbr.Advertise()
+                | cbr.Unadvertise()
+                | Synced()
+            ):
+                return self._from_router(src, msg, now)
+            case _ if type(msg) in RING_MESSAGES:
+                return self._out(self._sync(self.ring.on_message(src, msg, now)))
+        raise ProtocolError(f"RingBroker {self.addr}: unknown message {msg!r} from {src}")
+
+    def _from_router(self, src: int, msg: Any, now: float) -> list[Effect]:
+        """A content router's message (or ``Synced``): routed if ``src`` is a tree neighbour
+        (or a former one), else kept until the link is new to this end too."""
+        router = self.router
+        if src in router.neighbours or (src in router.former and src not in self.tree_neighbours()):
+            return self._out(self._routing_message(src, msg, now))
+        self._early.setdefault(src, []).append(msg)  # the link is new to its other end only
+        return []
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         return self._out(self._sync(self.ring.on_timer(key, now)))
@@ -498,7 +513,7 @@ class RingBroker:
         ring = self.ring
         fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
-        signature = (ring.foreign, len(ring.taken_over), 0)  # (our own set_state calls: no scan)
+        signature = (ring.backups.foreign, len(ring.taken_over), 0)  # (our own set_state calls: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
         for key, text in list(ring.state.items()) if changed else ():

@@ -1,0 +1,167 @@
+"""The chordal ring's backups: a broker's state, its copies on the holders, and the copies
+it holds of others' (sans-IO, driven by :class:`~flowbus.overlay.chordal_ring.RingNode`).
+
+How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", section 3.5):
+
+* A broker's state is an opaque mapping the layers above own (subscriptions, routing
+  entries, undelivered events). The ring node picks its holders, the first ``backup`` of
+  Right, Left, Rightright, Leftleft; :meth:`Backups.send` copies the state to them.
+* Each copy has a version. While the holders stay the same, only the changes go
+  (``BackupDelta``: the keys set and deleted since the last copy, on the version before);
+  after a new holder, a takeover or a share, the whole state goes (``BackupCopy``). A
+  holder no longer one is told so (a copy of no state). Whole copies of a large state on
+  every change kept busy brokers from answering heartbeats in time.
+* A holder keeps each owner's copy (:class:`Held`) with its place among the holders. A
+  delta on a version it does not have makes it ask for the whole state (``BackupResync``);
+  an older one, overtaken by a copy, is dropped.
+* When an owner dies, the first of its holders still alive takes the copy over
+  (:meth:`Backups.take_over`): the entries join this broker's own state. A broker over
+  its load limit passes part of it on (:meth:`Backups.hand_over`, :meth:`Backups.absorb`).
+  The ring node does the rest of the repair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus.core import Effect, Send, SetTimer
+from flowbus.overlay.ring_messages import BackupCopy, BackupDelta, BackupResync, Peer
+
+__all__ = ["Backups", "Held"]
+
+_GONE: Any = object()  # (a key deleted since the last copy)
+
+
+@dataclass(slots=True)
+class Held:
+    """The copy of an owner's state that this broker holds: ``links`` are the owner's
+    neighbours (told where to go when it dies), ``holders`` all its holders in takeover
+    order, ``rank`` our place among them (the first live one takes over). The state is
+    changed in place by deltas, and the version with it."""
+
+    version: int
+    state: dict[Hashable, Any]
+    links: tuple[Peer, ...]
+    holders: tuple[Peer, ...]
+    rank: int
+
+
+class Backups:
+    """One broker's state and the copies of the backup protocol (see the module note)."""
+
+    def __init__(self) -> None:
+        self.state: dict[Hashable, Any] = {}
+        self.held: dict[int, Held] = {}  # copies we hold, by owner id
+        self.version = 0  # of our last copy
+        self.foreign = 0  # changes of the state not made by set / delete (takeovers, shares)
+        self.holders: tuple[Peer, ...] = ()  # those our last copy went to
+        self._due = False  # a copy to the holders is on its way (its timer is set)
+        self._changed: dict[Hashable, Any] = {}  # key -> value (or _GONE) since the last copy
+        self._whole = True  # the next copy is of the whole state (not the changes)
+
+    # -- our state
+
+    def set(self, key: Hashable, value: Any) -> None:
+        self.state[key] = value
+        self._changed[key] = value
+
+    def delete(self, key: Hashable) -> None:
+        self.state.pop(key, None)
+        self._changed[key] = _GONE
+
+    def soon(self) -> list[Effect]:
+        """A copy is wanted: on a timer of delay 0, so the changes of one step of the
+        driver (a burst of subscriptions, say) cost one copy, not one each."""
+        if self._due:
+            return []
+        self._due = True
+        return [SetTimer(0.0, ("ring", "backup"))]
+
+    def timer_went_off(self) -> None:
+        self._due = False
+
+    def send(self, me: Peer, holders: tuple[Peer, ...], links: tuple[Peer, ...]) -> list[Effect]:
+        """A new copy to ``holders``: the changes if they got the last one, else the whole
+        state; the holders that are no longer hear so."""
+        self.version += 1
+        copy: BackupCopy | BackupDelta
+        if holders == self.holders and not self._whole:
+            changed = self._changed
+            entries = {k: v for k, v in changed.items() if v is not _GONE}
+            deleted = tuple(k for k, v in changed.items() if v is _GONE)
+            copy = BackupDelta(me, self.version, self.version - 1, entries, deleted, links, holders)
+        else:
+            copy = BackupCopy(me, self.version, dict(self.state), links, holders)
+        self._changed = {}
+        self._whole = False
+        out: list[Effect] = [Send(h.addr, copy) for h in holders]
+        gone = [h for h in self.holders if h not in holders]
+        out += [Send(h.addr, BackupCopy(me, self.version, None, ())) for h in gone]
+        self.holders = holders
+        return out
+
+    def resend(self, me: Peer, holder: Peer, links: tuple[Peer, ...]) -> list[Effect]:
+        """``holder`` missed a delta: the whole state again (if it still is a holder)."""
+        if holder not in self.holders:
+            return []
+        return [Send(holder.addr, BackupCopy(me, self.version, dict(self.state), links, self.holders))]
+
+    # -- the copies we hold
+
+    def on_copy(self, msg: BackupCopy, *, addr: int) -> None:
+        """A whole copy of ``msg.owner``'s state (none: we hold it no more); ``addr`` is ours."""
+        held = self.held.get(msg.owner.id)
+        if held is not None and held.version > msg.version:
+            return
+        if msg.state is None:
+            self.held.pop(msg.owner.id, None)
+        else:
+            rank = next((i for i, h in enumerate(msg.holders) if h.addr == addr), 0)
+            state = dict(msg.state)  # (ours: deltas change it in place)
+            self.held[msg.owner.id] = Held(msg.version, state, msg.links, msg.holders, rank)
+
+    def on_delta(self, src: int, msg: BackupDelta, *, me: Peer) -> list[Effect]:
+        """The changes of ``msg.owner``'s state since the copy we have (a resync if we lack it)."""
+        held = self.held.get(msg.owner.id)
+        if held is None or held.version != msg.base:
+            if held is None or held.version < msg.version:  # a delta missed (or a copy
+                return [Send(src, BackupResync(me))]  # not come yet): ask for all
+            return []  # an old delta, overtaken
+        state = held.state
+        state.update(msg.entries)
+        for key in msg.deleted:
+            state.pop(key, None)
+        rank = next((i for i, h in enumerate(msg.holders) if h.addr == me.addr), 0)
+        self.held[msg.owner.id] = Held(msg.version, state, msg.links, msg.holders, rank)
+        return []
+
+    def load_of(self, owner: int) -> int | None:
+        """How many entries ``owner``'s state has, as its copy with us says (None: no copy)."""
+        held = self.held.get(owner)
+        return None if held is None else len(held.state)
+
+    # -- takeover and sharing
+
+    def take_over(self, owner: int, *, dead: Collection[int]) -> Held | None:
+        """``owner`` died: drop its copy, and take it into our state if no holder before us
+        is alive (as far as ``dead`` says). The copy taken over, if it was."""
+        held = self.held.pop(owner, None)
+        if held is None or any(h.id not in dead for h in held.holders[: held.rank]):
+            return None  # an earlier holder is alive (as far as we know): it takes over
+        self.absorb(held.state)
+        return held
+
+    def absorb(self, entries: Mapping[Hashable, Any]) -> None:
+        """Entries of another broker's state become ours (a takeover, a share)."""
+        self.state.update(entries)
+        self._whole = True
+        self.foreign += 1
+
+    def hand_over(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
+        """Take ``keys`` out of our state (those we have), to pass them on."""
+        moved = {k: self.state.pop(k) for k in keys if k in self.state}
+        self._whole = True
+        self.foreign += 1
+        return moved

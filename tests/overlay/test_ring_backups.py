@@ -1,0 +1,106 @@
+"""The chordal ring's backups, driven directly (no simulator, no ring node): whole copies
+and deltas, a holder that missed one, stale copies, takeover by the first live holder,
+sharing."""
+
+from __future__ import annotations
+
+from flowbus.core import Send, SetTimer
+from flowbus.overlay.ring_backups import Backups, Held
+from flowbus.overlay.ring_messages import BackupCopy, BackupDelta, BackupResync, Peer
+
+ME, R, L, RR = Peer(100, 1), Peer(200, 2), Peer(50, 3), Peer(300, 4)
+LINKS = (L, R, RR)
+
+
+def test_one_copy_per_step_on_a_timer() -> None:
+    b = Backups()
+    b.set("a", 1)
+    assert b.soon() == [SetTimer(0.0, ("ring", "backup"))]
+    b.set("b", 2)
+    assert b.soon() == []  # one copy for the step's changes
+    b.timer_went_off()
+    assert b.soon() == [SetTimer(0.0, ("ring", "backup"))]
+
+
+def test_whole_copy_to_new_holders_then_the_changes() -> None:
+    b = Backups()
+    b.set("a", 1)
+    b.set("b", 2)
+    first = b.send(ME, (R, L), LINKS)
+    whole = BackupCopy(ME, 1, {"a": 1, "b": 2}, LINKS, (R, L))
+    assert first == [Send(R.addr, whole), Send(L.addr, whole)]
+    b.set("c", 3)
+    b.delete("a")
+    delta = BackupDelta(ME, 2, 1, {"c": 3}, ("a",), LINKS, (R, L))
+    assert b.send(ME, (R, L), LINKS) == [Send(R.addr, delta), Send(L.addr, delta)]
+    assert b.state == {"b": 2, "c": 3} and b.version == 2
+
+
+def test_new_holders_get_the_whole_state_and_a_former_one_is_told() -> None:
+    b = Backups()
+    b.set("a", 1)
+    b.send(ME, (R, L), LINKS)
+    out = b.send(ME, (R, RR), LINKS)
+    whole = BackupCopy(ME, 2, {"a": 1}, LINKS, (R, RR))
+    assert out == [Send(R.addr, whole), Send(RR.addr, whole), Send(L.addr, BackupCopy(ME, 2, None, ()))]
+    assert b.holders == (R, RR)
+
+
+def test_a_holder_keeps_the_copy_applies_deltas_and_asks_again_after_a_missed_one() -> None:
+    owner, holder = Backups(), Backups()
+    owner.set("a", 1)
+    (copy, _) = owner.send(ME, (R, L), LINKS)
+    holder.on_copy(copy.msg, addr=L.addr)
+    assert holder.held[ME.id] == Held(1, {"a": 1}, LINKS, (R, L), rank=1)
+    owner.set("b", 2)
+    (delta, _) = owner.send(ME, (R, L), LINKS)
+    assert holder.on_delta(ME.addr, delta.msg, me=L) == []
+    assert holder.held[ME.id].state == {"a": 1, "b": 2} and holder.held[ME.id].version == 2
+    owner.set("c", 3)
+    owner.send(ME, (R, L), LINKS)  # (lost on the way)
+    owner.set("d", 4)
+    (late, _) = owner.send(ME, (R, L), LINKS)
+    assert holder.on_delta(ME.addr, late.msg, me=L) == [Send(ME.addr, BackupResync(L))]
+    assert holder.held[ME.id].version == 2  # unchanged until the whole state comes
+    assert owner.resend(ME, L, LINKS) == [Send(L.addr, BackupCopy(ME, 4, owner.state, LINKS, (R, L)))]
+    assert owner.resend(ME, RR, LINKS) == []  # not a holder
+
+
+def test_stale_copies_and_deltas_are_dropped() -> None:
+    holder = Backups()
+    holder.on_copy(BackupCopy(ME, 5, {"new": 1}, LINKS, (R,)), addr=R.addr)
+    holder.on_copy(BackupCopy(ME, 4, {"old": 1}, LINKS, (R,)), addr=R.addr)
+    assert holder.on_delta(ME.addr, BackupDelta(ME, 3, 2, {"x": 1}, (), LINKS, (R,)), me=R) == []
+    assert holder.held[ME.id].state == {"new": 1}
+    holder.on_copy(BackupCopy(ME, 6, None, ()), addr=R.addr)  # no longer a holder
+    assert holder.held == {}
+
+
+def test_the_first_live_holder_takes_over() -> None:
+    first, second = Backups(), Backups()
+    copy = BackupCopy(ME, 1, {"a": 1}, LINKS, (R, L))
+    first.on_copy(copy, addr=R.addr)
+    second.on_copy(copy, addr=L.addr)
+    second.set("own", 0)
+    assert second.take_over(ME.id, dead={ME.id}) is None  # R, before us, is alive: it takes over
+    assert second.held == {} and second.state == {"own": 0} and second.foreign == 0
+    assert first.take_over(ME.id, dead={ME.id}) == Held(1, {"a": 1}, LINKS, (R, L), 0)
+    assert first.state == {"a": 1} and first.foreign == 1
+    second.on_copy(copy, addr=L.addr)
+    assert second.take_over(ME.id, dead={ME.id, R.id}) is not None  # R died too
+    assert second.state == {"own": 0, "a": 1}
+
+
+def test_after_a_takeover_or_a_share_the_next_copy_is_whole() -> None:
+    b = Backups()
+    b.set("a", 1)
+    b.send(ME, (R,), LINKS)
+    b.absorb({"x": 1})
+    assert b.foreign == 1
+    ((_, copy),) = [(e.dst, e.msg) for e in b.send(ME, (R,), LINKS)]
+    assert isinstance(copy, BackupCopy) and copy.state == {"a": 1, "x": 1}
+    assert b.hand_over(["x", "missing"]) == {"x": 1}
+    assert b.state == {"a": 1} and b.foreign == 2
+    ((_, copy),) = [(e.dst, e.msg) for e in b.send(ME, (R,), LINKS)]
+    assert isinstance(copy, BackupCopy)
+    assert b.load_of(ME.id) is None

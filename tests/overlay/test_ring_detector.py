@@ -1,0 +1,245 @@
+"""The chordal ring's failure detector, driven directly (no simulator, no ring node): each
+transition of a suspicion (ASKED, PROBING, TRACING) and of a probe run for an asker, the
+liveness stamps, and answers nobody waits for, which change no record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flowbus.core import CancelTimer, Send, SetTimer
+from flowbus.errors import InternalError, ProtocolError
+from flowbus.overlay import ring_messages as msgs
+from flowbus.overlay.ring_detector import (
+    RETESTS,
+    FailureDetector,
+    Phase,
+    Probing,
+    Suspicion,
+    ask_key,
+    probe_key,
+)
+from flowbus.overlay.ring_messages import Alive, Peer, Probe
+
+ME, A, B, C = Peer(100, 1), Peer(50, 0), Peer(200, 2), Peer(300, 3)
+FAR = (A, Peer(40, 9))  # our side away from B
+PT = 4.0
+
+
+def records(d: FailureDetector) -> Any:
+    """Every record the detector holds (what a transition may change)."""
+    ids = sorted({*d.suspects, *d.probed})
+    return ([d.suspicion(i) for i in ids], [d.probing(i) for i in ids], d.probed)
+
+
+def asked() -> FailureDetector:
+    d = FailureDetector(probe_timeout=PT)
+    d.ask(ME, B, C, FAR)
+    return d
+
+
+# -- our suspicions (A's side)
+
+
+def test_ask_sends_the_test_to_the_other_neighbour_and_waits_twice_the_probe_timeout() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    test = msgs.TestNeighbour(B, ME, FAR)
+    assert d.ask(ME, B, C, FAR) == [Send(C.addr, test), SetTimer(2 * PT, ask_key(B.id))]
+    assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C)
+    assert d.suspects == [B.id] and d.watched == 1 and d.suspected(B.id)
+    assert list(d.testers()) == [C]
+
+
+def test_a_suspect_is_suspected_once() -> None:
+    d = asked()
+    with pytest.raises(InternalError, match="suspected already"):
+        d.ask(ME, B, C, FAR)
+    with pytest.raises(InternalError, match="suspected already"):
+        d.probe(ME, B)
+    assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C)
+
+
+def test_alive_ends_the_suspicion_and_counts_as_a_heartbeat() -> None:
+    d = asked()
+    assert d.alive(B.id, 7.0) == [CancelTimer(ask_key(B.id))]
+    assert not d.suspected(B.id) and d.watched == 0
+    assert not d.silent(B, 7.0 + 2 * PT, limit=2 * PT)  # heard at 7.0 (through C)
+
+
+def test_failed_ends_the_suspicion() -> None:
+    d = asked()
+    assert d.failed(B.id) == [CancelTimer(ask_key(B.id))]
+    assert d.suspects == []
+
+
+def test_a_slow_tester_heard_lately_is_asked_again_up_to_retests_times() -> None:
+    d = asked()
+    d.heard(C.addr, 10.0)
+    for n in range(1, RETESTS + 1):
+        again = d.retest(ME, B, 10.0 + 2 * PT, window=FAR)
+        assert again == [Send(C.addr, msgs.TestNeighbour(B, ME, FAR)), SetTimer(2 * PT, ask_key(B.id))]
+        assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C, retests=n)
+    before = records(d)
+    assert d.retest(ME, B, 10.0 + 2 * PT, window=FAR) == []  # asked enough: no change
+    assert records(d) == before
+
+
+@pytest.mark.parametrize("heard", [None, 1.0])
+def test_a_tester_not_heard_lately_is_not_asked_again(heard: float | None) -> None:
+    d = asked()
+    if heard is not None:
+        d.heard(C.addr, heard)
+    before = records(d)
+    assert d.retest(ME, B, 1.0 + 2 * PT + 0.5, window=FAR) == []
+    assert records(d) == before
+    assert d.end(B.id) == Suspicion(B, Phase.ASKED, C)  # the node buries B and C
+    assert d.suspects == []
+
+
+def test_probe_ourselves_when_there_is_no_third_broker() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    assert d.probe(ME, B) == [Send(B.addr, Probe(ME)), SetTimer(PT, probe_key(B.id))]
+    assert d.suspicion(B.id) == Suspicion(B, Phase.PROBING, B)
+    assert d.probing(B.id) == Probing(B, ME)
+    assert d.retest(ME, B, 1.0, window=FAR) == []  # (nobody else to ask)
+
+
+def test_our_own_probe_answered_ends_the_suspicion() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.probe(ME, B)
+    assert d.answered(ME, B) == [CancelTimer(probe_key(B.id))]  # no Alive to send: we asked
+    assert records(d) == ([], [], [])
+
+
+def test_our_own_probe_unanswered_is_a_dead_suspect_the_node_buries() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.probe(ME, B)
+    d.heard(B.addr, 5.0)
+    assert not d.answered_late(B.id, B)  # our own probe: other news does not count
+    assert d.unanswered(B.id) == Probing(B, ME)
+    assert d.probed == [] and d.suspicion(B.id) == Suspicion(B, Phase.PROBING, B)
+    assert d.end(B.id) == Suspicion(B, Phase.PROBING, B)  # (the node's burial)
+
+
+def test_a_chord_is_traced_until_a_path_is_found() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.trace(B)
+    assert d.suspicion(B.id) == Suspicion(B, Phase.TRACING, B) and d.probed == []
+    assert d.end(B.id) == Suspicion(B, Phase.TRACING, B)  # LinkDown came back
+    assert d.suspects == []
+
+
+# -- probes we run (C's side)
+
+
+def test_a_test_asked_of_us_probes_the_suspect() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    effects = d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    assert effects == [Send(B.addr, Probe(ME)), SetTimer(PT, probe_key(B.id))]
+    assert d.probing(B.id) == Probing(B, A, FAR, 3.0)
+    assert d.suspects == []  # (not our suspicion)
+
+
+def test_an_answered_probe_tells_the_asker_alive() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    assert d.answered(ME, B) == [CancelTimer(probe_key(B.id)), Send(A.addr, Alive(B, ME))]
+    assert records(d) == ([], [], [])
+
+
+def test_a_suspect_heard_from_since_the_probe_went_is_alive() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    d.heard(B.addr, 2.0)
+    assert not d.answered_late(B.id, B)  # heard before the probe went
+    d.heard(B.addr, 3.0)
+    assert d.answered_late(B.id, B)
+    assert not d.answered_late(B.id, None)  # (not a broker we know)
+
+
+def test_an_unanswered_probe_is_a_dead_suspect() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    assert d.unanswered(B.id) == Probing(B, A, FAR, 3.0)  # the node buries B, Failed to A
+    assert records(d) == ([], [], [])
+
+
+def test_a_later_test_of_the_same_suspect_replaces_the_first() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    d.test(ME, msgs.TestNeighbour(B, C, (C,)), 4.0)
+    assert d.probing(B.id) == Probing(B, C, (C,), 4.0) and d.probed == [B.id]
+
+
+def test_probing_ourselves_a_suspect_we_probe_for_an_asker_takes_that_probe_over() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    d.probe(ME, B)
+    assert d.probing(B.id) == Probing(B, ME, FAR, 3.0)
+    assert d.answered(ME, B) == [CancelTimer(probe_key(B.id))]
+    assert records(d) == ([], [], [])
+
+
+def test_both_roles_at_once_for_one_suspect() -> None:
+    """A and C both suspect B and ask each other: each holds a suspicion and a probe."""
+    d = asked()
+    d.test(ME, msgs.TestNeighbour(B, C, (C,)), 3.0)
+    assert d.answered(ME, B) == [CancelTimer(probe_key(B.id)), Send(C.addr, Alive(B, ME))]
+    assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C)  # ours waits for C's answer
+    assert d.failed(B.id) == [CancelTimer(ask_key(B.id))]
+    assert records(d) == ([], [], [])
+
+
+# -- answers nobody waits for
+
+
+def test_late_or_unknown_answers_change_no_record() -> None:
+    d = asked()
+    d.test(ME, msgs.TestNeighbour(C, A, FAR), 3.0)
+    before = records(d)
+    assert d.answered(ME, A) == [CancelTimer(probe_key(A.id))]  # a ProbeAck nobody waits for
+    assert d.alive(A.id, 9.0) == [CancelTimer(ask_key(A.id))]  # an Alive for no suspicion
+    assert d.failed(A.id) == [CancelTimer(ask_key(A.id))]  # a Failed for no suspicion
+    assert d.unanswered(A.id) is None  # a probe timer of a probe that is over
+    assert d.end(A.id) is None  # a test timer of a suspicion that is over
+    assert d.retest(ME, A, 9.0, window=FAR) == []
+    assert not d.answered_late(A.id, A)
+    assert records(d) == before
+
+
+def test_an_answer_after_the_record_ended_changes_nothing() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    d.test(ME, msgs.TestNeighbour(B, A, FAR), 3.0)
+    assert d.unanswered(B.id) is not None
+    assert d.answered(ME, B) == [CancelTimer(probe_key(B.id))]  # the ProbeAck came too late
+    d.ask(ME, C, A, FAR)
+    assert d.failed(C.id) == [CancelTimer(ask_key(C.id))]
+    assert d.alive(C.id, 5.0) == [CancelTimer(ask_key(C.id))]  # a second answer
+    assert records(d) == ([], [], [])
+
+
+# -- liveness
+
+
+def test_silence_counts_from_the_last_heartbeat_or_anything_heard() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    assert not d.silent(B, 10.0, limit=5.0)  # never heard of: counts as heard now
+    assert d.silent(B, 16.0, limit=5.0)
+    d.heard(B.addr, 14.0)  # (anything from its address)
+    assert not d.silent(B, 16.0, limit=5.0)
+    d.beat(B.id, 20.0)
+    assert not d.silent(B, 24.0, limit=5.0) and d.silent(B, 25.5, limit=5.0)
+
+
+def test_records_and_options_are_checked() -> None:
+    with pytest.raises(InternalError, match="ASKED"):
+        Suspicion(B, Phase.ASKED, B)
+    with pytest.raises(InternalError, match="PROBING"):
+        Suspicion(B, Phase.PROBING, C)
+    with pytest.raises(InternalError, match="retests"):
+        Suspicion(B, Phase.ASKED, C, retests=-1)
+    with pytest.raises(ProtocolError, match="probe timeout"):
+        FailureDetector(probe_timeout=0.0)
+    with pytest.raises(ProtocolError, match="retests"):
+        FailureDetector(retests=-1)

@@ -9,7 +9,7 @@ import random
 from collections.abc import Hashable
 from typing import Any
 
-from flowbus.core import Effect, Send
+from flowbus.core import Core, Effect, Send
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.net.codec import frame
 from flowbus.net.runtime import Directory, Runtime
@@ -72,7 +72,7 @@ def test_a_ring_over_tcp_joins_routes_and_repairs() -> None:
     asyncio.run(main())
 
 
-class _Echo:
+class _Echo(Core):
     def __init__(self) -> None:
         self.seen: list[Any] = []
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError, ProtocolError
 from flowbus.sim import EXTERNAL, ConstantLatency, LinkFailure, Loss, SimError, Simulator, derive_seed
 
@@ -132,7 +132,7 @@ def test_cancelled_timer_never_fires() -> None:
 
 
 def test_timer_can_be_set_again_after_firing() -> None:
-    class Ticker:
+    class Ticker(Core):
         def __init__(self) -> None:
             self.ticks: list[float] = []
 

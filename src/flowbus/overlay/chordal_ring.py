@@ -59,7 +59,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
@@ -144,7 +144,7 @@ class _Held:
 # ---------------------------------------------------------------------------------- node
 
 
-class RingNode:
+class RingNode(Core):
     """One broker of the chordal reliability ring (see the module note).
 
     ``backup`` (1..4) is how many ring neighbours hold a copy of this broker's state;

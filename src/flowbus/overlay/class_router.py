@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.overlay.multigraph import LinkClass, Multigraph
 
@@ -52,7 +52,7 @@ class Classed:
     fell_back: bool = False  # an express event on the normal route (no express path)
 
 
-class ClassRouter:
+class ClassRouter(Core):
     """One broker's class-aware forwarding (see the module note)."""
 
     def __init__(self, broker: int, view: Multigraph) -> None:

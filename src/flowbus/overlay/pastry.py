@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send, SetTimer
+from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 
 __all__ = [
@@ -447,7 +447,7 @@ def _insert_side(side: list[int], node: int, dist: int, me: int, half: int, sign
 # --------------------------------------------------------------------------------------- node
 
 
-class PastryNode:
+class PastryNode(Core):
     """A Pastry node as a sans-IO core: ``on_message`` / ``on_timer`` return effects.
 
     ``address`` is the driver's node id (what ``Send.dst`` names); ``node_id`` the 128-bit

@@ -26,14 +26,14 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
-from flowbus.core import Effect, Send
+from flowbus.core import Core, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.overlay.pastry import PastryNode, Route
 
 __all__ = ["PastryApp"]
 
 
-class PastryApp:
+class PastryApp(Core):
     """Base of a sans-IO application core on a :class:`PastryNode` (see the module note)."""
 
     app_messages: ClassVar[tuple[type, ...]] = ()

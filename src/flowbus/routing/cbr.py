@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.filters.covering import overlaps
@@ -199,7 +199,7 @@ def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
 # -------------------------------------------------------------------------------- router
 
 
-class ContentRouter:
+class ContentRouter(Core):
     """The content-based routing layer of one broker of a tree of brokers (sans-IO).
 
     ``Send.dst`` is a neighbour broker id; local subscribers get ``Deliver(sub_id, event)``.

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.overlay.chordal_ring import RingNode
@@ -127,7 +127,7 @@ _Key = tuple[int | None, Any]
 """A custody record's key: (the broker the event came from or None, the event id)."""
 
 
-class RingBroker:
+class RingBroker(Core):
     """One broker: a ring node and a content router over the ring's tree."""
 
     def __init__(

@@ -90,24 +90,32 @@ class ClassRouter(Core):
         return [Send(nxt, out)]
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        if not isinstance(msg, Classed):
-            raise ProtocolError(f"ClassRouter {self.broker}: unknown message {msg!r} from {src}")
-        needed = LinkClass.NORMAL if msg.fell_back else msg.cls
-        if needed not in self.view.link(msg.link).classes:
-            self.violations += 1
-        if msg.dst == self.broker:
-            return [Deliver(("class", msg.cls.name), msg)]
-        return self._forward(msg)
+        match msg:
+            case Classed():
+                return self._on_classed(msg)
+            case _:
+                raise ProtocolError(f"ClassRouter {self.broker}: unknown message {msg!r} from {src}")
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         raise ProtocolError(f"ClassRouter {self.broker}: unknown timer {key!r}")
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """The link was down: mark it failed in the view and route the event again."""
-        if not isinstance(msg, Classed):
-            return []
-        self.view.fail_link(msg.link)
-        back = Classed(
-            msg.origin, msg.dst, msg.cls, msg.payload, msg.link, msg.sent, msg.hops - 1, msg.fell_back
-        )
-        return self._forward(back)
+        match msg:
+            case Classed():
+                self.view.fail_link(msg.link)
+                back = Classed(
+                    msg.origin, msg.dst, msg.cls, msg.payload, msg.link, msg.sent, msg.hops - 1, msg.fell_back
+                )
+                return self._forward(back)
+            case _:
+                return []
+
+    def _on_classed(self, msg: Classed) -> list[Effect]:
+        """Check the link it came on against its class; deliver it here or send it on."""
+        needed = LinkClass.NORMAL if msg.fell_back else msg.cls
+        if needed not in self.view.link(msg.link).classes:
+            self.violations += 1
+        if msg.dst == self.broker:
+            return [Deliver(("class", msg.cls.name), msg)]
+        return self._forward(msg)

@@ -546,12 +546,13 @@ class PastryNode(Core):
         ``msg`` if it is a ``Route`` or someone else's ``Join`` (if our own ``Join`` failed,
         the bootstrap is dead: call :meth:`join` again with another)."""
         out = self.node_failed(dst)
-        if isinstance(msg, Join) and msg.joiner_id == self.node_id:
-            return out
-        if isinstance(msg, Route):
-            out.extend(self._forward(Route(msg.key, msg.payload, msg.hops - 1, msg.origin)))
-        elif isinstance(msg, Join):
-            out.extend(self._on_join(Join(msg.joiner_id, msg.joiner_addr, msg.hops - 1), retry=True))
+        match msg:
+            case Join() if msg.joiner_id == self.node_id:
+                pass  # our own: the bootstrap is dead
+            case Join():
+                out.extend(self._on_join(Join(msg.joiner_id, msg.joiner_addr, msg.hops - 1), retry=True))
+            case Route():
+                out.extend(self._forward(Route(msg.key, msg.payload, msg.hops - 1, msg.origin)))
         return out
 
     # -- driver entry points

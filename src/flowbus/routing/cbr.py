@@ -368,30 +368,44 @@ class ContentRouter(Core):
     # -- the driver's entry point
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        cls = msg.__class__
-        if cls is not Publish and cls is not Subscribe and cls is not Unsubscribe:
-            if cls is not Advertise and cls is not Unadvertise:
-                raise ProtocolError(f"broker {self.broker}: unknown message {msg!r}")
-            if not self.advertising:
-                raise ProtocolError(f"broker {self.broker}: {cls.__name__} but advertising is off")
-        if src not in self._neighbours:
-            if src in self._former:
-                self.dropped += 1
-                return []
-            raise ProtocolError(f"broker {self.broker}: {cls.__name__} from {src}, not a neighbour")
-        if cls is Publish:
-            return self._route(msg.event, src)
-        if cls is Advertise or cls is Unadvertise:
-            seen = self._adv_seen[src]
-            if msg.seq <= seen.get(msg.origin, -1):
-                return []  # overtaken by a newer message about the same advertisement
-            seen[msg.origin] = msg.seq
-            return self._adv_set(src, msg.origin, msg.filter if cls is Advertise else None)
-        out = self._receive(src, msg.origin, msg.filter if cls is Subscribe else None, msg.seq)
-        if cls is Subscribe:  # the covered ones go after their cover came: nothing re-exposed
-            for w in msg.withdraw:
-                out.extend(self._receive(src, w, None, msg.seq))
-        return out
+        match msg:
+            case Publish():
+                return [] if self._dropped(src, msg) else self._route(msg.event, src)
+            case Subscribe():
+                if self._dropped(src, msg):
+                    return []
+                out = self._receive(src, msg.origin, msg.filter, msg.seq)
+                for w in msg.withdraw:  # the covered ones go after their cover came: nothing re-exposed
+                    out.extend(self._receive(src, w, None, msg.seq))
+                return out
+            case Unsubscribe():
+                return [] if self._dropped(src, msg) else self._receive(src, msg.origin, None, msg.seq)
+            case Advertise() | Unadvertise() if not self.advertising:
+                raise ProtocolError(f"broker {self.broker}: {type(msg).__name__} but advertising is off")
+            case Advertise():
+                return [] if self._dropped(src, msg) else self._advert(src, msg.origin, msg.filter, msg.seq)
+            case Unadvertise():
+                return [] if self._dropped(src, msg) else self._advert(src, msg.origin, None, msg.seq)
+            case _:
+                raise ProtocolError(f"broker {self.broker}: unknown message {msg!r} from {src}")
+
+    def _dropped(self, src: int, msg: Any) -> bool:
+        """A message from a former neighbour is dropped (and counted); one from a broker that
+        never was a neighbour is an error."""
+        if src in self._neighbours:
+            return False
+        if src in self._former:
+            self.dropped += 1
+            return True
+        raise ProtocolError(f"broker {self.broker}: {type(msg).__name__} from {src}, not a neighbour")
+
+    def _advert(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
+        """An advertisement (``f``) or its removal (None) from neighbour ``src``."""
+        seen = self._adv_seen[src]
+        if seq <= seen.get(o, -1):
+            return []  # overtaken by a newer message about the same advertisement
+        seen[o] = seq
+        return self._adv_set(src, o, f)
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         raise ProtocolError(f"broker {self.broker}: no timer {key!r} (the router sets none)")

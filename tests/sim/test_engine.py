@@ -232,7 +232,7 @@ def test_failure_notice_reports_sends_to_dead_nodes_after_the_delay() -> None:
     assert [e[3] for e in c.log] == ["y"]
 
 
-def test_failure_notices_are_off_by_default_and_skip_cores_without_the_hook() -> None:
+def test_failure_notices_are_off_by_default_and_cores_without_the_hook_keep_cores_default() -> None:
     for notice, core in ((None, _Notified()), (1.0, Recorder())):
         sim = Simulator(failure_notice=notice)
         sim.add_node(0, core)

@@ -177,6 +177,15 @@ def _okey(o: Origin) -> tuple[int, str]:
     return (o[0], repr(o[1]))
 
 
+def _newer(seen: dict[Origin, int], o: Origin, seq: int) -> bool:
+    """Whether ``seq`` is newer than the last message about ``o`` from one neighbour (then
+    recorded); an older one was overtaken by a newer message about the same origin."""
+    if seq <= seen.get(o, -1):
+        return False
+    seen[o] = seq
+    return True
+
+
 def _dominates(a: Origin, fa: Filter, b: Origin, fb: Filter) -> bool:
     """``a`` makes ``b`` unnecessary: it covers it, strictly or with a smaller origin."""
     return covers(fa, fb) and (not covers(fb, fa) or _okey(a) < _okey(b))
@@ -401,11 +410,7 @@ class ContentRouter(Core):
 
     def _advert(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
         """An advertisement (``f``) or its removal (None) from neighbour ``src``."""
-        seen = self._adv_seen[src]
-        if seq <= seen.get(o, -1):
-            return []  # overtaken by a newer message about the same advertisement
-        seen[o] = seq
-        return self._adv_set(src, o, f)
+        return self._adv_set(src, o, f) if _newer(self._adv_seen[src], o, seq) else []
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         raise ProtocolError(f"broker {self.broker}: no timer {key!r} (the router sets none)")
@@ -512,11 +517,8 @@ class ContentRouter(Core):
         return self.route_batch([event], src)
 
     def _receive(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
-        seen = self._seen[src]
-        if seq <= seen.get(o, -1):
-            return []  # overtaken by a newer message about the same origin
-        seen[o] = seq
-        return self._set(src, o, f)
+        """A subscription (``f``) or its removal (None) from neighbour ``src``."""
+        return self._set(src, o, f) if _newer(self._seen[src], o, seq) else []
 
     def _cand(self, m: int, o: Origin) -> Filter | None:
         """``o``'s filter as a candidate for neighbour ``m``: from its smallest direction

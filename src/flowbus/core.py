@@ -71,7 +71,10 @@ class Core(Protocol):
     """What every sans-IO protocol core offers its drivers.
 
     A core may subclass :class:`Core` to take the defaults of :meth:`on_messages` (one
-    message at a time) and :meth:`on_send_failed` (nothing to do)."""
+    message at a time) and :meth:`on_send_failed` (nothing to do). ``Core`` has no
+    instance fields (empty ``__slots__``), so a slotted core stays slotted."""
+
+    __slots__ = ()
 
     def on_message(self, src: int, msg: Any, now: float) -> Sequence[Effect]:
         """``msg`` arrived from node ``src`` at time ``now``."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from flowbus.core import Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.net.codec import frame
 from flowbus.net.runtime import Directory, Runtime
@@ -72,7 +72,7 @@ def test_a_ring_over_tcp_joins_routes_and_repairs() -> None:
     asyncio.run(main())
 
 
-class _Echo:
+class _Echo(Core):
     def __init__(self) -> None:
         self.seen: list[Any] = []
 
@@ -128,5 +128,45 @@ def test_a_send_to_a_stopped_node_is_a_failure_notice() -> None:
             await _until(lambda: sorted(failed, key=repr) == [(1, "hello"), (7, "nobody")])
         finally:
             await a.close()
+
+    asyncio.run(main())
+
+
+def test_the_messages_of_one_read_are_one_step_of_on_messages() -> None:
+    async def main() -> None:
+        directory = Directory()
+        steps: list[tuple[str, list[Any]]] = []
+
+        class Batched(_Echo):
+            def on_messages(self, src: int, msgs: Sequence[Any], now: float) -> list[Effect]:
+                steps.append(("run", list(msgs)))
+                return [Deliver("s", m) for m in msgs]
+
+            def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+                steps.append(("one", [msg]))
+                return [Deliver("s", msg)]
+
+        got: list[Any] = []
+        after: list[int] = []
+        rt = Runtime(
+            0,
+            Batched(),
+            directory,
+            on_deliver=lambda *d: got.append(d[2]),
+            after_step=lambda: after.append(1),
+        )
+        peer = Runtime(1, _Echo(), directory)
+        await rt.start()
+        await peer.start()
+        try:
+            await peer.call(lambda c: [Send(0, ("m", i)) for i in range(5)])  # one write
+            await _until(lambda: len(got) == 5)
+            assert got == [("m", i) for i in range(5)]
+            assert [m for _, msgs in steps for m in msgs] == got
+            assert all((kind == "run") == (len(msgs) > 1) for kind, msgs in steps)
+            assert len(after) == len(steps)  # one step each
+        finally:
+            await peer.close()
+            await rt.close()
 
     asyncio.run(main())

@@ -1,4 +1,5 @@
-"""Toy sans-IO cores for the simulator tests: a recorder, ping-pong, flooding, timers."""
+"""Toy sans-IO cores for the simulator tests (each a :class:`flowbus.core.Core`): a recorder,
+ping-pong, flooding, timers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 
 
@@ -45,7 +46,7 @@ class Do:
 
 
 @dataclass
-class Recorder:
+class Recorder(Core):
     """Logs every message and timer as ``(now, what, ...)``; answers ``Do`` commands."""
 
     log: list[tuple[Any, ...]] = field(default_factory=list)
@@ -60,7 +61,7 @@ class Recorder:
 
 
 @dataclass
-class PingPong:
+class PingPong(Core):
     """Answers ``Ping(n)`` with ``Pong(n)`` and ``Pong(n)`` with ``Ping(n + 1)`` until ``limit``."""
 
     limit: int
@@ -82,7 +83,7 @@ class PingPong:
 
 
 @dataclass
-class Flooder:
+class Flooder(Core):
     """Floods each new message to its neighbours; delivers once (or on every copy if ``naive``)."""
 
     me: int

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError, ProtocolError
 from flowbus.sim import EXTERNAL, ConstantLatency, LinkFailure, Loss, SimError, Simulator, derive_seed
 
@@ -132,7 +132,7 @@ def test_cancelled_timer_never_fires() -> None:
 
 
 def test_timer_can_be_set_again_after_firing() -> None:
-    class Ticker:
+    class Ticker(Core):
         def __init__(self) -> None:
             self.ticks: list[float] = []
 
@@ -232,7 +232,7 @@ def test_failure_notice_reports_sends_to_dead_nodes_after_the_delay() -> None:
     assert [e[3] for e in c.log] == ["y"]
 
 
-def test_failure_notices_are_off_by_default_and_skip_cores_without_the_hook() -> None:
+def test_failure_notices_are_off_by_default_and_cores_without_the_hook_keep_cores_default() -> None:
     for notice, core in ((None, _Notified()), (1.0, Recorder())):
         sim = Simulator(failure_notice=notice)
         sim.add_node(0, core)

@@ -23,7 +23,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowbus.core import Effect
+from flowbus.core import Core, Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
 from flowbus.sim.engine import Simulator
 from flowbus.sim.transport import CoordinateLatency, Layer
@@ -117,7 +117,7 @@ class RingSim:
         return sorted((n for n in self.live if n.joined), key=lambda n: n.me.id)
 
 
-class _Counting:
+class _Counting(Core):
     """A core wrapper counting which brokers receive messages (the brokers a join touched)."""
 
     def __init__(self, core: RingNode, counter: Counter[int]) -> None:

@@ -1,8 +1,8 @@
 """The asyncio driver of the sans-IO protocol cores: the simulator's effects, over TCP.
 
-How it works: a :class:`Runtime` drives one core (a ring node, a Pastry node, a broker...)
-under the same integer address the core uses in ``Send.dst``. A :class:`Directory` says
-where each address listens.
+How it works: a :class:`Runtime` drives one :class:`~flowbus.core.Core` (a ring node, a
+Pastry node, a broker...) under the same integer address the core uses in ``Send.dst``, as
+the simulator does. A :class:`Directory` says where each address listens.
 
 * ``Send(dst, msg)``. The message goes out as one frame, ``(src, msg)`` encoded by
   :mod:`flowbus.net.codec`, on a persistent connection to ``dst``, opened on first use.
@@ -10,13 +10,13 @@ where each address listens.
   - The frames of one step to one destination are written at once, in one call (one
     system call, not one per message); while a connection opens, later sends queue
     behind it.
-  - If connecting or writing fails, the core's ``on_send_failed(dst, msg, now)`` is called
-    when it has one. This is the failure notice the simulator's ``failure_notice`` models,
-    given here by TCP.
+  - If connecting or writing fails, the core's ``on_send_failed(dst, msg, now)`` is called.
+    This is the failure notice the simulator's ``failure_notice`` models, given here by TCP.
   - A reader on each outgoing connection notices when the peer closes it. The next send
     then opens a new connection, which fails if the peer is gone.
-* **Incoming.** A server accepts connections and decodes frames. Each message goes to
-  ``on_message(src, msg, now)``. A malformed or oversized frame closes that connection
+* **Incoming.** A server accepts connections and decodes frames. The messages of one read
+  from one source go to ``on_messages(src, msgs, now)`` as one step (a lone message to
+  ``on_message(src, msg, now)``). A malformed or oversized frame closes that connection
   (counted in ``bad_frames``) and changes nothing else.
 * ``SetTimer`` / ``CancelTimer`` map to ``loop.call_later`` handles, keyed as in the
   simulator: setting a key again replaces its timer.
@@ -25,8 +25,9 @@ where each address listens.
 * **Clients on the same port.** If the first frame of an incoming connection is of the
   type ``client_hello`` (a broker passes the client protocol's ``Hello``,
   :mod:`flowbus.client.protocol`), the connection is handed to ``on_client``.
-* ``after_step`` is called after every step of the core (a message, a timer, a failed
-  send, a local call), for a driver that reads what the step changed.
+* ``after_step`` is called after every step of the core (a message or the run of messages
+  of one read, a timer, a failed send, a local call), for a driver that reads what the step
+  changed.
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
   core and carries out the effects it returns.
 
@@ -42,7 +43,7 @@ import socket
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError
 from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame
 
@@ -94,7 +95,7 @@ class Runtime:
     def __init__(
         self,
         addr: int,
-        core: Any,
+        core: Core,
         directory: Directory,
         *,
         host: str = "127.0.0.1",
@@ -237,9 +238,8 @@ class Runtime:
                 self._failed(dst, msg)
 
     def _failed(self, dst: int, msg: Any) -> None:
-        handler = getattr(self.core, "on_send_failed", None)
-        if handler is not None and not self._closed:
-            self._apply(handler(dst, msg, self._now()))
+        if not self._closed:
+            self._apply(self.core.on_send_failed(dst, msg, self._now()))
 
     async def _connection(self, dst: int) -> asyncio.StreamWriter:
         writer = self._out.get(dst)
@@ -273,15 +273,14 @@ class Runtime:
     # -- incoming
 
     def _take(self, run: list[tuple[int, Any]]) -> None:
-        """Messages read together from one source: to the core's ``on_messages`` at once if
-        it has one (a batch of events is matched in one pass), else one by one."""
+        """Messages read together from one source, as one step: to the core's ``on_messages``
+        (a broker matches a batch of events in one pass), a lone one to ``on_message``."""
         self.received += len(run)
-        many = getattr(self.core, "on_messages", None)
-        if many is not None and len(run) > 1:
-            self._apply(many(run[0][0], [m for _, m in run], self._now()))
-            return
-        for src, msg in run:
-            self._apply(self.core.on_message(src, msg, self._now()))
+        src = run[0][0]
+        if len(run) > 1:
+            self._apply(self.core.on_messages(src, [m for _, m in run], self._now()))
+        else:
+            self._apply(self.core.on_message(src, run[0][1], self._now()))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

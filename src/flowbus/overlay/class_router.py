@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.overlay.multigraph import LinkClass, Multigraph
 
@@ -52,7 +52,7 @@ class Classed:
     fell_back: bool = False  # an express event on the normal route (no express path)
 
 
-class ClassRouter:
+class ClassRouter(Core):
     """One broker's class-aware forwarding (see the module note)."""
 
     def __init__(self, broker: int, view: Multigraph) -> None:
@@ -90,24 +90,32 @@ class ClassRouter:
         return [Send(nxt, out)]
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        if not isinstance(msg, Classed):
-            raise ProtocolError(f"ClassRouter {self.broker}: unknown message {msg!r} from {src}")
-        needed = LinkClass.NORMAL if msg.fell_back else msg.cls
-        if needed not in self.view.link(msg.link).classes:
-            self.violations += 1
-        if msg.dst == self.broker:
-            return [Deliver(("class", msg.cls.name), msg)]
-        return self._forward(msg)
+        match msg:
+            case Classed():
+                return self._on_classed(msg)
+            case _:
+                raise ProtocolError(f"ClassRouter {self.broker}: unknown message {msg!r} from {src}")
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         raise ProtocolError(f"ClassRouter {self.broker}: unknown timer {key!r}")
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """The link was down: mark it failed in the view and route the event again."""
-        if not isinstance(msg, Classed):
-            return []
-        self.view.fail_link(msg.link)
-        back = Classed(
-            msg.origin, msg.dst, msg.cls, msg.payload, msg.link, msg.sent, msg.hops - 1, msg.fell_back
-        )
-        return self._forward(back)
+        match msg:
+            case Classed():
+                self.view.fail_link(msg.link)
+                back = Classed(
+                    msg.origin, msg.dst, msg.cls, msg.payload, msg.link, msg.sent, msg.hops - 1, msg.fell_back
+                )
+                return self._forward(back)
+            case _:
+                return []
+
+    def _on_classed(self, msg: Classed) -> list[Effect]:
+        """Check the link it came on against its class; deliver it here or send it on."""
+        needed = LinkClass.NORMAL if msg.fell_back else msg.cls
+        if needed not in self.view.link(msg.link).classes:
+            self.violations += 1
+        if msg.dst == self.broker:
+            return [Deliver(("class", msg.cls.name), msg)]
+        return self._forward(msg)

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send, SetTimer
+from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 
 __all__ = [
@@ -447,7 +447,7 @@ def _insert_side(side: list[int], node: int, dist: int, me: int, half: int, sign
 # --------------------------------------------------------------------------------------- node
 
 
-class PastryNode:
+class PastryNode(Core):
     """A Pastry node as a sans-IO core: ``on_message`` / ``on_timer`` return effects.
 
     ``address`` is the driver's node id (what ``Send.dst`` names); ``node_id`` the 128-bit
@@ -546,12 +546,13 @@ class PastryNode:
         ``msg`` if it is a ``Route`` or someone else's ``Join`` (if our own ``Join`` failed,
         the bootstrap is dead: call :meth:`join` again with another)."""
         out = self.node_failed(dst)
-        if isinstance(msg, Join) and msg.joiner_id == self.node_id:
-            return out
-        if isinstance(msg, Route):
-            out.extend(self._forward(Route(msg.key, msg.payload, msg.hops - 1, msg.origin)))
-        elif isinstance(msg, Join):
-            out.extend(self._on_join(Join(msg.joiner_id, msg.joiner_addr, msg.hops - 1), retry=True))
+        match msg:
+            case Join() if msg.joiner_id == self.node_id:
+                pass  # our own: the bootstrap is dead
+            case Join():
+                out.extend(self._on_join(Join(msg.joiner_id, msg.joiner_addr, msg.hops - 1), retry=True))
+            case Route():
+                out.extend(self._forward(Route(msg.key, msg.payload, msg.hops - 1, msg.origin)))
         return out
 
     # -- driver entry points

@@ -13,7 +13,7 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from flowbus.core import Effect, Send, SetTimer
+from flowbus.core import Core, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
 from flowbus.overlay.cyclon import CYCLON_TIMER, Apt, Cyclon, Descriptor, Shuffle, ShuffleReply
@@ -24,7 +24,7 @@ from flowbus.routing.crawl import Enter, Publication, Walk
 __all__ = ["CbdloNode"]
 
 
-class CbdloNode:
+class CbdloNode(Core):
     """One real node of CBDLO: Cyclon view, APT, CRAWL walker, CDM host and subscriber.
 
     ``topologies`` is the upper layer shared by all nodes (the distributed trees); ``subs``

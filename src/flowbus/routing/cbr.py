@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.filters.covering import overlaps
@@ -177,6 +177,15 @@ def _okey(o: Origin) -> tuple[int, str]:
     return (o[0], repr(o[1]))
 
 
+def _newer(seen: dict[Origin, int], o: Origin, seq: int) -> bool:
+    """Whether ``seq`` is newer than the last message about ``o`` from one neighbour (then
+    recorded); an older one was overtaken by a newer message about the same origin."""
+    if seq <= seen.get(o, -1):
+        return False
+    seen[o] = seq
+    return True
+
+
 def _dominates(a: Origin, fa: Filter, b: Origin, fb: Filter) -> bool:
     """``a`` makes ``b`` unnecessary: it covers it, strictly or with a smaller origin."""
     return covers(fa, fb) and (not covers(fb, fa) or _okey(a) < _okey(b))
@@ -199,7 +208,7 @@ def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
 # -------------------------------------------------------------------------------- router
 
 
-class ContentRouter:
+class ContentRouter(Core):
     """The content-based routing layer of one broker of a tree of brokers (sans-IO).
 
     ``Send.dst`` is a neighbour broker id; local subscribers get ``Deliver(sub_id, event)``.
@@ -368,30 +377,40 @@ class ContentRouter:
     # -- the driver's entry point
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        cls = msg.__class__
-        if cls is not Publish and cls is not Subscribe and cls is not Unsubscribe:
-            if cls is not Advertise and cls is not Unadvertise:
-                raise ProtocolError(f"broker {self.broker}: unknown message {msg!r}")
-            if not self.advertising:
-                raise ProtocolError(f"broker {self.broker}: {cls.__name__} but advertising is off")
-        if src not in self._neighbours:
-            if src in self._former:
-                self.dropped += 1
-                return []
-            raise ProtocolError(f"broker {self.broker}: {cls.__name__} from {src}, not a neighbour")
-        if cls is Publish:
-            return self._route(msg.event, src)
-        if cls is Advertise or cls is Unadvertise:
-            seen = self._adv_seen[src]
-            if msg.seq <= seen.get(msg.origin, -1):
-                return []  # overtaken by a newer message about the same advertisement
-            seen[msg.origin] = msg.seq
-            return self._adv_set(src, msg.origin, msg.filter if cls is Advertise else None)
-        out = self._receive(src, msg.origin, msg.filter if cls is Subscribe else None, msg.seq)
-        if cls is Subscribe:  # the covered ones go after their cover came: nothing re-exposed
-            for w in msg.withdraw:
-                out.extend(self._receive(src, w, None, msg.seq))
-        return out
+        match msg:
+            case Publish():
+                return [] if self._dropped(src, msg) else self._route(msg.event, src)
+            case Subscribe():
+                if self._dropped(src, msg):
+                    return []
+                out = self._receive(src, msg.origin, msg.filter, msg.seq)
+                for w in msg.withdraw:  # the covered ones go after their cover came: nothing re-exposed
+                    out.extend(self._receive(src, w, None, msg.seq))
+                return out
+            case Unsubscribe():
+                return [] if self._dropped(src, msg) else self._receive(src, msg.origin, None, msg.seq)
+            case Advertise() | Unadvertise() if not self.advertising:
+                raise ProtocolError(f"broker {self.broker}: {type(msg).__name__} but advertising is off")
+            case Advertise():
+                return [] if self._dropped(src, msg) else self._advert(src, msg.origin, msg.filter, msg.seq)
+            case Unadvertise():
+                return [] if self._dropped(src, msg) else self._advert(src, msg.origin, None, msg.seq)
+            case _:
+                raise ProtocolError(f"broker {self.broker}: unknown message {msg!r} from {src}")
+
+    def _dropped(self, src: int, msg: Any) -> bool:
+        """A message from a former neighbour is dropped (and counted); one from a broker that
+        never was a neighbour is an error."""
+        if src in self._neighbours:
+            return False
+        if src in self._former:
+            self.dropped += 1
+            return True
+        raise ProtocolError(f"broker {self.broker}: {type(msg).__name__} from {src}, not a neighbour")
+
+    def _advert(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
+        """An advertisement (``f``) or its removal (None) from neighbour ``src``."""
+        return self._adv_set(src, o, f) if _newer(self._adv_seen[src], o, seq) else []
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         raise ProtocolError(f"broker {self.broker}: no timer {key!r} (the router sets none)")
@@ -498,11 +517,8 @@ class ContentRouter:
         return self.route_batch([event], src)
 
     def _receive(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
-        seen = self._seen[src]
-        if seq <= seen.get(o, -1):
-            return []  # overtaken by a newer message about the same origin
-        seen[o] = seq
-        return self._set(src, o, f)
+        """A subscription (``f``) or its removal (None) from neighbour ``src``."""
+        return self._set(src, o, f) if _newer(self._seen[src], o, seq) else []
 
     def _cand(self, m: int, o: Origin) -> Filter | None:
         """``o``'s filter as a candidate for neighbour ``m``: from its smallest direction

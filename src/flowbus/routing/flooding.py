@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowbus.core import Deliver, Effect, Send, SetTimer
+from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.cbdlo_tree import Subscription
 from flowbus.routing.crawl import Publication
@@ -40,7 +40,7 @@ class Flood:
     hops: int
 
 
-class SimpleNode:
+class SimpleNode(Core):
     """One node of the Simple flooding protocol (see the module note).
 
     ``comparisons`` counts the attribute comparisons of local matching; ``reached`` the

@@ -349,7 +349,6 @@ class TableReply:
 
 
 RangeMessage = Publish | Subscribe | Unsubscribe
-_RANGE_MESSAGES = frozenset({Publish, Subscribe, Unsubscribe})
 
 
 # ---------------------------------------------------------------------------------- node
@@ -371,7 +370,7 @@ class IrbrNode(PastryApp):
     nodes (if any) are that node's leaf-set neighbours towards the key.
     """
 
-    app_messages = (Publish, Subscribe, Unsubscribe, TableRequest, TableReply)
+    app_messages = frozenset({Publish, Subscribe, Unsubscribe, TableRequest, TableReply})
 
     __slots__ = ("clock", "covering", "empty_ranges", "rows_from", "table")
 
@@ -414,7 +413,7 @@ class IrbrNode(PastryApp):
         return out
 
     def publish(self, event: Mapping[str, Any]) -> list[Effect]:
-        return self._on_range(Publish(event, ROOT))
+        return self._on_publish(Publish(event, ROOT))
 
     def join(self, bootstrap: int | None) -> list[Effect]:
         """Join the Pastry network through ``bootstrap``; once joined, the filter table is
@@ -429,37 +428,54 @@ class IrbrNode(PastryApp):
             out.extend(self.unsubscribe(sub_id))
         return out
 
-    # -- the driver's entry points (see PastryApp)
+    # -- what PastryApp hands us
 
-    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        if msg.__class__ in _RANGE_MESSAGES:  # the hot path: straight to the range handler
-            return self.on_app_message(src, msg, now)
-        joining = not self.pastry.ready
-        out = super().on_message(src, msg, now)
-        if joining and self.pastry.ready:
-            out.extend(self._ask_table())
-        return out
+    def on_app_message(self, src: int, msg: Any, now: float, route: Route | None) -> list[Effect]:
+        """IRBR's messages, all read here. A range message sent straight here is for a range
+        this node is in; a routed one is taken up by the first node of its range on the way
+        (:meth:`_towards` passes it on until then)."""
+        match msg:
+            case Publish() | Subscribe() | Unsubscribe() if not in_prefix(self.node_id, msg.prefix):
+                if route is None:
+                    where = prefix_text(msg.prefix)
+                    raise ProtocolError(f"IrbrNode {self.node_id:x}: not in range {where!r}")
+                return self._towards(route, msg)
+            case Publish():
+                return self._on_publish(msg)
+            case Subscribe():
+                return self._on_subscribe(msg)
+            case Unsubscribe():
+                return self._on_unsubscribe(msg)
+            case TableRequest() if route is None:
+                return [Send(msg.addr, self.table.snapshot())]
+            case TableReply() if route is None:
+                self.table.load(msg)
+                return []
+            case _:
+                raise ProtocolError(f"IrbrNode {self.node_id:x}: {type(msg).__name__} is never routed")
 
-    def on_app_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        if isinstance(msg, Publish | Subscribe | Unsubscribe):
-            if not in_prefix(self.node_id, msg.prefix):
-                raise ProtocolError(f"IrbrNode {self.node_id:x}: not in range {prefix_text(msg.prefix)!r}")
-            return self._on_range(msg)
-        if isinstance(msg, TableRequest):
-            return [Send(msg.addr, self.table.snapshot())]
-        if isinstance(msg, TableReply):
-            self.table.load(msg)
-            return []
-        return super().on_app_message(src, msg, now)
+    def on_joined(self, now: float) -> list[Effect]:
+        return self._ask_table()
 
-    def on_route(self, src: int, route: Route, now: float) -> list[Effect]:
-        """A range message routed towards a key of its range: taken up by the first node of
-        the range on the way, else by a leaf-set neighbour of the node the key ends at."""
-        msg = route.payload
-        if isinstance(msg, TableRequest | TableReply):
-            raise ProtocolError(f"IrbrNode {self.node_id:x}: {type(msg).__name__} is never routed")
-        if in_prefix(self.node_id, msg.prefix):
-            return self._on_range(msg)
+    def on_app_send_failed(self, dst: int, msg: Any, now: float, route: Route | None) -> list[Effect]:
+        """A routed message goes on from here as at any hop (taken up here if this node is in
+        its range); a range message to a dead entry is routed into the range; a lost table
+        request is asked again."""
+        if route is not None:
+            return self.on_app_message(self.address, msg, now, route)
+        match msg:
+            case Publish() | Subscribe() | Unsubscribe():
+                return self.route(self.pastry.book.id_of[dst], msg)
+            case TableRequest():
+                return self._ask_table()
+            case _:
+                return []
+
+    # -- transitions
+
+    def _towards(self, route: Route, msg: RangeMessage) -> list[Effect]:
+        """A range message routed towards a key of its range, at a node outside the range:
+        on to the next hop, else (the key ends here) to a leaf-set neighbour in the range."""
         out = self.forward(route)
         if out:
             return out
@@ -469,28 +485,17 @@ class IrbrNode(PastryApp):
             return []
         return [Send(self.pastry.book.addr_of[member], msg)]
 
-    def on_route_failed(self, dst: int, route: Route, now: float) -> list[Effect]:
-        return self.on_route(self.address, route, now)
-
-    def on_app_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
-        if isinstance(msg, TableRequest):
-            return self._ask_table()
-        if isinstance(msg, Publish | Subscribe | Unsubscribe):
-            dead = self.pastry.book.id_of[dst]
-            return self.route(dead, msg)
-        return []
-
-    # -- transitions
-
-    def _on_range(self, msg: RangeMessage) -> list[Effect]:
-        """Take responsibility for ``msg.prefix``: handle the message here, pass it on to
-        every sub-range of our rows >= its length."""
-        if isinstance(msg, Publish):
-            return self._on_publish(msg)
+    def _on_subscribe(self, msg: Subscribe) -> list[Effect]:
+        """File the subscription, and pass it on to every sub-range of our rows >= its range's
+        length."""
         self.clock = max(self.clock, msg.clock) + 1
-        if isinstance(msg, Subscribe):
-            self.table.add(msg.node, msg.sub, msg.filter, msg.clock)
-            return self._broadcast(msg.prefix[0], NDIGITS, partial(_subscribe_msg, msg))
+        self.table.add(msg.node, msg.sub, msg.filter, msg.clock)
+        return self._broadcast(msg.prefix[0], NDIGITS, partial(_subscribe_msg, msg))
+
+    def _on_unsubscribe(self, msg: Unsubscribe) -> list[Effect]:
+        """Forget the subscription, pass the removal on as the subscription went, and extend
+        our own subscriptions it may have been sparing."""
+        self.clock = max(self.clock, msg.clock) + 1
         removed, _ = self.table.remove(msg.node, msg.sub, msg.clock)
         out = self._broadcast(msg.prefix[0], NDIGITS, partial(_unsubscribe_msg, msg))
         if removed is not None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from flowbus import wire
 from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
@@ -117,7 +117,7 @@ class ScribeNode(PastryApp):
     off the tree), :attr:`children` and :attr:`is_root` describe this node's part of the tree.
     """
 
-    app_messages: ClassVar[tuple[type, ...]] = (JoinTree, LeaveTree, Publish, Multicast, Heartbeat)
+    app_messages = frozenset({JoinTree, LeaveTree, Publish, Multicast, Heartbeat})
 
     __slots__ = ("_children", "_epoch", "_silent", "heartbeat", "in_tree", "parent", "subs", "topic")
 
@@ -162,50 +162,58 @@ class ScribeNode(PastryApp):
     def publish(self, event: Mapping[str, Any]) -> list[Effect]:
         return self.route(self.topic, Publish(event))
 
-    # -- PastryApp hooks
+    # -- what PastryApp hands us
 
-    def on_route(self, src: int, route: Route, now: float) -> list[Effect]:
-        payload = route.payload
-        if route.key != self.topic or not isinstance(payload, JoinTree | Publish):
-            raise ProtocolError(f"ScribeNode {self.address}: unexpected route {route!r} from {src}")
-        if isinstance(payload, Publish):
-            if self.next_hop(self.topic) is None:  # the rendezvous
-                return self._multicast(payload.event)
-            return self.forward(route)
-        out = [] if src == self.address else self._add_child(src, payload.epoch)
-        if self.in_tree:
-            return out
-        return out + self._enter() + self._push_join(route)
-
-    def on_route_failed(self, dst: int, route: Route, now: float) -> list[Effect]:
-        lost_parent = self.in_tree and dst == self.parent
-        if isinstance(route.payload, JoinTree):  # ours (or a child's) to our parent, or stale
-            return self._push_join(route) if lost_parent else []
-        repair = lost_parent and self.heartbeat is not None  # no repair without heartbeats
-        out = self._rejoin() if repair else []
-        return out + super().on_route_failed(dst, route, now)
-
-    def on_app_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        if isinstance(msg, Multicast | Heartbeat):
-            if src != self.parent:  # a stale parent: we are not its child
-                return [Send(src, LeaveTree(self._epoch))]
-            self._silent = 0
-            return self._multicast(msg.event) if isinstance(msg, Multicast) else []
-        if isinstance(msg, LeaveTree):
-            if self._children.get(src, msg.epoch + 1) > msg.epoch:  # not a child, or a newer one
+    def on_app_message(self, src: int, msg: Any, now: float, route: Route | None) -> list[Effect]:
+        """Scribe's messages, all read here: joins and publications are routed towards the
+        topic key, the tree's own messages go straight from parent to child (or back)."""
+        match msg:
+            case JoinTree() if route is not None and route.key == self.topic:
+                out = [] if src == self.address else self._add_child(src, msg.epoch)
+                if self.in_tree:
+                    return out
+                return out + self._enter() + self._push_join(route)
+            case Publish() if route is not None and route.key == self.topic:
+                if self.next_hop(self.topic) is None:  # the rendezvous
+                    return self._multicast(msg.event)
+                return self.forward(route)
+            case Multicast() | Heartbeat() if route is None and src != self.parent:
+                return [Send(src, LeaveTree(self._epoch))]  # a stale parent: we are not its child
+            case Multicast() if route is None:
+                self._silent = 0
+                return self._multicast(msg.event)
+            case Heartbeat() if route is None:
+                self._silent = 0
                 return []
-            del self._children[src]
-            return self._maybe_leave()
-        return super().on_app_message(src, msg, now)
+            case LeaveTree() if route is None:
+                if self._children.get(src, msg.epoch + 1) > msg.epoch:  # not a child, or a newer one
+                    return []
+                del self._children[src]
+                return self._maybe_leave()
+            case _:
+                what = f"message {msg!r}" if route is None else f"route {route!r}"
+                raise ProtocolError(f"ScribeNode {self.address}: unexpected {what} from {src}")
 
-    def on_app_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
-        if self._children.pop(dst, None) is None:
-            return []
-        return self._maybe_leave()
+    def on_app_send_failed(self, dst: int, msg: Any, now: float, route: Route | None) -> list[Effect]:
+        """A join to our lost parent goes on to the new one; a routed publication is routed
+        again (with heartbeats on, losing our parent also makes us re-join at once); a failed
+        send to a child drops that child."""
+        lost_parent = self.in_tree and dst == self.parent
+        match msg:
+            case JoinTree() if route is not None:  # ours (or a child's) to our parent, or stale
+                return self._push_join(route) if lost_parent else []
+            case _ if route is not None:
+                repair = lost_parent and self.heartbeat is not None  # no repair without heartbeats
+                out = self._rejoin() if repair else []
+                return out + self.reroute(route, now)
+            case _:
+                if self._children.pop(dst, None) is None:
+                    return []
+                return self._maybe_leave()
 
     def on_app_timer(self, key: Hashable, now: float) -> list[Effect]:
         if key != TIMER or self.heartbeat is None:
-            return super().on_app_timer(key, now)
+            raise ProtocolError(f"ScribeNode {self.address}: unknown timer {key!r}")
         if not self.in_tree:
             return []
         out: list[Effect] = []

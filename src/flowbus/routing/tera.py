@@ -30,7 +30,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowbus.core import Deliver, Effect, Send, SetTimer
+from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.cbdlo_tree import Subscription
 from flowbus.overlay.cyclon import Apt
@@ -64,7 +64,7 @@ class TopicFlood:
     topic: str
 
 
-class TeraNode:
+class TeraNode(Core):
     """One TERA node (see the module note). ``observer.walk_ended(pub, topic, outcome, hops)``
     is told how each search ended (``"hit"`` or ``"expired"``)."""
 

@@ -4,10 +4,11 @@ How it works: :class:`Simulator` (``engine``) keeps a heap of timed events and
 hands each to a core; the cores' effects go through a chain of transport layers
 (``transport``: latency, loss, crashes, link failures, partitions) and are
 counted by :class:`Metrics` (``metrics``). One master seed fixes every random
-stream, so a run is reproducible byte for byte.
+stream, so a run is reproducible byte for byte. The cores it drives are
+:class:`flowbus.core.Core` objects.
 """
 
-from flowbus.sim.engine import EXTERNAL, Core, SimError, Simulator, derive_seed
+from flowbus.sim.engine import EXTERNAL, SimError, Simulator, derive_seed
 from flowbus.sim.metrics import DeliveryRecord, Metrics
 from flowbus.sim.transport import (
     Chain,
@@ -27,7 +28,6 @@ __all__ = [
     "Chain",
     "ConstantLatency",
     "CoordinateLatency",
-    "Core",
     "Crashes",
     "DeliveryRecord",
     "Layer",

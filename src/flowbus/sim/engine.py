@@ -21,10 +21,12 @@ as ``"crash"`` losses) and its timers are dropped. With ``failure_notice=d`` the
 transport behaves like an acknowledged link: a message dropped because its
 destination is unreachable (crashed, or a ``"link"`` / ``"partition"`` drop) is
 reported back to its live sender ``d`` time units later through the core's
-``on_send_failed(dst, msg, now)``, if the core has one; random loss is never
-reported. All randomness derives from
-the master seed through ``rng(name)`` (SHA-256 of ``"{seed}/{name}"``, never the
-salted built-in ``hash``), so one config and seed give byte-identical results.
+``on_send_failed(dst, msg, now)`` (a :class:`~flowbus.core.Core` that has nothing to do
+with it keeps the default, which does nothing); random loss is never reported. All
+randomness derives from the master seed through ``rng(name)`` (SHA-256 of
+``"{seed}/{name}"``, never the salted built-in ``hash``), so one config and seed give
+byte-identical results. The cores are :class:`flowbus.core.Core` objects: the asyncio
+runtime (:mod:`flowbus.net.runtime`) drives the same ones.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError, SimError
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import Chain, Layer
 
-__all__ = ["EXTERNAL", "UNREACHABLE", "Core", "SimError", "Simulator", "derive_seed"]
+__all__ = ["EXTERNAL", "UNREACHABLE", "SimError", "Simulator", "derive_seed"]
 
 EXTERNAL: Final = -1
 """The ``src`` of a message injected from outside the simulated network."""
@@ -59,14 +61,6 @@ UNREACHABLE: Final = frozenset({"crash", "link", "partition"})
 Entry = tuple[float, int, int, int, Any, Any]
 DeliverHook = Callable[[int, Hashable, Any, float], object]
 ProgressHook = Callable[[int, float], object]
-
-
-class Core(Protocol):
-    """A sans-IO protocol core as the simulator drives it."""
-
-    def on_message(self, src: int, msg: Any, now: float) -> Sequence[Effect]: ...
-
-    def on_timer(self, key: Hashable, now: float) -> Sequence[Effect]: ...
 
 
 def derive_seed(seed: int | str, name: str) -> int:
@@ -271,10 +265,7 @@ class Simulator:
         elif kind == _FAILED:
             if node in self._down:
                 return
-            handler = getattr(self._cores[node], "on_send_failed", None)
-            if handler is None:
-                return
-            effects = handler(x, y, now)
+            effects = self._cores[node].on_send_failed(x, y, now)
         else:
             x()
             return

@@ -20,12 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from flowbus.errors import ExperimentError
 
 __all__ = [
     "ExperimentConfig",
+    "OneSeed",
     "config_dict",
     "config_path",
     "fraction",
@@ -58,6 +59,26 @@ class ExperimentConfig(Protocol):
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-able (tuples as lists)."""
         ...
+
+
+class OneSeed:
+    """What :class:`ExperimentConfig` asks, for a config dataclass with one ``seed`` field
+    and its experiment's name in the class variable ``NAME``."""
+
+    __slots__ = ()
+    NAME: ClassVar[str]
+    seed: int
+
+    @property
+    def experiment(self) -> str:
+        return self.NAME
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return (self.seed,)
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_dict(self)
 
 
 def config_dict(config: Any) -> dict[str, Any]:

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from flowbus.errors import ExperimentError
-from flowbus.experiments.config import config_dict, integer
+from flowbus.experiments.config import OneSeed, integer
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result, pyplot, save
 from flowbus.overlay.pastry import BITS, Route, numerically_closest
 from flowbus.overlay.pastry_static import build_static, random_ids
@@ -47,8 +47,10 @@ TIMING_FIELDS: Final = ("build_s", "run_s", "wall_s")
 
 
 @dataclass(frozen=True, slots=True)
-class PastryHops:
+class PastryHops(OneSeed):
     """``lookups`` random keys routed through a static Pastry network of ``nodes`` nodes."""
+
+    NAME: ClassVar[str] = "pastry-hops"
 
     nodes: int = 10_000
     lookups: int = 10_000
@@ -60,17 +62,6 @@ class PastryHops:
             if type(value) is not int or value < 1:
                 raise ExperimentError(f"pastry-hops: the number of {key} must be an int >= 1, got {value!r}")
         integer("seed", self.seed, 0)
-
-    @property
-    def experiment(self) -> str:
-        return "pastry-hops"
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def to_dict(self) -> dict[str, Any]:
-        return config_dict(self)
 
 
 def hop_bound(nodes: int) -> int:
@@ -99,23 +90,9 @@ def run(config: PastryHops, *, progress: ProgressFn | None = None) -> Result:
     report("building", 1, 3)
     cores = build_static(ids, random.Random(derive_seed(seed, "pastry-hops/tables")))
     report("building", 2, 3)
-    sorted_ids = sorted(ids)
-    delivered: set[int] = set()
-    correct = 0
-    every = max(1, lookups // 100)
-
-    def on_deliver(node: int, sub: Hashable, event: Any, now: float) -> None:
-        nonlocal correct
-        if not isinstance(event, Route) or event.payload in delivered:
-            return
-        delivered.add(event.payload)
-        if ids[node] == numerically_closest(sorted_ids, event.key):
-            correct += 1
-        if len(delivered) % every == 0:
-            report("simulating", len(delivered), lookups)
-
+    check = _Check(ids, sorted(ids), lambda done: report("simulating", done, lookups), max(1, lookups // 100))
     metrics = Metrics()
-    sim = Simulator(seed=seed, transport=[ConstantLatency(1.0)], metrics=metrics, on_deliver=on_deliver)
+    sim = Simulator(seed=seed, transport=[ConstantLatency(1.0)], metrics=metrics, on_deliver=check.on_deliver)
     for core in cores:
         sim.add_node(core.address, core)
     report("building", 3, 3)
@@ -128,26 +105,49 @@ def run(config: PastryHops, *, progress: ProgressFn | None = None) -> Result:
         sim.inject(src, Route(rng.getrandbits(BITS), i, 0, src), at=0.0)
     report("simulating", 0, lookups)
     sim.run()
-    report("simulating", len(delivered), lookups)
-    run_s = time.perf_counter() - t1
+    report("simulating", len(check.delivered), lookups)
+    timing = {"build_s": build_s, "run_s": time.perf_counter() - t1, "wall_s": time.perf_counter() - t0}
+    hops = metrics.hops()
+    rows = [{"hops": h, "lookups": c} for h, c in hops.items()]
+    return Result(config, FILES, rows, findings=_findings(config, check, metrics, sim.now), timing=timing)
 
+
+@dataclass(slots=True)
+class _Check:
+    """Counts each lookup's first delivery, and those at the node responsible for its key."""
+
+    ids: list[int]
+    sorted_ids: list[int]
+    report: Callable[[int], None]
+    every: int
+    delivered: set[int] = field(default_factory=set)
+    correct: int = 0
+
+    def on_deliver(self, node: int, sub: Hashable, event: Any, now: float) -> None:
+        if not isinstance(event, Route) or event.payload in self.delivered:
+            return
+        self.delivered.add(event.payload)
+        if self.ids[node] == numerically_closest(self.sorted_ids, event.key):
+            self.correct += 1
+        if len(self.delivered) % self.every == 0:
+            self.report(len(self.delivered))
+
+
+def _findings(config: PastryHops, check: _Check, metrics: Metrics, sim_time: float) -> dict[str, Any]:
     hops = metrics.hops()
     counted = sum(hops.values())
-    findings = {
-        "delivered": len(delivered),
-        "correct": correct,
+    return {
+        "delivered": len(check.delivered),
+        "correct": check.correct,
         "mean_hops": sum(h * c for h, c in hops.items()) / counted if counted else None,
         "max_hops": max(hops) if hops else None,
-        "bound": hop_bound(nodes),
-        "paper_mean_hops": PAPER_MEAN_HOPS.get(nodes),
+        "bound": hop_bound(config.nodes),
+        "paper_mean_hops": PAPER_MEAN_HOPS.get(config.nodes),
         "messages": metrics.total_sent,
         "lost": metrics.total_lost,
         "duplicates": metrics.duplicates,
-        "sim_time": sim.now,
+        "sim_time": sim_time,
     }
-    rows = [{"hops": h, "lookups": c} for h, c in hops.items()]
-    timing = {"build_s": build_s, "run_s": run_s, "wall_s": time.perf_counter() - t0}
-    return Result(config, FILES, rows, findings=findings, timing=timing)
 
 
 def record(result: Result) -> dict[str, Any]:

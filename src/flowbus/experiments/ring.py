@@ -54,13 +54,13 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import numpy as np
 
 from flowbus.core import Effect
 from flowbus.errors import ExperimentError
-from flowbus.experiments.config import config_dict, fraction, integer, one_of, unique
+from flowbus.experiments.config import OneSeed, fraction, integer, one_of, unique
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result
 from flowbus.experiments.ring_plots import plot_classes, plot_faults, plot_join, plot_repair
 from flowbus.experiments.ring_sim import BrokerRing, LinkLatency, RingSim, ring_errors
@@ -112,8 +112,10 @@ def _sizes(experiment: str, sizes: Any, low: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class RingJoin:
+class RingJoin(OneSeed):
     """One ring grown by joins; the cost of a join at each of ``sizes`` brokers."""
+
+    NAME: ClassVar[str] = "ring-join"
 
     sizes: tuple[int, ...] = (16, 64, 256, 1024, 4096)
     seed: int = 1
@@ -123,17 +125,6 @@ class RingJoin:
         object.__setattr__(self, "sizes", _sizes("ring-join", self.sizes, 2))
         integer("seed", self.seed, 0)
         integer("window", self.window, 1)
-
-    @property
-    def experiment(self) -> str:
-        return "ring-join"
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def to_dict(self) -> dict[str, Any]:
-        return config_dict(self)
 
 
 def run_join(config: RingJoin, *, progress: ProgressFn | None = None) -> Result:
@@ -172,8 +163,10 @@ def _timing(t0: float) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class RingRepair:
+class RingRepair(OneSeed):
     """Rings of each of ``sizes`` brokers; ``trials`` failures of each kind in each."""
+
+    NAME: ClassVar[str] = "ring-repair"
 
     sizes: tuple[int, ...] = (64, 256, 1024, 4096)
     trials: int = 5
@@ -183,17 +176,6 @@ class RingRepair:
         object.__setattr__(self, "sizes", _sizes("ring-repair", self.sizes, 8))
         integer("ring-repair: trials", self.trials, 1)
         integer("seed", self.seed, 0)
-
-    @property
-    def experiment(self) -> str:
-        return "ring-repair"
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def to_dict(self) -> dict[str, Any]:
-        return config_dict(self)
 
 
 def run_repair(config: RingRepair, *, progress: ProgressFn | None = None) -> Result:
@@ -297,8 +279,10 @@ def _ignore(node: int, sub: Any, event: Any, now: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class RingClasses:
+class RingClasses(OneSeed):
     """Events of each class over a multigraph of ``nodes`` brokers, links intact then failed."""
+
+    NAME: ClassVar[str] = "ring-classes"
 
     nodes: int = 256
     events: int = 1000
@@ -315,17 +299,6 @@ class RingClasses:
             fraction(f"ring-classes: {key}", getattr(self, key))
         fraction("ring-classes: link_failures", self.link_failures, open_high=True)
         integer("seed", self.seed, 0)
-
-    @property
-    def experiment(self) -> str:
-        return "ring-classes"
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def to_dict(self) -> dict[str, Any]:
-        return config_dict(self)
 
 
 def run_classes(config: RingClasses, *, progress: ProgressFn | None = None) -> Result:
@@ -412,8 +385,10 @@ def _send(dst: int, payload: int, cls: LinkClass, now: float, router: ClassRoute
 
 
 @dataclass(frozen=True, slots=True)
-class RingFaults:
+class RingFaults(OneSeed):
     """Backup factors x crash scenarios (x custody), each on a fresh ring of ``nodes`` brokers."""
+
+    NAME: ClassVar[str] = "ring-faults"
 
     nodes: int = 24
     backups: tuple[int, ...] = (1, 2, 3, 4)
@@ -438,17 +413,6 @@ class RingFaults:
         integer("seed", self.seed, 0)
         for key in ("backups", "scenarios", "custody"):
             object.__setattr__(self, key, tuple(getattr(self, key)))
-
-    @property
-    def experiment(self) -> str:
-        return "ring-faults"
-
-    @property
-    def seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def to_dict(self) -> dict[str, Any]:
-        return config_dict(self)
 
 
 def run_faults(config: RingFaults, *, progress: ProgressFn | None = None) -> Result:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from flowbus.errors import ProtocolError
-from flowbus.experiments.ring_classes import LinkLatency, run
+from flowbus.experiments.output import document
+from flowbus.experiments.ring import RingClasses, run_classes
+from flowbus.experiments.ring_sim import LinkLatency
 from flowbus.overlay.class_router import Classed, ClassRouter
 from flowbus.overlay.multigraph import LinkClass, Multigraph
 from flowbus.sim import Simulator
@@ -17,7 +19,7 @@ NORMAL, EXPRESS, SECURE = LinkClass.NORMAL, LinkClass.EXPRESS, LinkClass.SECURE
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_no_violations_and_express_is_faster(seed: int) -> None:
-    r = run(nodes=40, events=80, link_failures=0.2, seed=seed)
+    r = document(run_classes(RingClasses(nodes=40, events=80, link_failures=0.2, seed=seed)))
     assert r["violations"] == 0
     by = {(row["phase"], row["cls"]): row for row in r["rows"]}
     for phase in ("intact", "failed"):

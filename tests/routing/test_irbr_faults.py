@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowbus.experiments.irbr_run import QuoteWorkload, RunConfig, reachable_sets, run
+from flowbus.experiments.irbr_run import IrbrRun, QuoteWorkload, reachable_sets, run
 from flowbus.filters import Filter, parse
 from flowbus.overlay.pastry import BITS, PastryNode, shared_prefix_len
 from flowbus.overlay.pastry_static import build_static
@@ -33,8 +33,8 @@ from flowbus.sim import ConstantLatency, Simulator
 def test_exactly_once_for_every_reachable_subscriber(
     nodes: int, failure: float, subscribers: float, covering: bool, seed: int
 ) -> None:
-    config = RunConfig("irbr", nodes=nodes, failure=failure, seed=seed, events=25, subscribers=subscribers)
-    row = run(RunConfig(**{**config.to_dict(), "covering": covering})).row
+    config = IrbrRun("irbr", nodes=nodes, failure=failure, seed=seed, events=25, subscribers=subscribers)
+    row = run(IrbrRun(**{**config.to_dict(), "covering": covering})).row
     assert row["lost_reachable"] == 0
     assert row["duplicates"] == 0 and row["wrong"] == 0
     assert row["failed"] == round(failure * nodes)

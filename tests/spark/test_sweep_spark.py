@@ -7,30 +7,25 @@ from typing import Any
 
 import pytest
 
+from flowbus.experiments import irbr
+from flowbus.experiments.irbr import SUMMARY_COLUMNS, IrbrSweep
 from flowbus.experiments.irbr_run import TIMING_FIELDS
-from flowbus.experiments.sweep import (
-    SUMMARY_COLUMNS,
-    Sweep,
-    SweepResult,
-    load_sweep,
-    run_serial,
-    t975,
-    write_outputs,
-)
+from flowbus.experiments.output import Result, write_outputs
+from flowbus.experiments.stats import t975
 
 
 @pytest.fixture(scope="module")
-def sweep() -> Sweep:
-    return load_sweep("irbr-faults", nodes=80, seeds="2", failures="0,0.1", events=20)
+def sweep() -> IrbrSweep:
+    return irbr.load("irbr-faults", nodes=80, seeds="2", failures="0,0.1", events=20)
 
 
 @pytest.fixture(scope="module")
-def serial(sweep: Sweep) -> SweepResult:
-    return run_serial(sweep)
+def serial(sweep: IrbrSweep) -> Result:
+    return irbr.run(sweep)
 
 
 @pytest.fixture(scope="module")
-def on_spark(spark: Any, sweep: Sweep) -> SweepResult:
+def on_spark(spark: Any, sweep: IrbrSweep) -> Result:
     from flowbus.spark.sweep import run_spark
 
     return run_spark(spark, sweep)
@@ -40,16 +35,16 @@ def _untimed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
 
 
-def test_same_runs_and_events(on_spark: SweepResult, serial: SweepResult) -> None:
-    assert len(on_spark.runs) == 8
-    assert _untimed(on_spark.runs) == _untimed(serial.runs)
-    assert on_spark.events == serial.events
-    assert all(r["run_s"] > 0 for r in on_spark.runs)
+def test_same_runs_and_events(on_spark: Result, serial: Result) -> None:
+    assert len(on_spark.rows) == 8
+    assert _untimed(on_spark.rows) == _untimed(serial.rows)
+    assert on_spark.tables["events"] == serial.tables["events"]
+    assert all(r["run_s"] > 0 for r in on_spark.rows)
     assert on_spark.runner["name"] == "spark" and on_spark.runner["tasks"] == 4  # (protocol, seed)
     assert str(on_spark.runner["master"]).startswith("local[")  # the shared session's master
 
 
-def test_same_aggregates(on_spark: SweepResult, serial: SweepResult) -> None:
+def test_same_aggregates(on_spark: Result, serial: Result) -> None:
     assert len(on_spark.summary) == len(serial.summary) == 4
     for a, b in zip(on_spark.summary, serial.summary, strict=True):
         assert list(a) == list(b) == list(SUMMARY_COLUMNS)
@@ -60,13 +55,13 @@ def test_same_aggregates(on_spark: SweepResult, serial: SweepResult) -> None:
                 assert a[key] == b[key], key
 
 
-def test_same_csv_bytes(on_spark: SweepResult, serial: SweepResult, tmp_path: Path) -> None:
+def test_same_csv_bytes(on_spark: Result, serial: Result, tmp_path: Path) -> None:
     a, b = write_outputs(on_spark, tmp_path / "spark"), write_outputs(serial, tmp_path / "serial")
     for name in ("runs", "events"):
         assert Path(a[name]).read_bytes() == Path(b[name]).read_bytes(), name
 
 
-def test_one_task_per_group_of_runs(spark: Any, sweep: Sweep) -> None:
+def test_one_task_per_group_of_runs(spark: Any, sweep: IrbrSweep) -> None:
     from flowbus.spark.sweep import run_dataframe
 
     groups = sweep.groups()

@@ -1,26 +1,28 @@
-"""The simulator commands: ``flowbus sim pastry-hops``, ``irbr-faults``, ``irbr-forwards``,
-the chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``, and
-CBDLO's ``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``
-(:mod:`flowbus.experiments.cbdlo_experiments`: configs in ``experiments/cbdlo-*.yaml``; CSV, JSON and
-PNG under ``--out``, by default ``docs/results/cbdlo``).
+"""The simulator commands: one per experiment of :mod:`flowbus.experiments`.
 
-``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`). As
-everywhere in the command line, ``--json`` prints exactly one JSON document on standard
-output (progress, if any, goes to standard error), otherwise a two-column table; a bad
-input prints a red message on standard error and exits with status 2, without a traceback.
+``flowbus sim pastry-hops``; the IRBR sweeps ``irbr-faults``, ``irbr-forwards``; the
+chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``; CBDLO's
+``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``.
+``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`).
 
-``irbr-faults`` and ``irbr-forwards`` run a sweep of the IRBR fault experiment
-(:mod:`flowbus.experiments.sweep`): the sweep is read from ``--config`` (default
+How it works: every command is thin. Its options become the experiment's config (checked
+when built; the IRBR and CBDLO commands read ``--config``, by default
 ``experiments/<command>.yaml`` under the current directory, else the built-in defaults,
-the same values) with the command line overrides, and checked before anything runs. The
-runs go to Spark as one task each (``--master`` / ``--remote``; ``local[*]`` by default)
-or, with ``--serial``, run one after the other in this process. CSV files, a manifest and
-a PNG go to ``--out``.
+the same values, with the command line overrides); :func:`_execute` then runs it with a
+progress bar on standard error, writes the CSV, JSON and PNG files under ``--out``
+(:func:`flowbus.experiments.output.write_outputs`) and shows the result: with ``--json``
+exactly one JSON document on standard output, otherwise a table. A bad input prints a red
+message on standard error and exits with status 2, without a traceback, before anything
+runs or is written. The IRBR sweeps run as Spark tasks, one per group of runs
+(``--master`` / ``--remote``; ``local[*]`` by default), or with ``--serial`` one after the
+other in this process.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -29,13 +31,28 @@ import typer
 from flowbus.errors import FlowbusError
 
 if TYPE_CHECKING:
-    from flowbus.experiments.sweep import Sweep, SweepResult
+    from flowbus.experiments.config import ExperimentConfig
+    from flowbus.experiments.irbr import IrbrSweep
+    from flowbus.experiments.output import ProgressFn, Result
 
 __all__ = ["irbr_faults", "irbr_forwards", "pastry_hops", "sim_app"]
 
 sim_app = typer.Typer(help="Discrete-event simulations of the overlay cores.", no_args_is_help=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+SeedOption = Annotated[int, typer.Option(help="Master seed.")]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", help="Sweep config (YAML). Default: experiments/<command>.yaml, else built-in defaults."
+    ),
+]
+
+Build = Callable[[], "tuple[ExperimentConfig, str | None]"]
+"""Makes a command's config from its options (and the config file it read, if any)."""
+Run = Callable[[Any, "ProgressFn | None"], "Result"]
+Show = Callable[["Result", dict[str, Any], bool], None]
+"""Prints a result: its JSON document (given, ``outputs`` included) or a table."""
 
 
 def _cli() -> Any:
@@ -50,38 +67,84 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)  # not reached: fail() exits
 
 
+def _execute(build: Build, run: Run, *, out: Path | None, as_json: bool, show: Show) -> None:
+    """Config, run, write (unless ``out`` is None), show; a FlowbusError exits with status 2."""
+    from flowbus.experiments.output import document, write_outputs
+
+    cli = _cli()
+    try:
+        config, config_file = build()
+        with cli.progress_bar(True) as progress:
+            result = run(config, progress)
+        outputs = None if out is None else write_outputs(result, out, config_file=config_file)
+    except FlowbusError as exc:
+        _fail(str(exc))
+    show(result, document(result, config_file=config_file, outputs=outputs), as_json)
+
+
+def _table(title: str, header: list[str], rows: list[list[str]], outputs: dict[str, str]) -> None:
+    from rich.table import Table
+
+    cli = _cli()
+    table = Table(title=title)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    cli.out.print(table)
+    for name, path in outputs.items():
+        cli.out.print(f"{name}: {path}")
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.3f}"
+
+
+def _ints(key: str, text: str) -> tuple[int, ...]:
+    from flowbus.experiments.config import parse_list
+
+    return parse_list(key, text, int, "integers separated by commas")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+# ------------------------------------------------------------------------------ Pastry
+
+
 @sim_app.command("pastry-hops")
 def pastry_hops(
     nodes: Annotated[int, typer.Option(help="Pastry nodes (static, correct tables).")] = 10_000,
     lookups: Annotated[int, typer.Option(help="Lookups of random keys from random nodes.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Master seed of the run.")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: write no files).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Routing hops of Pastry lookups against ceil(log16 N) + 1 and the paper's figure 4."""
-    from flowbus.experiments.pastry_hops import run
+    from flowbus.experiments import pastry_hops as ph
 
-    cli = _cli()
-    try:
-        with cli.progress_bar(True) as progress:
-            result = run(nodes=nodes, lookups=lookups, seed=seed, progress=progress)
-    except FlowbusError as exc:
-        _fail(str(exc))
-    if as_json:
-        cli.emit(result, as_json=True, title="")
-        return
-    flat = {k: ("-" if v is None else v) for k, v in result.items() if k != "hops"}
-    flat.update({f"hops = {h}": n for h, n in result["hops"].items()})
-    cli.emit(flat, as_json=False, title=f"Pastry hops: {nodes:,} nodes, {lookups:,} lookups")
+    def show(result: Result, doc: dict[str, Any], as_json: bool) -> None:
+        flat = ph.record(result) | ({"outputs": doc["outputs"]} if "outputs" in doc else {})
+        if as_json:
+            _cli().emit(flat, as_json=True, title="")
+            return
+        table = {k: ("-" if v is None else v) for k, v in flat.items() if k not in ("hops", "outputs")}
+        table.update({f"hops = {h}": n for h, n in flat["hops"].items()})
+        _cli().emit(table, as_json=False, title=f"Pastry hops: {nodes:,} nodes, {lookups:,} lookups")
+
+    _execute(
+        lambda: (ph.PastryHops(nodes=nodes, lookups=lookups, seed=seed), None),
+        lambda c, p: ph.run(c, progress=p), out=out, as_json=as_json, show=show,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------ IRBR sweeps
 
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config", help="Sweep config (YAML). Default: experiments/<command>.yaml, else built-in defaults."
-    ),
-]
 NodesOption = Annotated[int | None, typer.Option(help="Pastry nodes per run.")]
 SeedsOption = Annotated[str | None, typer.Option(help="N (seeds 1..N), A-B, or a list 1,2,3.")]
 EventsOption = Annotated[int | None, typer.Option(help="Events published per run.")]
@@ -91,27 +154,39 @@ MasterOption = Annotated[str | None, typer.Option(help="Spark master URL (defaul
 RemoteOption = Annotated[str | None, typer.Option(help="Spark Connect server, sc://HOST:PORT.")]
 
 
-def _load(experiment: str, config: Path | None, **overrides: Any) -> tuple[Sweep, str | None]:
-    """The sweep, and the config file it came from (None: the built-in defaults)."""
-    from flowbus.experiments.sweep import ExperimentError, load_sweep
+def _irbr(
+    experiment: str,
+    config: Path | None,
+    out: Path | None,
+    as_json: bool,
+    show: Show,
+    runner: tuple[bool, str | None, str | None],
+    **overrides: Any,
+) -> None:
+    from flowbus.experiments import irbr
+    from flowbus.experiments.config import config_path
 
-    if config is None:
-        default = Path("experiments") / f"{experiment}.yaml"
-        config = default if default.is_file() else None
-    elif not config.is_file():
-        raise ExperimentError(f"sweep config not found: {config}")
-    return load_sweep(experiment, config, **overrides), None if config is None else str(config)
+    def build() -> tuple[IrbrSweep, str | None]:
+        path = config_path(experiment, config)
+        return irbr.load(experiment, path, **overrides), None if path is None else str(path)
+
+    serial, master, remote = runner
+    target = out if out is not None else Path("out") / experiment
+    _execute(
+        build, lambda s, p: _run_irbr(s, serial, master, remote, p), out=target, as_json=as_json, show=show
+    )
 
 
-def _run_sweep(
-    sweep: Sweep, *, serial: bool, master: str | None, remote: str | None, progress: Any
-) -> SweepResult:
-    from flowbus.experiments.sweep import ExperimentError, run_serial
+def _run_irbr(
+    sweep: IrbrSweep, serial: bool, master: str | None, remote: str | None, progress: Any
+) -> Result:
+    from flowbus.errors import ExperimentError
+    from flowbus.experiments import irbr
 
     if serial:
         if master is not None or remote is not None:
             raise ExperimentError("--serial runs without Spark: drop --master / --remote")
-        return run_serial(sweep, progress=progress)
+        return irbr.run(sweep, progress=progress)
     from flowbus.spark.session import is_connect, spark_session
     from flowbus.spark.sweep import run_spark
 
@@ -124,34 +199,21 @@ def _run_sweep(
         spark.sparkContext.setLogLevel("ERROR")
     session_s = time.perf_counter() - t
     result = run_spark(spark, sweep, master=remote or master, progress=progress)
-    result.extra["session_s"] = session_s
-    return result
+    return replace(result, timing={**result.timing, "session_s": session_s})
 
 
-def _sweep_command(
-    experiment: str,
-    config: Path | None,
-    out: Path | None,
-    serial: bool,
-    master: str | None,
-    remote: str | None,
-    **overrides: Any,
-) -> tuple[Sweep, str | None, SweepResult, dict[str, str]]:
-    from flowbus.experiments.sweep import write_outputs
+def _irbr_title(what: str, result: Result) -> str:
+    from flowbus.experiments.irbr import IrbrSweep
 
-    cli = _cli()
-    try:
-        sweep, config_file = _load(experiment, config, **overrides)
-        target = out if out is not None else Path("out") / experiment
-        with cli.progress_bar(True) as progress:
-            result = _run_sweep(sweep, serial=serial, master=master, remote=remote, progress=progress)
-        outputs = write_outputs(result, target, config_file=config_file)
-    except FlowbusError as exc:
-        _fail(str(exc))
-    return sweep, config_file, result, outputs
+    sweep, wall = result.config, result.timing["wall_s"]
+    assert isinstance(sweep, IrbrSweep)
+    return (
+        f"{what}: {sweep.nodes:,} nodes, {len(sweep.seeds)} seeds x {sweep.events} events "
+        f"({len(result.rows)} runs, {wall:.1f} s, {result.runner['name']})"
+    )
 
 
-def _rate(row: dict[str, Any], rate: str) -> dict[str, Any]:
+def _with_interval(row: dict[str, Any], rate: str) -> dict[str, Any]:
     return {
         f"{rate}_mean": row[f"{rate}_mean"],
         f"{rate}_ci95": row[f"{rate}_ci95"],
@@ -159,8 +221,49 @@ def _rate(row: dict[str, Any], rate: str) -> dict[str, Any]:
     }
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.3f}"
+def _show_faults(result: Result, doc: dict[str, Any], as_json: bool) -> None:
+    rows = [
+        {
+            "protocol": r["protocol"], "failure": r["failure"], "runs": r["runs"],
+            **_with_interval(r, "loss_rate"), **_with_interval(r, "reachable_loss_rate"),
+            "forwards_per_event_mean": r["forwards_per_event_mean"],
+            "duplicates_max": r["duplicates_max"], "wrong_max": r["wrong_max"],
+        }
+        for r in result.summary
+    ]  # fmt: skip
+    if as_json:
+        _cli().emit({**doc, "rows": rows}, as_json=True, title="")
+        return
+    _table(
+        _irbr_title("IRBR faults", result),
+        ["protocol", "failed %", "runs", "loss %", "± 95 %", "reachable loss %", "± 95 %", "fwd/event"],
+        [
+            [r["protocol"], f"{100 * r['failure']:g}", str(r["runs"]),
+             _pct(r["loss_rate_mean"]), _pct(r["loss_rate_ci95"]),
+             _pct(r["reachable_loss_rate_mean"]), _pct(r["reachable_loss_rate_ci95"]),
+             f"{r['forwards_per_event_mean']:.2f}"]
+            for r in result.summary
+        ],
+        doc["outputs"],
+    )  # fmt: skip
+
+
+def _show_forwards(result: Result, doc: dict[str, Any], as_json: bool) -> None:
+    binned = result.tables["forwards"]
+    if as_json:
+        _cli().emit({**doc, "rows": binned}, as_json=True, title="")
+        return
+    _table(
+        f"{_irbr_title('IRBR forwards', result)}; "
+        f"IRBR below Scribe in every bin: {result.findings['irbr_below_scribe']}",
+        ["protocol", "interested", "events", "mean interested", "mean forwards"],
+        [
+            [r["protocol"], r["bin"], str(r["events"]), f"{r['interested_mean']:.2f}",
+             f"{r['forwards_mean']:.2f}"]
+            for r in binned
+        ],
+        doc["outputs"],
+    )  # fmt: skip
 
 
 @sim_app.command("irbr-faults")
@@ -180,43 +283,9 @@ def irbr_faults(
     as_json: JsonOption = False,
 ) -> None:
     """Event loss of IRBR and Scribe when nodes fail at once (the IRBR paper's figure 4a)."""
-    sweep, config_file, result, outputs = _sweep_command(
-        "irbr-faults", config, out, serial, master, remote,
+    _irbr(
+        "irbr-faults", config, out, as_json, _show_faults, (serial, master, remote),
         nodes=nodes, seeds=seeds, failures=failures, events=events, protocols=protocols,
-    )  # fmt: skip
-    rows = [
-        {
-            "protocol": r["protocol"], "failure": r["failure"], "runs": r["runs"],
-            **_rate(r, "loss_rate"), **_rate(r, "reachable_loss_rate"),
-            "forwards_per_event_mean": r["forwards_per_event_mean"],
-            "duplicates_max": r["duplicates_max"], "wrong_max": r["wrong_max"],
-        }
-        for r in result.summary
-    ]  # fmt: skip
-    doc = {
-        "experiment": "irbr-faults",
-        "config": {"file": config_file, **sweep.to_dict()},
-        "runner": result.runner,
-        "rows": rows,
-        "runs": len(result.runs),
-        "outputs": outputs,
-        "run_s": result.run_s,
-    }
-    if as_json:
-        _cli().emit(doc, as_json=True, title="")
-        return
-    _table(
-        f"IRBR faults: {sweep.nodes:,} nodes, {len(sweep.seeds)} seeds x {sweep.events} events "
-        f"({len(result.runs)} runs, {result.run_s:.1f} s, {result.runner['name']})",
-        ["protocol", "failed %", "runs", "loss %", "± 95 %", "reachable loss %", "± 95 %", "fwd/event"],
-        [
-            [r["protocol"], f"{100 * r['failure']:g}", str(r["runs"]),
-             _pct(r["loss_rate_mean"]), _pct(r["loss_rate_ci95"]),
-             _pct(r["reachable_loss_rate_mean"]), _pct(r["reachable_loss_rate_ci95"]),
-             f"{r['forwards_per_event_mean']:.2f}"]
-            for r in result.summary
-        ],
-        outputs,
     )  # fmt: skip
 
 
@@ -234,87 +303,28 @@ def irbr_forwards(
     as_json: JsonOption = False,
 ) -> None:
     """Forwards per event against interested nodes, IRBR vs Scribe, no failures (the paper's figure 4b)."""
-    from flowbus.experiments.sweep import forwards_by_interest, irbr_below_scribe
-
-    sweep, config_file, result, outputs = _sweep_command(
-        "irbr-forwards", config, out, serial, master, remote,
+    _irbr(
+        "irbr-forwards", config, out, as_json, _show_forwards, (serial, master, remote),
         nodes=nodes, seeds=seeds, events=events, protocols=protocols,
     )  # fmt: skip
-    binned = forwards_by_interest(result.events)
-    below = irbr_below_scribe(binned)
-    doc = {
-        "experiment": "irbr-forwards",
-        "config": {"file": config_file, **sweep.to_dict()},
-        "runner": result.runner,
-        "rows": binned,
-        "forwards_per_event": {r["protocol"]: r["forwards_per_event_mean"] for r in result.summary},
-        "irbr_below_scribe": below,
-        "runs": len(result.runs),
-        "outputs": outputs,
-        "run_s": result.run_s,
-    }
-    if as_json:
-        _cli().emit(doc, as_json=True, title="")
-        return
-    _table(
-        f"IRBR forwards: {sweep.nodes:,} nodes, {len(sweep.seeds)} seeds x {sweep.events} events "
-        f"({len(result.runs)} runs, {result.run_s:.1f} s, {result.runner['name']}); "
-        f"IRBR below Scribe in every bin: {below}",
-        ["protocol", "interested", "events", "mean interested", "mean forwards"],
-        [
-            [r["protocol"], r["bin"], str(r["events"]), f"{r['interested_mean']:.2f}",
-             f"{r['forwards_mean']:.2f}"]
-            for r in binned
-        ],
-        outputs,
-    )  # fmt: skip
-
-
-def _table(title: str, header: list[str], rows: list[list[str]], outputs: dict[str, str]) -> None:
-    from rich.table import Table
-
-    cli = _cli()
-    table = Table(title=title)
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    cli.out.print(table)
-    for name, path in outputs.items():
-        cli.out.print(f"{name}: {path}")
 
 
 # ------------------------------------------------------------------------ chordal ring
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        _fail(f"sizes must be integers separated by commas, got {text!r}")
-        raise
+def _ring(build: Callable[[], ExperimentConfig], run: Any, out: Path, as_json: bool, title: Any) -> None:
+    """A ring experiment: its document, or a table of its rows titled ``title`` (a string,
+    or a function of the result)."""
 
+    def show(result: Result, doc: dict[str, Any], as_json: bool) -> None:
+        if as_json:
+            _cli().emit(doc, as_json=True, title="")
+            return
+        rows = result.rows
+        cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
+        _table(title if isinstance(title, str) else title(result), list(rows[0]), cells, doc["outputs"])
 
-def _ring_command(result_fn: Any, out: Path, as_json: bool, title: str | Any, *, write: Any = None) -> None:
-    """Run a ring experiment with progress, write its outputs (``write``: the experiment's
-    writer, default ring-join/ring-repair's), print JSON or a table titled ``title`` (a
-    string, or a function of the result)."""
-    if write is None:
-        from flowbus.experiments.ring_experiments import write_outputs as write
-
-    cli = _cli()
-    try:
-        with cli.progress_bar(True) as progress:
-            result = result_fn(progress)
-        result["outputs"] = write(result, out)
-    except FlowbusError as exc:
-        _fail(str(exc))
-    if as_json:
-        cli.emit(result, as_json=True, title="")
-        return
-    rows = result["rows"]
-    cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
-    _table(title if isinstance(title, str) else title(result), list(rows[0]), cells, result["outputs"])
+    _execute(lambda: (build(), None), lambda c, p: run(c, progress=p), out=out, as_json=as_json, show=show)
 
 
 @sim_app.command("ring-join")
@@ -322,37 +332,30 @@ def ring_join(
     sizes: Annotated[
         str, typer.Option(help="Ring sizes to report, e.g. 16,64,256,1024,4096.")
     ] = "16,64,256,1024,4096",
-    seed: Annotated[int, typer.Option(help="Master seed.")] = 1,
+    seed: SeedOption = 1,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-join"),
     as_json: JsonOption = False,
 ) -> None:
     """Messages and brokers touched by one join of the chordal ring, against its size (O(1) claimed)."""
-    from flowbus.experiments.ring_experiments import join_cost
+    from flowbus.experiments import ring
 
-    ns = _sizes(sizes)
-    _ring_command(
-        lambda p: join_cost(sizes=ns, seed=seed, progress=p), out, as_json, "chordal ring: join cost"
-    )
+    _ring(lambda: ring.RingJoin(sizes=_ints("sizes", sizes), seed=seed), ring.run_join, out, as_json,
+          "chordal ring: join cost")  # fmt: skip
 
 
 @sim_app.command("ring-repair")
 def ring_repair(
     sizes: Annotated[str, typer.Option(help="Ring sizes, e.g. 64,256,1024,4096,10000.")] = "64,256,1024,4096",
     trials: Annotated[int, typer.Option(help="Failures of each kind per size.")] = 5,
-    seed: Annotated[int, typer.Option(help="Master seed.")] = 1,
+    seed: SeedOption = 1,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-repair"),
     as_json: JsonOption = False,
 ) -> None:
     """Messages and time to repair a broker, ring-link and chord-link failure against n (O(log n)?)."""
-    from flowbus.experiments.ring_experiments import repair_cost
+    from flowbus.experiments import ring
 
-    ns = _sizes(sizes)
-    _ring_command(
-        lambda p: repair_cost(sizes=ns, trials=trials, seed=seed, progress=p),
-        out,
-        as_json,
-        "chordal ring: repair cost",
-    )
+    _ring(lambda: ring.RingRepair(sizes=_ints("sizes", sizes), trials=trials, seed=seed), ring.run_repair,
+          out, as_json, "chordal ring: repair cost")  # fmt: skip
 
 
 @sim_app.command("ring-classes")
@@ -360,17 +363,17 @@ def ring_classes(
     nodes: Annotated[int, typer.Option(help="Brokers on the ring.")] = 256,
     events: Annotated[int, typer.Option(help="Events per class and phase.")] = 1000,
     link_failures: Annotated[float, typer.Option(help="Fraction of links failed in the second phase.")] = 0.1,
-    seed: Annotated[int, typer.Option(help="Master seed.")] = 1,
+    seed: SeedOption = 1,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-classes"),
     as_json: JsonOption = False,
 ) -> None:
     """Normal, express and secure events over the broker multigraph: violations, latency, hops."""
-    from flowbus.experiments.ring_classes import run, write_outputs
+    from flowbus.experiments import ring
 
-    _ring_command(
-        lambda p: run(nodes=nodes, events=events, link_failures=link_failures, seed=seed, progress=p),
-        out, as_json, lambda r: f"events by class: {nodes} brokers, {r['violations']} violations",
-        write=write_outputs,
+    _ring(
+        lambda: ring.RingClasses(nodes=nodes, events=events, link_failures=link_failures, seed=seed),
+        ring.run_classes, out, as_json,
+        lambda r: f"events by class: {nodes} brokers, {r.findings['violations']} violations",
     )  # fmt: skip
 
 
@@ -380,73 +383,67 @@ def ring_faults(
     backups: Annotated[str, typer.Option(help="Backup factors, e.g. 1,2,3,4.")] = "1,2,3,4",
     scenarios: Annotated[str, typer.Option(help="single, adjacent, skip-one.")] = "single,adjacent,skip-one",
     events: Annotated[int, typer.Option(help="Events published, one per time unit.")] = 300,
-    seed: Annotated[int, typer.Option(help="Master seed.")] = 1,
+    seed: SeedOption = 1,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-faults"),
     as_json: JsonOption = False,
 ) -> None:
     """Events lost, duplicated and delayed while brokers crash, for backup factors 1..4."""
-    from flowbus.experiments.ring_faults import run, write_outputs
+    from flowbus.experiments import ring
 
-    names = [s.strip() for s in scenarios.split(",") if s.strip()]
-    factors = _sizes(backups)
-    _ring_command(
-        lambda p: run(nodes=nodes, backups=factors, scenarios=names, events=events, seed=seed, progress=p),
-        out, as_json, f"ring faults: {nodes} brokers, {events} events", write=write_outputs,
-    )  # fmt: skip
+    def build() -> ring.RingFaults:
+        factors = _ints("backups", backups)
+        return ring.RingFaults(
+            nodes=nodes, backups=factors, scenarios=_names(scenarios), events=events, seed=seed
+        )
+
+    _ring(build, ring.run_faults, out, as_json, f"ring faults: {nodes} brokers, {events} events")
 
 
 # ------------------------------------------------------------------------ CBDLO (the 004 document)
 
-CbdloConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config", help="Experiment config (YAML). Default: experiments/<command>.yaml, else built-in."
-    ),
-]
 CbdloSeedsOption = Annotated[str | None, typer.Option(help="N (seeds 1..N) or a list 1,2,3.")]
 CbdloOutOption = Annotated[Path, typer.Option(help="Output directory (CSV, JSON, PNG).")]
 CBDLO_OUT = Path("docs/results/cbdlo")
+_CBDLO_COLUMNS = ("messages_per_event", "completeness", "effective_cost", "hit_rate_10",
+                  "matching_cost_per_event", "comparisons_per_event")  # fmt: skip
 
 
-def _cbdlo_command(experiment: str, config: Path | None, seeds: str | None, out: Path, as_json: bool) -> None:
-    """Load, run and write one CBDLO experiment; print its JSON document or a table of means."""
-    from flowbus.experiments.cbdlo_experiments import ExperimentError, load, run, write_outputs
-
-    cli = _cli()
-    try:
-        if config is None:
-            default = Path("experiments") / f"{experiment}.yaml"
-            config = default if default.is_file() else None
-        elif not config.is_file():
-            raise ExperimentError(f"config not found: {config}")
-        cfg = load(experiment, config, seeds=seeds)
-        cfg["config_file"] = None if config is None else str(config)
-        with cli.progress_bar(not as_json) as progress:
-            result = run(cfg, progress=progress)
-        write_outputs(result, out)
-    except FlowbusError as exc:
-        _fail(str(exc))
+def _show_cbdlo(result: Result, doc: dict[str, Any], as_json: bool) -> None:
+    """The document without the rows (they are in the CSV), or a table of the means."""
     if as_json:
-        doc = {k: v for k, v in result.items() if k != "rows"}
-        doc["runs"] = len(result["rows"])
-        cli.emit(doc, as_json=True, title="")
+        _cli().emit({k: v for k, v in doc.items() if k != "rows"}, as_json=True, title="")
         return
-    keys = ["messages_per_event", "completeness", "effective_cost", "hit_rate_10",
-            "matching_cost_per_event", "comparisons_per_event"]  # fmt: skip
-    rows = result["summary"]
-    shown = [k for k in keys if any(r.get(k) is not None for r in rows)]
-    if experiment == "cbdlo-apt":
+    rows = result.summary
+    shown = [k for k in _CBDLO_COLUMNS if any(r.get(k) is not None for r in rows)]
+    if result.experiment == "cbdlo-apt":
         shown.insert(0, "attributes")
     _table(
-        f"{experiment}: {len(result['rows'])} runs, {result['timing']['wall_s']:.1f} s",
+        f"{result.experiment}: {len(result.rows)} runs, {result.timing['wall_s']:.1f} s",
         ["sweep", "x", "protocol", *shown],
         [[r["sweep"], str(r["x"]), r["protocol"], *(_num(r.get(k)) for k in shown)] for r in rows],
-        result["outputs"],
-    )  # fmt: skip
+        doc["outputs"],
+    )
 
 
-def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.4g}"
+def _cbdlo_command(experiment: str, doc: str) -> Callable[..., None]:
+    def command(
+        config: ConfigOption = None,
+        seeds: CbdloSeedsOption = None,
+        out: CbdloOutOption = CBDLO_OUT,
+        as_json: JsonOption = False,
+    ) -> None:
+        from flowbus.experiments import cbdlo
+        from flowbus.experiments.config import config_path
+
+        def build() -> tuple[cbdlo.CbdloSweep, str | None]:
+            path = config_path(experiment, config)
+            return cbdlo.load(experiment, path, seeds=seeds), None if path is None else str(path)
+
+        _execute(build, lambda c, p: cbdlo.run(c, progress=p), out=out, as_json=as_json, show=_show_cbdlo)
+
+    command.__doc__ = doc
+    command.__name__ = experiment.replace("-", "_")
+    return command
 
 
 _CBDLO_COMMANDS = {
@@ -457,20 +454,5 @@ _CBDLO_COMMANDS = {
     "cbdlo-apt": "Share of attribute searches entering their topology within 10 hops, against the APT size.",
 }
 
-
-def _cbdlo_cli(experiment: str, doc: str) -> Any:
-    def command(
-        config: CbdloConfigOption = None,
-        seeds: CbdloSeedsOption = None,
-        out: CbdloOutOption = CBDLO_OUT,
-        as_json: JsonOption = False,
-    ) -> None:
-        _cbdlo_command(experiment, config, seeds, out, as_json)
-
-    command.__doc__ = doc
-    command.__name__ = experiment.replace("-", "_")
-    return command
-
-
 for _name, _doc in _CBDLO_COMMANDS.items():
-    sim_app.command(_name)(_cbdlo_cli(_name, _doc))
+    sim_app.command(_name)(_cbdlo_command(_name, _doc))

@@ -1,14 +1,17 @@
 """The PNGs of the CBDLO experiments (matplotlib, Agg): one function per experiment.
 
-Each plots the means over seeds (``result["summary"]``) against the swept setting, one
+Each plots the means over seeds (the result's ``summary``) against the swept setting, one
 line per protocol, with the document's stated values as star markers where it gives any.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+
+from flowbus.experiments.output import Result, pyplot, save
 
 __all__ = ["plot"]
 
@@ -24,36 +27,29 @@ def _series(
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot(result: Mapping[str, Any], png: Path) -> None:
+def plot(result: Result, png: Path) -> None:
+    """The figure of ``result``'s experiment."""
     {
         "cbdlo-cost": _cost,
         "cbdlo-hops": _cost,
         "cbdlo-scale": _scale,
         "cbdlo-matching": _matching,
         "cbdlo-apt": _apt,
-    }[result["experiment"]](result, png)
+    }[result.experiment](result, png)
 
 
-def _cost(result: Mapping[str, Any], png: Path) -> None:
-    plt = _pyplot()
-    sweep = next(iter(result["config"]["sweep"]))
-    summary = result["summary"]
+def _cost(result: Result, png: Path) -> None:
+    plt = pyplot()
+    cfg = result.config.to_dict()
+    sweep = next(iter(cfg["sweep"]))
+    summary = result.summary
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for p in result["config"]["protocols"]:
+    for p in cfg["protocols"]:
         xs, ys = _series(summary, sweep, p, "effective_cost")
         ax.plot(xs, ys, "o-", color=COLORS[p], label=NAMES[p])
         xs, cs = _series(summary, sweep, p, "completeness")
         bx.plot(xs, [100 * c for c in cs], "o-", color=COLORS[p], label=NAMES[p])
-    paper = result.get("paper") or {}
+    paper = result.findings.get("paper") or {}
     point = paper.get("simple_first_point")
     if point and sweep == "subscriptions":
         xs, _ = _series(summary, sweep, "simple", "effective_cost")
@@ -63,7 +59,7 @@ def _cost(result: Mapping[str, Any], png: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("total subscriptions" if sweep == "subscriptions" else "maximum hops")
     ax.set_ylabel("effective distribution cost (messages / completeness)")
-    ax.set_title(f"{result['experiment']}: {result['config']['nodes']:,} nodes, {len(result['seeds'])} seeds")
+    ax.set_title(f"{result.experiment}: {cfg['nodes']:,} nodes, {len(result.config.seeds)} seeds")
     bx.set_xlabel(ax.get_xlabel())
     bx.set_ylabel("delivery completeness (% of expected deliveries)")
     bx.set_ylim(0, 105)
@@ -71,25 +67,22 @@ def _cost(result: Mapping[str, Any], png: Path) -> None:
     for a in (ax, bx):
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)
 
 
-def _scale(result: Mapping[str, Any], png: Path) -> None:
-    plt = _pyplot()
-    summary = result["summary"]
-    ext = result.get("extrapolation", {})
+def _scale(result: Result, png: Path) -> None:
+    plt = pyplot()
+    cfg = result.config.to_dict()
+    summary = result.summary
+    ext = result.findings.get("extrapolation", {})
     fig, ax = plt.subplots(figsize=(8, 5))
-    for p in result["config"]["protocols"]:
+    for p in cfg["protocols"]:
         xs, ys = _series(summary, "nodes", p, "messages_per_event")
         ax.plot(xs, ys, "o-", color=COLORS[p], label=f"{NAMES[p]}, simulated")
         f = ext.get(p)
         if f and xs:
             grid = [xs[-1] * 10 ** (k / 4) for k in range(0, 4 * 4 + 1)]
             grid = [n for n in grid if n <= 1e9] + [1e9]
-            import math
-
             ax.plot(grid, [f["a"] + f["b_log2n"] * math.log2(n) + f["c_n"] * n for n in grid], "--",
                     color=COLORS[p], label=f"{NAMES[p]}, extrapolated")  # fmt: skip
     ax.set_xscale("log")
@@ -99,15 +92,14 @@ def _scale(result: Mapping[str, Any], png: Path) -> None:
     ax.set_title("figure 7: TERA (APT 50) vs CBDLO (APT 100)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)
 
 
-def _matching(result: Mapping[str, Any], png: Path) -> None:
-    plt = _pyplot()
-    summary = result["summary"]
-    sweeps = list(result["config"]["sweep"])
+def _matching(result: Result, png: Path) -> None:
+    plt = pyplot()
+    cfg = result.config.to_dict()
+    summary = result.summary
+    sweeps = list(cfg["sweep"])
     fig, axes = plt.subplots(1, len(sweeps), figsize=(6 * len(sweeps), 4.5), squeeze=False)
     for ax, sweep in zip(axes[0], sweeps, strict=True):
         xs, ys = _series(summary, sweep, "simple", "comparisons_per_event")
@@ -126,15 +118,14 @@ def _matching(result: Mapping[str, Any], png: Path) -> None:
         ax.set_title("figure 8" if sweep == "subscriptions" else "figure 9")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)
 
 
-def _apt(result: Mapping[str, Any], png: Path) -> None:
-    plt = _pyplot()
+def _apt(result: Result, png: Path) -> None:
+    plt = pyplot()
+    cfg = result.config.to_dict()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    rows = [r for r in result["summary"] if r["protocol"] == "cbdlo"]
+    rows = [r for r in result.summary if r["protocol"] == "cbdlo"]
     for attrs in sorted({r["attributes"] for r in rows}):
         pts = sorted((r["x"], r["hit_rate_10"]) for r in rows if r["attributes"] == attrs)
         ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{int(attrs):,} attributes")
@@ -143,9 +134,7 @@ def _apt(result: Mapping[str, Any], png: Path) -> None:
     ax.set_xlabel("APT size (entries)")
     ax.set_ylabel("searches entering their topology within 10 hops (%)")
     ax.set_ylim(0, 105)
-    ax.set_title(f"APT hit rate, {result['config']['nodes']:,} nodes, view {result['config']['view']}")
+    ax.set_title(f"APT hit rate, {cfg['nodes']:,} nodes, view {cfg['view']}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)

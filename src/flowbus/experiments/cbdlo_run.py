@@ -1,5 +1,8 @@
 """One CBDLO / Simple / TERA run: a network snapshot, a workload, events through the simulator.
 
+The machinery :mod:`flowbus.experiments.cbdlo` sweeps; a run is described by a
+:class:`CbdloRun` (checked when built) and gives one row.
+
 How it works: :func:`build` makes the state a converged network would be in, directly,
 without simulating the gossip that leads to it (the 004 document's experiments measure
 routing on a settled overlay too):
@@ -7,9 +10,10 @@ routing on a settled overlay too):
 * Views: each node's view is ``view`` distinct nodes drawn uniformly at random -- the
   random out-graph Cyclon converges to (:mod:`flowbus.overlay.cyclon` shows it stays so
   under churn; ``tests/overlay/test_cbdlo_cyclon.py`` checks it).
-* Subscriptions: ``subscriptions`` of them on random nodes, at most ``local_max`` per node.
-  Attribute ``i`` (1-based) occurs in a subscription with probability ``mu * i^-alpha``
-  (the document's Zipf law, section 5.2; a subscription that draws none gets attribute 1);
+* Subscriptions (:class:`ZipfRangeWorkload`): ``subscriptions`` of them on random nodes,
+  at most ``local_max`` per node. Attribute ``i`` (1-based) occurs in a subscription with
+  probability ``mu * i^-alpha`` (the document's Zipf law, section 5.2; a subscription that
+  draws none gets attribute 1);
   each predicate is a range of ``width_min..width_max`` of the value range ``[0, domain)``,
   stuck to one end of it (one bound: ``a >= v`` or ``a < v``) with probability
   ``one_sided``.
@@ -37,7 +41,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Final
@@ -46,6 +50,8 @@ import numpy as np
 
 from flowbus.core import Effect
 from flowbus.errors import ExperimentError
+from flowbus.experiments.config import fraction, integer, number, one_of
+from flowbus.experiments.output import ProgressFn
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
 from flowbus.overlay.cyclon import Apt
 from flowbus.routing.cbdlo import CbdloNode
@@ -55,16 +61,15 @@ from flowbus.routing.tera import TeraNode
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import ConstantLatency
 
-__all__ = ["PROTOCOLS", "ExperimentError", "Network", "RunConfig", "Workload", "build", "run"]
+__all__ = ["PROTOCOLS", "CbdloRun", "Network", "Observer", "ZipfRangeWorkload", "build", "fill_apts", "run"]
 
 PROTOCOLS: Final = ("simple", "cbdlo", "tera")
-ProgressFn = Callable[[str, int, int], object]
 SETTLE: Final = 500.0
 """Time units each event is given to settle (latency 1: far more than any path)."""
 
 
 @dataclass(frozen=True, slots=True)
-class RunConfig:
+class CbdloRun:
     """Everything one run depends on (recorded with its results)."""
 
     protocol: str = "cbdlo"
@@ -89,17 +94,12 @@ class RunConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ExperimentError(
-                f"unknown protocol {self.protocol!r} (expected one of {', '.join(PROTOCOLS)})"
-            )
-        ints = {"nodes": 2, "view": 1, "apt": 0, "max_hops": 0, "trace": 0, "subscriptions": 1,
+        one_of("protocol", self.protocol, PROTOCOLS)
+        lows = {"nodes": 2, "view": 1, "apt": 0, "max_hops": 0, "trace": 0, "subscriptions": 1,
                 "local_max": 1, "attributes": 1, "event_attrs": 1, "events": 1, "fanout": 0,
                 "topic_view": 1, "seed": 0}  # fmt: skip
-        for name, low in ints.items():
-            v = getattr(self, name)
-            if type(v) is not int or v < low:
-                raise ExperimentError(f"{name} must be an int >= {low}, got {v!r}")
+        for name, low in lows.items():
+            integer(name, getattr(self, name), low)
         if self.view >= self.nodes:
             raise ExperimentError(f"view ({self.view}) must be smaller than nodes ({self.nodes})")
         if self.subscriptions > self.nodes * self.local_max:
@@ -108,15 +108,15 @@ class RunConfig:
             )
         if self.event_attrs > self.attributes:
             raise ExperimentError(f"event_attrs ({self.event_attrs}) > attributes ({self.attributes})")
-        for name in ("alpha", "mu", "width_min", "width_max", "one_sided", "domain"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ExperimentError(f"{name} must be a number, got {v!r}")
-        if not (0 < self.mu <= 1 and self.alpha >= 0 and 0 <= self.one_sided <= 1 and self.domain > 0):
-            raise ExperimentError(f"need 0 < mu <= 1, alpha >= 0, 0 <= one_sided <= 1, domain > 0 in {self}")
-        if not 0 < self.width_min <= self.width_max <= 1:
+        number("alpha", self.alpha, low=0)
+        number("domain", self.domain, low=0, strict=True)
+        fraction("mu", self.mu, open_low=True)
+        fraction("one_sided", self.one_sided)
+        fraction("width_min", self.width_min, open_low=True)
+        fraction("width_max", self.width_max, open_low=True)
+        if self.width_min > self.width_max:
             raise ExperimentError(
-                f"need 0 < width_min <= width_max <= 1, got {self.width_min}, {self.width_max}"
+                f"need width_min <= width_max, got width_min {self.width_min}, width_max {self.width_max}"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,10 +126,10 @@ class RunConfig:
 # ------------------------------------------------------------------------------- workload
 
 
-class Workload:
+class ZipfRangeWorkload:
     """Subscriptions and events with Zipf-distributed attributes (see the module note)."""
 
-    def __init__(self, c: RunConfig) -> None:
+    def __init__(self, c: CbdloRun) -> None:
         self.c = c
         self.names = [f"a{i}" for i in range(1, c.attributes + 1)]
         self.weights = [(i + 1) ** -c.alpha for i in range(c.attributes)]
@@ -164,7 +164,7 @@ class Workload:
 
 @dataclass(slots=True)
 class Network:
-    config: RunConfig
+    config: CbdloRun
     cores: list[Any]
     subs: list[Subscription]
     topologies: Topologies | None
@@ -191,11 +191,11 @@ class Observer:
         self.walks.append((pub.eid, topic, outcome, hops, 0))
 
 
-def _stream(c: RunConfig, name: str) -> random.Random:
+def _stream(c: CbdloRun, name: str) -> random.Random:
     return random.Random(derive_seed(c.seed, f"cbdlo/{name}"))
 
 
-def _views(c: RunConfig) -> list[list[int]]:
+def _views(c: CbdloRun) -> list[list[int]]:
     rng = _stream(c, "views")
     n, k = c.nodes, c.view
     views = []
@@ -211,7 +211,7 @@ def _views(c: RunConfig) -> list[list[int]]:
     return views
 
 
-def _place(c: RunConfig, work: Workload) -> list[Subscription]:
+def _place(c: CbdloRun, work: ZipfRangeWorkload) -> list[Subscription]:
     rng = _stream(c, "subscriptions")
     load = [0] * c.nodes
     subs = []
@@ -250,10 +250,10 @@ def fill_apts(apts: list[Apt], seed: int, weights: dict[str, int], hosts: dict[s
             )
 
 
-def build(c: RunConfig, *, progress: ProgressFn | None = None) -> Network:
+def build(c: CbdloRun, *, progress: ProgressFn | None = None) -> Network:
     """The network snapshot of ``c`` (see the module note)."""
     t0 = time.perf_counter()
-    work = Workload(c)
+    work = ZipfRangeWorkload(c)
     views = _views(c)
     subs = _place(c, work)
     obs = Observer()
@@ -310,9 +310,7 @@ def build(c: RunConfig, *, progress: ProgressFn | None = None) -> Network:
 # ------------------------------------------------------------------------------------ run
 
 
-def run(
-    c: RunConfig, *, progress: ProgressFn | None = None, network: Network | None = None
-) -> dict[str, Any]:
+def run(c: CbdloRun, *, progress: ProgressFn | None = None, network: Network | None = None) -> dict[str, Any]:
     """Publish ``c.events`` events on the network of ``c``; one result row (see the module note)."""
     net = network if network is not None else build(c, progress=progress)
     t0 = time.perf_counter()
@@ -321,7 +319,7 @@ def run(
                     on_deliver=lambda node, sub, pub, now: got.add((sub, pub.eid)))  # fmt: skip
     for a, core in enumerate(net.cores):
         sim.add_node(a, core)
-    work = Workload(c)
+    work = ZipfRangeWorkload(c)
     rng = _stream(c, "events")
     by_attr: dict[str, list[Subscription]] = {}
     for s in net.subs:
@@ -360,7 +358,7 @@ def _publish(pub: Publication, core: Any) -> list[Effect]:
 
 
 def _row(
-    c: RunConfig,
+    c: CbdloRun,
     net: Network,
     sim: Simulator,
     per_event: list[dict[str, Any]],
@@ -396,7 +394,7 @@ def _row(
     return row
 
 
-def _cbdlo_stats(c: RunConfig, net: Network, obs: Observer) -> dict[str, Any]:
+def _cbdlo_stats(c: CbdloRun, net: Network, obs: Observer) -> dict[str, Any]:
     assert net.topologies is not None
     trees = net.topologies.trees
     with_tree = [w for w in obs.walks if w[1] in trees]

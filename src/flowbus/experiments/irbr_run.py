@@ -1,11 +1,13 @@
-"""One run of the IRBR fault experiment (the IRBR paper's section 4, figure 4).
+"""One run of the IRBR fault experiment (the IRBR paper's section 4, figure 4): the
+machinery :mod:`flowbus.experiments.irbr` sweeps.
 
-How it works: :func:`run` builds a static Pastry network of ``nodes`` nodes (correct
-tables, :func:`~flowbus.overlay.pastry_static.build_static`) and puts one protocol core on every
-node -- :class:`~flowbus.routing.irbr.IrbrNode` or the Scribe-based baseline
-:class:`~flowbus.routing.scribe.ScribeNode` -- in a :class:`~flowbus.sim.engine.Simulator`
-with a constant latency of 1 and failure notices (a send to a dead node is reported to the
-sender ``notice`` time units later, as an acknowledged link would).
+How it works: :func:`run` takes an :class:`IrbrRun` and builds a static Pastry network of
+``nodes`` nodes (correct tables, :func:`~flowbus.overlay.pastry_static.build_static`) and
+puts one protocol core on every node -- :class:`~flowbus.routing.irbr.IrbrNode` or the
+Scribe-based baseline :class:`~flowbus.routing.scribe.ScribeNode` -- in a
+:class:`~flowbus.sim.engine.Simulator` with a constant latency of 1 and failure notices (a
+send to a dead node is reported to the sender ``notice`` time units later, as an
+acknowledged link would).
 
 1. *Subscribe.* A fraction ``subscribers`` of the nodes subscribe, one subscription each,
    one per time unit; the run goes on until every message has arrived.
@@ -48,7 +50,9 @@ from functools import partial
 from typing import Any, Final
 
 from flowbus.core import Effect
-from flowbus.errors import ExperimentError
+from flowbus.errors import ExperimentError, InternalError
+from flowbus.experiments.config import fraction, integer, number, one_of
+from flowbus.experiments.output import ProgressFn
 from flowbus.filters import Filter, parse
 from flowbus.overlay.pastry_app import PastryApp
 from flowbus.overlay.pastry_static import build_static, random_ids
@@ -58,10 +62,9 @@ from flowbus.sim.transport import ConstantLatency
 __all__ = [
     "PROTOCOLS",
     "TIMING_FIELDS",
-    "ExperimentError",
+    "IrbrRun",
+    "IrbrRunResult",
     "QuoteWorkload",
-    "RunConfig",
-    "RunResult",
     "reachable_sets",
     "run",
     "run_group",
@@ -72,11 +75,9 @@ PROTOCOLS: Final = ("irbr", "scribe")
 TIMING_FIELDS: Final = ("run_s",)
 """The fields of a result row that vary from run to run."""
 
-ProgressFn = Callable[[str, int, int], object]
-
 
 @dataclass(frozen=True, slots=True)
-class RunConfig:
+class IrbrRun:
     """What one run simulates; every field is recorded with the results."""
 
     protocol: str
@@ -92,26 +93,27 @@ class RunConfig:
     notice: float = 3.0
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            known = ", ".join(PROTOCOLS)
-            raise ExperimentError(f"unknown protocol {self.protocol!r} (expected one of {known})")
-        if type(self.nodes) is not int or self.nodes < 2:
-            raise ExperimentError(f"nodes must be an int >= 2, got {self.nodes!r}")
-        if type(self.events) is not int or self.events < 1:
-            raise ExperimentError(f"events must be an int >= 1, got {self.events!r}")
-        if not 0.0 <= self.failure < 1.0:
-            raise ExperimentError(f"failure must be a fraction in [0, 1), got {self.failure!r}")
-        if not 0.0 < self.subscribers <= 1.0:
-            raise ExperimentError(f"subscribers must be a fraction in (0, 1], got {self.subscribers!r}")
-        if self.symbols < 1 or self.zipf < 0 or self.latency <= 0 or self.notice < 0:
-            raise ExperimentError(f"invalid workload or timing in {self!r}")
+        one_of("protocol", self.protocol, PROTOCOLS)
+        integer("nodes", self.nodes, 2)
+        integer("events", self.events, 1)
+        integer("symbols", self.symbols, 1)
+        integer("seed", self.seed, 0)
+        fraction("failure", self.failure, open_high=True)
+        fraction("subscribers", self.subscribers, open_low=True)
+        number("zipf", self.zipf, low=0)
+        number("latency", self.latency, low=0, strict=True)
+        number("notice", self.notice, low=0)
+        if type(self.covering) is not bool:
+            raise ExperimentError(f"covering must be true or false, got {self.covering!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
-class RunResult:
+class IrbrRunResult:
+    """One run's row (its config, counts and rates, ``run_s``) and its per-event rows."""
+
     row: dict[str, Any]
     events: list[dict[str, Any]]
 
@@ -157,7 +159,7 @@ class QuoteWorkload:
 
 @dataclass(frozen=True, slots=True)
 class _Protocol:
-    make: Callable[[Any, RunConfig], PastryApp]
+    make: Callable[[Any, IrbrRun], PastryApp]
     event_messages: frozenset[str]  # the message types an event's forwards are made of
 
 
@@ -201,12 +203,12 @@ def reachable_sets(cores: Sequence[PastryApp], live: set[int]) -> Callable[[int]
     return lambda src: cache.setdefault(src, search(src, out))
 
 
-def run(config: RunConfig, *, progress: ProgressFn | None = None) -> RunResult:
+def run(config: IrbrRun, *, progress: ProgressFn | None = None) -> IrbrRunResult:
     """Simulate one run (see the module note)."""
     return _finish(_prepare(config, progress), config, progress)
 
 
-def run_group(configs: Sequence[RunConfig], *, progress: ProgressFn | None = None) -> list[RunResult]:
+def run_group(configs: Sequence[IrbrRun], *, progress: ProgressFn | None = None) -> list[IrbrRunResult]:
     """Runs that differ only in ``failure``, with the same results as :func:`run` each.
 
     Their set-up and subscription phase are the same, so it is simulated once; each run
@@ -225,7 +227,7 @@ def run_group(configs: Sequence[RunConfig], *, progress: ProgressFn | None = Non
     return [_in_child(partial(_finish, prepared, c, None)) for c in configs]
 
 
-def _in_child(work: Callable[[], RunResult]) -> RunResult:
+def _in_child(work: Callable[[], IrbrRunResult]) -> IrbrRunResult:
     """``work()`` in a forked child process; its pickled result comes back through a pipe."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -244,9 +246,9 @@ def _in_child(work: Callable[[], RunResult]) -> RunResult:
         data = got.read()
     _, status = os.waitpid(pid, 0)
     if status != 0 or not data:
-        raise ExperimentError(f"run_group: the forked run failed (wait status {status})")
+        raise InternalError(f"run_group: the forked run failed (wait status {status})")
     result = pickle.loads(data)
-    assert isinstance(result, RunResult)
+    assert isinstance(result, IrbrRunResult)
     return result
 
 
@@ -264,11 +266,11 @@ class _Prepared:
     setup_s: float
 
 
-def _stream(c: RunConfig, name: str) -> random.Random:
+def _stream(c: IrbrRun, name: str) -> random.Random:
     return random.Random(derive_seed(c.seed, f"irbr/{name}"))
 
 
-def _prepare(c: RunConfig, progress: ProgressFn | None) -> _Prepared:
+def _prepare(c: IrbrRun, progress: ProgressFn | None) -> _Prepared:
     t0 = time.perf_counter()
     proto = _protocols()[c.protocol]
     ids = random_ids(c.nodes, _stream(c, "ids"))
@@ -288,7 +290,7 @@ def _prepare(c: RunConfig, progress: ProgressFn | None) -> _Prepared:
     return _Prepared(proto, cores, sim, work, subs, deliveries, sim.metrics.total_sent, setup_s)
 
 
-def _finish(p: _Prepared, c: RunConfig, progress: ProgressFn | None) -> RunResult:
+def _finish(p: _Prepared, c: IrbrRun, progress: ProgressFn | None) -> IrbrRunResult:
     """Fail nodes at once (the first ``failure x nodes`` of one seeded permutation, so a
     higher rate fails a superset), then publish the events one at a time."""
     t0 = time.perf_counter()
@@ -309,13 +311,13 @@ def _finish(p: _Prepared, c: RunConfig, progress: ProgressFn | None) -> RunResul
             progress("publishing", i + 1, c.events)
     run_s = p.setup_s + time.perf_counter() - t0
     row = _row(c, per_event, len(failed), len(p.subs), p.subscribe_messages, sim, run_s)
-    return RunResult(row, per_event)
+    return IrbrRunResult(row, per_event)
 
 
 def _subscribe(
     sim: Simulator,
     work: QuoteWorkload,
-    c: RunConfig,
+    c: IrbrRun,
     rng: random.Random,
     progress: ProgressFn | None,
 ) -> dict[int, Filter]:
@@ -375,7 +377,7 @@ def _ratio(part: int, whole: int) -> float:
 
 
 def _row(
-    c: RunConfig,
+    c: IrbrRun,
     per_event: list[dict[str, Any]],
     failed: int,
     subscribers: int,

@@ -1,4 +1,4 @@
-"""A chordal reliability ring in the simulator: building it by joins, checking it, failing it.
+"""The chordal reliability ring in the simulator: the machinery of :mod:`flowbus.experiments.ring`.
 
 How it works: :class:`RingSim` puts :class:`~flowbus.overlay.chordal_ring.RingNode` cores
 in a :class:`~flowbus.sim.engine.Simulator` whose latency comes from a 2-D coordinate
@@ -13,22 +13,32 @@ are on (an acknowledged link reports a dead peer).
 - :func:`ring_errors` compares each live broker's pointers and chords with the ring
   computed from global knowledge and lists every difference; a consistent ring gives
   none.
+
+:class:`BrokerRing` grows a ring of :class:`~flowbus.routing.ring_broker.RingBroker` cores
+(the ring member plus content routing) the same way, with heartbeats every 5 and the
+deliveries recorded. :class:`LinkLatency` is the transport layer of the broker multigraph
+(:mod:`flowbus.overlay.multigraph`): a message takes the latency of the link it names, or
+is dropped if that link is down.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from flowbus.core import Core, Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
-from flowbus.sim.engine import Simulator
+from flowbus.overlay.class_router import Classed
+from flowbus.overlay.multigraph import Multigraph
+from flowbus.routing.ring_broker import RingBroker
+from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import CoordinateLatency, Layer
 
-__all__ = ["JoinCost", "RingSim", "ring_errors"]
+__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "RingSim", "ring_errors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +170,60 @@ def ring_errors(nodes: Sequence[RingNode], *, chords: bool = False) -> list[str]
                 if peer != want_peer:
                     out.append(f"broker {nd.addr} (#{i}): chord {level} is {peer}, should be {want_peer}")
     return out
+
+
+class BrokerRing:
+    """Ring brokers in a simulator, grown one join at a time, with deliveries recorded."""
+
+    def __init__(
+        self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0, custody: bool = False
+    ) -> None:
+        self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
+        self.got: list[tuple[Hashable, Any, float]] = []
+        self.sim.on_deliver = lambda node, sub, event, now: self.got.append((sub, event, now))
+        self.brokers: list[RingBroker] = []
+        rng = random.Random(derive_seed(seed, "ring-faults/joins"))
+        for a in range(n):
+            b = RingBroker(
+                a, backup=backup, heartbeat=heartbeat, probe_timeout=10.0, ping_timeout=10.0, custody=custody
+            )
+            self.brokers.append(b)
+            self.sim.add_node(a, b)
+            picks = rng.sample(range(a), min(3, a))
+            self.sim.invoke(a, partial(_first if a == 0 else _join, picks))
+            self.sim.run(until=self.sim.now + 40)
+
+    def settle(self, span: float) -> None:
+        self.sim.run(until=self.sim.now + span)
+
+    def order(self) -> list[RingBroker]:
+        return sorted((b for b in self.brokers if not self.sim.is_down(b.addr)), key=lambda b: b.ring.me.id)
+
+
+def _first(picks: list[int], broker: RingBroker) -> list[Effect]:
+    return broker.start()
+
+
+def _join(picks: list[int], broker: RingBroker) -> list[Effect]:
+    return broker.join(picks)
+
+
+class LinkLatency:
+    """A transport layer: a :class:`Classed` message takes its link's latency, or is dropped
+    (reason ``"link"``) if that link is down in ``truth``."""
+
+    def __init__(self, truth: Multigraph) -> None:
+        self.truth = truth
+
+    def bind(self, host: object) -> Callable[[int, int, Any, float], float | str]:
+        truth = self.truth
+
+        def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
+            if not isinstance(msg, Classed):
+                return 1.0
+            if not truth.is_live(msg.link):
+                return "link"
+            latency = truth.link(msg.link).latency
+            return 1.0 if latency is None else latency
+
+        return decide

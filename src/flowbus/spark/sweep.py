@@ -1,23 +1,25 @@
-"""A sweep's runs as Spark tasks, and their aggregation with Spark DataFrame operations.
+"""An IRBR sweep's runs as Spark tasks, and their aggregation with Spark DataFrame operations.
 
-How it works: :func:`run_dataframe` starts from ``spark.range(n, numPartitions=n)`` --
-one partition, so one task, per group of runs (one protocol and seed, every failure rate:
-:meth:`~flowbus.experiments.sweep.Sweep.groups`) -- and maps each group index through
-``mapInArrow`` to :func:`flowbus.experiments.irbr_run.run_group` (the group list travels with the
-function; the runs of a group share one subscription phase). Each run gives one row:
-the run's :data:`~flowbus.experiments.sweep.RUN_COLUMNS`, ``run_s``, and its per-event rows in
-an array-of-struct column ``event_rows`` (explicit schema). Nothing here uses
+How it works: :func:`run_spark` takes the same :class:`~flowbus.experiments.irbr.IrbrSweep`
+as the serial runner :func:`flowbus.experiments.irbr.run` and gives the same
+:class:`~flowbus.experiments.output.Result` (timing aside; aggregates to float rounding),
+so one writer writes both. :func:`run_dataframe` starts from
+``spark.range(n, numPartitions=n)`` -- one partition, so one task, per group of runs (one
+protocol and seed, every failure rate: :meth:`~flowbus.experiments.irbr.IrbrSweep.groups`)
+-- and maps each group index through ``mapInArrow`` to
+:func:`flowbus.experiments.irbr_run.run_group` (the group list travels with the function;
+the runs of a group share one subscription phase). Each run gives one row: the run's
+:data:`~flowbus.experiments.irbr.RUN_COLUMNS`, ``run_s``, and its per-event rows in an
+array-of-struct column ``event_rows`` (explicit schema). Nothing here uses
 ``sparkContext``, so it works on classic and Spark Connect sessions alike (the executors
 need flowbus: see :func:`flowbus.spark.session.spark_session`).
 
-:func:`run_spark` caches that DataFrame, collects it (a few kB per run: the run
-rows, and the event rows flattened on the driver; both sorted like the serial
-runner's), and aggregates the cached run rows in Spark
-(:func:`aggregate_dataframe`: ``groupBy(protocol, failure)`` with mean, sample
-standard deviation, count, sums and maxima; the 95 % t interval is a column
-expression over the same t table as :func:`flowbus.experiments.sweep.t975`). The result
-equals :func:`flowbus.experiments.sweep.run_serial`'s, timing aside (aggregates to float
-rounding).
+:func:`run_spark` caches that DataFrame, collects it (a few kB per run: the run rows, and
+the event rows flattened on the driver), and aggregates the cached run rows in Spark
+(:func:`aggregate_dataframe`: ``groupBy(protocol, failure)`` with mean, sample standard
+deviation, count, sums and maxima; the 95 % t interval is a column expression over the
+same t table as :func:`flowbus.experiments.stats.t975`). The rows, events and aggregates
+then go through :func:`flowbus.experiments.irbr.assemble`, as the serial runner's do.
 """
 
 from __future__ import annotations
@@ -29,18 +31,19 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from flowbus.experiments.irbr_run import RunConfig, run_group
-from flowbus.experiments.sweep import (
+from flowbus.experiments.irbr import (
     EVENT_COLUMNS,
+    MAXES,
+    RATES,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
-    T975_SEGMENTS,
-    T975_TABLE,
-    ProgressFn,
-    Sweep,
-    SweepResult,
-    run_key,
+    SUMS,
+    IrbrSweep,
+    assemble,
 )
+from flowbus.experiments.irbr_run import IrbrRun, run_group
+from flowbus.experiments.output import ProgressFn, Result
+from flowbus.experiments.stats import T975_SEGMENTS, T975_TABLE
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,7 +76,7 @@ def _arrow_schema() -> pa.Schema:
 
 
 def _run_partition(
-    batches: Iterator[pa.RecordBatch], groups: Sequence[Sequence[RunConfig]]
+    batches: Iterator[pa.RecordBatch], groups: Sequence[Sequence[IrbrRun]]
 ) -> Iterator[pa.RecordBatch]:
     """The tasks' function: each group index in ``batches`` -> one result row per run."""
     import pyarrow as pa
@@ -89,7 +92,7 @@ def _run_partition(
             yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
-def run_dataframe(spark: SparkSession, groups: Sequence[Sequence[RunConfig]]) -> DataFrame:
+def run_dataframe(spark: SparkSession, groups: Sequence[Sequence[IrbrRun]]) -> DataFrame:
     """One row per run; one Spark task per group of runs sharing their subscription phase
     (:func:`~flowbus.experiments.irbr_run.run_group`). Lazy: nothing runs until an action."""
     n = len(groups)
@@ -98,7 +101,7 @@ def run_dataframe(spark: SparkSession, groups: Sequence[Sequence[RunConfig]]) ->
 
 
 def t975_column(df: Column) -> Column:
-    """:func:`flowbus.experiments.sweep.t975` as a Spark column expression of degrees of freedom ``df``."""
+    """:func:`flowbus.experiments.stats.t975` as a Spark column expression of degrees of freedom ``df``."""
     from pyspark.sql import functions as F
 
     expr: Any = None
@@ -114,19 +117,19 @@ def t975_column(df: Column) -> Column:
 
 
 def aggregate_dataframe(runs: DataFrame) -> DataFrame:
-    """The :data:`~flowbus.experiments.sweep.SUMMARY_COLUMNS` rows of ``runs``: per (protocol, failure)."""
+    """The :data:`~flowbus.experiments.irbr.SUMMARY_COLUMNS` rows of ``runs``: per (protocol, failure)."""
     from pyspark.sql import functions as F
 
     aggs: list[Column] = [F.count(F.lit(1)).alias("runs")]
-    for rate in ("loss_rate", "reachable_loss_rate"):
+    for rate in RATES:
         aggs += [F.avg(rate).alias(f"{rate}_mean"), F.stddev_samp(rate).alias(f"{rate}_sd")]
     aggs.append(F.avg("forwards_per_event").alias("forwards_per_event_mean"))
-    aggs += [F.sum(c).alias(c) for c in ("lost", "lost_reachable", "interested", "reachable")]
-    aggs += [F.max(c).alias(f"{c}_max") for c in ("duplicates", "wrong")]
+    aggs += [F.sum(c).alias(c) for c in SUMS]
+    aggs += [F.max(c).alias(f"{c}_max") for c in MAXES]
     g = runs.groupBy("protocol", "failure").agg(*aggs)
     n = F.col("runs")
     t = t975_column(n - F.lit(1))
-    for rate in ("loss_rate", "reachable_loss_rate"):
+    for rate in RATES:
         mean, sd = F.col(f"{rate}_mean"), F.col(f"{rate}_sd")
         half = F.when(n >= 2, t * sd / F.sqrt(n.cast("double")))
         g = g.withColumn(f"{rate}_ci95", half)
@@ -168,26 +171,26 @@ def _task_progress(
 
 def run_spark(
     spark: SparkSession,
-    sweep: Sweep,
+    sweep: IrbrSweep,
     *,
     master: str | None = None,
     progress: ProgressFn | None = None,
-) -> SweepResult:
+) -> Result:
     """Every run of ``sweep`` as a Spark task; rows and events collected, aggregates computed by Spark.
 
-    ``master`` is what the manifest records as where it ran (default: the session's
+    ``master`` is what the result records as where it ran (default: the session's
     ``spark.master`` setting).
     """
     t0 = time.perf_counter()
-    configs = sweep.configs()
+    total = len(sweep.configs())
     if progress is not None:
-        progress("runs (spark)", 0, len(configs))
+        progress("runs (spark)", 0, total)
     groups = sweep.groups()
     results = run_dataframe(spark, groups).cache()
     try:
         runs: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
-        with _task_progress(spark, progress, len(configs), len(configs) // len(groups)):
+        with _task_progress(spark, progress, total, total // len(groups)):
             collected = results.collect()  # one row per run: a few kB each, the event rows included
         for r in collected:
             row = r.asDict(recursive=True)
@@ -195,23 +198,15 @@ def run_spark(
             events.extend({**key, **e} for e in row.pop("event_rows"))
             runs.append(row)
         if progress is not None:
-            progress("runs (spark)", len(configs), len(configs))
+            progress("runs (spark)", total, total)
         summary = [r.asDict() for r in aggregate_dataframe(results.drop("event_rows")).collect()]
         summary.sort(key=lambda r: (r["protocol"], r["failure"]))
     finally:
         results.unpersist()
-    runs.sort(key=run_key)
-    events.sort(key=lambda e: (*run_key(e), e["event"]))
     if master is None:
         try:
             master = spark.conf.get("spark.master")
         except Exception:  # a Connect server may not expose it
             master = None
-    return SweepResult(
-        sweep,
-        runs,
-        events,
-        summary,
-        {"name": "spark", "master": master, "tasks": len(sweep.groups())},
-        time.perf_counter() - t0,
-    )
+    runner = {"name": "spark", "master": master, "tasks": len(groups)}
+    return assemble(sweep, runs, events, runner=runner, started=t0, summary=summary)

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from flowbus.experiments.cbdlo_experiments import ExperimentError, extrapolate, fit, load, points
-from flowbus.experiments.cbdlo_run import RunConfig, Workload, run
+from flowbus.errors import ExperimentError
+from flowbus.experiments.cbdlo import extrapolate, fit, load
+from flowbus.experiments.cbdlo_run import CbdloRun, ZipfRangeWorkload, run
 
 runner = CliRunner()
 SMALL: dict[str, Any] = {"nodes": 200, "subscriptions": 150, "events": 12, "attributes": 20}
@@ -28,15 +29,15 @@ def _app() -> Any:
 
 @pytest.mark.parametrize("protocol", ["simple", "cbdlo", "tera"])
 def test_runs_are_deterministic(protocol: str) -> None:
-    a = run(RunConfig(protocol=protocol, seed=4, **SMALL))
-    b = run(RunConfig(protocol=protocol, seed=4, **SMALL))
+    a = run(CbdloRun(protocol=protocol, seed=4, **SMALL))
+    b = run(CbdloRun(protocol=protocol, seed=4, **SMALL))
     for row in (a, b):
         del row["build_s"], row["run_s"]
     assert a == b and a["messages"] > 0 and a["expected"] > 0
 
 
 def test_cbdlo_reaches_every_interested_subscriber_when_apts_cover_the_attributes() -> None:
-    r = run(RunConfig(protocol="cbdlo", apt=20, **SMALL))
+    r = run(CbdloRun(protocol="cbdlo", apt=20, **SMALL))
     assert r["delivered"] == r["expected"] and r["completeness"] == 1.0
     assert r["hit_rate"] == 1.0 and r["walk_restarts"] == 0 and r["duplicates"] == 0
     assert r["vnodes_per_subscription_max"] <= 2 + 1 / 150  # ranges: at most 2 s + 1 virtual nodes
@@ -44,15 +45,15 @@ def test_cbdlo_reaches_every_interested_subscriber_when_apts_cover_the_attribute
 
 
 def test_full_flood_is_complete_and_partial_flood_is_not() -> None:
-    full = run(RunConfig(protocol="simple", fanout=0, max_hops=20, **SMALL))
+    full = run(CbdloRun(protocol="simple", fanout=0, max_hops=20, **SMALL))
     assert full["completeness"] == 1.0 and full["reached_per_event"] == 200
-    partial = run(RunConfig(protocol="simple", fanout=1, max_hops=10, **SMALL))
+    partial = run(CbdloRun(protocol="simple", fanout=1, max_hops=10, **SMALL))
     assert partial["completeness"] < 0.5 and partial["messages"] < full["messages"] / 5
 
 
 def test_workload_follows_the_zipf_law() -> None:
-    c = RunConfig(attributes=20, mu=0.8, alpha=0.7)
-    w = Workload(c)
+    c = CbdloRun(attributes=20, mu=0.8, alpha=0.7)
+    w = ZipfRangeWorkload(c)
     rng = random.Random(1)
     subs = [w.subscription(rng, i, 0) for i in range(4000)]
     share = [sum(f"a{i}" in s.attrs for s in subs) / len(subs) for i in (1, 2, 5, 20)]
@@ -65,13 +66,13 @@ def test_workload_follows_the_zipf_law() -> None:
 
 def test_bad_run_configs_are_refused() -> None:
     with pytest.raises(ExperimentError, match="unknown protocol"):
-        RunConfig(protocol="gossip")
+        CbdloRun(protocol="gossip")
     with pytest.raises(ExperimentError, match="do not fit"):
-        RunConfig(nodes=12, subscriptions=2000, local_max=100)
+        CbdloRun(nodes=12, subscriptions=2000, local_max=100)
     with pytest.raises(ExperimentError, match="event_attrs"):
-        RunConfig(attributes=4, event_attrs=8)
+        CbdloRun(attributes=4, event_attrs=8)
     with pytest.raises(ExperimentError, match="width"):
-        RunConfig(width_min=0.5, width_max=0.2)
+        CbdloRun(width_min=0.5, width_max=0.2)
 
 
 def test_experiment_configs_are_checked(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_experiment_configs_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ExperimentError, match="unknown experiment"):
         load("cbdlo-nope")
     apt = load("cbdlo-apt")
-    assert len(points(apt)) == len(apt["sweep"]["apt"]) * len(apt["attributes_list"])
+    assert len(apt.points()) == len(apt.sweep["apt"]) * len(apt.attributes_list or ())
 
 
 def test_the_figure_7_fit_and_extrapolation() -> None:
@@ -151,7 +152,7 @@ def test_cli_cbdlo_bad_config_exits_2(tmp_path: Path) -> None:
 
 
 def test_the_yaml_configs_are_the_built_in_defaults() -> None:
-    from flowbus.experiments.cbdlo_experiments import EXPERIMENTS
+    from flowbus.experiments.cbdlo import EXPERIMENTS
 
     root = Path(__file__).resolve().parents[2] / "experiments"
     for name in EXPERIMENTS:

@@ -12,14 +12,19 @@ import pytest
 from typer.testing import CliRunner
 
 from flowbus.errors import FlowbusError
-from flowbus.experiments.ring_faults import run
+from flowbus.experiments.output import document
+from flowbus.experiments.ring import RingFaults, run_faults
 
 runner = CliRunner()
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_single_and_skip_one_crashes_lose_nothing(seed: int) -> None:
-    r = run(nodes=12, backups=(1, 2), scenarios=("single", "skip-one"), events=80, seed=seed)
+    r = document(
+        run_faults(
+            RingFaults(nodes=12, backups=(1, 2), scenarios=("single", "skip-one"), events=80, seed=seed)
+        )
+    )
     assert len(r["rows"]) == 4
     for row in r["rows"]:
         assert row["lost"] == 0 and row["wrong"] == 0, row
@@ -29,7 +34,7 @@ def test_single_and_skip_one_crashes_lose_nothing(seed: int) -> None:
 
 
 def test_adjacent_crashes_are_measured_not_hidden() -> None:
-    r = run(nodes=12, backups=(1, 3), scenarios=("adjacent",), events=80, seed=3)
+    r = document(run_faults(RingFaults(nodes=12, backups=(1, 3), scenarios=("adjacent",), events=80, seed=3)))
     one, three = r["rows"]
     assert one["duplicates"] <= 0.01 * one["expected"] and three["duplicates"] <= 0.01 * three["expected"]
     assert one["delivered"] + one["lost"] == one["expected"]
@@ -39,7 +44,7 @@ def test_adjacent_crashes_are_measured_not_hidden() -> None:
 def test_bad_input() -> None:
     for kw in ({"scenarios": ("everything",)}, {"backups": (5,)}, {"nodes": 3}):
         with pytest.raises(FlowbusError):
-            run(**kw)  # type: ignore[arg-type]
+            RingFaults(**kw)  # type: ignore[arg-type]
 
 
 def _app() -> Any:

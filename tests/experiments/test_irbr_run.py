@@ -9,17 +9,17 @@ import random
 import pytest
 
 from flowbus.errors import FlowbusError
-from flowbus.experiments.irbr_run import TIMING_FIELDS, QuoteWorkload, RunConfig, RunResult, run, run_group
+from flowbus.experiments.irbr_run import TIMING_FIELDS, IrbrRun, IrbrRunResult, QuoteWorkload, run, run_group
 
 
-def stable(result: RunResult) -> str:
+def stable(result: IrbrRunResult) -> str:
     row = {k: v for k, v in result.row.items() if k not in TIMING_FIELDS}
     return json.dumps([row, result.events], sort_keys=True)
 
 
 @pytest.mark.parametrize("protocol", ["irbr", "scribe"])
 def test_a_run_is_the_same_every_time_and_in_a_group(protocol: str) -> None:
-    configs = [RunConfig(protocol, nodes=120, failure=f, events=30, seed=4) for f in (0.0, 0.1, 0.3)]
+    configs = [IrbrRun(protocol, nodes=120, failure=f, events=30, seed=4) for f in (0.0, 0.1, 0.3)]
     alone = [run(c) for c in configs]
     assert [stable(r) for r in alone] == [stable(run(c)) for c in configs]
     assert [stable(r) for r in run_group(configs)] == [stable(r) for r in alone]
@@ -30,7 +30,7 @@ def test_a_run_is_the_same_every_time_and_in_a_group(protocol: str) -> None:
 
 
 def test_irbr_forwards_fewer_messages_than_scribe() -> None:
-    irbr, scribe = (run(RunConfig(p, nodes=200, events=40, seed=2)) for p in ("irbr", "scribe"))
+    irbr, scribe = (run(IrbrRun(p, nodes=200, events=40, seed=2)) for p in ("irbr", "scribe"))
     assert irbr.row["interested"] == scribe.row["interested"] > 0
     assert irbr.row["forwards_per_event"] < scribe.row["forwards_per_event"]
     for a, b in zip(irbr.events, scribe.events, strict=True):
@@ -48,9 +48,9 @@ def test_bad_configs_and_groups_are_refused() -> None:
         {"latency": 0.0},
     ):
         with pytest.raises(FlowbusError):
-            RunConfig(**{"protocol": "irbr", **bad})  # type: ignore[arg-type]
+            IrbrRun(**{"protocol": "irbr", **bad})  # type: ignore[arg-type]
     with pytest.raises(FlowbusError, match="failure rate only"):
-        run_group([RunConfig("irbr", seed=1), RunConfig("irbr", seed=2)])
+        run_group([IrbrRun("irbr", seed=1), IrbrRun("irbr", seed=2)])
     assert run_group([]) == []
 
 

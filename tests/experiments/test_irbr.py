@@ -1,4 +1,4 @@
-"""``flowbus.experiments.sweep``: sweep configs, serial runs, aggregation, outputs, ``flowbus sim irbr-*``."""
+"""``flowbus.experiments.irbr``: sweep configs, serial runs, aggregation, outputs, ``flowbus sim irbr-*``."""
 
 from __future__ import annotations
 
@@ -10,26 +10,22 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from flowbus.errors import FlowbusError
-from flowbus.experiments import irbr_run
-from flowbus.experiments.irbr_run import TIMING_FIELDS
-from flowbus.experiments.sweep import (
+from flowbus.errors import ExperimentError, FlowbusError
+from flowbus.experiments import irbr, irbr_run
+from flowbus.experiments.config import parse_seeds
+from flowbus.experiments.irbr import (
     DEFAULTS,
     EVENT_COLUMNS,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
-    ExperimentError,
-    Sweep,
-    SweepResult,
+    IrbrSweep,
     aggregate,
     forwards_by_interest,
     irbr_below_scribe,
-    load_sweep,
-    parse_seeds,
-    run_serial,
-    t975,
-    write_outputs,
 )
+from flowbus.experiments.irbr_run import TIMING_FIELDS
+from flowbus.experiments.output import Result, write_outputs
+from flowbus.experiments.stats import t975
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -38,17 +34,17 @@ TINY = {"nodes": 80, "seeds": "2", "failures": "0,0.1", "events": 20}
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Sweep:
-    return load_sweep("irbr-faults", **TINY)  # type: ignore[arg-type]
+def tiny() -> IrbrSweep:
+    return irbr.load("irbr-faults", **TINY)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
-def tiny_result(tiny: Sweep) -> SweepResult:
-    return run_serial(tiny)
+def tiny_result(tiny: IrbrSweep) -> Result:
+    return irbr.run(tiny)
 
 
 @pytest.fixture(scope="module")
-def tiny_outputs(tiny_result: SweepResult, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def tiny_outputs(tiny_result: Result, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return write_outputs(tiny_result, tmp_path_factory.mktemp("tiny"))
 
 
@@ -57,7 +53,7 @@ def tiny_outputs(tiny_result: SweepResult, tmp_path_factory: pytest.TempPathFact
 
 def test_yaml_files_match_the_builtin_defaults() -> None:
     for experiment in ("irbr-faults", "irbr-forwards"):
-        assert load_sweep(experiment, ROOT / "experiments" / f"{experiment}.yaml") == DEFAULTS[experiment]
+        assert irbr.load(experiment, ROOT / "experiments" / f"{experiment}.yaml") == DEFAULTS[experiment]
     faults = DEFAULTS["irbr-faults"]
     assert faults.nodes == 1000 and faults.seeds == tuple(range(1, 11)) and faults.events == 200
     assert faults.failures == (0.005, 0.01, 0.02, 0.05, 0.1) and faults.protocols == ("irbr", "scribe")
@@ -68,14 +64,14 @@ def test_yaml_files_match_the_builtin_defaults() -> None:
 def test_yaml_and_overrides(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("nodes: 120\nseeds: [3, 1]\nfailures: [0.1, 0.02]\nprotocols: [scribe]\nevents: 7\n")
-    s = load_sweep("irbr-faults", path)
+    s = irbr.load("irbr-faults", path)
     assert (s.nodes, s.seeds, s.failures, s.protocols, s.events) == (120, (1, 3), (0.02, 0.1), ("scribe",), 7)
-    s = load_sweep("irbr-faults", path, nodes=60, seeds="4", failures="0.05", protocols="irbr,scribe")
+    s = irbr.load("irbr-faults", path, nodes=60, seeds="4", failures="0.05", protocols="irbr,scribe")
     assert (s.nodes, s.seeds, s.failures, s.protocols) == (60, (1, 2, 3, 4), (0.05,), ("irbr", "scribe"))
     assert s.subscribers == 0.5 and s.events == 7  # untouched keys keep the file's or default values
 
 
-def test_configs_are_sorted_and_complete(tiny: Sweep) -> None:
+def test_configs_are_sorted_and_complete(tiny: IrbrSweep) -> None:
     configs = tiny.configs()
     assert len(configs) == 2 * 2 * 2
     assert [(c.protocol, c.failure, c.seed) for c in configs] == sorted(
@@ -121,14 +117,14 @@ def test_bad_input_raises_before_running(
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
     with pytest.raises(ExperimentError) as info:
-        run_serial(load_sweep("irbr-faults", path, **overrides))
+        irbr.run(irbr.load("irbr-faults", path, **overrides))
     assert message in str(info.value)
     assert isinstance(info.value, FlowbusError)
 
 
 def test_forwards_sweep_has_no_failures() -> None:
     with pytest.raises(ExperimentError, match="without failures"):
-        load_sweep("irbr-forwards", failures="0.1")
+        irbr.load("irbr-forwards", failures="0.1")
 
 
 # ------------------------------------------------------------------------------ t table
@@ -167,30 +163,30 @@ def test_interval_on_a_hand_computed_example() -> None:
 # ------------------------------------------------------------------------------ runs
 
 
-def test_serial_runs(tiny_result: SweepResult) -> None:
-    runs = tiny_result.runs
+def test_serial_runs(tiny_result: Result) -> None:
+    runs = tiny_result.rows
     assert len(runs) == 8
     names = [c for c, _ in RUN_COLUMNS]
     assert all(set(r) - set(TIMING_FIELDS) == set(names) for r in runs)
     assert [(r["protocol"], r["failure"], r["seed"]) for r in runs] == [
-        (c.protocol, c.failure, c.seed) for c in tiny_result.sweep.configs()
+        (c.protocol, c.failure, c.seed) for c in tiny_result.config.configs()
     ]
     for r in runs:
         assert r["duplicates"] == 0 and r["wrong"] == 0
         if r["protocol"] == "irbr":
             assert r["reachable_loss_rate"] == 0.0
-    assert len(tiny_result.events) == 8 * 20
-    assert all(set(e) == {c for c, _ in EVENT_COLUMNS} for e in tiny_result.events)
+    assert len(tiny_result.tables["events"]) == 8 * 20
+    assert all(set(e) == {c for c, _ in EVENT_COLUMNS} for e in tiny_result.tables["events"])
 
 
-def test_aggregate_means_are_the_row_means(tiny_result: SweepResult) -> None:
+def test_aggregate_means_are_the_row_means(tiny_result: Result) -> None:
     summary = tiny_result.summary
     assert [(r["protocol"], r["failure"]) for r in summary] == [
         ("irbr", 0.0), ("irbr", 0.1), ("scribe", 0.0), ("scribe", 0.1),
     ]  # fmt: skip
     for s in summary:
         assert list(s) == list(SUMMARY_COLUMNS)
-        rows = [r for r in tiny_result.runs if (r["protocol"], r["failure"]) == (s["protocol"], s["failure"])]
+        rows = [r for r in tiny_result.rows if (r["protocol"], r["failure"]) == (s["protocol"], s["failure"])]
         assert s["runs"] == len(rows) == 2
         for rate in ("loss_rate", "reachable_loss_rate", "forwards_per_event"):
             assert s[f"{rate}_mean"] == pytest.approx(sum(r[rate] for r in rows) / 2)
@@ -201,7 +197,7 @@ def test_aggregate_means_are_the_row_means(tiny_result: SweepResult) -> None:
         assert s["loss_rate_ci95"] == pytest.approx(12.7062 * sd / math.sqrt(2))
 
 
-def test_outputs(tiny_outputs: dict[str, str], tiny_result: SweepResult) -> None:
+def test_outputs(tiny_outputs: dict[str, str], tiny_result: Result) -> None:
     runs_csv = Path(tiny_outputs["runs"]).read_text().splitlines()
     assert runs_csv[0].split(",") == [c for c, _ in RUN_COLUMNS]
     assert "run_s" not in runs_csv[0] and len(runs_csv) == 1 + 8
@@ -212,13 +208,13 @@ def test_outputs(tiny_outputs: dict[str, str], tiny_result: SweepResult) -> None
     assert doc["experiment"] == "irbr-faults" and doc["seeds"] == [1, 2] and doc["runs"] == 8
     assert doc["runner"] == {"name": "serial", "master": None}
     assert doc["flowbus_version"] and doc["python"] and doc["timing"]["wall_s"] > 0
-    assert doc["sweep"]["nodes"] == 80
+    assert doc["config"]["nodes"] == 80
 
 
 def test_reruns_are_byte_identical(
-    tiny: Sweep, tiny_outputs: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    tiny: IrbrSweep, tiny_outputs: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    again = write_outputs(run_serial(tiny), tmp_path_factory.mktemp("again"))
+    again = write_outputs(irbr.run(tiny), tmp_path_factory.mktemp("again"))
     for name in ("runs", "summary", "events"):
         assert Path(again[name]).read_bytes() == Path(tiny_outputs[name]).read_bytes(), name
 
@@ -266,7 +262,7 @@ def test_cli_faults_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
                 "reachable_loss_rate_interval"} <= set(r)  # fmt: skip
     for name in ("runs", "summary", "events", "plot", "manifest"):
         assert Path(doc["outputs"][name]).is_file(), name
-    assert doc["outputs"]["plot"].endswith(".png") and doc["run_s"] > 0
+    assert doc["outputs"]["plot"].endswith(".png") and doc["timing"]["wall_s"] > 0
 
 
 def test_cli_forwards_json_with_a_config(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import typer
 from typer.testing import CliRunner
 
 from flowbus.cli.sim import sim_app
-from flowbus.experiments.pastry_hops import TIMING_FIELDS, hop_bound, run
-from flowbus.sim import SimError
+from flowbus.errors import ExperimentError
+from flowbus.experiments.pastry_hops import TIMING_FIELDS, PastryHops, hop_bound, record, run
 
 runner = CliRunner()
 app = typer.Typer()
@@ -25,7 +25,7 @@ FIELDS = {
 
 @pytest.fixture(scope="module")
 def result_1000() -> dict[str, Any]:
-    return run(nodes=1000, lookups=2000, seed=1)
+    return record(run(PastryHops(nodes=1000, lookups=2000, seed=1)))
 
 
 def test_1000_nodes_all_delivered_at_the_closest_node(result_1000: dict[str, Any]) -> None:
@@ -42,24 +42,24 @@ def test_1000_nodes_all_delivered_at_the_closest_node(result_1000: dict[str, Any
 
 
 def test_same_seed_same_result_but_timing(result_1000: dict[str, Any]) -> None:
-    again = run(nodes=1000, lookups=2000, seed=1)
+    again = record(run(PastryHops(nodes=1000, lookups=2000, seed=1)))
 
     def strip(d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in d.items() if k not in TIMING_FIELDS}
 
     assert strip(again) == strip(result_1000)
-    assert strip(run(nodes=1000, lookups=2000, seed=2)) != strip(result_1000)
+    assert strip(record(run(PastryHops(nodes=1000, lookups=2000, seed=2)))) != strip(result_1000)
 
 
 def test_progress_reports_building_and_simulating() -> None:
     calls: list[tuple[str, int, int]] = []
-    run(nodes=50, lookups=20, seed=3, progress=lambda w, d, t: calls.append((w, d, t)))
+    run(PastryHops(nodes=50, lookups=20, seed=3), progress=lambda w, d, t: calls.append((w, d, t)))
     assert ("building", 3, 3) in calls and ("simulating", 20, 20) in calls
 
 
 def test_tiny_networks() -> None:
     for n in (1, 2, 17):
-        r = run(nodes=n, lookups=30, seed=n)
+        r = record(run(PastryHops(nodes=n, lookups=30, seed=n)))
         assert r["delivered"] == r["correct"] == 30
         assert r["max_hops"] <= r["bound"]
 
@@ -72,8 +72,8 @@ def test_hop_bound() -> None:
 
 @pytest.mark.parametrize(("nodes", "lookups"), [(0, 10), (10, 0), (-5, 10)])
 def test_run_rejects_bad_sizes(nodes: int, lookups: int) -> None:
-    with pytest.raises(SimError):
-        run(nodes=nodes, lookups=lookups, seed=1)
+    with pytest.raises(ExperimentError):
+        run(PastryHops(nodes=nodes, lookups=lookups, seed=1))
 
 
 def test_cli_json() -> None:

@@ -10,7 +10,9 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from flowbus.experiments.ring_experiments import fit_log, join_cost, repair_cost
+from flowbus.experiments.output import document
+from flowbus.experiments.ring import RingJoin, RingRepair, run_join, run_repair
+from flowbus.experiments.stats import fit_log
 
 runner = CliRunner()
 
@@ -22,14 +24,14 @@ def _app() -> Any:
 
 
 def test_join_cost_is_flat() -> None:
-    r = join_cost(sizes=[16, 64, 256], window=16)
+    r = document(run_join(RingJoin(sizes=(16, 64, 256), window=16)))
     assert r["consistent"]
     means = [row["messages_mean"] for row in r["rows"]]
     assert max(means) - min(means) <= 3 and all(row["touched_max"] <= 7 for row in r["rows"])
 
 
 def test_repairs_finish_and_cost_little() -> None:
-    r = repair_cost(sizes=[16, 48], trials=2, seed=3)
+    r = document(run_repair(RingRepair(sizes=(16, 48), trials=2, seed=3)))
     by_kind = {s["kind"]: s for s in r["summary"]}
     assert by_kind["node"]["repaired"] == by_kind["node"]["trials"] == 4
     assert by_kind["ring-link"]["repaired"] == 4

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from flowbus.core import Deliver, Effect
+from flowbus.core import Core, Deliver, Effect
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.overlay.pastry import BITS, PastryNode
@@ -40,7 +40,7 @@ def pastry_id(addr: int) -> int:
     return int.from_bytes(digest, "big") >> (256 - BITS)
 
 
-class IrbrBroker:
+class IrbrBroker(Core):
     """One broker of the broker network routing with IRBR over Pastry (see the module note)."""
 
     def __init__(self, addr: int, *, heartbeat: float | None = None) -> None:

@@ -20,7 +20,7 @@ from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.server import Broker
 from flowbus.client import ClientError, PublishError, SubscribeError
 from flowbus.client import protocol as p
-from flowbus.errors import SchemaError
+from flowbus.errors import ConfigError, SchemaError
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
 
@@ -383,5 +383,17 @@ def test_a_collapse_subscription_catches_up_with_the_shortest_sequence() -> None
             assert interp.fold(start, got) == interp.fold(start, backlog)
             by_symbol = {s: [e["price"] for e in got if e["symbol"] == s] for s in ("IBM", "HPQ")}
             assert by_symbol == {"IBM": [200.0, 120.0], "HPQ": [35.0, 31.0]}
+
+    run(main())
+
+
+def test_start_refuses_bad_options_by_name() -> None:
+    async def main() -> None:
+        with pytest.raises(ConfigError, match="unknown overlay 'mesh'"):
+            await Broker.start(overlay="mesh")
+        with pytest.raises(ConfigError, match="an address is HOST:PORT, got 'nowhere'"):
+            await Broker.start(join=["nowhere"])
+        with pytest.raises(ConfigError, match="advertising: the pastry-irbr overlay has no advertisements"):
+            await Broker.start(overlay="pastry-irbr", config=DEFAULT.with_(advertising=True))
 
     run(main())

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.broker.fakes import FakeCore, Recorder, apply
+
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.spaces import SPACE, Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
-from tests.broker.fakes import FakeCore, Recorder, apply
 
 
 def ledger(store: Store, config: BrokerConfig = DEFAULT) -> tuple[Ledger, FakeCore]:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tests.broker.fakes import FakeCore, Recorder, apply
+
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.queues import Queues, Subscription
 from flowbus.broker.spaces import SPACE, Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.routing.ring_broker import EVENT_ID
-from tests.broker.fakes import FakeCore, Recorder, apply
 
 
 def queues(config: BrokerConfig = DEFAULT) -> tuple[Queues, FakeCore, Store]:
@@ -33,7 +34,7 @@ async def turn() -> None:
 
 def test_a_subscription_queue_keeps_its_order() -> None:
     sub = Subscription("s", "c", "events", "x > 0", False, None)
-    sub.pending.extend(((("p", n), {"x": n}, None) for n in range(1, 6)))
+    sub.pending.extend((("p", n), {"x": n}, None) for n in range(1, 6))
     sub.in_memory = 5
     first, batch = sub.take(3)
     assert first == 1 and [e[0] for e in batch] == [("p", 1), ("p", 2), ("p", 3)]
@@ -101,7 +102,7 @@ def test_a_lost_connection_puts_deliveries_back_and_lingers() -> None:
 
 def test_bye_ends_the_subscriptions_that_are_not_durable() -> None:
     async def main() -> None:
-        q, core, store = queues()
+        q, _, store = queues()
         c = Recorder("c")
         q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0"))
         q.subscribe(c, p.Subscribe(2, "d", "events", "x > 0", durable=True))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tests.broker.fakes import FakeCore, Writer, apply
+
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT
 from flowbus.broker.ledger import Ledger
@@ -16,7 +18,6 @@ from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.net.codec import FrameDecoder, decode, encode
-from tests.broker.fakes import FakeCore, Writer, apply
 
 WELCOME = p.Welcome("127.0.0.1:1", (), {})
 

@@ -272,7 +272,7 @@ class Queues:
                 self.apply(self.core.subscribe(sub.sub_id, filt, meta=sub.meta()))
 
     def close(self) -> None:
-        """The broker stops: no more lingering, settling or pumping."""
+        """The broker stops: no more lingering or settling."""
         self.closed = True
         for sub in self.subs.values():
             if sub.linger is not None:

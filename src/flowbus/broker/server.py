@@ -157,7 +157,7 @@ class Broker:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def joined(self, timeout: float = 10.0) -> None:
+    async def joined(self, *, timeout: float = 10.0) -> None:
         """Wait until this broker is a member of the ring; then restore durable subscriptions."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout

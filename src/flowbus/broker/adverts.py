@@ -1,7 +1,8 @@
 """Advertisements: what a broker's publishers say they will publish.
 
-How it works (with ``advertising: true`` in the broker's configuration; the ring broker's
-core does the routing, :mod:`flowbus.routing.cbr`):
+How it works (advertise, subscribe, publish: the content-based routing of Jacobsen's
+publish/subscribe lecture, slide 20; with ``advertising: true`` in the broker's
+configuration; the ring broker's core does the routing, :mod:`flowbus.routing.cbr`):
 
 * A client advertises a filter over a space (``Advertise``). Its routing filter
   (``__space = s & (f)``, :mod:`flowbus.broker.spaces`) goes to the core under the key

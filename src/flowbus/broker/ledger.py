@@ -1,6 +1,7 @@
 """The publish ledger: a client's publishes from ``Publish`` to ``PubAck``, each once.
 
-How it works:
+How it works (flowbus's own exactly-once publishing, on the custody of
+:mod:`flowbus.routing.ring_broker`):
 
 * **Numbering.** A client numbers its publishes from 1 up (``pseq``); ``(client, pseq)``
   is the event's id everywhere. The ledger keeps, per publisher, the highest ``pseq`` it

@@ -1,7 +1,8 @@
 """The subscriptions a broker serves, each with one ordered queue: flow control, spilling to
 SQLite, acknowledgements, lingering, takeover and catch-up.
 
-How it works:
+How it works (flowbus's own delivery guarantees, on the custody of
+:mod:`flowbus.routing.ring_broker`):
 
 * **One queue per subscription** (:class:`Subscription`), oldest first: ``pending`` (to
   send) and ``inflight`` (sent, numbered ``dseq`` from 1 on each connection).
@@ -33,9 +34,10 @@ How it works:
   dead broker had not finished (custody), and the client drops what it had seen (by event
   id). A taken-over subscription that gets a delivery before its client is back is served
   here from then on, on disk.
-* **Catch-up.** A subscription that names a collapse rule set gets, when its client comes
-  back, instead of its backlog the shortest sequence of events equivalent to it
-  (:mod:`flowbus.broker.interpret`), folded from the state of what its client took.
+* **Catch-up** (the IFG's expand, Banavar et al. section 4.2). A subscription that names a
+  collapse rule set gets, when its client comes back, instead of its backlog the shortest
+  sequence of events equivalent to it (:mod:`flowbus.broker.interpret`), from the state
+  folded from what its client took.
 * **Durability.** Durable subscriptions and spilled queues are in SQLite
   (:mod:`flowbus.broker.store`): :meth:`Queues.restore` serves them again after a restart.
 """

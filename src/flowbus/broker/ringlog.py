@@ -1,10 +1,12 @@
 """What a broker's log says of the ring: one line each time its view of the ring changes.
 
-How it works: after every step of the core, :meth:`RingLog.update` compares a cheap
-signature of the ring node's state (counters and lengths) with the one it saw last; only when
-that differs does it build the view the log shows (this broker's window, the brokers it
-suspects, those it declared dead, those whose state it took over) and write a line if the
-view changed. So a step that changed nothing in the ring costs a tuple of six counters.
+How it works (the log shows the chordal ring's failure detection and repair: Madhu Kumar,
+Bellur, Govindan, "Chordal Reliability Rings", section 3.4): after every step of the core,
+:meth:`RingLog.update` compares a cheap signature of the ring node's state (counters and
+lengths) with the one it saw last; only when that differs does it build the view the log
+shows (this broker's window, the brokers it suspects, those it declared dead, those whose
+state it took over) and write a line if the view changed. So a step that changed nothing in
+the ring costs a tuple of six counters.
 """
 
 from __future__ import annotations

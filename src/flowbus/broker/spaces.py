@@ -1,7 +1,8 @@
 """A broker's information spaces: events and filters checked against their schemas, the routing
 filter that keeps spaces apart, and the collapse rule sets bound to them.
 
-How it works:
+How it works (the information spaces of the IFG, each with a schema: Banavar et al.,
+"Information Flow Based Event Distribution Middleware", section 2):
 
 * **One routing table for every space.** Each event carries its space in the field
   ``__space`` (:data:`SPACE`), and each subscription's (or advertisement's) filter becomes
@@ -13,7 +14,7 @@ How it works:
   and the broker refuses the publish with that reason (``Nack``).
 * **Filters.** A filter is parsed (:func:`flowbus.filters.parse`) and, in a space with a
   schema, may name only its fields.
-* **Collapse rule sets** (:mod:`flowbus.broker.interpret`) are bound to the schema of the
+* **Collapse rule sets** (the IFG's collapse, section 2; :mod:`flowbus.broker.interpret`) are bound to the schema of the
   space subscribed to. The configuration's rule sets are read on first use, so a bad one
   refuses the subscriptions that name a rule set, not the broker's start.
 

@@ -14,9 +14,10 @@ How it works (the information spaces of the IFG, each with a schema: Banavar et 
   and the broker refuses the publish with that reason (``Nack``).
 * **Filters.** A filter is parsed (:func:`flowbus.filters.parse`) and, in a space with a
   schema, may name only its fields.
-* **Collapse rule sets** (the IFG's collapse, section 2; :mod:`flowbus.broker.interpret`) are bound to the schema of the
-  space subscribed to. The configuration's rule sets are read on first use, so a bad one
-  refuses the subscriptions that name a rule set, not the broker's start.
+* **Collapse rule sets** (the IFG's collapse, section 2; :mod:`flowbus.broker.interpret`)
+  are bound to the schema of the space subscribed to. The configuration's rule sets are read
+  on first use, so a bad one refuses the subscriptions that name a rule set, not the
+  broker's start.
 
 A check never raises for bad input: it answers what was wrong, naming the space, the field
 or the rule set.

@@ -98,7 +98,7 @@ class Ledger:
                 continue
             items.append(((client, pseq), fields))
         if items:
-            self._take(client, items)
+            self._track(client, items)
             self.apply(self.core.publish_batch(items))
         if top > last:
             self._last[client] = top
@@ -120,7 +120,7 @@ class Ledger:
             last = self._last[client] = self.store.last_seq(client) or 0
         return last
 
-    def _take(self, client: str, items: list[tuple[EventId, dict[str, Any]]]) -> None:
+    def _track(self, client: str, items: list[tuple[EventId, dict[str, Any]]]) -> None:
         """``items`` of ``client`` go to the core: in flight until settled."""
         heap = self._open.setdefault(client, [])
         for eid, _ in items:

@@ -20,7 +20,7 @@ from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.server import Broker
 from flowbus.client import ClientError, PublishError, SubscribeError
 from flowbus.client import protocol as p
-from flowbus.errors import SchemaError
+from flowbus.errors import ConfigError, SchemaError
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
 
@@ -37,9 +37,8 @@ async def ring(
         for i in range(n):
             join = [brokers[0].address] if i else []
             where = data / f"b{i}" if data else None
-            b = Broker(join=join, config=config, data=where, overlay=overlay)
+            b = await Broker.start(join=join, config=config, data=where, overlay=overlay)
             brokers.append(b)
-            await b.start()
             await b.joined()
         if n > 1:
             await eventually(lambda: _settled(brokers, overlay))
@@ -53,7 +52,7 @@ def _settled(brokers: list[Broker], overlay: str) -> bool:
     """Every broker links to every other (the ring's tree: the two ends to one)."""
     if overlay == "pastry-irbr":
         return all(len(b.peers()) == len(brokers) - 1 for b in brokers)
-    ends = [b.core.router.neighbours for b in brokers]  # type: ignore[union-attr]
+    ends = [b.core.router.neighbours for b in brokers]  # type: ignore[attr-defined]
     return sorted(len(x) for x in ends) == [1, 1] + [2] * (len(brokers) - 2)
 
 
@@ -243,7 +242,7 @@ def _forwarded(brokers: list[Broker]) -> list[str]:
     """The filters every broker holds from its neighbours (not its own subscriptions)."""
     out = []
     for b in brokers:
-        tables, _ = b.core.router.routing_state()  # type: ignore[union-attr]
+        tables, _ = b.core.router.routing_state()  # type: ignore[attr-defined]
         out += [f.to_text() for d, t in tables.items() if d != b.addr for f in t.values()]
     return out
 
@@ -379,10 +378,22 @@ def test_a_collapse_subscription_catches_up_with_the_shortest_sequence() -> None
                 got = await take(sub, 4)  # per symbol: the new maximum, then the current price
                 with pytest.raises(asyncio.TimeoutError):
                     await sub.get(0.3)
-            interp = b._interpretation("max_cur", "stocks")
+            interp = b.spaces.interpretation("max_cur", "stocks")
             start = interp.fold(None, seen)
             assert interp.fold(start, got) == interp.fold(start, backlog)
             by_symbol = {s: [e["price"] for e in got if e["symbol"] == s] for s in ("IBM", "HPQ")}
             assert by_symbol == {"IBM": [200.0, 120.0], "HPQ": [35.0, 31.0]}
+
+    run(main())
+
+
+def test_start_refuses_bad_options_by_name() -> None:
+    async def main() -> None:
+        with pytest.raises(ConfigError, match="unknown overlay 'mesh'"):
+            await Broker.start(overlay="mesh")
+        with pytest.raises(ConfigError, match="an address is HOST:PORT, got 'nowhere'"):
+            await Broker.start(join=["nowhere"])
+        with pytest.raises(ConfigError, match="advertising: the pastry-irbr overlay has no advertisements"):
+            await Broker.start(overlay="pastry-irbr", config=DEFAULT.with_(advertising=True))
 
     run(main())

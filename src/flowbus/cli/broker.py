@@ -54,7 +54,7 @@ def broker_start(
     import logging
 
     from flowbus.broker.config import DEFAULT, BrokerConfig
-    from flowbus.broker.server import Broker, parse_address
+    from flowbus.broker.server import parse_address
 
     level = logging.getLevelNamesMapping().get(log_level.upper())
     if level is None:
@@ -65,23 +65,27 @@ def broker_start(
     try:
         host, port = parse_address(listen)
         cfg = BrokerConfig.load(config) if config is not None else DEFAULT
-        broker = Broker(host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay)
     except FlowbusError as e:
         fail(str(e))
     # A broker holds many long-lived objects (filters, index tables, events in custody) and
     # makes many short-lived ones per event: the default thresholds run a collection every
     # 700 allocations, and full ones that walk the whole heap often (a third of the time)
     gc.set_threshold(50_000, 20, 100)
-    asyncio.run(_serve(broker))
+    asyncio.run(_serve(host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay))
 
 
-async def _serve(broker: Any) -> None:
+async def _serve(**options: Any) -> None:
+    from flowbus.broker.server import Broker
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await broker.start()
+        broker = await Broker.start(**options)
+    except FlowbusError as e:
+        fail(str(e))
+    try:
         await broker.joined(timeout=30.0)
     except FlowbusError as e:
         await broker.close()

@@ -1,0 +1,148 @@
+"""The publish ledger: a client's publishes from ``Publish`` to ``PubAck``, each once.
+
+How it works (flowbus's own exactly-once publishing, on the custody of
+:mod:`flowbus.routing.ring_broker`):
+
+* **Numbering.** A client numbers its publishes from 1 up (``pseq``); ``(client, pseq)``
+  is the event's id everywhere. The ledger keeps, per publisher, the highest ``pseq`` it
+  has taken.
+* **A batch.** A client's ``Publish`` frame is one batch. Each event in it is checked
+  against its space's schema (:mod:`flowbus.broker.spaces`) and, with advertising on,
+  against its client's advertisements (:mod:`flowbus.broker.adverts`); a refused one is
+  answered ``Nack`` with the reason. The good ones go to the core in one call
+  (``publish_batch``).
+* **Custody.** The core keeps each publish in custody until every broker and local
+  subscription it went to is done with it; then it lists the id in ``settled``, and the
+  ledger sends ``PubAck`` (:meth:`Ledger.settled`). A publish is thus acknowledged once it
+  is where every matching subscriber will get it: with its subscriber's client, or in the
+  queue on that subscriber's broker's disk.
+* **Re-sends.** A re-sent publish (same ``(client, pseq)``, at or below the highest taken)
+  is not published twice: it is acknowledged at once if it is settled, and when it settles
+  if it is still in flight.
+* **The mark in SQLite.** The store keeps, per publisher, the highest ``pseq`` up to which
+  every publish was settled (or refused), not the highest taken (:meth:`Ledger._keep`).
+  After a restart, a re-send at or below the mark is acknowledged; one above it (taken,
+  maybe not settled when the broker died: its events waited in memory, in custody) is
+  published again, and its id de-duplicates it downstream.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from flowbus.broker.adverts import Adverts
+from flowbus.broker.overlays import BrokerCore
+from flowbus.broker.spaces import Spaces
+from flowbus.broker.store import Store
+from flowbus.client import protocol as p
+from flowbus.core import Effect
+
+if TYPE_CHECKING:
+    from flowbus.broker.sessions import Session
+
+__all__ = ["EventId", "Ledger"]
+
+EventId = tuple[str, int]
+"""A published event's id: ``(publisher client, pseq)``."""
+
+
+class Ledger:
+    """The publishes taken at this broker (see the module note)."""
+
+    def __init__(
+        self,
+        *,
+        core: BrokerCore,
+        apply: Callable[[Sequence[Effect]], None],
+        store: Store,
+        spaces: Spaces,
+        adverts: Adverts,
+    ) -> None:
+        self.core = core
+        self.apply = apply
+        self.store = store
+        self.spaces = spaces
+        self.adverts = adverts
+        self.published = 0
+        self._last: dict[str, int] = {}  # publisher -> the highest pseq taken
+        self._in_flight: dict[EventId, None] = {}  # published here, not settled
+        self._open: dict[str, list[int]] = {}  # publisher -> heap of its pseqs published here
+        # (those still in _in_flight are not settled; the others are dropped lazily)
+
+    def publish(self, session: Session, msg: p.Publish) -> None:
+        """Take a client's batch: refuse, acknowledge (re-sends) or publish each event."""
+        client, space = session.client, msg.space
+        last = self._last_of(client)
+        check = self.spaces.check_event
+        adverts = self.adverts if self.adverts.enabled else None
+        items: list[tuple[EventId, dict[str, Any]]] = []
+        top = last
+        for pseq, event in msg.items():
+            if type(pseq) is not int or pseq < 1:
+                session.send(
+                    p.Nack(pseq if type(pseq) is int else -1, f"bad publish sequence number {pseq!r}")
+                )
+                continue
+            if pseq <= last:  # a re-send: acknowledged at once if settled, later if not
+                if (client, pseq) not in self._in_flight:
+                    session.pub_ack(pseq)
+                continue
+            top = max(top, pseq)
+            fields, error = check(space, event)
+            if fields is not None and adverts is not None and not adverts.admits(session, fields):
+                fields, error = None, f"no advertisement of this client matches the event in {space!r}"
+            if fields is None:
+                session.send(p.Nack(pseq, error))
+                continue
+            items.append(((client, pseq), fields))
+        if items:
+            self._track(client, items)
+            self.apply(self.core.publish_batch(items))
+        if top > last:
+            self._last[client] = top
+            self._keep(client, top)
+
+    def settled(self, eids: list[Any], sessions: Mapping[str, Session]) -> None:
+        """The core settled these publishes: acknowledge them to their clients if connected."""
+        for eid in eids:
+            self._in_flight.pop(eid, None)
+            if isinstance(eid, tuple):
+                session = sessions.get(eid[0])
+                if session is not None:
+                    session.pub_ack(eid[1])
+                self._lowest_open(eid[0])  # (drops what is settled from the heap)
+
+    def _last_of(self, client: str) -> int:
+        last = self._last.get(client)
+        if last is None:
+            last = self._last[client] = self.store.last_seq(client) or 0
+        return last
+
+    def _track(self, client: str, items: list[tuple[EventId, dict[str, Any]]]) -> None:
+        """``items`` of ``client`` go to the core: in flight until settled."""
+        heap = self._open.setdefault(client, [])
+        for eid, _ in items:
+            self._in_flight[eid] = None
+            heapq.heappush(heap, eid[1])
+        self.published += len(items)
+
+    def _keep(self, client: str, top: int) -> None:
+        """Keep in SQLite the highest ``pseq`` of ``client`` up to which every publish is
+        settled or refused, not the highest taken: a publish taken but not settled when
+        this broker dies (its events waited in memory, in custody) must be published
+        again when its publisher re-sends it after the restart, not acknowledged and lost.
+        (A mark lagging behind is safe: it only lets more re-sends be published again.)"""
+        lowest = self._lowest_open(client)
+        self.store.accept(client, top if lowest is None else lowest - 1)  # (not above the kept one: no-op)
+
+    def _lowest_open(self, client: str) -> int | None:
+        """The lowest ``pseq`` of ``client`` published here and not settled yet, if any."""
+        heap = self._open.get(client)
+        while heap and (client, heap[0]) not in self._in_flight:
+            heapq.heappop(heap)
+        if heap:
+            return heap[0]
+        self._open.pop(client, None)
+        return None

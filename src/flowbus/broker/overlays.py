@@ -1,0 +1,91 @@
+"""The routing cores a broker can run, and what the broker needs of one.
+
+How it works: a broker process drives one sans-IO routing core (:class:`flowbus.core.Core`)
+under the asyncio runtime. Beyond the messages and timers every core takes, a broker calls
+the local operations of :class:`BrokerCore`: join the network, subscribe and unsubscribe,
+advertise, publish a batch of events, settle deliveries (the custody of the ring broker), and
+it reads which publishes are settled (``settled``) and what a taken-over subscription was
+made with (``meta_of``). Two cores offer it:
+
+* ``chordal-ring`` (the default): :class:`~flowbus.routing.ring_broker.RingBroker`, the
+  chordal ring with backups, failure repair, covering-based routing and custody;
+* ``pastry-irbr``: :class:`~flowbus.routing.irbr_broker.IrbrBroker`, IRBR over Pastry (no
+  custody, no takeover, no advertisements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from flowbus.broker.config import BrokerConfig
+from flowbus.core import Core, Effect
+from flowbus.errors import ConfigError
+from flowbus.filters import Filter
+from flowbus.net.runtime import where_of
+from flowbus.routing.irbr_broker import IrbrBroker
+from flowbus.routing.ring_broker import RingBroker
+
+__all__ = ["OVERLAYS", "BrokerCore", "address_text", "check_overlay", "new_core"]
+
+OVERLAYS = ("chordal-ring", "pastry-irbr")
+
+
+class BrokerCore(Core, Protocol):
+    """What a broker process needs of its routing core, beyond what every core offers."""
+
+    settled: list[Any]
+    """Ids of the events published here that every receiver is done with; the broker
+    empties it after each step."""
+
+    @property
+    def subs(self) -> Collection[Hashable]:
+        """The subscriptions served here (own, and taken over from dead brokers)."""
+        ...
+
+    @property
+    def joined(self) -> bool: ...
+    @property
+    def node_id(self) -> int: ...
+    def peer_addrs(self) -> list[int]: ...
+    def in_custody(self) -> int: ...
+    def meta_of(self, sub_id: Hashable) -> Any: ...
+    def start(self) -> list[Effect]: ...
+    def join(self, candidates: Sequence[int]) -> list[Effect]: ...
+    def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]: ...
+    def unsubscribe(self, sub_id: Hashable) -> list[Effect]: ...
+    def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]: ...
+    def unadvertise(self, adv_id: Hashable) -> list[Effect]: ...
+    def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]: ...
+    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]: ...
+
+
+def check_overlay(overlay: str, config: BrokerConfig) -> None:
+    """A :class:`ConfigError` if ``overlay`` is unknown or cannot serve ``config``."""
+    if overlay not in OVERLAYS:
+        raise ConfigError(f"unknown overlay {overlay!r} (expected {' or '.join(OVERLAYS)})")
+    if overlay == "pastry-irbr" and config.advertising:
+        raise ConfigError("advertising: the pastry-irbr overlay has no advertisements")
+
+
+def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
+    """The routing core of a broker at ``addr`` (``overlay`` checked by :func:`check_overlay`)."""
+    check_overlay(overlay, config)
+    if overlay == "pastry-irbr":
+        return IrbrBroker(addr, heartbeat=config.heartbeat)
+    return RingBroker(
+        addr,
+        backup=config.backup,
+        heartbeat=config.heartbeat,
+        custody=True,
+        local_ack=True,
+        advertising=config.advertising,
+        probe_timeout=2 * config.heartbeat,
+        ping_timeout=2 * config.heartbeat,
+    )
+
+
+def address_text(addr: int) -> str:
+    """A broker's address as ``"host:port"`` (the number itself if it is not an address)."""
+    where = where_of(addr)
+    return f"{where[0]}:{where[1]}" if where else str(addr)

@@ -1,0 +1,472 @@
+"""The subscriptions a broker serves, each with one ordered queue: flow control, spilling to
+SQLite, acknowledgements, lingering, takeover and catch-up.
+
+How it works (flowbus's own delivery guarantees, on the custody of
+:mod:`flowbus.routing.ring_broker`):
+
+* **One queue per subscription** (:class:`Subscription`), oldest first: ``pending`` (to
+  send) and ``inflight`` (sent, numbered ``dseq`` from 1 on each connection).
+  - At most ``window`` deliveries are in flight to its client, unacknowledged. The client
+    acknowledges a prefix (``Ack``), and the core is told those deliveries are settled.
+  - At most ``memory`` deliveries (those in flight included) are held in memory, still in
+    the sender's custody. Beyond that, events are *spilled* to the SQLite queue and settled
+    at once: the disk has them.
+  - A subscription with no client attached (a durable one whose client is away, one taken
+    over from a dead broker) queues on disk straight away.
+  - So a slow or absent subscriber costs this broker bounded memory, and holds a
+    publisher's acknowledgements up for at most ``memory`` events (keep it below the
+    clients' publish window): the rest wait on disk. Once anything is on disk, later
+    events go there too, until the disk part is drained, so the order is kept.
+* **The hot path.** The core's deliveries come one by one (:meth:`Queues.on_deliver`, the
+  runtime's ``on_deliver``): an event's fields are stripped of the hidden ones (its id, its
+  space) once for all its deliveries, and nothing else is allocated per delivery but its
+  queue entry. The spilled rows and their settles of one core step go to SQLite in one
+  transaction and to the core in one call, after the step (:meth:`Queues.after_step`).
+  Subscriptions with something new are pumped once per turn of the event loop, one
+  ``Events`` batch each (:class:`~flowbus.broker.sessions.Session`).
+* **Connections.** A subscription is attached to at most one client connection. When it
+  ends, the deliveries in flight go back to the front of the queue, for the next one. A
+  non-durable subscription ends with a ``Bye``, or ``linger`` seconds after a lost
+  connection if its client does not come back; a durable one waits for its client.
+* **Resuming.** A client whose broker died reconnects to another one and re-attaches its
+  subscriptions (``resume``). The broker that took the dead one's state over serves them
+  (the core knows them, with the ``meta`` they were made with): the core re-sends what the
+  dead broker had not finished (custody), and the client drops what it had seen (by event
+  id). A taken-over subscription that gets a delivery before its client is back is served
+  here from then on, on disk.
+* **Catch-up** (the IFG's expand, Banavar et al. section 4.2). A subscription that names a
+  collapse rule set gets, when its client comes back, instead of its backlog the shortest
+  sequence of events equivalent to it (:mod:`flowbus.broker.interpret`), from the state
+  folded from what its client took.
+* **Durability.** Durable subscriptions and spilled queues are in SQLite
+  (:mod:`flowbus.broker.store`): :meth:`Queues.restore` serves them again after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from flowbus.broker.config import BrokerConfig
+from flowbus.broker.overlays import BrokerCore
+from flowbus.broker.spaces import SPACE, Spaces
+from flowbus.broker.store import QueuedEvent, Store
+from flowbus.client import protocol as p
+from flowbus.core import Effect
+from flowbus.errors import FlowbusError
+from flowbus.filters import parse
+from flowbus.routing.ring_broker import EVENT_ID
+
+if TYPE_CHECKING:
+    from flowbus.broker.sessions import Session
+
+__all__ = ["Entry", "Queues", "Settle", "Subscription"]
+
+Entry = tuple[Any, dict[str, Any], int | None]
+"""A queued delivery: (event id, event, where it is kept: None = in custody, settled when the
+client acknowledges it; n > 0 = SQLite queue position; 0 = nowhere, a catch-up event)."""
+
+Settle = tuple[str, Any]
+"""A delivery the core may forget: (subscription id, event id)."""
+
+_HIDDEN = (EVENT_ID, SPACE)
+_catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this process)
+
+
+@dataclass(eq=False, slots=True)
+class Subscription:
+    """A subscription served here, and its queue (see the module note)."""
+
+    sub_id: str
+    client: str
+    space: str
+    filter: str
+    durable: bool
+    collapse: str | None
+    session: Session | None = None  # the connection it is attached to; None: its client is away
+    pending: deque[Entry] = field(default_factory=deque)  # to send, oldest first
+    inflight: deque[tuple[int, Entry]] = field(default_factory=deque)  # (dseq, entry), sent
+    dseq: int = 0  # the last delivery number on the current session
+    on_disk: int = 0  # events in the SQLite queue not loaded into pending
+    disk_pos: int = 0  # the queue position of the last event loaded from disk
+    in_memory: int = 0  # entries in pending/inflight still in custody
+    seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
+    linger: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def from_meta(cls, sub_id: str, meta: Mapping[str, Any]) -> Subscription:
+        """A subscription from what :meth:`meta` gave (taken over from a dead broker)."""
+        return cls(
+            sub_id, meta["client"], meta["space"], meta["filter"], bool(meta["durable"]), meta["collapse"]
+        )
+
+    def meta(self) -> dict[str, Any]:
+        """What another broker needs to serve it after a takeover (backed up with it)."""
+        return {
+            "client": self.client,
+            "space": self.space,
+            "filter": self.filter,
+            "durable": self.durable,
+            "collapse": self.collapse,
+        }
+
+    def take(self, n: int) -> tuple[int, list[Entry]]:
+        """The next ``n`` pending entries, now in flight, and the delivery number of the first."""
+        first = self.dseq + 1
+        self.dseq += n
+        pending = self.pending
+        batch = [pending.popleft() for _ in range(n)]
+        self.inflight.extend(zip(range(first, first + n), batch, strict=True))
+        return first, batch
+
+    def acked(self, upto: int) -> tuple[list[Settle], int, list[dict[str, Any]]]:
+        """The deliveries numbered up to ``upto`` are taken: out of flight. Those still in
+        custody (to settle), the highest SQLite queue position among them (0: none), and their
+        events if the subscription has a collapse rule set (to fold)."""
+        settle: list[Settle] = []
+        disk = 0
+        done: list[dict[str, Any]] = []
+        inflight = self.inflight
+        while inflight and inflight[0][0] <= upto:
+            _, (eid, event, where) = inflight.popleft()
+            if where is None:
+                settle.append((self.sub_id, eid))
+            elif where > 0:
+                disk = max(disk, where)
+            if self.collapse is not None:
+                done.append(event)
+        self.in_memory -= len(settle)
+        return settle, disk, done
+
+    def detach(self) -> None:
+        """Its connection ended: deliveries in flight go back to the front of the queue."""
+        if self.session is not None:
+            self.session.subs.discard(self.sub_id)
+        self.session = None
+        self.pending.extendleft(entry for _, entry in reversed(self.inflight))
+        self.inflight.clear()
+
+    def in_custody(self) -> list[Settle]:
+        """The queued deliveries still in the sender's custody."""
+        settle = [(self.sub_id, eid) for eid, _, where in self.pending if where is None]
+        return settle + [(self.sub_id, eid) for _, (eid, _, where) in self.inflight if where is None]
+
+    def loaded(self, rows: list[QueuedEvent]) -> None:
+        """Events of its SQLite queue, next in order, now pending."""
+        for row in rows:
+            eid, event = msgpack.unpackb(row.payload)
+            self.pending.append((tuple(eid), event, row.seq))
+            self.disk_pos = row.seq
+        self.on_disk = max(0, self.on_disk - len(rows)) if rows else 0
+
+    def caught_up(self, events: list[dict[str, Any]]) -> tuple[list[Settle], int]:
+        """The pending backlog is replaced by ``events`` (kept nowhere). The backlog's
+        deliveries still in custody (to settle) and its highest SQLite queue position (0: none)."""
+        settle = [(self.sub_id, eid) for eid, _, where in self.pending if where is None]
+        disk = max((where for _, _, where in self.pending if where), default=0)
+        self.in_memory -= len(settle)
+        tag = next(_catch_ups)
+        self.pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events))
+        return settle, disk
+
+
+class Queues:
+    """The subscriptions served here and their queues (see the module note)."""
+
+    def __init__(
+        self,
+        *,
+        core: BrokerCore,
+        apply: Callable[[Sequence[Effect]], None],
+        store: Store,
+        spaces: Spaces,
+        config: BrokerConfig,
+    ) -> None:
+        self.core = core
+        self.apply = apply
+        self.store = store
+        self.spaces = spaces
+        self.window = config.window
+        self.memory = config.memory
+        self.linger = config.linger
+        self.subs: dict[str, Subscription] = {}
+        self.delivered = 0
+        self.spilled = 0
+        self.closed = False
+        self._spill: list[tuple[str, str, bytes]] = []  # SQLite queue rows of this core step
+        self._settling: list[Settle] = []  # (sub id, event id) spilled in this step
+        self._pumps: set[Subscription] = set()  # to pump at the end of this turn of the loop
+        self._pump_due = False
+        self._plain_of: Any = None  # the last event delivered, and its fields without the
+        self._plain: dict[str, Any] = {}  # hidden ones (shared by its deliveries: read only)
+
+    def in_memory(self) -> int:
+        """Deliveries held in memory, in custody, over every subscription."""
+        return sum(s.in_memory for s in self.subs.values())
+
+    # -- a client's requests
+
+    def subscribe(self, session: Session, msg: p.Subscribe) -> tuple[bool, str | None]:
+        """``msg`` from ``session``: a new subscription, or one to re-attach."""
+        sub = self.subs.get(msg.sub_id)
+        if sub is None and msg.sub_id in self.core.subs:  # taken over from a dead broker, and
+            sub = self._adopt(msg.sub_id)  # not delivered to since: serve it from now on
+        if sub is not None:  # re-attaching
+            if sub.session is not None and sub.session is not session:
+                if sub.session.client != session.client:
+                    return False, f"subscription {msg.sub_id!r} is attached to another client"
+                sub.detach()
+            self._attach(session, sub)
+            return True, None
+        if msg.resume:
+            return False, p.NOT_HERE
+        return self._open(session, msg)
+
+    def unsubscribe(self, session: Session, sub_id: str) -> tuple[bool, str | None]:
+        sub = self.subs.get(sub_id)
+        if sub is None or (sub.session is not None and sub.session is not session):
+            return False, f"no subscription {sub_id!r} of this client here"
+        session.subs.discard(sub.sub_id)
+        self._remove(sub)
+        return True, None
+
+    def ack(self, session: Session, items: Iterable[tuple[str, int]]) -> None:
+        """``session``'s client took each subscription's deliveries up to a number."""
+        for sub_id, upto in items:
+            sub = self.subs.get(sub_id)
+            if sub is not None and sub.session is session:
+                self._ack(sub, upto)
+
+    def session_ended(self, session: Session, *, bye: bool) -> None:
+        """Detach ``session``'s subscriptions; end the non-durable ones (``bye``) or let
+        them linger (a lost connection)."""
+        for sub_id in list(session.subs):
+            sub = self.subs.get(sub_id)
+            if sub is None or sub.session is not session:
+                continue
+            sub.detach()
+            if not sub.durable:
+                if bye:
+                    self._remove(sub)
+                else:
+                    self._start_linger(sub)
+
+    def restore(self) -> None:
+        """Serve again the durable subscriptions the store holds (a restart)."""
+        for row in self.store.subscriptions():
+            if row.sub_id in self.subs:
+                continue
+            if not row.durable:
+                self.store.remove_subscription(row.sub_id)
+                continue
+            sub = Subscription(row.sub_id, row.client, row.space, row.filter, True, row.collapse)
+            sub.on_disk = self.store.depth(row.sub_id)
+            self.subs[row.sub_id] = sub
+            filt = self.spaces.routing_filter(row.space, parse(row.filter))
+            if row.sub_id not in self.core.subs:
+                self.apply(self.core.subscribe(sub.sub_id, filt, meta=sub.meta()))
+
+    def close(self) -> None:
+        """The broker stops: no more lingering or settling."""
+        self.closed = True
+        for sub in self.subs.values():
+            if sub.linger is not None:
+                sub.linger.cancel()
+
+    # -- the core's side
+
+    def on_deliver(self, addr: int, sub_id: Hashable, event: Any) -> None:
+        """The core delivers ``event`` to the subscription ``sub_id`` (once per delivery)."""
+        sub = self.subs.get(sub_id) if isinstance(sub_id, str) else None
+        if sub is None:
+            sub = self._adopt(sub_id)
+            if sub is None:
+                return
+        eid = event[EVENT_ID]
+        if event is not self._plain_of:  # (an event's deliveries come one after the other)
+            self._plain_of = event
+            self._plain = {k: v for k, v in event.items() if k not in _HIDDEN}
+        plain = self._plain
+        self.delivered += 1
+        if sub.on_disk or sub.session is None or sub.in_memory >= self.memory:
+            self._spill.append((sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))))
+            sub.on_disk += 1
+            self._settling.append((sub.sub_id, eid))
+        else:
+            sub.pending.append((eid, plain, None))
+            sub.in_memory += 1
+        if sub.session is not None:  # (_pump_soon, inlined: once per delivery)
+            self._pumps.add(sub)
+            if not self._pump_due:
+                self._pump_due = True
+                asyncio.get_running_loop().call_soon(self._pump_all)
+
+    def after_step(self) -> None:
+        """After a step of the core: what it spilled to SQLite, and settled in the core
+        soon (outside the step)."""
+        if self._spill:
+            spill, self._spill = self._spill, []
+            self.store.enqueue_many(spill)
+            self.spilled += len(spill)
+        if self._settling:
+            settling, self._settling = self._settling, []
+            asyncio.get_running_loop().call_soon(self._settle, settling)
+
+    # -- serving a subscription
+
+    def _open(self, session: Session, msg: p.Subscribe) -> tuple[bool, str | None]:
+        filt, error = self.spaces.check_filter(msg.space, msg.filter)
+        if filt is None:
+            return False, error
+        if msg.collapse is not None:
+            why = self.spaces.check_collapse(msg.collapse, msg.space)
+            if why is not None:
+                return False, why
+        sub = Subscription(msg.sub_id, session.client, msg.space, filt.to_text(), msg.durable, msg.collapse)
+        try:
+            self._record(sub)
+        except FlowbusError as e:
+            return False, str(e)
+        self.subs[sub.sub_id] = sub
+        routing = self.spaces.routing_filter(msg.space, filt)
+        self.apply(self.core.subscribe(sub.sub_id, routing, meta=sub.meta()))
+        self._attach(session, sub)
+        return True, None
+
+    def _adopt(self, sub_id: Hashable) -> Subscription | None:
+        """A subscription the core took over from a dead broker: serve it here."""
+        meta = self.core.meta_of(sub_id)
+        if not isinstance(sub_id, str) or not isinstance(meta, Mapping):
+            return None
+        sub = Subscription.from_meta(sub_id, meta)
+        self.subs[sub_id] = sub
+        with contextlib.suppress(FlowbusError):
+            self._record(sub)
+        if not sub.durable:
+            self._start_linger(sub)
+        return sub
+
+    def _record(self, sub: Subscription) -> None:
+        self.store.add_subscription(
+            sub.sub_id,
+            client=sub.client,
+            space=sub.space,
+            filter=sub.filter,
+            durable=sub.durable,
+            collapse=sub.collapse,
+        )
+
+    def _attach(self, session: Session, sub: Subscription) -> None:
+        if sub.linger is not None:
+            sub.linger.cancel()
+            sub.linger = None
+        sub.session = session
+        sub.dseq = 0
+        session.subs.add(sub.sub_id)
+        if sub.collapse is not None and (sub.pending or sub.on_disk):
+            self._catch_up(sub)
+        self._pump_soon(sub)
+
+    def _start_linger(self, sub: Subscription) -> None:
+        if self.closed:
+            return
+        if sub.linger is not None:
+            sub.linger.cancel()
+        sub.linger = asyncio.get_running_loop().call_later(self.linger, self._expire, sub.sub_id)
+
+    def _expire(self, sub_id: str) -> None:
+        sub = self.subs.get(sub_id)
+        if sub is not None and sub.session is None and not self.closed:
+            self._remove(sub)
+
+    def _remove(self, sub: Subscription) -> None:
+        self.subs.pop(sub.sub_id, None)
+        if sub.linger is not None:
+            sub.linger.cancel()
+        settle = sub.in_custody()
+        if sub.sub_id in self.core.subs:
+            self.apply(self.core.unsubscribe(sub.sub_id))
+        if settle:
+            self._settle(settle)
+        with contextlib.suppress(FlowbusError):
+            self.store.remove_subscription(sub.sub_id)
+
+    def _settle(self, settling: list[Settle]) -> None:
+        """The core may forget these deliveries: taken, on disk, or dropped."""
+        if self.closed:
+            return
+        self.apply(self.core.settle_many(settling))
+
+    # -- pumping queues to clients
+
+    def _pump_soon(self, sub: Subscription) -> None:
+        if sub.session is None:
+            return
+        self._pumps.add(sub)
+        if not self._pump_due:
+            self._pump_due = True
+            asyncio.get_running_loop().call_soon(self._pump_all)
+
+    def _pump_all(self) -> None:
+        self._pump_due = False
+        pumps, self._pumps = self._pumps, set()
+        for sub in pumps:
+            self._pump(sub)
+
+    def _pump(self, sub: Subscription) -> None:
+        """Send what the window has room for, loading from disk when memory is empty."""
+        session = sub.session
+        if session is None or session.closed:
+            return
+        room = self.window - len(sub.inflight)
+        while room > 0:
+            if not sub.pending and sub.on_disk:
+                self._load(sub, room)
+            n = min(room, len(sub.pending))
+            if not n:
+                break
+            first, batch = sub.take(n)
+            session.deliver(sub.sub_id, first, batch)
+            room -= n
+
+    def _load(self, sub: Subscription, n: int) -> None:
+        sub.loaded(self.store.pending(sub.sub_id, limit=max(n, 256), after=sub.disk_pos))
+
+    def _ack(self, sub: Subscription, upto: int) -> None:
+        settle, disk, done = sub.acked(upto)
+        if disk:
+            self.store.ack(sub.sub_id, disk)
+        if done:
+            self._fold(sub, done)
+        if settle:
+            self._settle(settle)
+        self._pump_soon(sub)
+
+    # -- collapse rule sets
+
+    def _fold(self, sub: Subscription, events: list[dict[str, Any]]) -> None:
+        assert sub.collapse is not None  # (only subscriptions with a rule set keep events)
+        sub.seen = self.spaces.interpretation(sub.collapse, sub.space).fold(sub.seen, events)
+
+    def _catch_up(self, sub: Subscription) -> None:
+        """Replace the backlog of a subscription with a collapse rule set by its shortest
+        equivalent sequence (the backlog's own events are settled: this broker has them)."""
+        assert sub.collapse is not None  # (called for subscriptions with a rule set only)
+        if sub.on_disk:
+            self._load(sub, sub.on_disk + 1)
+        if len(sub.pending) < 2:
+            return
+        interpretation = self.spaces.interpretation(sub.collapse, sub.space)
+        events = interpretation.catch_up(sub.seen, [e for _, e, _ in sub.pending])
+        settle, disk = sub.caught_up(events)
+        if disk:
+            self.store.ack(sub.sub_id, disk)
+        if settle:
+            self._settle(settle)

@@ -1,0 +1,66 @@
+"""What a broker's log says of the ring: one line each time its view of the ring changes.
+
+How it works (the log shows the chordal ring's failure detection and repair: Madhu Kumar,
+Bellur, Govindan, "Chordal Reliability Rings", section 3.4): after every step of the core,
+:meth:`RingLog.update` compares a cheap signature of the ring node's state (counters and
+lengths) with the one it saw last; only when that differs does it build the view the log
+shows (this broker's window, the brokers it suspects, those it declared dead, those whose
+state it took over) and write a line if the view changed. So a step that changed nothing in
+the ring costs a tuple of six counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flowbus.broker.overlays import address_text
+from flowbus.overlay.chordal_ring import RingNode
+
+__all__ = ["RingLog"]
+
+
+class RingLog:
+    """The ring as ``log`` shows it, for the broker at ``address`` (see the module note)."""
+
+    def __init__(self, ring: RingNode, address: str, log: logging.Logger) -> None:
+        self.ring = ring
+        self.address = address
+        self.log = log
+        self._seen: tuple[Any, ...] = ()  # what the log last said of the ring
+        self._quick: tuple[int, ...] = ()  # (and a cheap signature of it)
+
+    def update(self) -> None:
+        """Log the ring's changes since the last call, if any (and if ``log`` shows info)."""
+        ring = self.ring
+        if not ring.joined or not self.log.isEnabledFor(logging.INFO):
+            return
+        quick = (
+            ring.version,
+            len(ring.succ),
+            len(ring.pred),
+            len(ring.dead),
+            len(ring.taken_over),
+            ring.watched,
+        )
+        if quick == self._quick:
+            return
+        self._quick = quick
+        seen = (
+            tuple(address_text(peer.addr) for peer in ring.window),
+            tuple(ring.suspects),
+            tuple(sorted(ring.dead)),
+            tuple(ring.taken_over),
+        )
+        if seen != self._seen:
+            self._seen = seen
+            window, suspects, dead, taken = seen
+            self.log.info(
+                "ring %s (id %d): window %s, suspects %s, dead %s, taken over %s",
+                self.address,
+                ring.id,
+                list(window),
+                list(suspects),
+                list(dead),
+                list(taken),
+            )

@@ -1,0 +1,200 @@
+"""A broker's client connections: what each client says, and how the broker answers.
+
+How it works (the client protocol is :mod:`flowbus.client.protocol`):
+
+* **One session per client.** A client's first frame is ``Hello`` with its name; the
+  runtime hands the connection to :meth:`Sessions.serve`, which answers ``Welcome`` (this
+  broker, the ring's other brokers for reconnecting, the spaces and their schemas). A client
+  that reconnects before its old connection was seen to go replaces it.
+* **Reading.** Each message goes to the part that handles it, in one ``match``:
+  ``Publish`` to the publish ledger (:mod:`flowbus.broker.ledger`); ``Subscribe``,
+  ``Unsubscribe`` and ``Ack`` to the subscription queues (:mod:`flowbus.broker.queues`);
+  ``Advertise`` and ``Unadvertise`` to :mod:`flowbus.broker.adverts`; ``Bye`` ends the
+  session. A message a client may not send, or a malformed frame, is a
+  :class:`~flowbus.errors.ProtocolError` for that connection only: the broker answers
+  ``Error`` and closes it; nothing else changes.
+* **Writing.** A :class:`Session` gathers what one step of the event loop has for its
+  client (replies, deliveries, publish acknowledgements) and writes it once, at the end of
+  the step: the acknowledgements in one ``PubAck``, the deliveries in ``Events`` frames of at
+  most 2,000 rows.
+* **The end.** When a session ends, the deliveries in flight to it go back to the front of
+  their queues. A ``Bye`` ends its non-durable subscriptions and withdraws its advertisements
+  at once; a lost connection keeps both for a while (the subscriptions ``linger``; the client
+  advertises again when it is back). Durable subscriptions wait for their client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flowbus.client import protocol as p
+from flowbus.errors import FlowbusError, ProtocolError
+from flowbus.net.codec import FrameDecoder, decode, encode, frame
+
+if TYPE_CHECKING:
+    from flowbus.broker.adverts import Adverts
+    from flowbus.broker.ledger import Ledger
+    from flowbus.broker.queues import Entry, Queues
+
+__all__ = ["EVENTS_PER_FRAME", "Session", "Sessions"]
+
+EVENTS_PER_FRAME = 2000
+"""Deliveries per ``Events`` frame (frames stay well under the size limit)."""
+
+
+class Session:
+    """One client connection: what it has attached, and what is to be written to it."""
+
+    def __init__(self, client: str, writer: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.writer = writer
+        self.subs: set[str] = set()  # the subscriptions attached to this connection
+        self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
+        self.closed = False
+        self._out: list[Any] = []
+        self._events: list[list[Any]] = []  # [sub id, delivery number, publisher, pseq, event]
+        self._acks: list[int] = []
+        self._flush_due = False
+
+    def send(self, msg: Any) -> None:
+        self._out.append(msg)
+        self._due()
+
+    def deliver(self, sub_id: str, first: int, entries: list[Entry]) -> None:
+        """Send ``entries`` of ``sub_id``, numbered from ``first``."""
+        self._events.extend(
+            [sub_id, dseq, eid[0], eid[1], event] for dseq, (eid, event, _) in enumerate(entries, first)
+        )
+        self._due()
+
+    def pub_ack(self, pseq: int) -> None:
+        self._acks.append(pseq)
+        self._due()
+
+    def _due(self) -> None:
+        if not self._flush_due and not self.closed:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write what is gathered, in one call."""
+        self._flush_due = False
+        if self.closed:
+            return
+        msgs = self._out
+        if self._acks:
+            msgs.append(p.PubAck(p.pack_pubacks(self._acks)))
+        for i in range(0, len(self._events), EVENTS_PER_FRAME):
+            msgs.append(p.Events(p.pack_event_rows(self._events[i : i + EVENTS_PER_FRAME])))
+        self._out, self._acks, self._events = [], [], []
+        if msgs:
+            self.writer.write(b"".join(frame(encode(m)) for m in msgs))
+
+    def close(self) -> None:
+        """Write what is gathered and close the connection."""
+        self.flush()
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+class Sessions:
+    """The client connections of a broker (see the module note). ``welcome`` gives the
+    ``Welcome`` a new session is sent (the ring's brokers change)."""
+
+    def __init__(
+        self,
+        *,
+        welcome: Callable[[], p.Welcome],
+        ledger: Ledger,
+        queues: Queues,
+        adverts: Adverts,
+    ) -> None:
+        self.welcome = welcome
+        self.ledger = ledger
+        self.queues = queues
+        self.adverts = adverts
+        self.by_client: dict[str, Session] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(
+        self,
+        hello: p.Hello,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        early: list[bytes],
+        frames: FrameDecoder,
+    ) -> None:
+        """Serve a client connection until it ends (the runtime's ``on_client``)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        session = Session(hello.client, writer)
+        old = self.by_client.get(hello.client)
+        if old is not None:  # the client reconnected before we saw its old connection go
+            self._end(old, bye=False)
+        self.by_client[hello.client] = session
+        session.send(self.welcome())
+        bye = False
+        try:
+            for body in early:
+                bye = bye or self._take(session, decode(body))
+            while not bye and not session.closed:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                for body in frames.feed(data):
+                    if self._take(session, decode(body)):
+                        bye = True
+                        break
+        except FlowbusError as e:  # a malformed frame or message: this connection only
+            session.send(p.Error(str(e)))
+            session.flush()
+        except (OSError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._end(session, bye=bye)
+            if task is not None:
+                self._tasks.discard(task)
+
+    def _take(self, session: Session, msg: Any) -> bool:
+        """Handle one message of ``session``; True for ``Bye``."""
+        match msg:
+            case p.Publish():
+                self.ledger.publish(session, msg)
+            case p.Ack():
+                self.queues.ack(session, msg.items())
+            case p.Subscribe():
+                session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
+            case p.Unsubscribe():
+                session.send(p.Reply(msg.req, *self.queues.unsubscribe(session, msg.sub_id)))
+            case p.Advertise():
+                session.send(p.Reply(msg.req, *self.adverts.advertise(session, msg)))
+            case p.Unadvertise():
+                session.send(p.Reply(msg.req, *self.adverts.unadvertise(session, msg.adv_id)))
+            case p.Bye():
+                return True
+            case _:
+                raise ProtocolError(f"a client may not send {type(msg).__name__}")
+        return False
+
+    def _end(self, session: Session, *, bye: bool) -> None:
+        if session.closed and self.by_client.get(session.client) is not session:
+            return
+        session.close()
+        if self.by_client.get(session.client) is session:
+            del self.by_client[session.client]
+        self.queues.session_ended(session, bye=bye)
+        if bye:  # (a lost connection keeps them: the client advertises again when back)
+            self.adverts.withdraw_all(session)
+
+    def close(self) -> None:
+        """Close every connection (the broker stops): nothing more is written."""
+        for session in list(self.by_client.values()):
+            session.closed = True
+            session.writer.close()
+        for task in list(self._tasks):
+            task.cancel()

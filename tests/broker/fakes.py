@@ -1,0 +1,96 @@
+"""Stand-ins for the tests of a broker's parts without sockets: a routing core that records
+the local calls made on it, a client session that records what it was given, a writer that
+keeps the bytes written."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from flowbus.core import Effect
+from flowbus.filters import Filter
+
+
+class FakeCore:
+    """A routing core that serves every call at once and records it in ``calls``."""
+
+    def __init__(self) -> None:
+        self.subs: set[Hashable] = set()
+        self.settled: list[Any] = []
+        self.calls: list[tuple[Any, ...]] = []
+        self.metas: dict[Hashable, Any] = {}
+
+    def meta_of(self, sub_id: Hashable) -> Any:
+        return self.metas.get(sub_id)
+
+    def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]:
+        self.subs.add(sub_id)
+        self.metas[sub_id] = meta
+        self.calls.append(("subscribe", sub_id, filt.to_text()))
+        return []
+
+    def unsubscribe(self, sub_id: Hashable) -> list[Effect]:
+        self.subs.discard(sub_id)
+        self.calls.append(("unsubscribe", sub_id))
+        return []
+
+    def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
+        self.calls.append(("advertise", adv_id, filt.to_text()))
+        return []
+
+    def unadvertise(self, adv_id: Hashable) -> list[Effect]:
+        self.calls.append(("unadvertise", adv_id))
+        return []
+
+    def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]:
+        self.calls.append(("publish", [(eid, dict(fields)) for eid, fields in items]))
+        return []
+
+    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
+        self.calls.append(("settle", list(pairs)))
+        return []
+
+    def called(self, name: str) -> list[tuple[Any, ...]]:
+        """The arguments of every call of ``name``, in order."""
+        return [c[1:] for c in self.calls if c[0] == name]
+
+
+def apply(effects: Sequence[Effect]) -> None:
+    """The runtime's ``apply``: the fake core returns no effects."""
+    assert not effects
+
+
+class Recorder:
+    """A client session that records what the broker gave it."""
+
+    def __init__(self, client: str = "c") -> None:
+        self.client = client
+        self.subs: set[str] = set()
+        self.adverts: dict[str, Any] = {}
+        self.closed = False
+        self.sent: list[Any] = []
+        self.acks: list[int] = []
+        self.rows: list[tuple[str, int, Any, dict[str, Any]]] = []  # (sub id, dseq, id, event)
+
+    def send(self, msg: Any) -> None:
+        self.sent.append(msg)
+
+    def pub_ack(self, pseq: int) -> None:
+        self.acks.append(pseq)
+
+    def deliver(self, sub_id: str, first: int, entries: list[Any]) -> None:
+        self.rows += [(sub_id, d, eid, event) for d, (eid, event, _) in enumerate(entries, first)]
+
+
+class Writer:
+    """An ``asyncio.StreamWriter`` that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,121 @@
+"""A subscription's queue without sockets: the window, the memory bound and the spill to
+SQLite, in order; acknowledgements settle what was in custody; a lost connection puts the
+deliveries in flight back in front and lets a non-durable subscription linger, then end."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.broker.fakes import FakeCore, Recorder, apply
+
+from flowbus.broker.config import DEFAULT, BrokerConfig
+from flowbus.broker.queues import Queues, Subscription
+from flowbus.broker.spaces import SPACE, Spaces
+from flowbus.broker.store import Store
+from flowbus.client import protocol as p
+from flowbus.routing.ring_broker import EVENT_ID
+
+
+def queues(config: BrokerConfig = DEFAULT) -> tuple[Queues, FakeCore, Store]:
+    core, store = FakeCore(), Store(":memory:")
+    return Queues(core=core, apply=apply, store=store, spaces=Spaces(config), config=config), core, store
+
+
+def event(n: int) -> dict[str, Any]:
+    return {EVENT_ID: ("pub", n), SPACE: "events", "x": n}
+
+
+async def turn() -> None:
+    """Let the event loop run what the queues scheduled (pumps, settles)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def test_a_subscription_queue_keeps_its_order() -> None:
+    sub = Subscription("s", "c", "events", "x > 0", False, None)
+    sub.pending.extend((("p", n), {"x": n}, None) for n in range(1, 6))
+    sub.in_memory = 5
+    first, batch = sub.take(3)
+    assert first == 1 and [e[0] for e in batch] == [("p", 1), ("p", 2), ("p", 3)]
+    settle, disk, done = sub.acked(2)
+    assert settle == [("s", ("p", 1)), ("s", ("p", 2))] and disk == 0 and done == []
+    assert sub.in_memory == 3
+    sub.detach()  # (3 was in flight: back in front of 4 and 5)
+    assert [e[0] for e in sub.pending] == [("p", 3), ("p", 4), ("p", 5)] and not sub.inflight
+    assert sub.in_custody() == [("s", ("p", n)) for n in (3, 4, 5)]
+    assert Subscription.from_meta("s", sub.meta()).meta() == sub.meta()  # (what a takeover needs)
+
+
+def test_window_memory_and_spill_keep_the_order() -> None:
+    async def main() -> None:
+        q, core, store = queues(DEFAULT.with_(window=2, memory=3))
+        c = Recorder("c")
+        assert q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0")) == (True, None)
+        assert core.called("subscribe") == [("s", '__space = "events" & x > 0')]
+        for n in range(1, 7):
+            q.on_deliver(0, "s", event(n))
+        q.after_step()  # the core's step ends: past memory, on disk and settled
+        assert store.depth("s") == 3 and q.spilled == 3 and q.delivered == 6
+        await turn()
+        assert core.called("settle") == [([("s", ("pub", n)) for n in (4, 5, 6)],)]
+        assert [(d, eid) for _, d, eid, _ in c.rows] == [(1, ("pub", 1)), (2, ("pub", 2))]  # the window
+        assert c.rows[0][3] == {"x": 1}  # (the hidden fields stripped)
+        for upto in (2, 4):
+            q.ack(c, [("s", upto)])
+            await turn()
+        assert [eid for _, _, eid, _ in c.rows] == [("pub", n) for n in range(1, 7)]  # (4-6 from disk)
+        assert core.called("settle")[1:] == [
+            ([("s", ("pub", 1)), ("s", ("pub", 2))],),
+            ([("s", ("pub", 3))],),
+        ]
+        assert store.depth("s") == 2  # (a spilled event leaves the disk once acknowledged)
+        q.ack(c, [("s", 6)])
+        assert store.depth("s") == 0 and q.in_memory() == 0
+
+    asyncio.run(main())
+
+
+def test_a_lost_connection_puts_deliveries_back_and_lingers() -> None:
+    async def main() -> None:
+        q, core, _ = queues(DEFAULT.with_(linger=0.05))
+        c = Recorder("c")
+        q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0"))
+        q.subscribe(c, p.Subscribe(2, "d", "events", "x > 0", durable=True))
+        q.on_deliver(0, "s", event(1))
+        await turn()
+        assert len(c.rows) == 1
+        q.session_ended(c, bye=False)  # (the connection was lost)
+        assert [e[0] for e in q.subs["s"].pending] == [("pub", 1)] and c.subs == set()
+        back = Recorder("c")
+        assert q.subscribe(back, p.Subscribe(3, "s", "events", "x > 0", resume=True)) == (True, None)
+        await turn()
+        assert [(d, eid) for _, d, eid, _ in back.rows] == [(1, ("pub", 1))]  # numbered anew
+        q.session_ended(back, bye=False)
+        await asyncio.sleep(0.1)  # the linger runs out: the subscription ends, its event settled
+        assert set(q.subs) == {"d"}
+        assert core.called("unsubscribe") == [("s",)]
+        assert core.called("settle")[-1] == ([("s", ("pub", 1))],)
+
+    asyncio.run(main())
+
+
+def test_bye_ends_the_subscriptions_that_are_not_durable() -> None:
+    async def main() -> None:
+        q, _, store = queues()
+        c = Recorder("c")
+        q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0"))
+        q.subscribe(c, p.Subscribe(2, "d", "events", "x > 0", durable=True))
+        assert q.subscribe(Recorder("other"), p.Subscribe(3, "d", "events", "x > 0")) == (
+            False,
+            "subscription 'd' is attached to another client",
+        )
+        q.session_ended(c, bye=True)
+        assert set(q.subs) == {"d"} and q.subs["d"].session is None
+        assert [r.sub_id for r in store.subscriptions()] == ["d"]
+        q.on_deliver(0, "d", event(1))  # its client is away: on disk at once
+        q.after_step()
+        assert store.depth("d") == 1 and q.in_memory() == 0
+        assert q.subscribe(c, p.Subscribe(4, "gone", "events", "x > 0", resume=True)) == (False, p.NOT_HERE)
+
+    asyncio.run(main())

@@ -1,0 +1,99 @@
+"""Client sessions without sockets: what one turn of the event loop has for a client goes out
+in one write; a message a client may not send closes only its connection; ``Bye`` ends the
+client's non-durable subscriptions and withdraws its advertisements."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.broker.fakes import FakeCore, Writer, apply
+
+from flowbus.broker.adverts import Adverts
+from flowbus.broker.config import DEFAULT
+from flowbus.broker.ledger import Ledger
+from flowbus.broker.queues import Queues
+from flowbus.broker.sessions import Session, Sessions
+from flowbus.broker.spaces import Spaces
+from flowbus.broker.store import Store
+from flowbus.client import protocol as p
+from flowbus.net.codec import FrameDecoder, decode, encode
+
+WELCOME = p.Welcome("127.0.0.1:1", (), {})
+
+
+def written(writer: Writer) -> list[Any]:
+    return [decode(body) for body in FrameDecoder().feed(b"".join(writer.writes))]
+
+
+def sessions() -> tuple[Sessions, FakeCore]:
+    core, store, spaces = FakeCore(), Store(":memory:"), Spaces(DEFAULT.with_(advertising=True))
+    adverts = Adverts(core=core, apply=apply, spaces=spaces, enabled=True)
+    ledger = Ledger(core=core, apply=apply, store=store, spaces=spaces, adverts=adverts)
+    queues = Queues(core=core, apply=apply, store=store, spaces=spaces, config=DEFAULT)
+    return Sessions(welcome=lambda: WELCOME, ledger=ledger, queues=queues, adverts=adverts), core
+
+
+async def serve(server: Sessions, client: str, msgs: list[Any]) -> list[Any]:
+    """A connection of ``client`` that sends ``msgs`` and closes; what it was sent."""
+    reader, writer = asyncio.StreamReader(), Writer()
+    reader.feed_eof()
+    await server.serve(p.Hello(client), reader, writer, [encode(m) for m in msgs], FrameDecoder())
+    assert writer.closed
+    return written(writer)
+
+
+def test_a_turn_of_the_loop_goes_out_in_one_write() -> None:
+    async def main() -> None:
+        writer = Writer()
+        session = Session("c", writer)
+        session.send(p.Reply(1, True))
+        session.pub_ack(1)
+        session.pub_ack(2)
+        session.deliver("s", 1, [(("p", n), {"x": n}, None) for n in range(1, 2501)])
+        assert writer.writes == []
+        await asyncio.sleep(0)
+        assert len(writer.writes) == 1
+        reply, acks, first, second = written(writer)
+        assert reply == p.Reply(1, True) and acks.pseqs == [1, 2]
+        assert [len(first.items()), len(second.items())] == [2000, 500]
+        assert second.items()[-1] == ("s", 2500, ("p", 2500), {"x": 2500})
+
+    asyncio.run(main())
+
+
+def test_a_message_a_client_may_not_send_closes_only_its_connection() -> None:
+    async def main() -> None:
+        server, _ = sessions()
+        got = await serve(server, "c", [p.Subscribe(1, "s", "events", "x > 1"), p.Events(p.pack_events([]))])
+        assert got == [WELCOME, p.Reply(1, True), p.Error("a client may not send Events")]
+        assert server.by_client == {}
+        assert set(server.queues.subs) == {"s"}  # (the connection was lost: it lingers)
+        assert await serve(server, "c", [p.Subscribe(2, "s", "events", "x > 1", resume=True)]) == [
+            WELCOME,
+            p.Reply(2, True),
+        ]
+        server.queues.close()
+
+    asyncio.run(main())
+
+
+def test_bye_ends_the_clients_subscriptions_and_advertisements() -> None:
+    async def main() -> None:
+        server, core = sessions()
+        msgs = [
+            p.Advertise(1, "ibm", "stocks", 'symbol = "IBM"'),
+            p.Subscribe(2, "s", "events", "x > 1"),
+            p.Subscribe(3, "d", "events", "x > 1", durable=True),
+            p.Bye(),
+        ]
+        assert await serve(server, "c", msgs) == [
+            WELCOME,
+            p.Reply(1, True),
+            p.Reply(2, True),
+            p.Reply(3, True),
+        ]
+        assert set(server.queues.subs) == {"d"}
+        assert core.called("unadvertise") == [("c/ibm",)] and core.called("unsubscribe") == [("s",)]
+
+    asyncio.run(main())

@@ -1,20 +1,20 @@
 """Information flows on Spark: the rewritten plan against hop-by-hop, the engine end to end, state paths.
 
-Three measurements in one Spark session (``local[2]`` by default):
+Three measurements in one Spark session (``local[2]`` by default), on the stock example
+(:func:`flowbus.bench.workloads.stock_flow_spec`):
 
 * ``plans`` -- the stateless part of the stock flow (its Figures 1 and 2:
   integration, big trades, the ticks feeding the state) over one DataFrame of
-  ``events`` trades, two ways. *Rewritten*: one ``[S; T]`` route per
-  publication -> subscription path, each a filter and a projection of the
-  publication point's rows (:func:`flowbus.spark.routes.route_columns`).
-  *Hop by hop*: the original graph walked arc by arc, each internal space
-  with out-arcs (``combined``, ``capital``) an event log of its own -- what an
-  engine that does not rewrite must keep between hops, as the engine keeps
-  the derived logs between its stateful stages -- written once (Parquet) and
-  read by its out-arcs.
-  Every subscription point (and the space feeding the collapses) is written to
-  Spark's ``noop`` sink; the best of ``rounds`` runs counts. Both deliver the
-  same number of events per point (checked).
+  ``events`` trades, two ways (:mod:`flowbus.spark.plans`). *Rewritten*: one
+  ``[S; T]`` route per publication -> subscription path, each a filter and a
+  projection of the publication point's rows. *Hop by hop*: the original graph
+  walked arc by arc, each internal space with out-arcs (``combined``,
+  ``capital``) an event log of its own -- what an engine that does not rewrite
+  must keep between hops, as the engine keeps the derived logs between its
+  stateful stages -- written once (Parquet) and read by its out-arcs.
+  Every subscription point (and the space feeding the collapses) is counted;
+  the best of ``rounds`` runs counts. Both deliver the same number of events
+  per point (checked).
 * ``engine`` -- ``flowbus run`` itself (:class:`flowbus.spark.flow.SparkFlow`,
   Structured Streaming, collapse and expand in ``transformWithState``) on the
   stock flow: events per second from the first micro-batch to the last.
@@ -22,6 +22,9 @@ Three measurements in one Spark session (``local[2]`` by default):
   expand (``ticks -> max_cur -> compressed``): ``transformWithState`` (expand
   per event) against Spark's own streaming aggregation (``max``/``max_by``,
   expand per micro-batch), events per second of each run.
+
+``spark`` is a session from :func:`flowbus.spark.session.spark_session` (typed ``Any``
+here: only ``flowbus.spark`` imports pyspark).
 """
 
 from __future__ import annotations
@@ -34,119 +37,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-
-from flowbus.flow import FlowBuilder, Graph, load_spec, rewrite
+from flowbus.bench.workloads import stock_flow_spec
+from flowbus.flow import FlowBuilder, Graph, load_spec
 from flowbus.flow.generators import generate
-from flowbus.flow.graph import EventSpace, Route, Select, Transform
-from flowbus.flow.plan import INPUT, plan
-from flowbus.spark.columns import ColumnCompiler
-from flowbus.spark.flow import SparkFlow, log_schema, spark_type
+from flowbus.spark.flow import SparkFlow
+from flowbus.spark.plans import hop_plan, input_frame, rewritten_plan
 
 Progress = Callable[[str, int, int], None]
-STOCKS = Path(__file__).resolve().parents[1] / "examples" / "stocks" / "flow.yaml"
-
-
-def _input_frame(spark: SparkSession, g: Graph, events: int, seed: int) -> DataFrame:
-    """The published events as one cached DataFrame in the input log's layout (``_point``, ``e<i>``)."""
-    from flowbus.flow.eventlog import InputLog
-
-    tmp = Path(tempfile.mkdtemp(prefix="flowbus-bench-flow-"))
-    r = rewrite(g)
-    log = InputLog(r, plan(r).log(INPUT), tmp, batch_events=events + 1)
-    log.publish_all(generate(g, events=events, seed=seed))
-    df = spark.read.schema(log_schema(r, plan(r).log(INPUT))).parquet(str(tmp)).cache()
-    df.count()
-    shutil.rmtree(tmp, ignore_errors=True)
-    return df
-
-
-def _point_rows(df: DataFrame, g: Graph, point: str) -> DataFrame:
-    r = rewrite(g)
-    column = plan(r).log(INPUT).column(point)
-    return df.where(F.col("_point") == point).select("_order", f"{column}.*")
-
-
-def _count(df: DataFrame) -> int:
-    return int(df.count())
-
-
-def rewritten_plan(df: DataFrame, g: Graph) -> dict[str, int]:
-    """Each subscription point (and collapse input) from its routes: one filter and projection per path."""
-    from flowbus.spark.routes import route_columns
-
-    r = rewrite(g)
-    p = plan(r)
-    targets: dict[str, list[DataFrame]] = {}
-    functions = r.all_functions
-    for point in p.log(INPUT).points:
-        rows = _point_rows(df, g, point)
-        compiler = ColumnCompiler(functions, dict(r.event_space(point).schema.fields))
-        for arc in r.out_arcs(point):
-            if isinstance(arc, Route):
-                cond, outputs = route_columns(arc, compiler)
-                targets.setdefault(arc.target, []).append(rows.where(cond).select(*outputs))
-    return {t: _count(_union(frames)) for t, frames in targets.items()}
-
-
-def hop_plan(df: DataFrame, g: Graph) -> dict[str, int]:
-    """The original graph arc by arc, each internal space written as an event log its out-arcs read."""
-    functions = g.all_functions
-    spaces: dict[str, DataFrame] = {}
-    tmp = Path(tempfile.mkdtemp(prefix="flowbus-bench-hops-"))
-    r = rewrite(g)
-    published = {n[: -len(".pub")] if n.endswith(".pub") else n: n for n in plan(r).log(INPUT).points}
-    counts: dict[str, int] = {}
-    order = [s.name for s in g.spaces if isinstance(s, EventSpace)]  # the spec lists spaces upstream first
-    for name in order:
-        frames = []
-        if name in published:
-            frames.append(_point_rows(df, g, published[name]).drop("_order"))
-        for arc in g.in_arcs(name):
-            if not isinstance(arc, Select | Transform) or arc.source not in spaces:
-                continue
-            source = spaces[arc.source]
-            compiler = ColumnCompiler(functions, dict(g.event_space(arc.source).schema.fields))
-            if isinstance(arc, Select):
-                frames.append(source.where(compiler.filter(arc.filter)))
-            else:
-                schema = g.event_space(name).schema.fields
-                cols = []
-                cond = None
-                for field, e in arc.outputs:
-                    parts = compiler.value(e)
-                    defined = compiler.defined(e)
-                    cond = defined if cond is None else cond & defined
-                    cols.append(compiler.single(parts, e).cast(spark_type(schema[field])).alias(field))
-                frames.append(source.where(cond).select(*cols) if cond is not None else source.select(*cols))
-        if not frames:
-            continue
-        space = _union(frames)
-        if any(isinstance(a, Select | Transform) for a in g.out_arcs(name)):
-            # the hop: the space is an event log of its own, written once and read by its out-arcs
-            path = str(tmp / name)
-            space.write.mode("overwrite").parquet(path)
-            space = space.sparkSession.read.parquet(path)
-        spaces[name] = space
-    subscription = {
-        s.name
-        for s in g.spaces
-        if isinstance(s, EventSpace)
-        and (s.is_subscription or any(a.kind == "collapse" for a in g.out_arcs(s.name)))
-    }
-    for name in subscription:
-        if name in spaces:
-            counts[name] = _count(spaces[name])
-    shutil.rmtree(tmp, ignore_errors=True)
-    return counts
-
-
-def _union(frames: list[DataFrame]) -> DataFrame:
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
-    return out
 
 
 def _timed(fn: Callable[[], dict[str, int]], rounds: int) -> tuple[float, dict[str, int]]:
@@ -159,9 +56,9 @@ def _timed(fn: Callable[[], dict[str, int]], rounds: int) -> tuple[float, dict[s
     return best, counts
 
 
-def plans(spark: SparkSession, *, events: int, seed: int, rounds: int) -> dict[str, Any]:
-    g = load_spec(STOCKS)
-    df = _input_frame(spark, g, events, seed)
+def plans(spark: Any, *, events: int, seed: int, rounds: int) -> dict[str, Any]:
+    g = load_spec(stock_flow_spec())
+    df = input_frame(spark, g, events=events, seed=seed)
 
     def rewritten() -> dict[str, int]:
         return rewritten_plan(df, g)
@@ -187,9 +84,7 @@ def plans(spark: SparkSession, *, events: int, seed: int, rounds: int) -> dict[s
     }
 
 
-def _run_flow(
-    spark: SparkSession, g: Graph, events: list[tuple[str, dict[str, Any]]], **kw: Any
-) -> dict[str, Any]:
+def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **kw: Any) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="flowbus-bench-run-"))
     try:
         flow = SparkFlow(spark, g, out, **kw)
@@ -211,8 +106,8 @@ def _run_flow(
     }
 
 
-def engine(spark: SparkSession, *, events: int, batch_events: int, seed: int) -> dict[str, Any]:
-    g = load_spec(STOCKS)
+def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str, Any]:
+    g = load_spec(stock_flow_spec())
     result = _run_flow(spark, g, list(generate(g, events=events, seed=seed)), batch_events=batch_events)
     return {"events": events, "batch_events": batch_events, **result}
 
@@ -229,7 +124,7 @@ def _ticks_flow() -> Graph:
     return b.build()
 
 
-def collapse(spark: SparkSession, *, events: int, batch_events: int, keys: int, seed: int) -> dict[str, Any]:
+def collapse(spark: Any, *, events: int, batch_events: int, keys: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     g = _ticks_flow()
     ticks = [
@@ -249,7 +144,7 @@ def collapse(spark: SparkSession, *, events: int, batch_events: int, keys: int, 
 
 
 def run(
-    spark: SparkSession,
+    spark: Any,
     *,
     events: int = 100_000,
     engine_events: int = 20_000,

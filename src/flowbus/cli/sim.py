@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from flowbus.cli import common
 from flowbus.errors import FlowbusError
 
 if TYPE_CHECKING:
@@ -39,10 +40,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON documen
 
 
 def _cli() -> Any:
-    """The main command line module, for its helpers (imported late: it imports this module)."""
-    from flowbus import cli
-
-    return cli
+    """The command line's shared helpers (consoles, fail, emit, progress bar)."""
+    return common
 
 
 def _fail(message: str) -> NoReturn:

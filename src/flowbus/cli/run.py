@@ -25,7 +25,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -214,15 +214,19 @@ def _count_outputs(out: Path, points: list[str], sink: str) -> dict[str, int]:
 class _Summary:
     """The live table: micro-batches, events in, events out per subscription point."""
 
-    def __init__(self, points: list[str], total: int | None) -> None:
-        self.points = points
+    def __init__(self, total: int | None) -> None:
         self.total = total
         self.t0 = time.perf_counter()
         self.lock = threading.Lock()
         self.batches = 0
         self.events_in = 0
-        self.out = dict.fromkeys(points, 0)
+        self.out: dict[str, int] = {}
         self.last: dict[str, int] = {}
+
+    def expect(self, points: Sequence[str]) -> None:
+        """The subscription points of the flow (rows of the table before their first batch)."""
+        with self.lock:
+            self.out = dict.fromkeys(points, 0) | self.out
 
     def add(self, report: Any) -> None:
         with self.lock:
@@ -269,7 +273,6 @@ def run_spark(
     err_console: Any,
 ) -> dict[str, Any]:
     """Run ``spec`` on Spark; the summary as a JSON-able dict."""
-    from flowbus.flow.generators import generate
     from flowbus.flow.spec import load_spec
 
     if sink not in ("parquet", "jsonl", "console"):
@@ -289,54 +292,86 @@ def run_spark(
     if not dirs and g.input is not None:
         total = events if events is not None else g.input.events
 
-    from flowbus.spark.flow import SparkFlow, fingerprint
-    from flowbus.spark.session import spark_session
+    from flowbus.spark.flow import SparkFlow
 
     t0 = time.perf_counter()
+    spark = _session(g.name, target, master=master, remote=remote, live=live)
+    session_s = time.perf_counter() - t0
+    summary = _Summary(total)
+    flow = SparkFlow(
+        spark, g, target, sink=sink, batch_events=batch_events, collapse=collapse,  # type: ignore[arg-type]
+        on_batch=summary.add,
+    )  # fmt: skip
+    summary.expect(flow.plan.recorded)
+    published = flow.ingest_dirs(dirs) if dirs else _ingest_generated(flow, spec, g, events=total, seed=seed)
+    t1 = time.perf_counter()
+    stopped_by = _drive(
+        flow, dirs, follow=follow, timeout=timeout, summary=summary,
+        live=Live(summary.render(), console=err_console, refresh_per_second=2) if live else None,
+    )  # fmt: skip
+    return _result(
+        spec, flow, summary, target=target, sink=sink, published=published, stopped_by=stopped_by,
+        master=remote if remote is not None else spark.sparkContext.master,
+        seconds=time.perf_counter() - t1, session_s=session_s,
+    )  # fmt: skip
+
+
+def _session(name: str, target: Path, *, master: str | None, remote: str | None, live: bool) -> Any:
+    """The session of the run: ``local[*]`` unless ``master`` or ``remote``; the JVM's log in the
+    run's directory while the live table draws."""
+    from flowbus.spark.session import spark_session
+
     spark = spark_session(
-        master=master, remote=remote, app_name=f"flowbus-run-{g.name}",
+        master=master, remote=remote, app_name=f"flowbus-run-{name}",
         conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
         jvm_log=(target / "_spark.log").resolve() if live else None,
     )  # fmt: skip
     if remote is None:
         spark.sparkContext.setLogLevel("ERROR")
-    session_s = time.perf_counter() - t0
-    flow_points: list[str] = []
-    summary = _Summary(flow_points, total)
-    flow = SparkFlow(
-        spark, g, target, sink=sink, batch_events=batch_events, collapse=collapse,  # type: ignore[arg-type]
-        on_batch=summary.add,
-    )  # fmt: skip
-    flow_points.extend(flow.plan.recorded)
-    summary.out = dict.fromkeys(flow_points, 0)
-    if dirs:
-        published = flow.ingest_dirs(dirs)
-    else:
-        assert g.input is not None
-        n = total or 0
-        s = seed if seed is not None else g.input.seed
-        published = flow.ingest_generator(
-            generate(g, events=n, seed=s), fingerprint=fingerprint(spec.read_text(), g.input.generator, n, s)
-        )
-    t1 = time.perf_counter()
-    stopped_by = "end of input"
-    live_view = (
-        Live(summary.render(), console=err_console, refresh_per_second=2, transient=False) if live else None
+    return spark
+
+
+def _ingest_generated(flow: Any, spec: Path, g: Graph, *, events: int | None, seed: int | None) -> int:
+    """The spec's generator's events into the run's input log (once: fingerprinted)."""
+    from flowbus.flow.generators import generate
+    from flowbus.spark.flow import fingerprint
+
+    assert g.input is not None
+    n = events or 0
+    s = seed if seed is not None else g.input.seed
+    done: int = flow.ingest_generator(
+        generate(g, events=n, seed=s), fingerprint=fingerprint(spec.read_text(), g.input.generator, n, s)
     )
+    return done
+
+
+def _drive(
+    flow: Any,
+    dirs: Mapping[str, Path],
+    *,
+    follow: bool,
+    timeout: float | None,
+    summary: _Summary,
+    live: Live | None,
+) -> str:
+    """Start the queries and run them to the end of the input (or, with ``follow``, on); why they
+    stopped. The queries are stopped on every way out, Ctrl-C included."""
+    t0 = time.perf_counter()
+    stopped_by = "end of input"
     try:
-        if live_view is not None:
-            live_view.start()
+        if live is not None:
+            live.start()
         flow.start()
         if follow:
-            stopped_by = _follow(flow, dirs, timeout, summary, live_view)
+            stopped_by = _follow(flow, dirs, timeout, summary, live)
         else:
             worker = threading.Thread(target=_process, args=(flow,), daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.5)
-                if live_view is not None:
-                    live_view.update(summary.render())
-                if timeout is not None and time.perf_counter() - t1 > timeout:
+                if live is not None:
+                    live.update(summary.render())
+                if timeout is not None and time.perf_counter() - t0 > timeout:
                     stopped_by = f"--timeout {timeout:g} s"
                     break
             flow.check()
@@ -344,17 +379,32 @@ def run_spark(
         stopped_by = "Ctrl-C"
     finally:
         flow.stop()
-        if live_view is not None:
-            live_view.update(summary.render())
-            live_view.stop()
-    seconds = time.perf_counter() - t1
-    counts = (
-        _count_outputs(target, list(flow.plan.recorded), sink) if sink != "console" else dict(summary.out)
-    )
+        if live is not None:
+            live.update(summary.render())
+            live.stop()
+    return stopped_by
+
+
+def _result(
+    spec: Path,
+    flow: Any,
+    summary: _Summary,
+    *,
+    target: Path,
+    sink: str,
+    master: str,
+    published: int,
+    stopped_by: str,
+    seconds: float,
+    session_s: float,
+) -> dict[str, Any]:
+    """The run's summary document (what ``--json`` prints)."""
+    points = list(flow.plan.recorded)
+    counts = _count_outputs(target, points, sink) if sink != "console" else dict(summary.out)
     return {
         "engine": "spark",
         "spec": str(spec),
-        "master": remote if remote is not None else spark.sparkContext.master,
+        "master": master,
         "events": summary.events_in,
         "published": published,
         "micro_batches": summary.batches,
@@ -373,7 +423,7 @@ def run_spark(
         },
         "outputs": {
             p: {"events": counts.get(p, 0), "path": str(target / p) if sink != "console" else None}
-            for p in flow.plan.recorded
+            for p in points
         },
     }
 

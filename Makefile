@@ -16,20 +16,20 @@ demo: $(STAMP)
 	$(BIN)/flowbus run examples/stocks/flow.yaml --fresh
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/flowbus bench match --workload w1 --subscriptions 100000 --json
 	$(BIN)/flowbus bench match --workload w-rein --subscriptions 1000000 --events 2000 --json
 	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --json
-	$(BIN)/python -m benchmarks.broker_floor --json
+	$(BIN)/flowbus bench floor --json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -16,7 +16,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from flowbus.cli.spark import match
+from flowbus.bench.workloads import Workload
+from flowbus.cli.match import match
 from flowbus.errors import FilterError, FlowbusError
 from flowbus.filters import Filter, Predicate, parse
 from flowbus.matching import Matcher, Strategy, SubscriptionError
@@ -32,7 +33,6 @@ from flowbus.spark.bulk import (
     read_events,
     read_subscriptions,
 )
-from flowbus.workloads import Workload
 
 Pairs = list[tuple[int, Any]]
 

@@ -241,7 +241,7 @@ def test_the_run_command_follows_source_directories_until_its_timeout(
     import typer
     from typer.testing import CliRunner
 
-    from flowbus.cli.flow import run
+    from flowbus.cli.run import run
 
     app = typer.Typer()
     app.command("run")(run)

@@ -1,4 +1,11 @@
-"""``flowbus broker start``, ``flowbus pub``, ``flowbus sub``, ``flowbus cluster up``."""
+"""The broker commands: ``flowbus broker start``, ``flowbus cluster up``, ``flowbus pub``, ``flowbus sub``.
+
+``broker_app`` and ``cluster_app`` are typer sub-apps (mounted as ``flowbus broker`` and
+``flowbus cluster`` by :mod:`flowbus.cli`); :func:`pub` and :func:`sub` are command functions
+mounted as ``flowbus pub`` and ``flowbus sub``. A bad input (an address, an event that is
+not a JSON object, a filter the brokers refuse) prints a red message on standard error and
+exits with status 2. ``flowbus bench broker`` is in :mod:`flowbus.cli.bench`.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +23,13 @@ from typing import Annotated, Any
 import typer
 
 from flowbus.broker.process import READY, start_process, wait_ready
+from flowbus.cli.common import err, fail, out
 from flowbus.errors import FlowbusError
 
-
-def fail(message: str) -> None:
-    from flowbus.cli import fail as cli_fail  # (flowbus.cli mounts this module's commands)
-
-    cli_fail(message)
+__all__ = ["broker_app", "cluster_app", "pub", "sub"]
 
 
 def _say(text: str, *, stderr: bool = False) -> None:
-    from flowbus.cli import err, out
-
     (err if stderr else out).print(text)
 
 
@@ -198,59 +200,3 @@ def cluster_up(
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def bench_broker(
-    brokers: Annotated[str, typer.Option(help="Broker counts, e.g. 1,3.")] = "1,3",
-    subscriptions: Annotated[
-        str, typer.Option(help="K values, e.g. 10,1000,10000,100000.")
-    ] = "10,1000,10000,100000",
-    events: Annotated[int, typer.Option(min=1, help="Events published per run.")] = 20_000,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 1,
-    max_ring_subscriptions: Annotated[
-        int, typer.Option(help="Rings of >1 broker run up to this K.")
-    ] = 10_000,
-    out: Annotated[Path | None, typer.Option(help="Also write result.json, rows.csv and a PNG here.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
-) -> None:
-    """Brokers on loopback (one, and a ring): events/s in, deliveries/s, latency, RSS, against ActiveMQ."""
-    from flowbus.cli import _benchmarks, progress_bar
-
-    _benchmarks()
-    from benchmarks.broker import run, table  # type: ignore[import-not-found]
-
-    def ints(text: str) -> list[int]:
-        try:
-            return [int(x.replace("_", "")) for x in text.split(",") if x]
-        except ValueError:
-            fail(f"a comma-separated list of integers is expected, got {text!r}")
-            raise
-
-    with progress_bar(True) as progress:
-        result = run(
-            brokers=ints(brokers), subscriptions=ints(subscriptions), events=events, seed=seed,
-            max_ring_subscriptions=max_ring_subscriptions, progress=progress,
-        )  # fmt: skip
-    if out is not None:
-        _write_bench(result, out)
-    if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
-    else:
-        _say(table(result))
-
-
-def _write_bench(result: dict[str, Any], out: Path) -> None:
-    """``result.json``, ``rows.csv`` and ``broker.png`` in ``out``."""
-    import csv
-
-    from benchmarks.plot_broker import plot  # type: ignore[import-not-found]
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    rows = result["rows"]
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with (out / "rows.csv").open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(result, out / "broker.png")

@@ -5,20 +5,28 @@ Two exchanges publish trades: NYSE as ``(issue, price, vol)`` and NASDAQ as
 ``NYS()`` and ``NAS()`` map codes to company names. A few named subscriptions
 (including the document's big-trade select ``price*vol >= 1000000``) sit among
 many random ones; the trades stream through the matcher in Arrow batches.
+
+numpy, pyarrow and the matcher are imported by the functions that use them, so that
+mounting the command costs ``flowbus --help`` nothing.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
-import pyarrow as pa
+import typer
 from rich.console import Console
 from rich.table import Table
 
-from flowbus.matching import Matcher
+from flowbus.cli.common import fail, out
+from flowbus.errors import FlowbusError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["demo", "run_demo"]
 
 COMPANIES = ("IBM", "Apple", "Microsoft", "Oracle", "Intel", "Cisco", "Amgen", "Honeywell")
 NYS = {"IBM": "IBM", "AAPL.N": "Apple", "MSFT.N": "Microsoft", "ORCL.N": "Oracle", "HON": "Honeywell"}
@@ -34,8 +42,23 @@ NAMED = {
 }
 
 
+def demo(
+    subscriptions: Annotated[int, typer.Option(help="Random subscriptions besides the named ones.")] = 20_000,
+    trades: Annotated[int, typer.Option(help="Trades to generate (both exchanges).")] = 200_000,
+    seed: Annotated[int, typer.Option(help="Seed of the generator.")] = 7,
+) -> None:
+    """Match a stream of stock trades (the 000 document's example) against many subscriptions."""
+    try:
+        run_demo(subscriptions=subscriptions, trades=trades, seed=seed, console=out)
+    except FlowbusError as exc:
+        fail(str(exc))
+
+
 def make_trades(n: int, seed: int) -> pa.Table:
     """``n`` trades, half from each exchange (columns absent on one exchange are null)."""
+    import numpy as np
+    import pyarrow as pa
+
     rng = np.random.default_rng(seed)
     nyse = rng.random(n) < 0.5
     codes = np.where(nyse, rng.choice(list(NYS), n), rng.choice(list(NAS), n))
@@ -53,6 +76,8 @@ def make_trades(n: int, seed: int) -> pa.Table:
 
 
 def random_filters(n: int, seed: int) -> list[str]:
+    import numpy as np
+
     rng = np.random.default_rng(seed + 1)
     issues = list(NYS) + list(NAS)
     out = []
@@ -66,6 +91,8 @@ def random_filters(n: int, seed: int) -> list[str]:
 
 
 def run_demo(*, subscriptions: int, trades: int, seed: int, console: Console) -> dict[str, Any]:
+    from flowbus.matching import Matcher
+
     console.rule("[bold]flowbus demo[/]: stock trades through the matcher")
     matcher = Matcher(functions={"NYS": NYS, "NAS": NAS})
     t0 = time.perf_counter()

@@ -1,6 +1,7 @@
-"""``flowbus run --engine spark``: a flow on Spark, with a live summary per micro-batch.
+"""``flowbus run``: a flow spec on Spark (Structured Streaming, the default) or on the local
+reference interpreter (``--engine local``).
 
-How it works: the spec is loaded and checked, the input (the spec's generator,
+How it works, on Spark: the spec is loaded and checked, the input (the spec's generator,
 or ``--source POINT=DIR`` directories) is written to the run's input log under
 ``OUT/_flowbus``, the session starts (``local[*]`` unless ``--master`` names a
 cluster), and :class:`flowbus.spark.flow.SparkFlow` starts one query per event
@@ -9,7 +10,13 @@ has processed all its input; with it, new files in the source directories are
 ingested every second (and processed before the next look) until Ctrl-C or
 ``--timeout``. Queries are stopped on
 every way out, Ctrl-C included. Started again on the same ``OUT``, a run
-resumes from its checkpoints (``--fresh`` starts over).
+resumes from its checkpoints (``--fresh`` starts over). A live table on standard error
+(:class:`_Summary`) shows the micro-batches and the events out per subscription point.
+
+On the local engine (:class:`flowbus.flow.local.LocalRun`) the generated events go through
+the rewritten graph (``--graph original``: the graph as written), and the outputs are
+written as JSON lines under ``--out`` if given. As everywhere in the command line,
+``--json`` prints exactly one JSON document and a bad input exits with status 2.
 """
 
 from __future__ import annotations
@@ -18,17 +25,156 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.live import Live
 from rich.table import Table
 
+from flowbus.cli.common import JsonOption, SpecArgument, emit, err, fail, progress_bar
+from flowbus.cli.common import out as stdout
 from flowbus.errors import FlowbusError, FlowError
-from flowbus.flow.graph import Graph
 
-__all__ = ["run_spark"]
+if TYPE_CHECKING:
+    from flowbus.flow.graph import Graph
+
+__all__ = ["run", "run_spark"]
+
+
+def run(
+    spec: SpecArgument,
+    engine: Annotated[
+        str, typer.Option(help="spark (default) or local (the reference interpreter).")
+    ] = "spark",
+    events: Annotated[
+        int | None, typer.Option(min=0, help="Events to generate (default: the spec's).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output directory (spark default: out/FLOW; local: none unless given)."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the generator (default: the spec's).")] = None,
+    graph: Annotated[str, typer.Option(help="local engine: rewritten (default) or original.")] = "rewritten",
+    master: Annotated[
+        str | None, typer.Option(help="spark: a cluster's master URL (default: local[*]).")
+    ] = None,
+    remote: Annotated[
+        str | None, typer.Option(help="spark: a Spark Connect server (sc://HOST:PORT).")
+    ] = None,
+    sink: Annotated[
+        str, typer.Option("--format", help="spark: parquet, jsonl or console, per subscription point.")
+    ] = "parquet",
+    batch_events: Annotated[
+        int, typer.Option(min=1, help="spark: events per input file, one file per micro-batch.")
+    ] = 2000,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(help="spark: POINT=DIR, JSON lines or Parquet files of a publication point."),
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option(help="spark: keep ingesting new files of the sources until Ctrl-C.")
+    ] = False,
+    timeout: Annotated[float | None, typer.Option(min=0, help="spark: stop after this many seconds.")] = None,
+    fresh: Annotated[
+        bool, typer.Option(help="spark: start over rather than resume a run found in --out.")
+    ] = False,
+    collapse: Annotated[
+        str,
+        typer.Option(
+            help="spark: state (transformWithState, expand per event) or aggregate (Spark's own "
+            "aggregation for max/min/last/count/sum rule sets, expand per micro-batch)."
+        ),
+    ] = "state",
+    as_json: JsonOption = False,
+) -> None:
+    """Run a flow spec: on Spark (Structured Streaming) by default, or the local reference interpreter."""
+    if engine not in ("spark", "local"):
+        fail(f"unknown engine {engine!r} (expected spark or local)")
+    if graph not in ("rewritten", "original"):
+        fail(f"unknown graph {graph!r} (expected rewritten or original)")
+    if engine == "spark":
+        _run_spark_cli(
+            spec, master=master, remote=remote, events=events, seed=seed, out=out, sink=sink,
+            batch_events=batch_events, sources=source or [], follow=follow, timeout=timeout,
+            fresh=fresh, collapse=collapse, as_json=as_json,
+        )  # fmt: skip
+        return
+    try:
+        doc = _run_local(spec, events=events, seed=seed, out=out, rewritten=graph == "rewritten")
+    except FlowbusError as exc:
+        fail(str(exc))
+    if as_json:
+        emit(doc, as_json=True, title="")
+        return
+    flat = {k: v for k, v in doc.items() if k not in ("outputs", "states")}
+    if out is None:
+        flat["out"] = "not written (pass --out DIR)"
+    flat.update({f"output {name}": o["events"] for name, o in doc["outputs"].items()})
+    flat.update({f"state {name}": f"{n} rows" for name, n in doc["states"].items()})
+    emit(flat, as_json=False, title=f"flowbus run {spec} (local engine)")
+
+
+def _run_spark_cli(spec: Path, *, as_json: bool, **options: Any) -> None:
+    try:
+        doc = run_spark(spec, live=not as_json and err.is_terminal, err_console=err, **options)
+    except FlowbusError as exc:
+        fail(str(exc))
+    if as_json:
+        emit(doc, as_json=True, title="")
+        return
+    flat = {k: v for k, v in doc.items() if k not in ("outputs", "collapse")}
+    flat.update(
+        {f"state {n}": f"{', '.join(c['collapses'])}: {c['path']}" for n, c in doc["collapse"].items()}
+    )
+    flat.update(
+        {f"output {name}": f"{o['events']:,} events  {o['path'] or ''}" for name, o in doc["outputs"].items()}
+    )
+    emit(flat, as_json=False, title=f"flowbus run {spec} (Spark)")
+    if doc["format"] != "console":
+        reader = "parquet" if doc["format"] == "parquet" else "json"
+        where = f"outputs: {doc['out']}/<point>/<log>-<batch>/ ({doc['format']}); "
+        stdout.print(
+            where + f"read one with spark.read.{reader}('{doc['out']}/<point>/*')",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _run_local(
+    spec: Path, *, events: int | None, seed: int | None, out: Path | None, rewritten: bool
+) -> dict[str, Any]:
+    from flowbus.flow.generators import generate
+    from flowbus.flow.local import LocalRun, write_outputs
+    from flowbus.flow.rewrite import rewrite
+    from flowbus.flow.spec import load_spec
+
+    g = load_spec(spec)
+    total = events if events is not None else (g.input.events if g.input else 0)
+    local = LocalRun(rewrite(g) if rewritten else g)
+    t0 = time.perf_counter()
+    with progress_bar(True) as progress:
+        for i, (space, event) in enumerate(generate(g, events=events, seed=seed), 1):
+            local.publish(space, event)
+            if progress is not None and i % 5000 == 0:
+                progress("events", i, total)
+    seconds = time.perf_counter() - t0
+    files = write_outputs(local, out) if out is not None else {}
+    return {
+        "engine": "local",
+        "spec": str(spec),
+        "graph": "rewritten" if rewritten else "original",
+        "events": local.published,
+        "seconds": seconds,
+        "events_per_s": local.published / seconds if seconds > 0 else None,
+        "out": str(out) if out is not None else None,
+        "outputs": {
+            name: {"events": len(evs), "file": str(files[name]) if name in files else None}
+            for name, evs in local.outputs.items()
+        },
+        "states": {name: len(rows) for name, rows in local.states.items()},
+    }
 
 
 def _sources(specs: list[str], g: Graph) -> dict[str, Path]:
@@ -68,15 +214,19 @@ def _count_outputs(out: Path, points: list[str], sink: str) -> dict[str, int]:
 class _Summary:
     """The live table: micro-batches, events in, events out per subscription point."""
 
-    def __init__(self, points: list[str], total: int | None) -> None:
-        self.points = points
+    def __init__(self, total: int | None) -> None:
         self.total = total
         self.t0 = time.perf_counter()
         self.lock = threading.Lock()
         self.batches = 0
         self.events_in = 0
-        self.out = dict.fromkeys(points, 0)
+        self.out: dict[str, int] = {}
         self.last: dict[str, int] = {}
+
+    def expect(self, points: Sequence[str]) -> None:
+        """The subscription points of the flow (rows of the table before their first batch)."""
+        with self.lock:
+            self.out = dict.fromkeys(points, 0) | self.out
 
     def add(self, report: Any) -> None:
         with self.lock:
@@ -123,7 +273,6 @@ def run_spark(
     err_console: Any,
 ) -> dict[str, Any]:
     """Run ``spec`` on Spark; the summary as a JSON-able dict."""
-    from flowbus.flow.generators import generate
     from flowbus.flow.spec import load_spec
 
     if sink not in ("parquet", "jsonl", "console"):
@@ -143,54 +292,86 @@ def run_spark(
     if not dirs and g.input is not None:
         total = events if events is not None else g.input.events
 
-    from flowbus.spark.flow import SparkFlow, fingerprint
-    from flowbus.spark.session import spark_session
+    from flowbus.spark.flow import SparkFlow
 
     t0 = time.perf_counter()
+    spark = _session(g.name, target, master=master, remote=remote, live=live)
+    session_s = time.perf_counter() - t0
+    summary = _Summary(total)
+    flow = SparkFlow(
+        spark, g, target, sink=sink, batch_events=batch_events, collapse=collapse,  # type: ignore[arg-type]
+        on_batch=summary.add,
+    )  # fmt: skip
+    summary.expect(flow.plan.recorded)
+    published = flow.ingest_dirs(dirs) if dirs else _ingest_generated(flow, spec, g, events=total, seed=seed)
+    t1 = time.perf_counter()
+    stopped_by = _drive(
+        flow, dirs, follow=follow, timeout=timeout, summary=summary,
+        live=Live(summary.render(), console=err_console, refresh_per_second=2) if live else None,
+    )  # fmt: skip
+    return _result(
+        spec, flow, summary, target=target, sink=sink, published=published, stopped_by=stopped_by,
+        master=remote if remote is not None else spark.sparkContext.master,
+        seconds=time.perf_counter() - t1, session_s=session_s,
+    )  # fmt: skip
+
+
+def _session(name: str, target: Path, *, master: str | None, remote: str | None, live: bool) -> Any:
+    """The session of the run: ``local[*]`` unless ``master`` or ``remote``; the JVM's log in the
+    run's directory while the live table draws."""
+    from flowbus.spark.session import spark_session
+
     spark = spark_session(
-        master=master, remote=remote, app_name=f"flowbus-run-{g.name}",
+        master=master, remote=remote, app_name=f"flowbus-run-{name}",
         conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
         jvm_log=(target / "_spark.log").resolve() if live else None,
     )  # fmt: skip
     if remote is None:
         spark.sparkContext.setLogLevel("ERROR")
-    session_s = time.perf_counter() - t0
-    flow_points: list[str] = []
-    summary = _Summary(flow_points, total)
-    flow = SparkFlow(
-        spark, g, target, sink=sink, batch_events=batch_events, collapse=collapse,  # type: ignore[arg-type]
-        on_batch=summary.add,
-    )  # fmt: skip
-    flow_points.extend(flow.plan.recorded)
-    summary.out = dict.fromkeys(flow_points, 0)
-    if dirs:
-        published = flow.ingest_dirs(dirs)
-    else:
-        assert g.input is not None
-        n = total or 0
-        s = seed if seed is not None else g.input.seed
-        published = flow.ingest_generator(
-            generate(g, events=n, seed=s), fingerprint=fingerprint(spec.read_text(), g.input.generator, n, s)
-        )
-    t1 = time.perf_counter()
-    stopped_by = "end of input"
-    live_view = (
-        Live(summary.render(), console=err_console, refresh_per_second=2, transient=False) if live else None
+    return spark
+
+
+def _ingest_generated(flow: Any, spec: Path, g: Graph, *, events: int | None, seed: int | None) -> int:
+    """The spec's generator's events into the run's input log (once: fingerprinted)."""
+    from flowbus.flow.generators import generate
+    from flowbus.spark.flow import fingerprint
+
+    assert g.input is not None
+    n = events or 0
+    s = seed if seed is not None else g.input.seed
+    done: int = flow.ingest_generator(
+        generate(g, events=n, seed=s), fingerprint=fingerprint(spec.read_text(), g.input.generator, n, s)
     )
+    return done
+
+
+def _drive(
+    flow: Any,
+    dirs: Mapping[str, Path],
+    *,
+    follow: bool,
+    timeout: float | None,
+    summary: _Summary,
+    live: Live | None,
+) -> str:
+    """Start the queries and run them to the end of the input (or, with ``follow``, on); why they
+    stopped. The queries are stopped on every way out, Ctrl-C included."""
+    t0 = time.perf_counter()
+    stopped_by = "end of input"
     try:
-        if live_view is not None:
-            live_view.start()
+        if live is not None:
+            live.start()
         flow.start()
         if follow:
-            stopped_by = _follow(flow, dirs, timeout, summary, live_view)
+            stopped_by = _follow(flow, dirs, timeout, summary, live)
         else:
             worker = threading.Thread(target=_process, args=(flow,), daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.5)
-                if live_view is not None:
-                    live_view.update(summary.render())
-                if timeout is not None and time.perf_counter() - t1 > timeout:
+                if live is not None:
+                    live.update(summary.render())
+                if timeout is not None and time.perf_counter() - t0 > timeout:
                     stopped_by = f"--timeout {timeout:g} s"
                     break
             flow.check()
@@ -198,17 +379,32 @@ def run_spark(
         stopped_by = "Ctrl-C"
     finally:
         flow.stop()
-        if live_view is not None:
-            live_view.update(summary.render())
-            live_view.stop()
-    seconds = time.perf_counter() - t1
-    counts = (
-        _count_outputs(target, list(flow.plan.recorded), sink) if sink != "console" else dict(summary.out)
-    )
+        if live is not None:
+            live.update(summary.render())
+            live.stop()
+    return stopped_by
+
+
+def _result(
+    spec: Path,
+    flow: Any,
+    summary: _Summary,
+    *,
+    target: Path,
+    sink: str,
+    master: str,
+    published: int,
+    stopped_by: str,
+    seconds: float,
+    session_s: float,
+) -> dict[str, Any]:
+    """The run's summary document (what ``--json`` prints)."""
+    points = list(flow.plan.recorded)
+    counts = _count_outputs(target, points, sink) if sink != "console" else dict(summary.out)
     return {
         "engine": "spark",
         "spec": str(spec),
-        "master": remote if remote is not None else spark.sparkContext.master,
+        "master": master,
         "events": summary.events_in,
         "published": published,
         "micro_batches": summary.batches,
@@ -227,7 +423,7 @@ def run_spark(
         },
         "outputs": {
             p: {"events": counts.get(p, 0), "path": str(target / p) if sink != "console" else None}
-            for p in flow.plan.recorded
+            for p in points
         },
     }
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from flowbus.cli import common
 from flowbus.errors import FlowbusError
 
 if TYPE_CHECKING:
@@ -56,10 +57,8 @@ Show = Callable[["Result", dict[str, Any], bool], None]
 
 
 def _cli() -> Any:
-    """The main command line module, for its helpers (imported late: it imports this module)."""
-    from flowbus import cli
-
-    return cli
+    """The command line's shared helpers (consoles, fail, emit, progress bar)."""
+    return common
 
 
 def _fail(message: str) -> NoReturn:

@@ -3,8 +3,8 @@
 A broker ``1`` with two neighbours ``0`` and ``2`` (covering on), the broker workload: events with
 ``symbol`` (50 strings), ``price`` (float), ``quantity`` (int), ``exchange`` (5 strings) and ``level``
 (int 0-9); each filter is ``symbol = ...`` and conditions on 2 to 4 of the others (ranges on price,
-quantity and level; ``exchange =`` or ``exchange in``): the workload of ``benchmarks/broker.py``.
-Printed as one JSON document, per size ``K``:
+quantity and level; ``exchange =`` or ``exchange in``): the workload of :mod:`flowbus.bench.broker`.
+``flowbus bench cbr --json`` prints one JSON document, per size ``K``:
 
 * ``subscribe_s`` -- ``K`` local ``subscribe`` calls (each forwarded to both neighbours, with
   covering); ``forwarded`` -- the roots held by neighbour 0 afterwards;
@@ -24,20 +24,20 @@ growth), says its subscriptions would take longer than ``S`` (reported as ``skip
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib.util
-import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from flowbus.bench.workloads import STOCK_SYMBOLS, stock_events, stock_filters
 from flowbus.filters import Filter, parse
-from flowbus.workloads import STOCK_SYMBOLS, stock_events, stock_filters
 
-# The broker workload of ``benchmarks/broker.py`` (from :mod:`flowbus.workloads`).
+Progress = Callable[[str, int, int], None]
+
+# The broker workload of :mod:`flowbus.bench.broker` (from :mod:`flowbus.bench.workloads`).
 SYMBOLS = STOCK_SYMBOLS
 make_events = stock_events
 
@@ -116,40 +116,41 @@ def run_size(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000,10000,100000")
-    ap.add_argument("--events", type=int, default=5_000)
-    ap.add_argument("--batch", type=int, default=1_000, help="events per route_batch call")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--cbr", default=None, help="load the router from this file instead")
-    ap.add_argument("--max-seconds", type=float, default=None)
-    ap.add_argument("--local-only", action="store_true", help="skip the remote (from a neighbour) phase")
-    args = ap.parse_args(argv)
-    cbr = load(args.cbr)
-    events = make_events(args.events, args.seed + 1)
+def run(
+    *,
+    sizes: Sequence[int] = (1_000, 10_000, 100_000),
+    events: int = 5_000,
+    batch: int = 1_000,
+    seed: int = 1,
+    cbr: str | None = None,
+    max_seconds: float | None = None,
+    local_only: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Every size in ``sizes`` (see the module note); ``cbr``: the router's file, else
+    :mod:`flowbus.routing.cbr`; ``local_only``: skip the remote (from a neighbour) phase."""
+    module = load(cbr)
+    evs = make_events(events, seed + 1)
     results: list[dict[str, Any]] = []
     last: tuple[int, float] | None = None
-    for k in (int(s) for s in args.sizes.split(",")):
-        if last is not None and args.max_seconds is not None:
+    for i, k in enumerate(sizes):
+        if progress:
+            progress("sizes", i, len(sizes))
+        if last is not None and max_seconds is not None:
             prev_k, prev_s = last
             estimate = prev_s * (k / prev_k) ** 2  # the old code is quadratic; assume the worst
-            if estimate > args.max_seconds:
+            if estimate > max_seconds:
                 results.append({"K": k, "skipped": f"estimated {estimate:.0f} s to subscribe"})
                 continue
-        r = run_size(cbr, k, events, args.batch, args.seed, local_only=args.local_only)
+        r = run_size(module, k, evs, batch, seed, local_only=local_only)
         results.append(r)
         last = (k, r["subscribe_s"] + r.get("remote_subscribe_s", 0.0))
-        print(json.dumps(r), file=sys.stderr)
-    doc = {
-        "module": args.cbr or "flowbus.routing.cbr",
-        "events": args.events,
-        "batch": args.batch,
+    if progress:
+        progress("sizes", len(sizes), len(sizes))
+    return {
+        "module": cbr or "flowbus.routing.cbr",
+        "events": events,
+        "batch": batch,
         "python": sys.version.split()[0],
         "results": results,
     }
-    print(json.dumps(doc, indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,10 +2,11 @@
 
 31 brokers in a random tree (covering on), wired by direct message passing (FIFO). 5 publisher
 brokers advertise disjoint sets of symbols (``symbol in {...}``, 10 of the 50 each); 3,000
-subscriptions of the broker workload (``benchmarks/bench_cbr.py``: ``symbol = ...`` and 2-4
-conditions on price, quantity, level, exchange) at random brokers. Printed as one JSON document,
-per mode -- ``off`` (no advertisements), ``on`` (advertisements first, then subscriptions) and
-``on_late`` (subscriptions first, then advertisements):
+subscriptions of the broker workload (:mod:`flowbus.bench.cbr`: ``symbol = ...`` and 2-4
+conditions on price, quantity, level, exchange) at random brokers. ``flowbus bench
+cbr-adverts --json`` prints one JSON document, per mode -- ``off`` (no advertisements),
+``on`` (advertisements first, then subscriptions) and ``on_late`` (subscriptions first,
+then advertisements):
 
 * ``table_entries`` -- subscriptions held over all brokers, local ones included
   (``remote_entries``: without them); ``forwarded`` -- roots forwarded over all links;
@@ -15,36 +16,22 @@ per mode -- ``off`` (no advertisements), ``on`` (advertisements first, then subs
 
 2,000 events of the workload are published each at the broker advertising its symbol; the
 deliveries of every mode are compared with each other and with brute force (``delivery_equal``),
-and ``on_late``'s tables with ``on``'s (``late_state_equal``).
+and ``on_late``'s tables with ``on``'s (``late_state_equal``); the command exits with status 1
+when either is false.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import json
 import random
-import sys
 import time
 from collections import Counter
-from collections.abc import Hashable, Sequence
-from pathlib import Path
-from types import ModuleType
+from collections.abc import Hashable
 from typing import Any
 
+from flowbus.bench.cbr import SYMBOLS, make_events, make_filters
 from flowbus.core import Deliver, Effect, Send
 from flowbus.filters import Filter, parse
 from flowbus.routing.cbr import ContentRouter
-
-
-def _workload() -> ModuleType:
-    """``benchmarks/bench_cbr.py``, for the broker workload's generators."""
-    spec = importlib.util.spec_from_file_location("bench_cbr", Path(__file__).with_name("bench_cbr.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def random_tree(n: int, rng: random.Random) -> dict[int, set[int]]:
@@ -129,54 +116,42 @@ def run_mode(
     return out, net
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--brokers", type=int, default=31)
-    ap.add_argument("--publishers", type=int, default=5)
-    ap.add_argument("--subs", type=int, default=3000)
-    ap.add_argument("--events", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
-
-    wl = _workload()
-    rng = random.Random(args.seed)
-    adj = random_tree(args.brokers, rng)
-    pubs = rng.sample(sorted(adj), args.publishers)
-    symbols = list(wl.SYMBOLS)
+def run(
+    *, brokers: int = 31, publishers: int = 5, subscriptions: int = 3000, events: int = 2000, seed: int = 1
+) -> dict[str, Any]:
+    """The three modes on one tree, subscriptions and events (see the module note)."""
+    rng = random.Random(seed)
+    adj = random_tree(brokers, rng)
+    pubs = rng.sample(sorted(adj), publishers)
+    symbols = list(SYMBOLS)
     rng.shuffle(symbols)
-    groups = [symbols[i :: args.publishers] for i in range(args.publishers)]
+    groups = [symbols[i::publishers] for i in range(publishers)]
     adverts = {
         b: parse("symbol in {" + ", ".join(f'"{s}"' for s in sorted(g)) + "}")
         for b, g in zip(pubs, groups, strict=True)
     }
     publisher = {s: b for b, g in zip(pubs, groups, strict=True) for s in g}
-    filters: list[Filter] = wl.make_filters(args.subs, args.seed)
-    subs = [(rng.randrange(args.brokers), f) for f in filters]
-    events: list[dict[str, Any]] = wl.make_events(args.events, args.seed + 1)
-    for k, ev in enumerate(events):
+    filters: list[Filter] = make_filters(subscriptions, seed)
+    subs = [(rng.randrange(brokers), f) for f in filters]
+    evs: list[dict[str, Any]] = make_events(events, seed + 1)
+    for k, ev in enumerate(evs):
         ev["id"] = k
 
     doc: dict[str, Any] = {
-        "brokers": args.brokers,
+        "brokers": brokers,
         "publishers": pubs,
-        "subscriptions": args.subs,
-        "events": args.events,
-        "seed": args.seed,
+        "subscriptions": subscriptions,
+        "events": events,
+        "seed": seed,
     }
     nets = {}
     for mode in ("off", "on", "on_late"):
-        doc[mode], nets[mode] = run_mode(mode, adj, adverts, subs, events, publisher)
-    expected = Counter((b, k, ev["id"]) for ev in events for k, (b, f) in enumerate(subs) if f.matches(ev))
+        doc[mode], nets[mode] = run_mode(mode, adj, adverts, subs, evs, publisher)
+    expected = Counter((b, k, ev["id"]) for ev in evs for k, (b, f) in enumerate(subs) if f.matches(ev))
     doc["delivery_equal"] = all(n.delivered == expected for n in nets.values())
     doc["late_state_equal"] = nets["on"].tables() == nets["on_late"].tables()
     doc["table_entries_ratio_on_off"] = round(doc["on"]["table_entries"] / doc["off"]["table_entries"], 3)
     doc["subscription_messages_ratio_on_off"] = round(
         doc["on"]["subscription_messages"] / doc["off"]["subscription_messages"], 3
     )
-    print(json.dumps(doc, indent=2))
-    if not (doc["delivery_equal"] and doc["late_state_equal"]):
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
+    return doc

@@ -1,12 +1,11 @@
 """Plot ``flowbus bench match`` results (JSON lines) against the reference matchers' published figures.
 
-python -m benchmarks.plot_match docs/results/match.jsonl docs/results/match.png
+flowbus bench plot match docs/results/match.jsonl docs/results/match.png
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +68,3 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-
-
-if __name__ == "__main__":
-    plot(load(Path(sys.argv[1])), Path(sys.argv[2]))

@@ -1,6 +1,6 @@
 """What a delivery costs at the least, whatever the broker's design: the steps every
 delivery of an event to a subscriber's application takes in this stack, timed alone
-(``python -m benchmarks.broker_floor --json``).
+(``flowbus bench floor --json``).
 
 * ``encode_us`` -- msgpack-packing one delivery row ``[subscription, number, publisher,
   pseq, event]`` in a batch of 2,000 (the broker's ``Events`` frame);
@@ -15,11 +15,9 @@ matching, custody, acknowledgement or application code: ``cores_at`` gives it fo
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import time
-from collections.abc import Sequence
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -69,19 +67,6 @@ def measure(rounds: int = 200, deliveries_per_s: float = 400_000.0) -> dict[str,
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--deliveries-per-s", type=float, default=20_000 * 20.0)
-    ap.add_argument("--json", action="store_true", help="print one JSON document")
-    args = ap.parse_args(argv)
-    result = {"benchmark": "broker_floor", **measure(args.rounds, args.deliveries_per_s)}
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:>18}: {value:.3f}" if isinstance(value, float) else f"{key:>18}: {value}")
-
-
-if __name__ == "__main__":
-    main()
+def run(*, rounds: int = 200, deliveries_per_s: float = 20_000 * 20.0) -> dict[str, Any]:
+    """:func:`measure`, named: what ``flowbus bench floor`` prints."""
+    return {"benchmark": "broker_floor", **measure(rounds, deliveries_per_s)}

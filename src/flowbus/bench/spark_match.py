@@ -20,11 +20,8 @@ a few events so Python workers, numba kernels and the JVM's code are warm.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowbus.workloads import Workload
+from flowbus.bench.workloads import Workload
 
 Progress = Callable[[str, int, int], None]
 
@@ -153,32 +150,3 @@ def run(
         "cores": cores,
         "runs": results,
     }
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m benchmarks.spark_match [--events N] [--subscriptions N ...] [--seed S] [--master URL]``:
-    print the result of :func:`run` as one JSON document."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.spark_match", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--subscriptions", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--master", default=None)
-    args = parser.parse_args(argv)
-
-    def progress(what: str, done: int, total: int) -> None:
-        print(f"{what}: {done}/{total}", file=sys.stderr, flush=True)
-
-    result = run(
-        events=args.events,
-        subscriptions=args.subscriptions,
-        seed=args.seed,
-        master=args.master,
-        progress=progress,
-    )
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()

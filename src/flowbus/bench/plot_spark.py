@@ -1,13 +1,11 @@
 """Plot a ``flowbus bench spark --json`` document, and write its figures as CSV.
 
-python -m benchmarks.plot_spark docs/results/spark.json docs/results/spark.png docs/results/spark.csv
+flowbus bench plot spark docs/results/spark.json docs/results/spark.png docs/results/spark.csv
 """
 
 from __future__ import annotations
 
 import csv
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +74,9 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def main(argv: list[str]) -> None:
-    doc = json.loads(Path(argv[0]).read_text())
-    plot(doc, Path(argv[1]))
-    with Path(argv[2]).open("w", newline="") as fh:
+def write_csv(doc: dict[str, Any], path: Path) -> None:
+    """:func:`rows` as CSV."""
+    with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["what", "variant", "value", "unit"])
         w.writeheader()
         w.writerows(rows(doc))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,4 +1,4 @@
-"""The ``flowbus`` command: the demo runs, errors are clean."""
+"""The ``flowbus`` app itself (:mod:`flowbus.cli`): the version, the demo runs, errors are clean."""
 
 from __future__ import annotations
 

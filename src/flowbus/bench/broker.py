@@ -1,6 +1,6 @@
 """Brokers on loopback: one broker and a 3-broker ring, K subscriptions, events published as fast as
-the publisher's window lets (``python -m benchmarks.broker --json``; plot with
-``python -m benchmarks.plot_broker``).
+the publisher's window lets (``flowbus bench broker --json``; ``--out DIR`` adds a CSV and the
+plot of :mod:`flowbus.bench.plot_broker`).
 
 Measured for each (brokers, K), on fresh broker processes (``flowbus broker start``, a config
 with one space ``bench``: ``symbol`` of 50 values, ``price``, ``quantity``, ``exchange`` of 5
@@ -35,11 +35,9 @@ are not timed. A row whose run fails carries ``error`` (the traceback) and the s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import platform
 import select
@@ -58,6 +56,7 @@ from typing import Any
 import numpy as np
 
 import flowbus
+from flowbus.bench.workloads import stock_events, stock_filters
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.client import Subscription
 from flowbus.client import protocol as p
@@ -65,7 +64,6 @@ from flowbus.errors import FlowbusError
 from flowbus.filters import parse
 from flowbus.matching import Matcher
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
-from flowbus.workloads import stock_events, stock_filters
 
 Progress = Callable[[str, int, int], None]
 
@@ -529,7 +527,7 @@ def _cpu_model() -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------------- command
+# --------------------------------------------------------------------------------------- table
 
 COLUMNS = [
     ("brokers", "B", "{}"),
@@ -565,51 +563,3 @@ def table(result: dict[str, Any]) -> str:
         elif "skipped" in r:
             lines.append(f"\nB={r['brokers']} K={r['subscriptions']}: skipped: {r['skipped']}")
     return "\n".join(lines)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x.replace("_", "")) for x in text.split(",") if x]
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.broker", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--brokers", type=_ints, default=[1, 3], help="broker counts, e.g. 1,3")
-    ap.add_argument("--subscriptions", type=_ints, default=[10, 1_000, 10_000, 100_000], help="e.g. 10,1000")
-    ap.add_argument("--events", type=int, default=20_000)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--clients", type=int, default=4, help="subscriber connections")
-    ap.add_argument("--window", type=int, default=10_000, help="publisher window (unacknowledged publishes)")
-    ap.add_argument("--rate", type=float, default=0.0, help="pace the publisher (events/s; 0: flat out)")
-    ap.add_argument("--broker-window", type=int, default=None, help="brokers' per-subscriber window")
-    ap.add_argument("--broker-memory", type=int, default=None, help="brokers' per-subscription memory")
-    ap.add_argument("--broker-heartbeat", type=float, default=None, help="brokers' ring heartbeat (s)")
-    ap.add_argument(
-        "--max-ring-subscriptions", type=int, default=10_000, help="skip rings with more subscriptions"
-    )
-    ap.add_argument("--subscribe-timeout", type=float, default=900.0, help="seconds; then the row fails")
-    ap.add_argument("--profile-dir", type=Path, default=None, help="run the brokers under cProfile")
-    ap.add_argument("--json", action="store_true", help="print one JSON document")
-    args = ap.parse_args(argv)
-
-    def progress(what: str, done: int, total: int) -> None:
-        print(
-            f"\r{what}: {done:,}/{total:,}   ", end="\n" if done >= total else "", file=sys.stderr, flush=True
-        )
-
-    if args.profile_dir is not None:
-        args.profile_dir.mkdir(parents=True, exist_ok=True)
-    result = run(
-        brokers=args.brokers, subscriptions=args.subscriptions, events=args.events, seed=args.seed,
-        clients=args.clients, window=args.window, rate=args.rate, broker_window=args.broker_window,
-        broker_memory=args.broker_memory, broker_heartbeat=args.broker_heartbeat,
-        max_ring_subscriptions=args.max_ring_subscriptions, subscribe_timeout=args.subscribe_timeout,
-        profile_dir=args.profile_dir, progress=progress,
-    )  # fmt: skip
-    if args.json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    else:
-        print(table(result))
-
-
-if __name__ == "__main__":
-    main()

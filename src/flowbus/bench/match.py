@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from flowbus.bench.workloads import Workload, WorkloadName
 from flowbus.matching import Matcher, Strategy
-from flowbus.workloads import Workload, WorkloadName
 
 
 def _sample_size(n: int) -> int:

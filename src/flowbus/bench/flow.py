@@ -23,9 +23,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
+from flowbus.bench.workloads import stock_flow_spec
 from flowbus.flow.collapse import BoundRules
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import Collapse, EventSpace, Expand, Graph, Space, StateSpace
@@ -34,7 +34,6 @@ from flowbus.flow.rewrite import rewrite
 from flowbus.flow.spec import load_spec
 from flowbus.flow.validate import bind_rules
 
-SPEC = Path(__file__).resolve().parents[1] / "examples" / "stocks" / "flow.yaml"
 Progress = Callable[[str, int, int], None]
 
 
@@ -127,7 +126,7 @@ def run(
     disconnects: Sequence[int] = (10, 1_000, 100_000),
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    g = load_spec(SPEC)
+    g = load_spec(stock_flow_spec())
     events = list(generate(g, events=trades, seed=seed))
     full = _race(g, rewrite(g), events, rounds, "full flow", progress)
     light = stateless_view(g)

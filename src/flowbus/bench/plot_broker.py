@@ -1,14 +1,12 @@
-"""Plot ``flowbus bench broker --json`` (``python -m benchmarks.broker --json``): events/s taken
+"""Plot ``flowbus bench broker --json``: events/s taken
 in and p99 publish-to-delivery latency against the number of subscriptions, one line per
 broker count, with the ActiveMQ reference points and the goal.
 
-python -m benchmarks.plot_broker broker.json broker.png
+flowbus bench plot broker broker.json broker.png (and ``flowbus bench broker --out DIR``)
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +16,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 STYLES = ("o-", "s-", "^-", "D-")
-
-
-def load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
 
 
 def _points(rows: list[dict[str, Any]], brokers: int, key: str) -> list[tuple[int, float]]:
@@ -86,14 +79,3 @@ def plot(result: dict[str, Any], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        sys.exit("usage: python -m benchmarks.plot_broker RESULT.json OUT.png")
-    plot(load(Path(args[0])), Path(args[1]))
-
-
-if __name__ == "__main__":
-    main()

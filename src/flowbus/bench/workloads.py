@@ -1,4 +1,4 @@
-"""Seeded subscription and event workloads for benchmarks and experiments.
+"""Seeded subscription and event workloads of the benchmarks.
 
 * ``w1`` -- 20 string attributes ``a0..a19`` with 100 values ``v0..v99`` each;
   a subscription picks 3 distinct attributes uniformly, equality on each; an
@@ -18,6 +18,9 @@ chunks, so a million subscriptions never sit in memory as Python objects.
   :func:`stock_filters`): events with a ``symbol`` of 50 values, a ``price``, a
   ``quantity``, an ``exchange`` of 5 values and a ``level`` 0-9; filters with equality on
   the symbol and ranges on 2-4 of the others, as text (an event matches about K / 500 of K).
+* The stock example's flow spec (:func:`stock_flow_spec`), which ``flowbus bench flow`` and
+  ``flowbus bench spark`` run: ``examples/stocks/flow.yaml`` of a checkout (it is not in the
+  wheel; without a checkout they say so).
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import UserError
 from flowbus.filters.ast import Conjunction, Filter, Op, Predicate
 
 WorkloadName = Literal["w1", "w1-mixed", "w-rein"]
@@ -47,7 +51,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
-            raise FlowbusError(f"unknown workload {self.name!r} (expected one of {', '.join(WORKLOADS)})")
+            raise UserError(f"unknown workload {self.name!r} (expected one of {', '.join(WORKLOADS)})")
 
     def filters(self, n: int, *, chunk: int = 20_000, start: int = 0) -> Iterator[list[tuple[int, Filter]]]:
         """``n`` subscriptions as ``(id, filter)`` pairs, in chunks; ids are ``start, start+1, ...``."""
@@ -157,3 +161,22 @@ def stock_filters(k: int, seed: int) -> list[str]:
                 parts.append(f"exchange in {{{names}}}")
         out.append(" & ".join(parts))
     return out
+
+
+# ---------------------------------------------------------------------- the stock flow
+
+STOCK_FLOW = Path("examples") / "stocks" / "flow.yaml"
+
+
+def stock_flow_spec() -> Path:
+    """``examples/stocks/flow.yaml`` of the checkout this package runs from, else of the current
+    directory; a :class:`~flowbus.errors.UserError` naming both places when neither has it."""
+    beside = Path(__file__).resolve().parents[3] / STOCK_FLOW
+    here = Path.cwd() / STOCK_FLOW
+    for path in (beside, here):
+        if path.is_file():
+            return path
+    raise UserError(
+        f"this benchmark runs the stock example {STOCK_FLOW} of a flowbus checkout: "
+        f"not found at {beside} nor at {here} (run it from a checkout of flowbus)"
+    )

@@ -1,1 +1,0 @@
-"""flowbus benchmarks: each module has a ``run(...) -> dict`` whose result is printed as JSON."""

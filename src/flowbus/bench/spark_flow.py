@@ -1,0 +1,168 @@
+"""Information flows on Spark: the rewritten plan against hop-by-hop, the engine end to end, state paths.
+
+Three measurements in one Spark session (``local[2]`` by default), on the stock example
+(:func:`flowbus.bench.workloads.stock_flow_spec`):
+
+* ``plans`` -- the stateless part of the stock flow (its Figures 1 and 2:
+  integration, big trades, the ticks feeding the state) over one DataFrame of
+  ``events`` trades, two ways (:mod:`flowbus.spark.plans`). *Rewritten*: one
+  ``[S; T]`` route per publication -> subscription path, each a filter and a
+  projection of the publication point's rows. *Hop by hop*: the original graph
+  walked arc by arc, each internal space with out-arcs (``combined``,
+  ``capital``) an event log of its own -- what an engine that does not rewrite
+  must keep between hops, as the engine keeps the derived logs between its
+  stateful stages -- written once (Parquet) and read by its out-arcs.
+  Every subscription point (and the space feeding the collapses) is counted;
+  the best of ``rounds`` runs counts. Both deliver the same number of events
+  per point (checked).
+* ``engine`` -- ``flowbus run`` itself (:class:`flowbus.spark.flow.SparkFlow`,
+  Structured Streaming, collapse and expand in ``transformWithState``) on the
+  stock flow: events per second from the first micro-batch to the last.
+* ``collapse`` -- the state paths on a flow that is only a collapse and an
+  expand (``ticks -> max_cur -> compressed``): ``transformWithState`` (expand
+  per event) against Spark's own streaming aggregation (``max``/``max_by``,
+  expand per micro-batch), events per second of each run.
+
+``spark`` is a session from :func:`flowbus.spark.session.spark_session` (typed ``Any``
+here: only ``flowbus.spark`` imports pyspark).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flowbus.bench.workloads import stock_flow_spec
+from flowbus.flow import FlowBuilder, Graph, load_spec
+from flowbus.flow.generators import generate
+from flowbus.spark.flow import SparkFlow
+from flowbus.spark.plans import hop_plan, input_frame, rewritten_plan
+
+Progress = Callable[[str, int, int], None]
+
+
+def _timed(fn: Callable[[], dict[str, int]], rounds: int) -> tuple[float, dict[str, int]]:
+    best = float("inf")
+    counts: dict[str, int] = {}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        counts = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, counts
+
+
+def plans(spark: Any, *, events: int, seed: int, rounds: int) -> dict[str, Any]:
+    g = load_spec(stock_flow_spec())
+    df = input_frame(spark, g, events=events, seed=seed)
+
+    def rewritten() -> dict[str, int]:
+        return rewritten_plan(df, g)
+
+    def hops() -> dict[str, int]:
+        return hop_plan(df, g)
+
+    rewritten(), hops()  # warm up: JVM code, broadcast maps
+    t_rw, c_rw = _timed(rewritten, rounds)
+    t_hop, c_hop = _timed(hops, rounds)
+    df.unpersist()
+    names = {"combined.sub": "combined"}
+    same = all(c_hop.get(names.get(k, k)) == v for k, v in c_rw.items())
+    return {
+        "events": events,
+        "rewritten_s": t_rw,
+        "hop_by_hop_s": t_hop,
+        "rewritten_events_per_s": events / t_rw,
+        "hop_by_hop_events_per_s": events / t_hop,
+        "ratio": t_hop / t_rw,
+        "deliveries": c_rw,
+        "deliveries_agree": same,
+    }
+
+
+def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **kw: Any) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix="flowbus-bench-run-"))
+    try:
+        flow = SparkFlow(spark, g, out, **kw)
+        flow.ingest_generator(events, fingerprint="bench")
+        t0 = time.perf_counter()
+        with flow:
+            flow.start()
+            flow.process_available()
+        seconds = time.perf_counter() - t0
+        delivered = dict(flow.stats.out)
+        batches = flow.stats.batches
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return {
+        "seconds": seconds,
+        "events_per_s": len(events) / seconds,
+        "micro_batches": batches,
+        "out": delivered,
+    }
+
+
+def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str, Any]:
+    g = load_spec(stock_flow_spec())
+    result = _run_flow(spark, g, list(generate(g, events=events, seed=seed)), batch_events=batch_events)
+    return {"events": events, "batch_events": batch_events, **result}
+
+
+def _ticks_flow() -> Graph:
+    b = FlowBuilder("collapse").source("ticks", {"name": "str", "price": "float"})
+    b.state("max_cur", {"name": "str", "maxP": "float", "curP": "float"}, key="name",
+            initial={"maxP": 0, "curP": 0})  # fmt: skip
+    b.rules("max_cur", key={"name": "name"}, rules=[
+        {"when": "price > maxP", "set": {"maxP": "price", "curP": "price"}}, {"set": {"curP": "price"}},
+    ])  # fmt: skip
+    b.sink("compressed", {"name": "str", "price": "float"})
+    b.collapse("C", "ticks", "max_cur", "max_cur").expand("E", "max_cur", "compressed", "max_cur")
+    return b.build()
+
+
+def collapse(spark: Any, *, events: int, batch_events: int, keys: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    g = _ticks_flow()
+    ticks = [
+        ("ticks", {"name": f"K{rng.randrange(keys)}", "price": round(rng.uniform(1, 100), 2)})
+        for _ in range(events)
+    ]
+    state = _run_flow(spark, g, ticks, batch_events=batch_events, collapse="state")
+    aggregate = _run_flow(spark, g, ticks, batch_events=batch_events, collapse="aggregate")
+    return {
+        "events": events,
+        "keys": keys,
+        "batch_events": batch_events,
+        "transform_with_state": state,
+        "aggregate": aggregate,
+        "ratio_aggregate_over_state": aggregate["events_per_s"] / state["events_per_s"],
+    }
+
+
+def run(
+    spark: Any,
+    *,
+    events: int = 100_000,
+    engine_events: int = 20_000,
+    batch_events: int = 5_000,
+    rounds: int = 3,
+    seed: int = 1,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    steps = 3
+    if progress:
+        progress("stock flow: rewritten vs hop by hop", 0, steps)
+    doc: dict[str, Any] = {"plans": plans(spark, events=events, seed=seed, rounds=rounds)}
+    if progress:
+        progress("stock flow: rewritten vs hop by hop", 1, steps)
+    doc["engine"] = engine(spark, events=engine_events, batch_events=batch_events, seed=seed)
+    if progress:
+        progress("stock flow: rewritten vs hop by hop", 2, steps)
+    doc["collapse"] = collapse(spark, events=engine_events, batch_events=batch_events, keys=500, seed=seed)
+    if progress:
+        progress("stock flow: rewritten vs hop by hop", 3, steps)
+    return doc

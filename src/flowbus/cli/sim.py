@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -56,43 +56,31 @@ Show = Callable[["Result", dict[str, Any], bool], None]
 """Prints a result: its JSON document (given, ``outputs`` included) or a table."""
 
 
-def _cli() -> Any:
-    """The command line's shared helpers (consoles, fail, emit, progress bar)."""
-    return common
-
-
-def _fail(message: str) -> NoReturn:
-    _cli().fail(message)
-    raise typer.Exit(2)  # not reached: fail() exits
-
-
 def _execute(build: Build, run: Run, *, out: Path | None, as_json: bool, show: Show) -> None:
     """Config, run, write (unless ``out`` is None), show; a FlowbusError exits with status 2."""
     from flowbus.experiments.output import document, write_outputs
 
-    cli = _cli()
     try:
         config, config_file = build()
-        with cli.progress_bar(True) as progress:
+        with common.progress_bar(True) as progress:
             result = run(config, progress)
         outputs = None if out is None else write_outputs(result, out, config_file=config_file)
     except FlowbusError as exc:
-        _fail(str(exc))
+        common.fail(str(exc))
     show(result, document(result, config_file=config_file, outputs=outputs), as_json)
 
 
 def _table(title: str, header: list[str], rows: list[list[str]], outputs: dict[str, str]) -> None:
     from rich.table import Table
 
-    cli = _cli()
     table = Table(title=title)
     for i, h in enumerate(header):
         table.add_column(h, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*row)
-    cli.out.print(table)
+    common.out.print(table)
     for name, path in outputs.items():
-        cli.out.print(f"{name}: {path}")
+        common.out.print(f"{name}: {path}")
 
 
 def _num(value: Any) -> str:
@@ -130,11 +118,11 @@ def pastry_hops(
     def show(result: Result, doc: dict[str, Any], as_json: bool) -> None:
         flat = ph.record(result) | ({"outputs": doc["outputs"]} if "outputs" in doc else {})
         if as_json:
-            _cli().emit(flat, as_json=True, title="")
+            common.emit(flat, as_json=True, title="")
             return
         table = {k: ("-" if v is None else v) for k, v in flat.items() if k not in ("hops", "outputs")}
         table.update({f"hops = {h}": n for h, n in flat["hops"].items()})
-        _cli().emit(table, as_json=False, title=f"Pastry hops: {nodes:,} nodes, {lookups:,} lookups")
+        common.emit(table, as_json=False, title=f"Pastry hops: {nodes:,} nodes, {lookups:,} lookups")
 
     _execute(
         lambda: (ph.PastryHops(nodes=nodes, lookups=lookups, seed=seed), None),
@@ -231,7 +219,7 @@ def _show_faults(result: Result, doc: dict[str, Any], as_json: bool) -> None:
         for r in result.summary
     ]  # fmt: skip
     if as_json:
-        _cli().emit({**doc, "rows": rows}, as_json=True, title="")
+        common.emit({**doc, "rows": rows}, as_json=True, title="")
         return
     _table(
         _irbr_title("IRBR faults", result),
@@ -250,7 +238,7 @@ def _show_faults(result: Result, doc: dict[str, Any], as_json: bool) -> None:
 def _show_forwards(result: Result, doc: dict[str, Any], as_json: bool) -> None:
     binned = result.tables["forwards"]
     if as_json:
-        _cli().emit({**doc, "rows": binned}, as_json=True, title="")
+        common.emit({**doc, "rows": binned}, as_json=True, title="")
         return
     _table(
         f"{_irbr_title('IRBR forwards', result)}; "
@@ -317,7 +305,7 @@ def _ring(build: Callable[[], ExperimentConfig], run: Any, out: Path, as_json: b
 
     def show(result: Result, doc: dict[str, Any], as_json: bool) -> None:
         if as_json:
-            _cli().emit(doc, as_json=True, title="")
+            common.emit(doc, as_json=True, title="")
             return
         rows = result.rows
         cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()] for r in rows]
@@ -410,7 +398,7 @@ _CBDLO_COLUMNS = ("messages_per_event", "completeness", "effective_cost", "hit_r
 def _show_cbdlo(result: Result, doc: dict[str, Any], as_json: bool) -> None:
     """The document without the rows (they are in the CSV), or a table of the means."""
     if as_json:
-        _cli().emit({k: v for k, v in doc.items() if k != "rows"}, as_json=True, title="")
+        common.emit({k: v for k, v in doc.items() if k != "rows"}, as_json=True, title="")
         return
     rows = result.summary
     shown = [k for k in _CBDLO_COLUMNS if any(r.get(k) is not None for r in rows)]

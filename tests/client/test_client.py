@@ -1,0 +1,57 @@
+"""The client's life as one Status: NEW, CONNECTING, CONNECTED, back to CONNECTING when its
+broker goes, CLOSED; a client no broker answers is CLOSED with a ClientError naming where it
+looked. (Publishing and subscribing through brokers: tests/broker/test_server.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+import pytest
+
+import flowbus
+from flowbus.broker.server import Broker
+from flowbus.client import ClientError, Status
+
+
+async def _eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    assert cond()
+
+
+def test_status_follows_the_connection() -> None:
+    async def go() -> None:
+        broker = await Broker.start()
+        try:
+            await broker.joined()
+            client = flowbus.connect(broker.address, connect_timeout=10)
+            assert client.status is Status.NEW and not client.closed
+            await client.open()
+            assert client.status is Status.CONNECTED and client.broker == broker.address
+        finally:
+            await broker.close()
+        await _eventually(lambda: client.status is Status.CONNECTING)
+        await client.close()
+        assert client.status is Status.CLOSED and client.closed
+        with pytest.raises(ClientError, match="closed"):
+            await client.publish("stocks", {})
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_no_broker_answers() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def go() -> None:
+        client = flowbus.connect(address, connect_timeout=0.3)
+        with pytest.raises(ClientError, match=address):
+            await client.open()
+        assert client.status is Status.CLOSED
+
+    asyncio.run(asyncio.wait_for(go(), 30))

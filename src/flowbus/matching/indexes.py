@@ -28,7 +28,7 @@ conjunction and predicate is the subscription table's business (:mod:`flowbus.ma
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -47,28 +47,27 @@ from flowbus.matching.strings import StringPredicates
 CODE_OPS = frozenset({Op.EQ, Op.IN})
 """Equality-like operators: listed under the value codes they accept."""
 _EXCLUDE_OPS = frozenset({Op.NE, Op.NOT_IN})
-_RANGE_OPS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE})
 _INF = math.inf
+_BOUNDS: dict[Op, Callable[[float], tuple[float, float]]] = {
+    # the closed interval of doubles ``x OP c`` allows (exact: no double lies strictly between
+    # c and nextafter(c))
+    Op.GE: lambda c: (c, _INF),
+    Op.GT: lambda c: (math.nextafter(c, _INF), _INF),
+    Op.LE: lambda c: (-_INF, c),
+    Op.LT: lambda c: (-_INF, math.nextafter(c, -_INF)),
+}
 
 
 def is_range(p: Predicate) -> bool:
     """Is ``p`` a numeric range literal (``< <= > >=`` on a number, not negated), which becomes
     part of an interval instead of a predicate?"""
     tv = type(p.value)
-    return not p.negated and p.op in _RANGE_OPS and (tv is float or tv is int)
+    return p.op in _BOUNDS and not p.negated and (tv is float or tv is int)
 
 
 def range_bounds(p: Predicate) -> tuple[float, float]:
     """The closed interval of doubles the range literal ``p`` (see :func:`is_range`) allows."""
-    c = float(p.value)  # type: ignore[arg-type]
-    op = p.op
-    if op is Op.GE:
-        return c, _INF
-    if op is Op.GT:
-        return math.nextafter(c, _INF), _INF
-    if op is Op.LE:
-        return -_INF, c
-    return -_INF, math.nextafter(c, -_INF)
+    return _BOUNDS[p.op](float(p.value))  # type: ignore[arg-type]
 
 
 @njit(cache=True, nogil=True)

@@ -353,7 +353,8 @@ class SubscriptionTable:
         for pool, (keys, values) in (
             (self._pos_pool, b.pos), (self._neg_pool, b.neg), (self._cluster_pool, b.cluster)
         ):  # fmt: skip
-            pool.extend(np.asarray(keys, I64), np.asarray(values, I32))
+            if keys:
+                pool.extend(np.asarray(keys, I64), np.asarray(values, I32))
         ranges = _NO_RANGES
         if b.ranges:
             which = np.arange(len(b.ranges))

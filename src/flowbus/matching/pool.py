@@ -19,6 +19,9 @@ from flowbus.matching._types import I32, I64
 
 _MIN_CAP = 2
 
+PoolView = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A pool as the compiled loops read it: ``(start, length, data)``."""
+
 
 @njit(cache=True, nogil=True)
 def _grow(data: np.ndarray, need: int) -> np.ndarray:
@@ -192,6 +195,9 @@ class ListPool:
     def clear(self, key: int) -> None:
         if key < self.start.size:
             self.length[key] = 0
+
+    def view(self) -> PoolView:
+        return self.start, self.length, self.data
 
     def nbytes(self) -> int:
         return int(self.start.nbytes + self.length.nbytes + self.cap.nbytes + self.data.nbytes)

@@ -1,0 +1,132 @@
+"""IRBR joins, in the simulator: a newcomer's filter table holds every entry its ranges
+need, also the ones covering cut short on their way (a newcomer just past a digit boundary
+of its id), and exactly once for every subscriber after joins interleaved with subscribes,
+with covering on (a property over random networks and orders)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowbus.filters import Filter, parse
+from flowbus.overlay.pastry import BITS, NDIGITS, PastryNode, shared_prefix_len
+from flowbus.overlay.pastry_static import build_static
+from flowbus.routing.irbr import IrbrNode, prefix_of
+from flowbus.sim import ConstantLatency, Simulator
+
+
+def hex_id(head: str) -> int:
+    """The id whose leading hex digits are ``head``, then zeros."""
+    return int(head.ljust(NDIGITS, "0"), 16)
+
+
+@dataclass
+class Net:
+    """IRBR nodes in a simulator: a static network, then joins one at a time."""
+
+    sim: Simulator
+    cores: dict[int, IrbrNode]
+    rng: random.Random
+    got: list[tuple[int, Hashable]] = field(default_factory=list)
+
+    def subscribe(self, addr: int, filt: Filter, sub: Hashable) -> None:
+        self.sim.invoke(addr, lambda core: core.subscribe(filt, sub))
+        self.sim.run()
+
+    def join(self, node_id: int, bootstrap: int) -> int:
+        addr = len(self.cores)
+        core = IrbrNode(PastryNode(addr, node_id, rng=random.Random(self.rng.random())))
+        self.cores[addr] = core
+        self.sim.add_node(addr, core)
+        self.sim.invoke(addr, lambda c: c.join(bootstrap))
+        self.sim.run()
+        assert core.pastry.ready
+        return addr
+
+    def publish(self, addr: int, event: Mapping[str, Any]) -> Counter[tuple[int, Hashable]]:
+        self.got.clear()
+        self.sim.invoke(addr, lambda core: core.publish(event))
+        self.sim.run()
+        return Counter(self.got)
+
+
+def make_net(ids: list[int], seed: int) -> Net:
+    rng = random.Random(seed)
+    cores = {p.address: IrbrNode(p) for p in build_static(ids, rng)}
+    net = Net(Simulator(seed=seed, transport=[ConstantLatency(1.0)]), cores, rng)
+    net.sim.on_deliver = lambda node, sub, event, now: net.got.append((node, sub))
+    for addr, core in cores.items():
+        net.sim.add_node(addr, core)
+    return net
+
+
+def test_a_newcomer_past_a_digit_boundary_gets_the_entries_covering_cut_short() -> None:
+    heads = ["0fff", "13", "12", "5", "8", "a", "c"]
+    net = make_net([hex_id(h) for h in heads], seed=1)
+    t, s = heads.index("13"), heads.index("12")
+    net.subscribe(t, parse("x >= 0"), "t")
+    net.subscribe(s, parse("x >= 50"), "s")  # covered by t's, which shares a digit: rows >= 1 only
+    assert net.cores[0].table.get(hex_id("12"), "s") is None  # "0fff" never heard of it
+    new = net.join(hex_id("1") + 1, bootstrap=heads.index("a"))  # "0fff" is its closest leaf
+    assert net.publish(new, {"x": 60}) == Counter({(t, "t"): 1, (s, "s"): 1})
+    assert net.publish(new, {"x": 10}) == Counter({(t, "t"): 1})
+    entry = net.cores[new].table.get(hex_id("12"), "s")
+    assert entry is not None and entry.prefix == (2, 0x12)
+
+
+def random_filter(rng: random.Random) -> Filter:
+    """Ranges over one attribute: many cover one another."""
+    lo = rng.randrange(0, 100, 10)
+    if rng.random() < 0.5:
+        return parse(f"x >= {lo}")
+    return parse(f"x >= {lo} & x < {lo + rng.randrange(10, 50, 10)}")
+
+
+def newcomer_id(net: Net, rng: random.Random, near_boundary: bool) -> int:
+    """A fresh id: random, or within a few ids of a digit boundary of an existing node's id
+    (where the numerically closest leaf shares fewer digits than the nodes beyond it)."""
+    taken = {c.node_id for c in net.cores.values()}
+    while True:
+        if near_boundary:
+            level = rng.randrange(1, 4)
+            shift = BITS - 4 * level
+            head = rng.choice(sorted(taken)) >> shift
+            new = (((head + rng.choice((0, 1))) << shift) + rng.randrange(-2, 3)) % (1 << BITS)
+        else:
+            new = rng.getrandbits(BITS)
+        if new not in taken:
+            return new
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=st.integers(4, 40),
+    ops=st.lists(st.sampled_from(("subscribe", "join")), min_size=1, max_size=30),
+    near_boundary=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_exactly_once_for_every_subscriber_after_joins_interleaved_with_subscribes(
+    nodes: int, ops: list[str], near_boundary: bool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    net = make_net([rng.getrandbits(BITS) for _ in range(nodes)], seed)
+    subs: dict[tuple[int, Hashable], Filter] = {}
+    for i, op in enumerate(ops):
+        if op == "join":
+            net.join(newcomer_id(net, rng, near_boundary), bootstrap=rng.randrange(len(net.cores)))
+        else:
+            addr, f = rng.randrange(len(net.cores)), random_filter(rng)
+            net.subscribe(addr, f, i)
+            subs[(addr, i)] = f
+    newcomers = list(range(nodes, len(net.cores)))
+    for publisher in newcomers + [rng.randrange(len(net.cores)) for _ in range(10)]:
+        event = {"x": rng.randrange(0, 110)}
+        got = net.publish(publisher, event)
+        assert set(got) == {key for key, f in subs.items() if f.matches(event)}, (publisher, event)
+        assert set(got.values()) <= {1}

@@ -105,7 +105,8 @@ CASES: list[object] = [
     irbr.Subscribe(node=BIG, sub="s", filter=F1, clock=3, prefix=(2, 0x21)),
     irbr.Unsubscribe(node=BIG, sub=7, clock=4, prefix=(0, 0)),
     irbr.Publish(event=EVENT, prefix=(1, 3)),
-    irbr.TableRequest(addr=5),
+    irbr.TableRequest(addr=5, rows=3),
+    irbr.Newcomer(node=BIG, addr=7, prefix=(3, 0x2A1)),
     irbr.TableReply(entries=((BIG, "s", F1, 1), (3, ("t", 2), F2, 2)), tombstones=((BIG, "old", 0),)),
     # scribe
     scribe.JoinTree(epoch=1),

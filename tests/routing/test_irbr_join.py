@@ -1,7 +1,8 @@
 """IRBR joins, in the simulator: a newcomer's filter table holds every entry its ranges
 need, also the ones covering cut short on their way (a newcomer just past a digit boundary
-of its id), and exactly once for every subscriber after joins interleaved with subscribes,
-with covering on (a property over random networks and orders)."""
+of its id), and only entries whose removal it will hear of; exactly once for every
+subscriber after joins interleaved with subscribes and unsubscribes, with covering on (a
+property over random networks, orders and newcomer ids)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from flowbus.filters import Filter, parse
 from flowbus.overlay.pastry import BITS, NDIGITS, PastryNode, shared_prefix_len
 from flowbus.overlay.pastry_static import build_static
-from flowbus.routing.irbr import IrbrNode, prefix_of
+from flowbus.routing.irbr import IrbrNode
 from flowbus.sim import ConstantLatency, Simulator
 
 
@@ -39,6 +40,10 @@ class Net:
         self.sim.invoke(addr, lambda core: core.subscribe(filt, sub))
         self.sim.run()
 
+    def unsubscribe(self, addr: int, sub: Hashable) -> None:
+        self.sim.invoke(addr, lambda core: core.unsubscribe(sub))
+        self.sim.run()
+
     def join(self, node_id: int, bootstrap: int) -> int:
         addr = len(self.cores)
         core = IrbrNode(PastryNode(addr, node_id, rng=random.Random(self.rng.random())))
@@ -54,6 +59,15 @@ class Net:
         self.sim.invoke(addr, lambda core: core.publish(event))
         self.sim.run()
         return Counter(self.got)
+
+    def check_exact_tables(self) -> None:
+        """Each node holds an entry only if it is in a row its subscriber sent the
+        subscription to: it will hear of its removal (so it may rely on it for covering)."""
+        by_id = {c.node_id: c for c in self.cores.values()}
+        for core in self.cores.values():
+            for e in core.table:
+                level = shared_prefix_len(core.node_id, e.node)
+                assert by_id[e.node].rows_from[e.sub] <= level, (f"{core.node_id:x}", e)
 
 
 def make_net(ids: list[int], seed: int) -> Net:
@@ -78,6 +92,26 @@ def test_a_newcomer_past_a_digit_boundary_gets_the_entries_covering_cut_short() 
     assert net.publish(new, {"x": 10}) == Counter({(t, "t"): 1})
     entry = net.cores[new].table.get(hex_id("12"), "s")
     assert entry is not None and entry.prefix == (2, 0x12)
+    net.check_exact_tables()
+
+
+def test_a_newcomer_holds_no_entry_it_would_not_hear_the_removal_of() -> None:
+    """s's subscription, covered by t's two digits deep, never went to the row of s where
+    the newcomer "1a" sits: holding it there (as a copy of a whole table would) makes the
+    newcomer keep relying on it after s left, and its own subscription then misses the
+    events published beyond its cover's reach."""
+    heads = ["120", "121", "5", "8", "c"]
+    net = make_net([hex_id(h) for h in heads], seed=2)
+    net.subscribe(0, parse("x >= 0"), "t")
+    net.subscribe(1, parse("x >= 50"), "s")  # covered by t's, two digits deep: rows >= 2
+    new = net.join(hex_id("1a"), bootstrap=3)
+    assert net.cores[new].table.get(hex_id("121"), "s") is None
+    net.check_exact_tables()
+    net.subscribe(heads.index("8"), parse("y = 1"), "u")  # the newcomer's clock passes s's
+    net.subscribe(new, parse("x >= 60"), "n")  # covered by t's (and s's), one digit deep: rows >= 1
+    net.unsubscribe(1, "s")
+    net.unsubscribe(0, "t")  # "n" must now reach row 0 ("5", "8", "c") too
+    assert net.publish(heads.index("5"), {"x": 70}) == Counter({(new, "n"): 1})
 
 
 def random_filter(rng: random.Random) -> Filter:
@@ -104,10 +138,10 @@ def newcomer_id(net: Net, rng: random.Random, near_boundary: bool) -> int:
             return new
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     nodes=st.integers(4, 40),
-    ops=st.lists(st.sampled_from(("subscribe", "join")), min_size=1, max_size=30),
+    ops=st.lists(st.sampled_from(("subscribe", "join", "unsubscribe")), min_size=1, max_size=40),
     near_boundary=st.booleans(),
     seed=st.integers(0, 10_000),
 )
@@ -120,6 +154,10 @@ def test_exactly_once_for_every_subscriber_after_joins_interleaved_with_subscrib
     for i, op in enumerate(ops):
         if op == "join":
             net.join(newcomer_id(net, rng, near_boundary), bootstrap=rng.randrange(len(net.cores)))
+        elif op == "unsubscribe" and subs:
+            key = rng.choice(sorted(subs, key=repr))
+            net.unsubscribe(*key)
+            del subs[key]
         else:
             addr, f = rng.randrange(len(net.cores)), random_filter(rng)
             net.subscribe(addr, f, i)
@@ -130,3 +168,4 @@ def test_exactly_once_for_every_subscriber_after_joins_interleaved_with_subscrib
         got = net.publish(publisher, event)
         assert set(got) == {key for key, f in subs.items() if f.matches(event)}, (publisher, event)
         assert set(got.values()) <= {1}
+    net.check_exact_tables()

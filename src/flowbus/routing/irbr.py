@@ -40,16 +40,27 @@ How it works (the IRBR paper, "基于编码区间的路由协议", section 3):
   node lies outside the range, the range's live nodes, if any, begin at its leaf-set
   neighbour towards the key. So each live node of a range with a matching filter gets the
   event once, whichever nodes on the way died (as long as no l/2 adjacent ids die at once).
-* Join and leave (section 3.5, item 3): a node that has joined Pastry asks its numerically
-  closest leaf for its filter table and files every entry under its own prefixes -- any
-  node's table will do: an entry's prefix seen from the newcomer only depends on digits the
-  two share, and a subscription cut short by covering is covered there too. A leaving node
-  withdraws its subscriptions; the dead routing-table entries it leaves behind are repaired
-  like failures.
+* Join (section 3.5, item 3: a joining node "initialises its filter table from other
+  nodes' information"). The newcomer x must end up with the entries a node in its place
+  would have been sent: f of s whenever x lies in one of the rows of s that f went to (so
+  x also hears of f's removal, and may rely on f for covering). Let K be the most digits x
+  shares with a node it knows (its routing table's deepest row). Rows r < K: a node z
+  sharing K digits with x has the same ranges in its row r, and the same place in every
+  subscriber's tree, so x asks the numerically closest such z for the entries of its rows
+  < K (``TableRequest``). Row K is new: nobody had x's place in the trees of the nodes
+  sharing K digits with x. So x sends a :class:`Newcomer` down its row K to every such
+  node; each adds x to its Pastry state (x fills the empty slot of its row K, so later
+  subscriptions reach x), passes it on down its own sub-ranges, and sends x those of its
+  own subscriptions that reach row K, as the ``Subscribe`` x would have got. A copy of a
+  whole table would not do: a leaf across a digit boundary of x's id lacks the entries
+  covering cut short before its rows, and x would hold entries it never hears the removal
+  of (relying on one for covering loses events once it is gone).
+* Leave: a leaving node withdraws its subscriptions; the dead routing-table entries it
+  leaves behind are repaired like failures.
 
 Not implemented: garbage collection of tombstones and of the entries of crashed subscribers
-(they only cost extra forwards); a subscription made while a node is joining may miss the
-newcomer (its table copy is taken once).
+(they only cost extra forwards); a subscription made while a node is joining (before the
+newcomer's table copy and its ``Newcomer`` have passed) may miss the newcomer.
 """
 
 from __future__ import annotations
@@ -84,6 +95,7 @@ __all__ = [
     "Entry",
     "FilterTable",
     "IrbrNode",
+    "Newcomer",
     "Prefix",
     "Publish",
     "Subscribe",
@@ -273,11 +285,22 @@ class FilterTable:
                         break
         return out
 
-    def snapshot(self) -> TableReply:
-        """The whole table as a message (what a joining node initialises itself from)."""
-        rows = tuple((e.node, e.sub, e.filter, e.clock) for e in self._by_key.values())
-        dead = tuple((node, sub, clock) for (node, sub), clock in self._tombstones.items())
-        return TableReply(rows, dead)
+    def snapshot(self, rows: int) -> TableReply:
+        """The entries and tombstones of the routing-table rows < ``rows`` (subscribers
+        sharing fewer than ``rows`` digits with the owner) as a message: what a joining
+        node that shares ``rows`` digits with the owner takes its rows < ``rows`` from."""
+        me = self.owner
+        entries = tuple(
+            (e.node, e.sub, e.filter, e.clock)
+            for e in self._by_key.values()
+            if shared_prefix_len(me, e.node) < rows
+        )
+        dead = tuple(
+            (node, sub, clock)
+            for (node, sub), clock in self._tombstones.items()
+            if shared_prefix_len(me, node) < rows
+        )
+        return TableReply(entries, dead)
 
     def load(self, reply: TableReply) -> None:
         """File another node's entries under our own prefixes (tombstones first)."""
@@ -333,9 +356,11 @@ class Publish:
 @wire.message("irbr.table_request")
 @dataclass(frozen=True, slots=True)
 class TableRequest:
-    """A node that just joined asks a leaf for its filter table (section 3.5, item 3)."""
+    """A node that just joined (at address ``addr``) asks a node sharing ``rows`` digits
+    with it for the entries of its rows < ``rows`` (section 3.5, item 3)."""
 
     addr: int
+    rows: int
 
 
 @wire.message("irbr.table_reply")
@@ -348,7 +373,18 @@ class TableReply:
     tombstones: tuple[tuple[int, Hashable, int], ...]
 
 
-RangeMessage = Publish | Subscribe | Unsubscribe
+@wire.message("irbr.newcomer")
+@dataclass(frozen=True, slots=True)
+class Newcomer:
+    """Node ``node`` (at ``addr``) has just joined in a range of the receiver's rows: it
+    goes down the newcomer's deepest row, every receiver being in ``prefix``."""
+
+    node: int
+    addr: int
+    prefix: Prefix
+
+
+RangeMessage = Publish | Subscribe | Unsubscribe | Newcomer
 
 
 # ---------------------------------------------------------------------------------- node
@@ -370,7 +406,7 @@ class IrbrNode(PastryApp):
     nodes (if any) are that node's leaf-set neighbours towards the key.
     """
 
-    app_messages = frozenset({Publish, Subscribe, Unsubscribe, TableRequest, TableReply})
+    app_messages = frozenset({Publish, Subscribe, Unsubscribe, Newcomer, TableRequest, TableReply})
 
     __slots__ = ("clock", "covering", "empty_ranges", "rows_from", "table")
 
@@ -417,7 +453,7 @@ class IrbrNode(PastryApp):
 
     def join(self, bootstrap: int | None) -> list[Effect]:
         """Join the Pastry network through ``bootstrap``; once joined, the filter table is
-        copied from the numerically closest node (section 3.5, item 3)."""
+        filled row by row (section 3.5, item 3; see the module note)."""
         return self.pastry.join(bootstrap)
 
     def leave(self) -> list[Effect]:
@@ -434,11 +470,12 @@ class IrbrNode(PastryApp):
         """IRBR's messages, all read here. A range message sent straight here is for a range
         this node is in; a routed one is taken up by the first node of its range on the way
         (:meth:`_towards` passes it on until then)."""
+        me = self.node_id
         match msg:
-            case Publish() | Subscribe() | Unsubscribe() if not in_prefix(self.node_id, msg.prefix):
+            case Publish() | Subscribe() | Unsubscribe() | Newcomer() if not in_prefix(me, msg.prefix):
                 if route is None:
                     where = prefix_text(msg.prefix)
-                    raise ProtocolError(f"IrbrNode {self.node_id:x}: not in range {where!r}")
+                    raise ProtocolError(f"IrbrNode {me:x}: not in range {where!r}")
                 return self._towards(route, msg)
             case Publish():
                 return self._on_publish(msg)
@@ -446,16 +483,18 @@ class IrbrNode(PastryApp):
                 return self._on_subscribe(msg)
             case Unsubscribe():
                 return self._on_unsubscribe(msg)
+            case Newcomer():
+                return self._on_newcomer(msg)
             case TableRequest() if route is None:
-                return [Send(msg.addr, self.table.snapshot())]
+                return [Send(msg.addr, self.table.snapshot(msg.rows))]
             case TableReply() if route is None:
                 self.table.load(msg)
                 return []
             case _:
-                raise ProtocolError(f"IrbrNode {self.node_id:x}: {type(msg).__name__} is never routed")
+                raise ProtocolError(f"IrbrNode {me:x}: {type(msg).__name__} is never routed")
 
     def on_joined(self, now: float) -> list[Effect]:
-        return self._ask_table()
+        return self._ask_table() + self._announce()
 
     def on_app_send_failed(self, dst: int, msg: Any, now: float, route: Route | None) -> list[Effect]:
         """A routed message goes on from here as at any hop (taken up here if this node is in
@@ -464,7 +503,7 @@ class IrbrNode(PastryApp):
         if route is not None:
             return self.on_app_message(self.address, msg, now, route)
         match msg:
-            case Publish() | Subscribe() | Unsubscribe():
+            case Publish() | Subscribe() | Unsubscribe() | Newcomer():
                 return self.route(self.pastry.book.id_of[dst], msg)
             case TableRequest():
                 return self._ask_table()
@@ -502,6 +541,18 @@ class IrbrNode(PastryApp):
             out.extend(self._reexpose(removed))
         return out
 
+    def _on_newcomer(self, msg: Newcomer) -> list[Effect]:
+        """A node joined in a range of our row r: it fills the routing-table slot of that
+        range (empty so far), hears of the rest of its range from us, and gets the
+        subscriptions of ours that reach row r, as the ``Subscribe`` it would have got."""
+        self.pastry.learn(msg.node, msg.addr)
+        out = self._broadcast(msg.prefix[0], NDIGITS, partial(_newcomer_msg, msg))
+        row, there = shared_prefix_len(self.node_id, msg.node), prefix_of(self.node_id, msg.node)
+        for entry in self.table.local():
+            if self.rows_from[entry.sub] <= row:
+                out.append(Send(msg.addr, _subscribe_msg(entry, there)))
+        return out
+
     def _on_publish(self, msg: Publish) -> list[Effect]:
         event = msg.event
         out: list[Effect] = [Deliver(e.sub, event) for e in self.table.local() if compiled(e.filter)(event)]
@@ -521,14 +572,28 @@ class IrbrNode(PastryApp):
             return [Send(self.pastry.book.addr_of[entry], msg)]
         return self.route(key, msg)
 
+    def _deepest_row(self) -> int | None:
+        """The most digits we share with a node we know (None if we know none)."""
+        me = self.node_id
+        return max((shared_prefix_len(me, n) for n in self.state.known()), default=None)
+
     def _ask_table(self) -> list[Effect]:
-        """Ask the numerically closest leaf for its filter table."""
-        leaves = self.state.leaf_set()
-        if not leaves:
+        """Ask the numerically closest of the nodes sharing the most digits with us (K) for
+        the entries of its rows < K: they are those of our rows < K."""
+        rows = self._deepest_row()
+        if not rows:
             return []
         me = self.node_id
-        closest = min(leaves, key=lambda n: (circular_distance(n, me), n))
-        return [Send(self.pastry.book.addr_of[closest], TableRequest(self.address))]
+        peers = [n for n in self.state.known() if shared_prefix_len(me, n) == rows]
+        closest = min(peers, key=lambda n: (circular_distance(n, me), n))
+        return [Send(self.pastry.book.addr_of[closest], TableRequest(self.address, rows))]
+
+    def _announce(self) -> list[Effect]:
+        """A :class:`Newcomer` to every node of our deepest row's ranges."""
+        row = self._deepest_row()
+        if row is None:
+            return []
+        return self._broadcast(row, row + 1, partial(Newcomer, self.node_id, self.address))
 
     def _leaf_in(self, prefix: Prefix, key: int) -> int | None:
         """The leaf of range ``prefix`` numerically closest to ``key``, if any."""
@@ -576,3 +641,7 @@ def _subscribe_msg(entry: Entry | Subscribe, prefix: Prefix) -> Subscribe:
 
 def _unsubscribe_msg(msg: Unsubscribe, prefix: Prefix) -> Unsubscribe:
     return Unsubscribe(msg.node, msg.sub, msg.clock, prefix)
+
+
+def _newcomer_msg(msg: Newcomer, prefix: Prefix) -> Newcomer:
+    return Newcomer(msg.node, msg.addr, prefix)

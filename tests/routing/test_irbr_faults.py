@@ -130,7 +130,7 @@ def test_a_dead_child_is_replaced_by_another_node_of_its_range() -> None:
     assert world.sim.metrics.failure_notices >= 1
 
 
-def test_a_newcomer_copies_a_filter_table_and_takes_part() -> None:
+def test_a_newcomer_fills_its_filter_table_and_takes_part() -> None:
     world, rng = make_world(80, 8), random.Random(9)
     work = QuoteWorkload(4, 1.0)
     subs: dict[tuple[int, Hashable], Filter] = {}

@@ -49,9 +49,9 @@ How it works (the IRBR paper, "基于编码区间的路由协议", section 3):
   subscriber's tree, so x asks the numerically closest such z for the entries of its rows
   < K (``TableRequest``). Row K is new: nobody had x's place in the trees of the nodes
   sharing K digits with x. So x sends a :class:`Newcomer` down its row K to every such
-  node; each adds x to its Pastry state (x fills the empty slot of its row K, so later
-  subscriptions reach x), passes it on down its own sub-ranges, and sends x those of its
-  own subscriptions that reach row K, as the ``Subscribe`` x would have got. A copy of a
+  node; each adds x to its Pastry state (x fills an empty slot of its row K, so later
+  subscriptions reach x), passes the message on down its own sub-ranges, and sends x
+  those of its own subscriptions that reach row K, as the ``Subscribe`` x would have got. A copy of a
   whole table would not do: a leaf across a digit boundary of x's id lacks the entries
   covering cut short before its rows, and x would hold entries it never hears the removal
   of (relying on one for covering loses events once it is gone).
@@ -59,8 +59,8 @@ How it works (the IRBR paper, "基于编码区间的路由协议", section 3):
   leaves behind are repaired like failures.
 
 Not implemented: garbage collection of tombstones and of the entries of crashed subscribers
-(they only cost extra forwards); a subscription made while a node is joining (before the
-newcomer's table copy and its ``Newcomer`` have passed) may miss the newcomer.
+(they only cost extra forwards); a subscription made while a node is joining (before its
+table request is answered and its ``Newcomer`` has passed) may miss the newcomer.
 """
 
 from __future__ import annotations

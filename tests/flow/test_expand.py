@@ -16,7 +16,7 @@ from flowbus.filters import parse
 from flowbus.filters.expr import parse_expression
 from flowbus.flow import ExpandError, Graph, Rule, RuleSet, expand, expand_key
 from flowbus.flow.collapse import BoundRules
-from flowbus.flow.expand import Heuristic, analyse
+from flowbus.flow.expand import Heuristic, analyse, shorten
 from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
 
@@ -203,3 +203,48 @@ def test_astar_finds_the_length_bfs_finds() -> None:
         assert _replay(bound, ("K",), start, result.events) == goal
     assert sum(n for length, n in lengths.items() if length is not None and length >= 2) >= 50, lengths
     assert lengths[None] >= 20, lengths
+
+
+# ------------------------------------------------- with a backlog (issue 16, item 7)
+
+
+def _bfs_over(bound: BoundRules, start: tuple[Any, ...], goal: tuple[Any, ...], xs: Any, ys: Any) -> int:
+    """The shortest distance over every event with x from ``xs`` and y from ``ys`` (the goal is reachable)."""
+    events = [{"k": "K", "x": x, "y": y} for x in sorted(set(xs)) for y in sorted(set(ys))]
+    seen, queue = {start: 0}, deque([start])
+    while goal not in seen:
+        row = queue.popleft()
+        for ev in events:
+            nxt = bound.step(("K",), row, ev)
+            if nxt is not None and nxt not in seen:
+                seen[nxt] = seen[row] + 1
+                queue.append(nxt)
+    return seen[goal]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.integers(0, 2**32),
+    st.lists(st.tuples(st.integers(-3, 12), st.integers(-3, 12)), min_size=1, max_size=7),
+)
+def test_shorten_never_fails_never_exceeds_the_backlog_and_is_shortest(
+    seed: int, published: list[tuple[int, int]]
+) -> None:
+    rng = random.Random(seed)
+    bound = _bound(_random_rules(rng), ("a", "b", "c"))
+    start = tuple(rng.randint(0, 3) for _ in range(3))
+    backlog = [{"k": "K", "x": x, "y": y} for x, y in published]
+    goal = _replay(bound, ("K",), start, backlog)
+    result = shorten(bound, ("K",), start, goal, backlog)
+    assert _replay(bound, ("K",), start, result.events) == goal
+    assert len(result.events) <= len(backlog)
+    pool = [v for v in (*start, *goal, *bound.ruleset.constants()) if type(v) is int]
+    xs, ys = pool + [x for x, _ in published], pool + [y for _, y in published]
+    assert len(result.events) == _bfs_over(bound, start, goal, xs, ys), (bound.describe(), start, published)
+
+
+def test_shorten_falls_back_to_the_backlog_when_the_search_gives_up(max_cur: BoundRules) -> None:
+    backlog = [{"name": "IBM", "price": p} for p in (150.0, 200.0, 180.0, 120.0)]
+    goal = _replay(max_cur, IBM, (160.0, 140.0), backlog)
+    assert shorten(max_cur, IBM, (160.0, 140.0), goal, backlog, max_states=0).events == tuple(backlog)
+    assert [e["price"] for e in shorten(max_cur, IBM, (160.0, 140.0), goal, backlog).events] == [200.0, 120.0]

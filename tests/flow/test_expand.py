@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import random
@@ -21,6 +22,7 @@ from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
 
 IBM = ("IBM",)
+expand_module = importlib.import_module("flowbus.flow.expand")  # the package exports a function of that name
 
 
 @pytest.fixture
@@ -248,3 +250,19 @@ def test_shorten_falls_back_to_the_backlog_when_the_search_gives_up(max_cur: Bou
     goal = _replay(max_cur, IBM, (160.0, 140.0), backlog)
     assert shorten(max_cur, IBM, (160.0, 140.0), goal, backlog, max_states=0).events == tuple(backlog)
     assert [e["price"] for e in shorten(max_cur, IBM, (160.0, 140.0), goal, backlog).events] == [200.0, 120.0]
+
+
+def test_a_backlog_with_too_many_values_to_combine_lends_its_events_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    xy = (
+        Rule((("b", parse_expression("y")),), parse("a > 100 & x < 10")),
+        Rule((("a", parse_expression("x")),), parse("x < 200")),
+    )
+    bound = _bound(RuleSet("xy", (("k", parse_expression("k")),), xy), ("a", "b"))
+    backlog = [{"k": "K", "x": x, "y": y} for x, y in [(150, 0), (120, 0), (7, 7), (50, 0)]]
+    goal = _replay(bound, ("K",), (0, 0), backlog)
+    monkeypatch.setattr(expand_module, "MAX_CANDIDATES", 40)  # 6 x 6 usual, 8 x 6 with the backlog's values
+    result = shorten(bound, ("K",), (0, 0), goal, backlog)
+    assert len(result.events) == 3 and _replay(bound, ("K",), (0, 0), result.events) == goal
+    assert result.events[0] in backlog[:2]  # x = 150 or 120 only the backlog's events carry

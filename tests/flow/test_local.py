@@ -223,7 +223,10 @@ def test_a_reconnect_searches_with_the_values_published_while_away(published: li
         assert run.outputs["out"] == [{"a": "b", "v": 150}, *result.events]
         replay = LocalRun(graph).run(("src", dict(e)) for e in run.outputs["out"])
         assert replay.states == run.states == {"st": {("a",): replay.states["st"][("a",)], ("b",): (150, 0)}}
-        assert run.states["st"][("a",)] == LocalRun(graph).run(("src", {"a": "a", "v": v}) for v in published).states["st"][("a",)]
+        assert (
+            run.states["st"][("a",)]
+            == LocalRun(graph).run(("src", {"a": "a", "v": v}) for v in published).states["st"][("a",)]
+        )
 
 
 # ------------------- every expand a graph accepts can follow its collapse, connected or not (items 7, 8)
@@ -239,7 +242,9 @@ LIBRARY: dict[str, list[dict[str, Any]]] = {
     "guarded": [{"when": "w > 0", "set": {"p": "v", "q": "w"}}],
 }
 OPS = st.one_of(
-    st.tuples(st.sampled_from("ab"), st.sampled_from([-1, 0, 5, 7, 50, 120, 150, 250]), st.sampled_from([-1, 3])),
+    st.tuples(
+        st.sampled_from("ab"), st.sampled_from([-1, 0, 5, 7, 50, 120, 150, 250]), st.sampled_from([-1, 3])
+    ),
     st.sampled_from(["disconnect", "reconnect"]),
 )
 
@@ -255,7 +260,9 @@ def _pair(collapse: str, expand: str) -> Graph:
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.sampled_from(sorted(LIBRARY)), st.sampled_from(sorted(LIBRARY)), st.lists(OPS, max_size=25))
-def test_an_accepted_expand_always_reaches_its_collapses_rows(collapse: str, expand: str, ops: list[Any]) -> None:
+def test_an_accepted_expand_always_reaches_its_collapses_rows(
+    collapse: str, expand: str, ops: list[Any]
+) -> None:
     try:
         g = _pair(collapse, expand)
     except FlowError as exc:
@@ -263,7 +270,7 @@ def test_an_accepted_expand_always_reaches_its_collapses_rows(collapse: str, exp
         assert "expand arc 'E'" in str(exc) and "collapse arc 'C'" in str(exc)
         return
     run, away = LocalRun(g), None
-    for op in ops + ["reconnect"]:
+    for op in [*ops, "reconnect"]:
         if op == "disconnect" and away is None:
             run.disconnect("E")
             away = {"a": 0, "b": 0}

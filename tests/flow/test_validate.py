@@ -249,9 +249,8 @@ def test_an_expand_whose_first_rule_writes_any_row_is_accepted() -> None:
     free = {"key": {"name": "name"}, "rules": [{"set": {"maxP": "hi", "curP": "lo"}}]}
     _reach(free, {"name": "str", "hi": "float", "lo": "float"})
     _reach({"key": {"name": "name"}, "rules": [{"set": {"curP": "price"}}]})  # tracks curP only
-    _reach(  # later rules never fire: the first takes every event
-        {"key": "name", "rules": [{"set": {"curP": "price"}}, {"when": "price > 1", "set": {"maxP": "price"}}]}
-    )
+    later = {"when": "hi > 1", "set": {"curP": "hi"}}  # never fires: the first rule takes every event
+    _reach({**free, "rules": [*free["rules"], later]}, {"name": "str", "hi": "float", "lo": "float"})
 
 
 @pytest.mark.parametrize(
@@ -263,7 +262,10 @@ def test_an_expand_whose_first_rule_writes_any_row_is_accepted() -> None:
             "first rule has a `when`",
         ),
         (
-            {"key": "name", "rules": [{"set": {"maxP": "price", "curP": "price"}}, {"set": {"curP": "price"}}]},
+            {
+                "key": "name",
+                "rules": [{"set": {"maxP": "price", "curP": "price"}}, {"set": {"curP": "price"}}],
+            },
             None,
             "sets 'maxP' and 'curP' from one field, 'price'",
         ),
@@ -304,8 +306,8 @@ def test_the_collapses_own_rules_need_events_of_the_same_types() -> None:
 @pytest.mark.parametrize(
     ("select", "wanted"),
     [
-        ('vol = "x"', "`vol = \"x\"` compares the int field 'vol' with the str \"x\""),
-        ('!(vol = "x")', "`!(vol = \"x\")` compares the int field 'vol' with the str \"x\""),
+        ('vol = "x"', '`vol = "x"` compares the int field \'vol\' with the str "x"'),
+        ('!(vol = "x")', '`!(vol = "x")` compares the int field \'vol\' with the str "x"'),
         ('vol != "x"', "compares the int field 'vol' with the str \"x\""),
         ('vol in {1, "x"}', "compares the int field 'vol' with the str \"x\""),
         ("com > 3", "compares the str field 'com' with the int 3"),
@@ -314,8 +316,8 @@ def test_the_collapses_own_rules_need_events_of_the_same_types() -> None:
         ('price contains "1"', "contains needs a str field, 'price' is a float"),
         ("vol = 1.5", "'vol' is an int field, it never equals 1.5"),
         ("vol not in {1, 2.5}", "'vol' is an int field, it never equals 2.5"),
-        ('price * vol = "x"', "`price * vol = \"x\"` compares a float with a str"),
-        ('com prefix NYS(com) & vol > com', "`vol > com` compares an int with a str"),
+        ('price * vol = "x"', '`price * vol = "x"` compares a float with a str'),
+        ("com prefix NYS(com) & vol > com", "`vol > com` compares an int with a str"),
         ("vol prefix com", "`vol prefix com`: prefix needs strings, `vol` is an int"),
     ],
 )
@@ -348,5 +350,7 @@ def test_a_select_constant_of_the_fields_type_is_accepted(select: str) -> None:
 def test_a_boolean_field_takes_boolean_constants() -> None:
     b = FlowBuilder().source("a", {"ok": "bool", "n": "int"}).sink("z", {"ok": "bool", "n": "int"})
     b.select("S", "a", "z", "ok = true & n > 0").build()
-    with pytest.raises(FlowError, match="select arc 'T': .*compares the bool field 'ok' with the int 1"):
-        FlowBuilder().source("a", {"ok": "bool"}).sink("z", {"ok": "bool"}).select("T", "a", "z", "ok = 1").build()
+    with pytest.raises(FlowError, match=r"select arc 'T': .*compares the bool field 'ok' with the int 1"):
+        FlowBuilder().source("a", {"ok": "bool"}).sink("z", {"ok": "bool"}).select(
+            "T", "a", "z", "ok = 1"
+        ).build()

@@ -31,6 +31,20 @@ differs, the sequences concatenated in key order. For one key:
   (finite, for replacement rules) rows reachable with the candidate values, or
   no sequence fits ``max_cost``, or ``max_states`` rows were expanded,
   :class:`ExpandError` says so.
+* **With a backlog** (:func:`shorten`). After a disconnect the events actually
+  published (or what the subscriber would have been sent) take the start to the
+  goal, so an answer exists -- possibly only with values no row holds (rules
+  ``y <- v when x > 100 & v < 10; x <- v when v < 200``: ``[150, 7, 50]`` takes
+  ``<0, 0>`` to ``<50, 7>``, and no candidate is between 100 and 200). The
+  backlog bounds the search: one of its events alone, or one read off the goal;
+  else A* over the usual candidates for something shorter than the backlog;
+  then, unless that met the lower bound ``h(start)``, A* again with each read
+  field's values from the backlog's events as well (when that combines into
+  more than ``MAX_CANDIDATES`` events, the usual ones and the backlog's events
+  as they are), for something shorter still. Each search stops after
+  ``MAX_STEPS`` rule applications or ``max_states`` states. What is left is the
+  best found, else the backlog: never longer than the backlog, never an error,
+  and the shortest over those values whenever the searches complete.
 """
 
 from __future__ import annotations
@@ -393,19 +407,20 @@ def shorten(
     """The shortest sequence taking ``start`` to ``goal`` found with the help of ``backlog``, events that
     do (those actually published): never longer than the backlog, and never an error.
 
-    One of the backlog's events alone, or one read off the goal; else A* over the usual candidates, then
-    (unless that met the lower bound ``h``) over candidates with the backlog's values too, each looking
-    for something shorter than the best so far (at most :data:`MAX_STEPS` rule applications each); else
-    the backlog itself.
+    One of the backlog's events alone (the latest), or one read off the goal; else A* over the usual
+    candidates, then (unless that met the lower bound ``h``) over candidates with the backlog's values
+    too, each looking for something shorter than the best so far (at most :data:`MAX_STEPS` rule
+    applications each); else the backlog itself.
     """
     events = tuple(backlog)
     if start == goal or len(events) <= 1:
         return KeyExpansion(key, start, goal, () if start == goal else events, 0, 0)
     x = expander(bound)
-    for ev in (*reversed(events), *x.direct(key, goal)):  # one event: nothing is shorter
-        if bound.step(key, start, ev) == goal:
-            return KeyExpansion(key, start, goal, (ev,), 0, 0)
     h = Heuristic(bound, key, goal)
+    if h(start) <= 1:  # one event may do (h never overestimates): the latest of the backlog's that does
+        for ev in (*reversed(events), *x.direct(key, goal)):
+            if bound.step(key, start, ev) == goal:
+                return KeyExpansion(key, start, goal, (ev,), 0, 0)
     best, expanded, generated = events, 0, 0
     stages: tuple[Callable[[], Sequence[Mapping[str, Value]] | None], ...] = (
         lambda: x.candidates(key, start, goal),

@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -164,10 +165,17 @@ def _random_rules(rng: random.Random) -> RuleSet:
     return RuleSet("random", (("k", parse_expression("k")),), tuple(rules))
 
 
-def _bfs(bound: BoundRules, start: tuple[Any, ...], goal: tuple[Any, ...]) -> int | None:
-    """The shortest distance by breadth-first search over every event built from the pool."""
-    pool = sorted({v for v in (*start, *goal, *bound.ruleset.constants()) if type(v) is int})
-    events = [{"k": "K", "x": x, "y": y} for x in pool for y in pool]
+def _bfs(
+    bound: BoundRules,
+    start: tuple[Any, ...],
+    goal: tuple[Any, ...],
+    published: Sequence[tuple[int, int]] = (),
+) -> int | None:
+    """The shortest distance by breadth-first search over every event built from the pool (x and y also
+    from the ``published`` pairs' x and y)."""
+    pool = [v for v in (*start, *goal, *bound.ruleset.constants()) if type(v) is int]
+    xs, ys = sorted({*pool, *(x for x, _ in published)}), sorted({*pool, *(y for _, y in published)})
+    events = [{"k": "K", "x": x, "y": y} for x in xs for y in ys]
     seen, queue = {start: 0}, deque([start])
     while queue:
         row = queue.popleft()
@@ -210,20 +218,6 @@ def test_astar_finds_the_length_bfs_finds() -> None:
 # ------------------------------------------------- with a backlog (issue 16, item 7)
 
 
-def _bfs_over(bound: BoundRules, start: tuple[Any, ...], goal: tuple[Any, ...], xs: Any, ys: Any) -> int:
-    """The shortest distance over every event with x from ``xs`` and y from ``ys`` (the goal is reachable)."""
-    events = [{"k": "K", "x": x, "y": y} for x in sorted(set(xs)) for y in sorted(set(ys))]
-    seen, queue = {start: 0}, deque([start])
-    while goal not in seen:
-        row = queue.popleft()
-        for ev in events:
-            nxt = bound.step(("K",), row, ev)
-            if nxt is not None and nxt not in seen:
-                seen[nxt] = seen[row] + 1
-                queue.append(nxt)
-    return seen[goal]
-
-
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     st.integers(0, 2**32),
@@ -240,9 +234,7 @@ def test_shorten_never_fails_never_exceeds_the_backlog_and_is_shortest(
     result = shorten(bound, ("K",), start, goal, backlog)
     assert _replay(bound, ("K",), start, result.events) == goal
     assert len(result.events) <= len(backlog)
-    pool = [v for v in (*start, *goal, *bound.ruleset.constants()) if type(v) is int]
-    xs, ys = pool + [x for x, _ in published], pool + [y for _, y in published]
-    assert len(result.events) == _bfs_over(bound, start, goal, xs, ys), (bound.describe(), start, published)
+    assert len(result.events) == _bfs(bound, start, goal, published), (bound.describe(), start, published)
 
 
 def test_shorten_falls_back_to_the_backlog_when_the_search_gives_up(max_cur: BoundRules) -> None:

@@ -43,7 +43,16 @@ from flowbus.filters.ast import (
 )
 from flowbus.filters.text import expr_to_text, literal_to_text, value_to_text
 
-__all__ = ["ANY", "BUILTINS", "check_assign", "check_expr", "check_filter", "hint", "with_builtins"]
+__all__ = [
+    "ANY",
+    "BUILTINS",
+    "article",
+    "check_assign",
+    "check_expr",
+    "check_filter",
+    "hint",
+    "with_builtins",
+]
 
 ANY: frozenset[type] = frozenset({bool, int, float, str})
 NUMBERS: frozenset[type] = frozenset({int, float})
@@ -144,7 +153,7 @@ def check_filter(f: Filter, types: Mapping[str, type], functions: Functions, whe
 _CLASSES = {bool: "bool", int: "number", float: "number", str: "str"}
 
 
-def _a(kinds: frozenset[type]) -> str:
+def article(kinds: frozenset[type]) -> str:
     """``an int``, ``a str``, ``a number``, ``a str/int`` (for messages)."""
     text = "number" if kinds == NUMBERS else "/".join(sorted(TYPE_NAMES[t] for t in kinds))
     return f"an {text}" if text[0] in "aeiou" else f"a {text}"
@@ -156,7 +165,7 @@ def _check_constant(lit: Predicate, kind: type, where: str) -> None:
         return
     text = f"{where}: `{literal_to_text(lit)}`"
     if lit.op in STRING_OPS and kind is not str:
-        raise FlowError(f"{text}: {lit.op} needs a str field, {lit.attr!r} is {_a(frozenset({kind}))}")
+        raise FlowError(f"{text}: {lit.op} needs a str field, {lit.attr!r} is {article(frozenset({kind}))}")
     if lit.op in ORDERING_OPS and kind is bool:
         raise FlowError(f"{text}: {lit.op} orders numbers or strings, {lit.attr!r} is a bool field")
     values = lit.value if isinstance(lit.value, tuple) else (lit.value,)
@@ -178,11 +187,11 @@ def _check_comparable(lit: ExprPredicate, left: frozenset[type], right: frozense
     if lit.op in STRING_OPS:
         for e, kinds in sides:
             if str not in kinds:
-                raise FlowError(f"{text}: {lit.op} needs strings, `{expr_to_text(e)}` is {_a(kinds)}")
+                raise FlowError(f"{text}: {lit.op} needs strings, `{expr_to_text(e)}` is {article(kinds)}")
         return
     if lit.op in ORDERING_OPS:
         for e, kinds in sides:
             if kinds <= {bool}:
                 raise FlowError(f"{text}: {lit.op} orders numbers or strings, `{expr_to_text(e)}` is a bool")
     if not {_CLASSES[t] for t in left} & {_CLASSES[t] for t in right}:
-        raise FlowError(f"{text} compares {_a(left)} with {_a(right)}")
+        raise FlowError(f"{text} compares {article(left)} with {article(right)}")

@@ -41,7 +41,7 @@ from flowbus.filters.ast import Field, Filter
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import BoundRules
 from flowbus.flow.expand import expander
-from flowbus.flow.infer import TYPE_NAMES, check_assign, check_expr, check_filter, hint
+from flowbus.flow.infer import article, check_assign, check_expr, check_filter, hint
 from flowbus.model import Value
 
 if TYPE_CHECKING:
@@ -247,14 +247,9 @@ def _why_not_replay(g: Graph, collapse: Collapse, arc: Expand) -> str | None:
     for name, kind in made.fields.items():
         had = folded.type_of(name) if name in folded else None
         if had is not kind and not (had is int and kind is float):
-            was = f"{_a(had)} in the collapse's events" if had is not None else "not in the collapse's events"
-            return f"{name!r} is {was}, {_a(kind)} in the expand's"
+            was = "not in" if had is None else f"{article(frozenset({had}))} in"
+            return f"{name!r} is {was} the collapse's events, {article(frozenset({kind}))} in the expand's"
     return None
-
-
-def _a(kind: type | None) -> str:
-    name = TYPE_NAMES.get(kind, getattr(kind, "__name__", "?")) if kind is not None else "?"
-    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
 def _why_not_any_row(g: Graph, arc: Expand, bound: BoundRules) -> str | None:
@@ -280,7 +275,8 @@ def _why_not_any_row(g: Graph, arc: Expand, bound: BoundRules) -> str | None:
         used[field] = column
         kind, given = state.type_of(column), bound.event.type_of(field)
         if given is not kind:
-            return f"its first rule sets {column!r} ({_a(kind)}) from {field!r}, {_a(given)}"
+            kinds = article(frozenset({kind})), article(frozenset({given}))
+            return f"its first rule sets {column!r} ({kinds[0]}) from {field!r}, {kinds[1]}"
     return None
 
 

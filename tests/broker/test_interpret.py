@@ -482,3 +482,29 @@ def test_malformed_seen_states(state: Any, wanted: str) -> None:
 def test_every_error_is_a_flowbus_error() -> None:
     for exc in (FlowError, SchemaError):
         assert issubclass(exc, FlowbusError)
+
+
+# ------------------------------------------ the search tries the backlog's values (issue 16, item 7)
+
+XY = {
+    "key": "a",
+    "event": {"a": "str", "v": "int"},
+    "state": {"schema": {"x": "int", "y": "int"}},
+    "rules": [{"when": "x > 100 & v < 10", "set": {"y": "v"}}, {"when": "v < 200", "set": {"x": "v"}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("published", "length"),
+    [
+        ([150, 7, 50], 3),  # the issue's example: y takes 7 only while x > 100
+        ([150, 120, 7, 50, 60], 3),  # [150 or 120, 7, 60]: 150 and 120 are in no row, only in the backlog
+        ([150, 7, 150, 7, 50], 3),
+    ],
+)
+def test_catch_up_searches_with_the_backlogs_values(published: list[int], length: int) -> None:
+    i = Interpretations({"xy": XY}).get("xy")
+    backlog = [{"a": "a", "v": v} for v in published]
+    out = i.catch_up({}, backlog)
+    assert i.fold({}, out) == i.fold({}, backlog) == {("a",): (published[-1], 7)}
+    assert len(out) == length

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import random
 from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,11 +18,12 @@ from flowbus.filters import parse
 from flowbus.filters.expr import parse_expression
 from flowbus.flow import ExpandError, Graph, Rule, RuleSet, expand, expand_key
 from flowbus.flow.collapse import BoundRules
-from flowbus.flow.expand import Heuristic, analyse
+from flowbus.flow.expand import Heuristic, analyse, shorten
 from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
 
 IBM = ("IBM",)
+expand_module = importlib.import_module("flowbus.flow.expand")  # the package exports a function of that name
 
 
 @pytest.fixture
@@ -162,10 +165,17 @@ def _random_rules(rng: random.Random) -> RuleSet:
     return RuleSet("random", (("k", parse_expression("k")),), tuple(rules))
 
 
-def _bfs(bound: BoundRules, start: tuple[Any, ...], goal: tuple[Any, ...]) -> int | None:
-    """The shortest distance by breadth-first search over every event built from the pool."""
-    pool = sorted({v for v in (*start, *goal, *bound.ruleset.constants()) if type(v) is int})
-    events = [{"k": "K", "x": x, "y": y} for x in pool for y in pool]
+def _bfs(
+    bound: BoundRules,
+    start: tuple[Any, ...],
+    goal: tuple[Any, ...],
+    published: Sequence[tuple[int, int]] = (),
+) -> int | None:
+    """The shortest distance by breadth-first search over every event built from the pool (x and y also
+    from the ``published`` pairs' x and y)."""
+    pool = [v for v in (*start, *goal, *bound.ruleset.constants()) if type(v) is int]
+    xs, ys = sorted({*pool, *(x for x, _ in published)}), sorted({*pool, *(y for _, y in published)})
+    events = [{"k": "K", "x": x, "y": y} for x in xs for y in ys]
     seen, queue = {start: 0}, deque([start])
     while queue:
         row = queue.popleft()
@@ -203,3 +213,48 @@ def test_astar_finds_the_length_bfs_finds() -> None:
         assert _replay(bound, ("K",), start, result.events) == goal
     assert sum(n for length, n in lengths.items() if length is not None and length >= 2) >= 50, lengths
     assert lengths[None] >= 20, lengths
+
+
+# ------------------------------------------------- with a backlog (issue 16, item 7)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.integers(0, 2**32),
+    st.lists(st.tuples(st.integers(-3, 12), st.integers(-3, 12)), min_size=1, max_size=7),
+)
+def test_shorten_never_fails_never_exceeds_the_backlog_and_is_shortest(
+    seed: int, published: list[tuple[int, int]]
+) -> None:
+    rng = random.Random(seed)
+    bound = _bound(_random_rules(rng), ("a", "b", "c"))
+    start = tuple(rng.randint(0, 3) for _ in range(3))
+    backlog = [{"k": "K", "x": x, "y": y} for x, y in published]
+    goal = _replay(bound, ("K",), start, backlog)
+    result = shorten(bound, ("K",), start, goal, backlog)
+    assert _replay(bound, ("K",), start, result.events) == goal
+    assert len(result.events) <= len(backlog)
+    assert len(result.events) == _bfs(bound, start, goal, published), (bound.describe(), start, published)
+
+
+def test_shorten_falls_back_to_the_backlog_when_the_search_gives_up(max_cur: BoundRules) -> None:
+    backlog = [{"name": "IBM", "price": p} for p in (150.0, 200.0, 180.0, 120.0)]
+    goal = _replay(max_cur, IBM, (160.0, 140.0), backlog)
+    assert shorten(max_cur, IBM, (160.0, 140.0), goal, backlog, max_states=0).events == tuple(backlog)
+    assert [e["price"] for e in shorten(max_cur, IBM, (160.0, 140.0), goal, backlog).events] == [200.0, 120.0]
+
+
+def test_a_backlog_with_too_many_values_to_combine_lends_its_events_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    xy = (
+        Rule((("b", parse_expression("y")),), parse("a > 100 & x < 10")),
+        Rule((("a", parse_expression("x")),), parse("x < 200")),
+    )
+    bound = _bound(RuleSet("xy", (("k", parse_expression("k")),), xy), ("a", "b"))
+    backlog = [{"k": "K", "x": x, "y": y} for x, y in [(150, 0), (120, 0), (7, 7), (50, 0)]]
+    goal = _replay(bound, ("K",), (0, 0), backlog)
+    monkeypatch.setattr(expand_module, "MAX_CANDIDATES", 40)  # 6 x 6 usual, 8 x 6 with the backlog's values
+    result = shorten(bound, ("K",), (0, 0), goal, backlog)
+    assert len(result.events) == 3 and _replay(bound, ("K",), (0, 0), result.events) == goal
+    assert result.events[0] in backlog[:2]  # x = 150 or 120 only the backlog's events carry

@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flowbus.flow import FlowBuilder, FlowError, Graph, LocalRun, rewrite, write_outputs
 from flowbus.flow.generators import generate
+from flowbus.flow.validate import bind_rules
 
 N = 6_000
 
@@ -184,3 +187,105 @@ def test_routes_into_collapses_are_fused_with_the_same_results(second_key: str) 
     # the route into 'mid' goes straight into the folds (no arrival at 'mid')
     assert rewritten._fused("mid") is not None and original._fused("mid") is not None
     assert rewritten.graph.out_arcs("src")[0].target == "mid"
+
+
+# --------------------------------------- expand after a disconnect: the backlog's values (issue 16, item 7)
+
+XY_RULES = [{"when": "x > 100 & v < 10", "set": {"y": "v"}}, {"when": "v < 200", "set": {"x": "v"}}]
+
+
+def _xy() -> Graph:
+    """The issue's rules: y takes v only while x > 100, so 150 must come first -- a value no row holds."""
+    b = FlowBuilder().source("src", {"a": "str", "v": "int"}).sink("out", {"a": "str", "v": "int"})
+    b.state("st", {"a": "str", "x": "int", "y": "int"}, key="a", initial={"x": 0, "y": 0})
+    rules = b.rules("xy", key={"a": "a"}, rules=XY_RULES)
+    return b.collapse("C", "src", "st", rules).expand("E", "st", "out", rules).build()
+
+
+@pytest.mark.parametrize(
+    ("published", "length"),
+    [
+        ([150, 7, 50], 3),  # the issue's example: no shorter sequence, and no failure
+        ([150, 120, 7, 50, 60], 3),  # [150 or 120, 7, 60]: shorter than the backlog
+        ([150, 7, 150, 7, 50], 3),
+    ],
+)
+def test_a_reconnect_searches_with_the_values_published_while_away(published: list[int], length: int) -> None:
+    g = _xy()
+    for graph in (g, rewrite(g)):
+        run = LocalRun(graph)
+        run.publish("src", {"a": "b", "v": 150})  # another key, delivered while connected
+        run.disconnect("E")
+        for v in published:
+            run.publish("src", {"a": "a", "v": v})
+        result = run.reconnect("E")
+        assert len(result.events) == length <= len(published)
+        assert run.outputs["out"] == [{"a": "b", "v": 150}, *result.events]
+        replay = LocalRun(graph).run(("src", dict(e)) for e in run.outputs["out"])
+        assert replay.states == run.states == {"st": {("a",): replay.states["st"][("a",)], ("b",): (150, 0)}}
+        assert (
+            run.states["st"][("a",)]
+            == LocalRun(graph).run(("src", {"a": "a", "v": v}) for v in published).states["st"][("a",)]
+        )
+
+
+# ------------------- every expand a graph accepts can follow its collapse, connected or not (items 7, 8)
+
+LIBRARY: dict[str, list[dict[str, Any]]] = {
+    "max_cur": [{"when": "v > p", "set": {"p": "v", "q": "v"}}, {"set": {"q": "v"}}],
+    "both": [{"set": {"p": "v", "q": "v"}}],
+    "free": [{"set": {"p": "v", "q": "w"}}],
+    "xy": [{"when": "p > 100 & v < 10", "set": {"q": "v"}}, {"when": "v < 200", "set": {"p": "v"}}],
+    "count": [{"set": {"p": "p + 1"}}],
+    "sum": [{"when": "v >= 0", "set": {"p": "p + v"}}],
+    "last_p": [{"set": {"p": "v"}}],
+    "guarded": [{"when": "w > 0", "set": {"p": "v", "q": "w"}}],
+}
+OPS = st.one_of(
+    st.tuples(
+        st.sampled_from("ab"), st.sampled_from([-1, 0, 5, 7, 50, 120, 150, 250]), st.sampled_from([-1, 3])
+    ),
+    st.sampled_from(["disconnect", "reconnect"]),
+)
+
+
+def _pair(collapse: str, expand: str) -> Graph:
+    b = FlowBuilder().source("src", {"k": "str", "v": "int", "w": "int"})
+    b.state("st", {"k": "str", "p": "int", "q": "int"}, key="k", initial={"p": 0, "q": 0})
+    reads = {f for r in LIBRARY[expand] for f in ("v", "w") if f in f"{r.get('when', '')} {r['set']}"}
+    b.sink("out", {"k": "str", **{f: "int" for f in sorted(reads)}})
+    b.collapse("C", "src", "st", {"key": "k", "rules": LIBRARY[collapse]})
+    return b.expand("E", "st", "out", {"key": "k", "rules": LIBRARY[expand]}).build()
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.sampled_from(sorted(LIBRARY)), st.sampled_from(sorted(LIBRARY)), st.lists(OPS, max_size=25))
+def test_an_accepted_expand_always_reaches_its_collapses_rows(
+    collapse: str, expand: str, ops: list[Any]
+) -> None:
+    try:
+        g = _pair(collapse, expand)
+    except FlowError as exc:
+        assert collapse != expand, exc  # a collapse's own rule set is always accepted
+        assert "expand arc 'E'" in str(exc) and "collapse arc 'C'" in str(exc)
+        return
+    run, away = LocalRun(g), None
+    for op in [*ops, "reconnect"]:
+        if op == "disconnect" and away is None:
+            run.disconnect("E")
+            away = {"a": 0, "b": 0}
+        elif op == "reconnect" and away is not None:
+            sent = run.reconnect("E").events
+            for key, published in away.items():
+                assert len([e for e in sent if e["k"] == key]) <= published  # never longer than the backlog
+            away = None
+        elif isinstance(op, tuple):
+            run.publish("src", {"k": op[0], "v": op[1], "w": op[2]})
+            if away is not None:
+                away[op[0]] += 1
+    bound = bind_rules(g, g.arc("E"))
+    for row in run.state_rows("st"):
+        replayed = bound.initial
+        for ev in (e for e in run.outputs["out"] if e["k"] == row["k"]):
+            replayed = bound.step((row["k"],), replayed, ev) or replayed
+        assert replayed == tuple(row[c] for c in bound.components)

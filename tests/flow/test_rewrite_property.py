@@ -8,11 +8,25 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowbus.filters.ast import BinOp, Call, Conjunction, Const, Expr, Field, Filter
+from flowbus.filters.ast import (
+    COMPARISON_OPS,
+    SET_OPS,
+    STRING_OPS,
+    BinOp,
+    Call,
+    Conjunction,
+    Const,
+    Expr,
+    ExprPredicate,
+    Field,
+    Filter,
+    Op,
+    Predicate,
+)
 from flowbus.filters.substitute import substitute_expr
 from flowbus.flow import FlowBuilder, Graph, LocalRun, rewrite, tag
 from flowbus.flow.rewrite import entry_name
-from strategies import FUNCTIONS, expr_predicates, simple_predicates
+from strategies import FUNCTIONS
 
 NUMERIC = ("a", "b", "c")
 NUMBERS = (-2, -1, 0, 1, 2, 3, 0.5, 1.5, 1e16)
@@ -43,10 +57,27 @@ def schemas(draw: st.DrawFn) -> dict[str, str]:
 
 
 @st.composite
-def filters_over(draw: st.DrawFn, fields: list[str]) -> Filter:
+def literals_over(draw: st.DrawFn, fields: list[str]) -> Predicate | ExprPredicate:
+    """A literal comparing numbers with numbers or strings with strings (a flow refuses other selects)."""
     nums = [f for f in fields if f in NUMERIC]
-    simple = simple_predicates(attrs=fields, nums=NUMBERS, strs=TEXTS, negated=True)
-    lits = st.one_of(simple, expr_predicates(attrs=nums)) if nums else simple
+    if nums and draw(st.booleans()):  # two numeric expressions, neither a constant (canonical form)
+        op = draw(st.sampled_from(sorted(COMPARISON_OPS)))
+        left, right = (draw(numeric_exprs(fields).filter(lambda e: not isinstance(e, Const))) for _ in "lr")
+        return ExprPredicate(left, op, right, draw(st.booleans()))
+    attr = draw(st.sampled_from(fields))
+    values = TEXTS if attr == "s" else NUMBERS
+    op = draw(st.sampled_from([op for op in Op if attr == "s" or op not in STRING_OPS]))
+    value: Any = None
+    if op in SET_OPS:
+        value = tuple(draw(st.lists(st.sampled_from(values), max_size=3)))
+    elif op is not Op.EXISTS:
+        value = draw(st.sampled_from(values))
+    return Predicate(attr, op, value, draw(st.booleans()))
+
+
+@st.composite
+def filters_over(draw: st.DrawFn, fields: list[str]) -> Filter:
+    lits = literals_over(fields)
     conjs = draw(st.lists(st.lists(lits, max_size=2), min_size=1, max_size=2))
     return Filter(tuple(Conjunction(tuple(c)) for c in conjs))
 

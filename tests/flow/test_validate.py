@@ -222,3 +222,135 @@ def test_builder_and_yaml_give_the_same_graph() -> None:
     built, loaded = b.build(), graph_from_spec(BASE)
     assert built == loaded
     assert isinstance(built.arc("C"), Collapse)
+
+
+# ------------------------------------------- an expand must make what its collapse makes (issue 16, item 8)
+
+BOTH = {"key": {"name": "name"}, "rules": [{"set": {"maxP": "price", "curP": "price"}}]}
+
+
+def test_an_expand_that_cannot_make_what_its_collapse_makes_is_refused() -> None:
+    # the collapse makes <50, 50> after 100 then 50; max_cur's maximum never decreases
+    with pytest.raises(FlowError) as info:
+        graph_from_spec(spec(arcs__3__collapse=BOTH))
+    message = str(info.value)
+    assert "expand arc 'E'" in message and "collapse arc 'C'" in message
+    assert "first rule has a `when`" in message
+
+
+def _reach(expand: dict[str, Any], out: dict[str, str] | None = None) -> None:
+    """The base spec with the collapse BOTH and this expand into ``out``."""
+    data = spec(arcs__3__collapse=BOTH, arcs__4__expand=expand)
+    data["spaces"]["out"]["schema"] = out or {"name": "str", "price": "float"}
+    graph_from_spec(data)
+
+
+def test_an_expand_whose_first_rule_writes_any_row_is_accepted() -> None:
+    free = {"key": {"name": "name"}, "rules": [{"set": {"maxP": "hi", "curP": "lo"}}]}
+    _reach(free, {"name": "str", "hi": "float", "lo": "float"})
+    _reach({"key": {"name": "name"}, "rules": [{"set": {"curP": "price"}}]})  # tracks curP only
+    later = {"when": "hi > 1", "set": {"curP": "hi"}}  # never fires: the first rule takes every event
+    _reach({**free, "rules": [*free["rules"], later]}, {"name": "str", "hi": "float", "lo": "float"})
+
+
+@pytest.mark.parametrize(
+    ("expand", "out", "wanted"),
+    [
+        (
+            {"key": "name", "rules": [{"when": "price > 0", "set": {"maxP": "hi", "curP": "lo"}}]},
+            {"name": "str", "price": "float", "hi": "float", "lo": "float"},
+            "first rule has a `when`",
+        ),
+        (
+            {
+                "key": "name",
+                "rules": [{"set": {"maxP": "price", "curP": "price"}}, {"set": {"curP": "price"}}],
+            },
+            None,
+            "sets 'maxP' and 'curP' from one field, 'price'",
+        ),
+        (
+            {"key": "name", "rules": [{"set": {"maxP": "hi + 0", "curP": "lo"}}]},
+            {"name": "str", "hi": "float", "lo": "float"},
+            "sets 'maxP' to `hi + 0`, not to a field of the event",
+        ),
+        (
+            {"key": "name", "rules": [{"set": {"maxP": "hi", "curP": "lo"}}]},
+            {"name": "str", "hi": "int", "lo": "float"},
+            "sets 'maxP' (a float) from 'hi', an int",
+        ),
+        (
+            {"key": "name", "rules": [{"set": {"curP": "lo"}}, {"set": {"maxP": "hi"}}]},
+            {"name": "str", "hi": "float", "lo": "float"},
+            "first rule does not set 'maxP'",
+        ),
+    ],
+)
+def test_why_an_expand_is_refused(expand: dict[str, Any], out: dict[str, str] | None, wanted: str) -> None:
+    with pytest.raises(FlowError) as info:
+        _reach(expand, out)
+    message = str(info.value)
+    assert "expand arc 'E'" in message and "collapse arc 'C'" in message and wanted in message
+
+
+def test_the_collapses_own_rules_need_events_of_the_same_types() -> None:
+    graph_from_spec(BASE)  # the same rule set over the same fields
+    with pytest.raises(FlowError) as info:  # the collapse makes maxP = 1.5, no int price can
+        graph_from_spec(spec(spaces__out__schema={"name": "str", "price": "int"}))
+    assert "'price' is a float in the collapse's events, an int in the expand's" in str(info.value)
+
+
+# -------------------------------------- a select constant the field cannot hold (issue 16, item 9)
+
+
+@pytest.mark.parametrize(
+    ("select", "wanted"),
+    [
+        ('vol = "x"', '`vol = "x"` compares the int field \'vol\' with the str "x"'),
+        ('!(vol = "x")', '`!(vol = "x")` compares the int field \'vol\' with the str "x"'),
+        ('vol != "x"', "compares the int field 'vol' with the str \"x\""),
+        ('vol in {1, "x"}', "compares the int field 'vol' with the str \"x\""),
+        ("com > 3", "compares the str field 'com' with the int 3"),
+        ("com = true", "compares the str field 'com' with the bool true"),
+        ('vol prefix "x"', "prefix needs a str field, 'vol' is an int"),
+        ('price contains "1"', "contains needs a str field, 'price' is a float"),
+        ("vol = 1.5", "'vol' is an int field, it never equals 1.5"),
+        ("vol not in {1, 2.5}", "'vol' is an int field, it never equals 2.5"),
+        ('price * vol = "x"', '`price * vol = "x"` compares a float with a str'),
+        ("com prefix NYS(com) & vol > com", "`vol > com` compares an int with a str"),
+        ("vol prefix com", "`vol prefix com`: prefix needs strings, `vol` is an int"),
+    ],
+)
+def test_a_select_constant_the_field_cannot_have_is_refused(select: str, wanted: str) -> None:
+    with pytest.raises(FlowError) as info:
+        graph_from_spec(spec(arcs__1__select=select))
+    message = str(info.value)
+    assert message.startswith("select arc 'S': ") and wanted in message, message
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        "vol = 2.0",
+        "vol > 1.5",
+        "price = 3",
+        'com prefix "I"',
+        "exists vol",
+        "price * vol >= 1000000",
+        'NYS(com) = "IBM"',
+        'com in {"IBM", "HP"}',
+        "vol in {1, 2.0}",
+        "price < vol",
+    ],
+)
+def test_a_select_constant_of_the_fields_type_is_accepted(select: str) -> None:
+    graph_from_spec(spec(arcs__1__select=select))
+
+
+def test_a_boolean_field_takes_boolean_constants() -> None:
+    b = FlowBuilder().source("a", {"ok": "bool", "n": "int"}).sink("z", {"ok": "bool", "n": "int"})
+    b.select("S", "a", "z", "ok = true & n > 0").build()
+    with pytest.raises(FlowError, match=r"select arc 'T': .*compares the bool field 'ok' with the int 1"):
+        FlowBuilder().source("a", {"ok": "bool"}).sink("z", {"ok": "bool"}).select(
+            "T", "a", "z", "ok = 1"
+        ).build()

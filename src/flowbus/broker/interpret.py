@@ -8,7 +8,7 @@ comes back after a disconnect it does not need the backlog it missed, only an
 event sequence with the same effect on that state. :meth:`Interpretation.catch_up`
 gives the shortest one (the IFG's expand, section 4.2): fold the backlog into
 the state the subscriber had seen, and for every key whose row changed search, by
-the flow package's A* (:func:`flowbus.flow.expand.expand_key`), for the shortest
+the flow package's A* (:func:`flowbus.flow.expand.shorten`), for the shortest
 sequence taking the seen row to the new one.
 
 How it works:
@@ -45,15 +45,17 @@ How it works:
 * **Fold** is :meth:`flowbus.flow.collapse.BoundRules.collapse`, event by event.
 * **Catch up.** Rows of different keys are independent, so each key is handled on
   its own, keys in the order of their last change in the backlog. Events that
-  changed nothing are dropped. A key changed by one event keeps it, and so does
-  a key that one of its own events takes from the seen row to the new one
-  (nothing is shorter). Otherwise A* looks for a sequence *shorter than the key's
-  own events* (its ``max_cost``), within ``max_states`` states; when there is
-  none, or the search gives up, the key's own events are the answer. So the
-  result is never longer than the backlog, and it is the shortest sequence
-  whenever the search completes (over the candidate values of section 4.2: the
-  rows' values, the key and the rules' constants). Event fields no rule reads do not change the state;
-  in a found sequence they are copied from the key's last backlog event.
+  changed nothing are dropped. The key's own events are a sequence that works,
+  and :func:`flowbus.flow.expand.shorten` looks for a shorter one: one of them
+  alone, then A* over the candidate values of section 4.2 (the rows' values, the
+  key and the rules' constants), then over those and the values the key's events
+  carried (``150`` in ``[150, 7, 50]`` is in no row, yet the sequence needs it),
+  each within ``max_states`` states; when there is none, or the search gives up,
+  the key's own events are the answer. So the result is never longer than the
+  backlog, and it is the shortest over those values whenever the search
+  completes. Event fields no rule reads do not change the state: an event of
+  the backlog is sent as it was published, a found one copies them from the
+  key's last backlog event.
 
 Errors: a bad rule set or one that does not fit the event schema, an unknown rule
 set name, or a malformed state raise :class:`~flowbus.errors.FlowError`; an
@@ -71,11 +73,11 @@ from typing import Any, NoReturn
 
 import yaml
 
-from flowbus.errors import ExpandError, FlowbusError, FlowError, SchemaError
+from flowbus.errors import FlowbusError, FlowError, SchemaError
 from flowbus.filters.ast import Expr, Field, Functions
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import BoundRules, Key, Row, RuleSet
-from flowbus.flow.expand import expand_key, rows_from_json
+from flowbus.flow.expand import rows_from_json, shorten
 from flowbus.flow.infer import NUMBERS, check_expr, hint, with_builtins
 from flowbus.flow.spec import FlowBuilder
 from flowbus.model import Schema, Value, type_name
@@ -169,20 +171,12 @@ class Interpretation:
     def _shortest(
         self, key: Key, old: Row, new: Row, events: list[dict[str, Value]]
     ) -> list[dict[str, Value]]:
-        """The shortest sequence for one key: found by A*, else ``events`` (they take ``old`` to ``new``)."""
-        if len(events) <= 1:
-            return events  # the rows differ: one event is the fewest
-        for ev in reversed(events):  # one of the key's own events may do it alone (its values need not
-            if self.bound.step(key, old, ev) == new:  # be among the search's candidates)
-                return [ev]
-        try:
-            found = expand_key(
-                self.bound, key, old, new, max_cost=len(events) - 1, max_states=self.max_states
-            )
-        except ExpandError:
-            return events
-        last = events[-1]
-        return [{**last, **{f: ev[f] for f in self._read}} for ev in found.events]
+        """The shortest sequence for one key that the search finds with the help of ``events`` (they take
+        ``old`` to ``new``), never longer than them; a found event that is not one of them takes the fields
+        no rule reads from the last of them."""
+        found = shorten(self.bound, key, old, new, events, max_states=self.max_states).events
+        last, own = events[-1], {id(ev): ev for ev in events}
+        return [own[id(ev)] if id(ev) in own else {**last, **{f: ev[f] for f in self._read}} for ev in found]
 
     # ------------------------------------------------------------- rows
 

@@ -31,6 +31,20 @@ differs, the sequences concatenated in key order. For one key:
   (finite, for replacement rules) rows reachable with the candidate values, or
   no sequence fits ``max_cost``, or ``max_states`` rows were expanded,
   :class:`ExpandError` says so.
+* **With a backlog** (:func:`shorten`). After a disconnect the events actually
+  published (or what the subscriber would have been sent) take the start to the
+  goal, so an answer exists -- possibly only with values no row holds (rules
+  ``y <- v when x > 100 & v < 10; x <- v when v < 200``: ``[150, 7, 50]`` takes
+  ``<0, 0>`` to ``<50, 7>``, and no candidate is between 100 and 200). The
+  backlog bounds the search: one of its events alone, or one read off the goal;
+  else A* over the usual candidates for something shorter than the backlog;
+  then, unless that met the lower bound ``h(start)``, A* again with each read
+  field's values from the backlog's events as well (when that combines into
+  more than ``MAX_CANDIDATES`` events, the usual ones and the backlog's events
+  as they are), for something shorter still. Each search stops after
+  ``MAX_STEPS`` rule applications or ``max_states`` states. What is left is the
+  best found, else the backlog: never longer than the backlog, never an error,
+  and the shortest over those values whenever the searches complete.
 """
 
 from __future__ import annotations
@@ -40,7 +54,7 @@ import itertools
 import math
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +71,13 @@ __all__ = [
     "expand",
     "expand_key",
     "rows_from_json",
+    "shorten",
 ]
 
 MAX_STATES = 200_000
 MAX_CANDIDATES = 50_000
+MAX_STEPS = 1_000_000
+"""The most rule applications (states expanded x candidate events) one search of :func:`shorten` makes."""
 
 
 # ------------------------------------------------------------------ analysis
@@ -209,21 +226,53 @@ class Expander:
         self._cover[mask] = best
         return best
 
-    def candidates(self, key: Key, start: Row, goal: Row) -> list[dict[str, Value]]:
-        """The events tried for ``key``: the key's fields fixed, the others from the value pool."""
+    def _values(
+        self, key: Key, start: Row, goal: Row, backlog: Sequence[Mapping[str, Value]] = ()
+    ) -> list[tuple[str, list[Value]]]:
+        """Each event field's candidate values: the key's own, or the pool's (and the backlog's values of
+        that field) for a field the rules read, one value for a field they do not."""
         pool = [*start, *goal, *key, *self.constants]
         fields: list[tuple[str, list[Value]]] = []
         for name, kind in self.bound.event.fields.items():
             if name in self.keyed:
                 fields.append((name, [_as(kind, key[self.keyed[name]])]))
-                continue
-            values = _typed(pool, kind)
-            fields.append((name, values if name in self.read else (values[:1] or [TYPES_ZERO[kind]])))
+            elif name in self.read:
+                fields.append((name, _typed([*pool, *(ev[name] for ev in backlog if name in ev)], kind)))
+            else:
+                fields.append((name, _typed(pool, kind)[:1] or [TYPES_ZERO[kind]]))
+        return fields
+
+    def _events(self, fields: list[tuple[str, list[Value]]]) -> list[dict[str, Value]]:
         size = math.prod(len(v) for _, v in fields)
         if size > MAX_CANDIDATES:
             raise ExpandError(f"{self.bound.where}: {size} candidate events per state: too many to search")
         names = [n for n, _ in fields]
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(v for _, v in fields))]
+
+    def candidates(self, key: Key, start: Row, goal: Row) -> list[dict[str, Value]]:
+        """The events tried for ``key``: the key's fields fixed, the others from the value pool."""
+        return self._events(self._values(key, start, goal))
+
+    def backlog_candidates(
+        self, key: Key, start: Row, goal: Row, backlog: Sequence[Mapping[str, Value]]
+    ) -> Sequence[Mapping[str, Value]] | None:
+        """The candidates with the backlog's values too (each field's values from the backlog's events);
+        when that makes too many, the usual candidates and the backlog's events as they are. None when
+        the backlog brings no new value, or even that is too many."""
+        usual = self._values(key, start, goal)
+        fields = self._values(key, start, goal, backlog)
+        if fields == usual:
+            return None
+        try:
+            return self._events(fields)
+        except ExpandError:
+            pass
+        distinct = {tuple(value_key(v) for v in ev.values()): ev for ev in backlog}
+        try:
+            events = [*self._events(usual), *distinct.values()]
+        except ExpandError:
+            return None
+        return events if len(events) <= MAX_CANDIDATES else None
 
 
 _EXPANDERS: weakref.WeakKeyDictionary[BoundRules, Expander] = weakref.WeakKeyDictionary()
@@ -279,7 +328,7 @@ class KeyExpansion:
     key: Key
     start: Row
     goal: Row
-    events: tuple[dict[str, Value], ...]
+    events: tuple[Mapping[str, Value], ...]
     states_expanded: int
     states_generated: int
 
@@ -288,7 +337,7 @@ class KeyExpansion:
 class Expansion:
     """The merged sequence for all keys, and what the search cost."""
 
-    events: tuple[dict[str, Value], ...]
+    events: tuple[Mapping[str, Value], ...]
     keys: tuple[KeyExpansion, ...]
     form: Form
     seconds: float
@@ -334,7 +383,74 @@ def expand_key(
     for ev in events:  # one step: nothing is shorter
         if bound.step(key, start, ev) == goal:
             return KeyExpansion(key, start, goal, (ev,), 1, len(events))
-    return _astar(bound, key, start, goal, events, h, max_cost, max_states, what)
+    found = _astar(bound, key, start, goal, events, h, max_cost, max_states)
+    if found.events is not None:
+        return KeyExpansion(key, start, goal, found.events, found.expanded, found.generated)
+    if found.gave_up:
+        raise ExpandError(f"{what}: search gave up after {max_states} states")
+    bound_text = f" in at most {max_cost} events" if max_cost is not None else ""
+    raise ExpandError(
+        f"{what}{bound_text} (events tried: values from the start, the goal, the key and the rules' "
+        "constants)"
+    )
+
+
+def shorten(
+    bound: BoundRules,
+    key: Key,
+    start: Row,
+    goal: Row,
+    backlog: Sequence[Mapping[str, Value]],
+    *,
+    max_states: int = MAX_STATES,
+) -> KeyExpansion:
+    """The shortest sequence taking ``start`` to ``goal`` found with the help of ``backlog``, events that
+    do (those actually published): never longer than the backlog, and never an error.
+
+    One of the backlog's events alone (the latest), or one read off the goal; else A* over the usual
+    candidates, then (unless that met the lower bound ``h``) over candidates with the backlog's values
+    too, each looking for something shorter than the best so far (at most :data:`MAX_STEPS` rule
+    applications each); else the backlog itself.
+    """
+    events = tuple(backlog)
+    if start == goal or len(events) <= 1:
+        return KeyExpansion(key, start, goal, () if start == goal else events, 0, 0)
+    x = expander(bound)
+    h = Heuristic(bound, key, goal)
+    if h(start) <= 1:  # one event may do (h never overestimates): the latest of the backlog's that does
+        for ev in (*reversed(events), *x.direct(key, goal)):
+            if bound.step(key, start, ev) == goal:
+                return KeyExpansion(key, start, goal, (ev,), 0, 0)
+    best, expanded, generated = events, 0, 0
+    stages: tuple[Callable[[], Sequence[Mapping[str, Value]] | None], ...] = (
+        lambda: x.candidates(key, start, goal),
+        lambda: x.backlog_candidates(key, start, goal, events),
+    )
+    for stage in stages:
+        if len(best) <= h(start):
+            break  # as short as the lower bound: nothing is shorter
+        try:
+            candidates = stage()
+        except ExpandError:
+            continue  # too many candidate events
+        if not candidates:
+            continue
+        limit = min(max_states, MAX_STEPS // len(candidates))
+        found = _astar(bound, key, start, goal, candidates, h, len(best) - 1, limit)
+        expanded, generated = expanded + found.expanded, generated + found.generated
+        if found.events is not None:
+            best = found.events
+    return KeyExpansion(key, start, goal, best, expanded, generated)
+
+
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """What one A* run found (``events`` None: nothing within its bounds) and what it cost."""
+
+    events: tuple[Mapping[str, Value], ...] | None
+    expanded: int
+    generated: int
+    gave_up: bool  # stopped after max_states states
 
 
 def _astar(
@@ -342,17 +458,16 @@ def _astar(
     key: Key,
     start: Row,
     goal: Row,
-    events: list[dict[str, Value]],
+    events: Sequence[Mapping[str, Value]],
     h: Heuristic,
     max_cost: int | None,
     max_states: int,
-    what: str,
-) -> KeyExpansion:
+) -> _Search:
     h0 = h(start)
     tie = itertools.count()
     heap: list[tuple[float, float, int, Row]] = [(h0, h0, next(tie), start)]
     best: dict[Row, int] = {start: 0}
-    parent: dict[Row, tuple[Row, dict[str, Value]]] = {}
+    parent: dict[Row, tuple[Row, Mapping[str, Value]]] = {}
     expanded = generated = 0
     while heap:
         f, hv, _, row = heapq.heappop(heap)
@@ -360,10 +475,10 @@ def _astar(
         if cost > best[row]:
             continue  # a stale entry
         if row == goal:
-            return KeyExpansion(key, start, goal, _path(parent, start, goal), expanded, generated)
+            return _Search(_path(parent, start, goal), expanded, generated, False)
         expanded += 1
         if expanded > max_states:
-            raise ExpandError(f"{what}: search gave up after {max_states} states")
+            return _Search(None, expanded - 1, generated, True)
         for ev in events:
             nxt = bound.step(key, row, ev)
             if nxt is None or nxt == row or cost + 1 >= best.get(nxt, math.inf):
@@ -375,17 +490,13 @@ def _astar(
             best[nxt] = cost + 1
             parent[nxt] = (row, ev)
             heapq.heappush(heap, (cost + 1 + hn, hn, next(tie), nxt))
-    bound_text = f" in at most {max_cost} events" if max_cost is not None else ""
-    raise ExpandError(
-        f"{what}{bound_text} (events tried: values from the start, the goal, the key and the rules' "
-        "constants)"
-    )
+    return _Search(None, expanded, generated, False)
 
 
 def _path(
-    parent: Mapping[Row, tuple[Row, dict[str, Value]]], start: Row, goal: Row
-) -> tuple[dict[str, Value], ...]:
-    out: list[dict[str, Value]] = []
+    parent: Mapping[Row, tuple[Row, Mapping[str, Value]]], start: Row, goal: Row
+) -> tuple[Mapping[str, Value], ...]:
+    out: list[Mapping[str, Value]] = []
     row = goal
     while row != start:
         row, ev = parent[row]

@@ -21,10 +21,14 @@ fan-in merges: each arc simply forwards what it produces.
 * A collapse folds the event into its state (:mod:`flowbus.flow.collapse`). On
   each change of a row, every expand arc out of the state sends its subscriber
   the shortest sequence from the row it last delivered to the new one
-  (:mod:`flowbus.flow.expand`) -- first trying the event that caused the
-  change, which is the one-event answer whenever the expand's rules are the
-  collapse's. A disconnected expand delivers nothing; on reconnect it sends,
-  per changed key, the shortest sequence to the current row.
+  (:mod:`flowbus.flow.expand`) -- the event that caused the change when the
+  expand replays its collapse (the same rules over the same fields), else the
+  one event its first rule makes (validation accepts no other expand). A
+  disconnected expand delivers nothing but keeps, per key, what it would have
+  delivered -- its backlog, an equivalent sequence by construction. On
+  reconnect it sends, per changed key, the shortest sequence to the current row
+  that :func:`~flowbus.flow.expand.shorten` finds with the help of that backlog:
+  never longer than the backlog, and never an error.
 
 Outputs are per subscription point, named as the rewrite names them (a
 ``subscribe`` space that has stateless out-arcs is ``NAME.sub``), so the outputs
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +48,10 @@ from flowbus.errors import FlowbusError, FlowError
 from flowbus.filters.ast import Field, Undefined
 from flowbus.filters.compile import ALWAYS, Compiler, expressions_of, shared_subexpressions
 from flowbus.flow.collapse import BoundRules, Key, Row
-from flowbus.flow.expand import Expansion, KeyExpansion, analyse, expand_key
+from flowbus.flow.expand import Expansion, KeyExpansion, analyse, expand_key, shorten
 from flowbus.flow.graph import Collapse, EventSpace, Expand, Graph, Route, Select, StateSpace, Transform
 from flowbus.flow.rewrite import exit_name, route_shared
-from flowbus.flow.validate import bind_rules
+from flowbus.flow.validate import bind_rules, replays_collapse
 
 __all__ = ["Deliverer", "LocalRun", "run_graph", "write_outputs"]
 
@@ -59,10 +63,10 @@ class Deliverer:
     """What one expand arc sends its subscriber when a row of its state changes (any engine).
 
     :meth:`events` takes the row the subscriber last had, the row before and
-    after the change, and the event that caused it: when the expand's rules are
-    the collapse's, the cause itself is the one-event answer if the subscriber
-    had the row from before it (else it is checked to still be one); otherwise
-    the A* search finds the shortest sequence.
+    after the change, and the event that caused it: when the expand replays its
+    collapse, the cause itself is the one-event answer if the subscriber had the
+    row from before it (else it is checked to still be one); otherwise the A*
+    search finds the shortest sequence. :meth:`catch_up` shortens a backlog.
     """
 
     def __init__(self, graph: Graph, arc: Expand, collapse: Collapse) -> None:
@@ -72,7 +76,7 @@ class Deliverer:
         self.index = [state.components.index(c) for c in self.bound.components]
         self.whole = self.index == list(range(len(state.components)))
         self.fields = tuple(self.bound.event)
-        self.shortcut = arc.rules == collapse.rules
+        self.shortcut = replays_collapse(graph, collapse, arc)
         self.searches = 0
         self.states_expanded = 0
 
@@ -95,13 +99,22 @@ class Deliverer:
             result = expand_key(self.bound, key, start, goal)
         except FlowbusError as exc:
             raise FlowError(f"while running: {exc}") from None
+        return self._count(result)
+
+    def catch_up(self, key: Key, start: Row, goal: Row, backlog: Sequence[Event]) -> KeyExpansion:
+        """The shortest sequence :func:`shorten` finds from ``start`` to ``goal``, given ``backlog`` (what
+        :meth:`events` gave for each change since ``start``): never longer than it, never an error."""
+        return self._count(shorten(self.bound, key, start, goal, backlog))
+
+    def _count(self, result: KeyExpansion) -> KeyExpansion:
         self.searches += 1
         self.states_expanded += result.states_expanded
         return result
 
 
 class _Subscriber:
-    """The consumer end of one expand arc: the rows it last delivered, per key."""
+    """The consumer end of one expand arc: the rows it last delivered, per key; while it is away, per key,
+    the row its backlog reaches and the backlog (what it would have been sent)."""
 
     def __init__(self, run: LocalRun, arc: Expand, collapse: Collapse) -> None:
         self.run = run
@@ -110,10 +123,15 @@ class _Subscriber:
         self.bound = self.deliverer.bound
         self.table = run.states[arc.source]
         self.last: dict[Key, Row] = {}
+        self.reached: dict[Key, Row] = {}
+        self.backlog: dict[Key, list[Event]] = {}
         self.connected = True
 
     def changed(self, key: Key, old: Row, row: Row, cause: Event) -> None:
         if not self.connected:
+            had = self.reached.get(key, self.last.get(key, self.bound.initial))
+            self.reached[key], events = self.deliverer.events(key, had, old, row, cause)
+            self.backlog.setdefault(key, []).extend(events)
             return
         new, events = self.deliverer.events(key, self.last.get(key, self.bound.initial), old, row, cause)
         if not events:
@@ -127,11 +145,14 @@ class _Subscriber:
         self.connected = True
         results = []
         for key, row in list(self.table.items()):
+            backlog = self.backlog.get(key)
             new = self.deliverer.project(row)
             last = self.last.get(key, self.bound.initial)
-            if new != last:
-                results.append(self.deliverer.search(key, last, new))
+            if backlog is not None and new != last:
+                results.append(self.deliverer.catch_up(key, last, new, backlog))
                 self.last[key] = new
+        self.reached.clear()
+        self.backlog.clear()
         elapsed = time.perf_counter() - t0
         events = tuple(ev for r in results for ev in r.events)
         for ev in events:

@@ -15,7 +15,21 @@ space. It checks, in order:
 5. collapse and expand rule sets fit their event schema and state (the key, the
    components they set, every name they read, every function they call); an
    expand must be able to build whole events: its key expressions are plain
-   fields and every other event field is read by some rule.
+   fields and every other event field is read by some rule;
+6. an expand can make every row its state's collapse makes (000 document,
+   section 2: "we restrict the language to avoid the case in which there is no
+   possible event sequence"). Reachability of rows under arbitrary rules is not
+   decidable in general, so two forms are accepted, each with its proof:
+
+   * **replay**: the expand has the collapse's rule set, and each field of its
+     events is a field of the collapse's events of the same type (an int may
+     feed a float): the events the collapse folded are themselves an expansion;
+   * **any row in one event**: the expand's first rule has no ``when`` (so every
+     event fires it; later rules never fire) and sets every component the arc
+     tracks from an event field of its own, not the key, of the component's
+     type: one event takes any row to any row.
+
+   Anything else is refused, naming the expand and the collapse and why.
 """
 
 from __future__ import annotations
@@ -23,15 +37,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from flowbus.errors import FlowError
-from flowbus.filters.ast import Field
+from flowbus.filters.ast import Field, Filter
+from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import BoundRules
-from flowbus.flow.infer import check_assign, check_expr, check_filter, hint
+from flowbus.flow.expand import expander
+from flowbus.flow.infer import article, check_assign, check_expr, check_filter, hint
 from flowbus.model import Value
 
 if TYPE_CHECKING:
-    from flowbus.flow.graph import Arc, Graph, Outputs, Space, StateSpace
+    from flowbus.flow.graph import Arc, Collapse, Expand, Graph, Outputs, Space, StateSpace
 
-__all__ = ["bind_rules", "validate_graph"]
+__all__ = ["bind_rules", "replays_collapse", "validate_graph"]
 
 
 def validate_graph(g: Graph) -> None:
@@ -113,8 +129,11 @@ def _check_arc(g: Graph, arc: Arc) -> None:
 
     where = _describe(arc)
     functions = g.all_functions
-    if isinstance(arc, (Collapse, Expand)):
+    if isinstance(arc, Collapse):
         bind_rules(g, arc)
+        return
+    if isinstance(arc, Expand):
+        _check_reach(g, arc, bind_rules(g, arc))
         return
     source, target = g.event_space(arc.source), g.event_space(arc.target)
     types = dict(source.schema.fields)
@@ -206,3 +225,73 @@ def _check_expandable(bound: BoundRules, where: str) -> None:
             raise FlowError(
                 f"{where}: event field {name!r} is read by no rule, so expand cannot choose its value"
             )
+
+
+def _collapse_of(g: Graph, arc: Expand) -> Collapse:
+    from flowbus.flow.graph import Collapse
+
+    collapse = g.in_arcs(arc.source)[0]
+    assert isinstance(collapse, Collapse)  # checked with the degrees
+    return collapse
+
+
+def replays_collapse(g: Graph, collapse: Collapse, arc: Expand) -> bool:
+    """Are the events ``collapse`` folds, as they are, events of expand ``arc`` with the same effect?"""
+    return _why_not_replay(g, collapse, arc) is None
+
+
+def _why_not_replay(g: Graph, collapse: Collapse, arc: Expand) -> str | None:
+    if (arc.rules.key, arc.rules.rules) != (collapse.rules.key, collapse.rules.rules):  # names aside
+        return "its rules are not the collapse's"
+    folded, made = g.event_space(collapse.source).schema, g.event_space(arc.target).schema
+    for name, kind in made.fields.items():
+        had = folded.type_of(name) if name in folded else None
+        if had is not kind and not (had is int and kind is float):
+            was = "not in" if had is None else f"{article(frozenset({had}))} in"
+            return f"{name!r} is {was} the collapse's events, {article(frozenset({kind}))} in the expand's"
+    return None
+
+
+def _why_not_any_row(g: Graph, arc: Expand, bound: BoundRules) -> str | None:
+    """Why the first rule of ``bound`` cannot take any row to any row in one event (None: it can)."""
+    rule = bound.ruleset.rules[0]
+    if rule.when != Filter.true():
+        return "its first rule has a `when`"
+    state = g.state_space(arc.source).schema
+    sets = dict(rule.sets)
+    x = expander(bound)
+    used: dict[str, str] = {}
+    for column in bound.components:
+        if column not in sets:
+            return f"its first rule does not set {column!r}"
+        e = sets[column]
+        field = x.event_field(e)
+        if field is None:
+            return f"its first rule sets {column!r} to `{expr_to_text(e)}`, not to a field of the event"
+        if field in x.keyed:
+            return f"its first rule sets {column!r} from {field!r}, the key"
+        if field in used:
+            return f"its first rule sets {used[field]!r} and {column!r} from one field, {field!r}"
+        used[field] = column
+        kind, given = state.type_of(column), bound.event.type_of(field)
+        if given is not kind:
+            kinds = article(frozenset({kind})), article(frozenset({given}))
+            return f"its first rule sets {column!r} ({kinds[0]}) from {field!r}, {kinds[1]}"
+    return None
+
+
+def _check_reach(g: Graph, arc: Expand, bound: BoundRules) -> None:
+    """The expand can make every row its collapse makes (see the module notes, 6), else FlowError."""
+    collapse = _collapse_of(g, arc)
+    replay = _why_not_replay(g, collapse, arc)
+    if replay is None:
+        return
+    any_row = _why_not_any_row(g, arc, bound)
+    if any_row is None:
+        return
+    raise FlowError(
+        f"{_describe(arc)} cannot be shown to make every row {_describe(collapse)} makes in state "
+        f"{arc.source!r}: {replay}, and {any_row}. An expand is accepted when it has the collapse's rule "
+        "set over events of the same field types, or when its first rule has no `when` and sets every "
+        "component it tracks from an event field of its own (not the key) of the component's type"
+    )

@@ -72,10 +72,10 @@ from flowbus.flow.aggregates import Aggregate, Aggregates, as_aggregates
 from flowbus.flow.collapse import Key
 from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.eventlog import InputLog, arrow_schema, read_source_dir
-from flowbus.flow.graph import Collapse, Graph, Route
+from flowbus.flow.graph import Collapse, Expand, Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
-from flowbus.flow.validate import bind_rules
+from flowbus.flow.validate import bind_rules, replays_collapse
 from flowbus.matching import Matcher
 from flowbus.model import Schema
 from flowbus.spark.bulk import Shipped, executor_matcher, ship
@@ -221,7 +221,7 @@ class SparkFlow:
             for arc in self.graph.arcs:
                 if isinstance(arc, Collapse):
                     found = as_aggregates(bind_rules(self.graph, arc))
-                    if found is not None:
+                    if found is not None and _expands_need_no_backlog(self.graph, arc, found):
                         self.aggregates[arc.name] = found
         self.plan: FlowPlan = plan(self.graph, aggregate=lambda arc: arc.name in self.aggregates)
         self.out = Path(out).resolve()  # a cluster or Connect server reads and writes these paths too
@@ -767,6 +767,21 @@ class SparkFlow:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _expands_need_no_backlog(graph: Graph, collapse: Collapse, aggregates: Aggregates) -> bool:
+    """Can Spark's aggregation serve this collapse? It hands each expand only the key's new row,
+    never the events that made it, so every expand out of the state must reach any such row
+    from the values of the rows alone: one that writes any row in one event does; one that
+    replays the collapse does when every component is a last, max or min (the goal row's values
+    are events' values). A replayed count or sum may need values no row holds (from t = 3 to
+    t = 10 an event of 7): that collapse runs in ``transformWithState``, with its backlog."""
+    kinds = {a.kind for a in aggregates.components}
+    for arc in graph.arcs:
+        if isinstance(arc, Expand) and arc.source == collapse.target:
+            if replays_collapse(graph, collapse, arc) and not kinds <= {"last", "max", "min"}:
+                return False
+    return True
 
 
 def _aggregate_column(a: Aggregate, space: Mapping[str, type]) -> Column:

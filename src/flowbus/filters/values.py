@@ -88,10 +88,4 @@ def floor_double(v: int | float) -> float:
 
 def ceil_double(v: int | float) -> float:
     """The smallest double that is at least ``v`` (``inf`` above every finite double)."""
-    if type(v) is float:
-        return v
-    try:
-        d = float(v)
-    except OverflowError:
-        return math.inf if v > 0 else -_MAX
-    return math.nextafter(d, math.inf) if d < v else d
+    return -floor_double(-v)

@@ -39,7 +39,7 @@ from numba import njit
 from flowbus.filters.ast import Op, Predicate
 from flowbus.filters.values import canonical
 from flowbus.matching import kernels
-from flowbus.matching._types import F64, I16, I32, I64
+from flowbus.matching._types import F64, I32, I64
 from flowbus.matching.encode import encode_arrow, encode_mappings, table_key
 from flowbus.matching.intervals import IntervalIndex
 from flowbus.matching.numbers import range_bounds
@@ -52,7 +52,7 @@ _EXCLUDE_OPS = frozenset({Op.NE, Op.NOT_IN})
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _higher_lower(lo: float, lo_r: int, lo2: float, lo_r2: int) -> bool:
+def _higher_lower(lo: float, lo_r: float, lo2: float, lo_r2: float) -> bool:
     """Is the lower bound ``(lo, lo_r)`` above ``(lo2, lo_r2)``? (A residual sits below its ``lo``.)"""
     if lo != lo2:
         return lo > lo2
@@ -61,51 +61,46 @@ def _higher_lower(lo: float, lo_r: int, lo2: float, lo_r2: int) -> bool:
 
 @njit(cache=True, nogil=True)
 def _merge(
-    slots: np.ndarray, aid: np.ndarray, bounds: np.ndarray, residuals: np.ndarray, n_attrs: int
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """Intersect the intervals ``(bounds[i, 0], residuals[i, 0], bounds[i, 1], residuals[i, 1])``
-    (``lo, lo_r, hi, hi_r``, see :mod:`flowbus.matching.numbers`) of each run of equal ``(slots[i],
-    aid[i])``.
+    slots: np.ndarray, aid: np.ndarray, bounds: np.ndarray, which: np.ndarray, n_attrs: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Intersect the intervals ``bounds[which[i]] = (lo, lo_r, hi, hi_r)`` (see
+    :mod:`flowbus.matching.numbers`) of each run of equal ``(slots[i], aid[i])``.
 
-    Returns the merged intervals' slots, attributes and bounds, sorted by attribute (each in input
-    order), and the offsets of each attribute's run among them.
+    Returns the merged intervals' slots, attributes, ``(lo, hi)`` and ``(lo_r, hi_r)``, sorted by
+    attribute (each in input order), and the offsets of each attribute's run among them.
     """
     n = slots.size
     g_slot = np.empty(n, np.int32)
     g_aid = np.empty(n, np.int64)
-    g_lo = np.empty(n, np.float64)
-    g_hi = np.empty(n, np.float64)
-    g_res = np.empty((n, 2), np.int16)
-    g = 0
+    g = np.empty((n, 4), np.float64)
+    k = 0
     for i in range(n):
+        lo, lo_r, hi, hi_r = bounds[which[i]]
         if i == 0 or slots[i] != slots[i - 1] or aid[i] != aid[i - 1]:
-            g_slot[g], g_aid[g], g_lo[g], g_hi[g] = slots[i], aid[i], bounds[i, 0], bounds[i, 1]
-            g_res[g] = residuals[i]
-            g += 1
+            g_slot[k], g_aid[k] = slots[i], aid[i]
+            g[k, 0], g[k, 1], g[k, 2], g[k, 3] = lo, lo_r, hi, hi_r
+            k += 1
             continue
-        if _higher_lower(bounds[i, 0], residuals[i, 0], g_lo[g - 1], g_res[g - 1, 0]):
-            g_lo[g - 1], g_res[g - 1, 0] = bounds[i, 0], residuals[i, 0]
-        hi, hi_r = bounds[i, 1], residuals[i, 1]
-        if hi < g_hi[g - 1] or (hi == g_hi[g - 1] and hi_r < g_res[g - 1, 1]):
-            g_hi[g - 1], g_res[g - 1, 1] = hi, hi_r
+        if _higher_lower(lo, lo_r, g[k - 1, 0], g[k - 1, 1]):
+            g[k - 1, 0], g[k - 1, 1] = lo, lo_r
+        if hi < g[k - 1, 2] or (hi == g[k - 1, 2] and hi_r < g[k - 1, 3]):
+            g[k - 1, 2], g[k - 1, 3] = hi, hi_r
     cuts = np.zeros(n_attrs + 1, np.int64)
-    for j in range(g):
+    for j in range(k):
         cuts[g_aid[j] + 1] += 1
     for a in range(n_attrs):
         cuts[a + 1] += cuts[a]
     fill = cuts[:-1].copy()
-    o_slot = np.empty(g, np.int32)
-    o_aid = np.empty(g, np.int64)
-    o_lo = np.empty(g, np.float64)
-    o_lo_r = np.empty(g, np.int16)
-    o_hi = np.empty(g, np.float64)
-    o_hi_r = np.empty(g, np.int16)
-    for j in range(g):
-        k = fill[g_aid[j]]
+    o_slot = np.empty(k, np.int32)
+    o_aid = np.empty(k, np.int64)
+    o_b = np.empty((k, 2), np.float64)
+    o_r = np.empty((k, 2), np.int16)
+    for j in range(k):
+        at = fill[g_aid[j]]
         fill[g_aid[j]] += 1
-        o_slot[k], o_aid[k], o_lo[k], o_hi[k] = g_slot[j], g_aid[j], g_lo[j], g_hi[j]
-        o_lo_r[k], o_hi_r[k] = g_res[j, 0], g_res[j, 1]
-    return o_slot, o_aid, (o_lo, o_lo_r, o_hi, o_hi_r), cuts
+        o_slot[at], o_aid[at] = g_slot[j], g_aid[j]
+        o_b[at, 0], o_r[at, 0], o_b[at, 1], o_r[at, 1] = g[j, 0], g[j, 1], g[j, 2], g[j, 3]
+    return o_slot, o_aid, o_b, o_r, cuts
 
 
 @dataclass(slots=True)
@@ -211,17 +206,15 @@ class PredicateIndexes:
         number = {name: i for i, name in enumerate(names)}
         aid = np.asarray([number[p.attr] for p in literals], I64)[which]
         flat = np.fromiter(chain.from_iterable(map(range_bounds, literals)), F64, 4 * len(literals))
-        flat = flat.reshape(-1, 4)[which]
-        residuals = flat[:, 1::2].astype(I16)
-        g_slot, g_aid, merged, cuts = _merge(slots, aid, flat[:, 0::2], residuals, len(names))
+        g_slot, g_aid, b, r, cuts = _merge(slots, aid, flat.reshape(-1, 4), which, len(names))
         offsets = cuts.tolist()
         for i, name in enumerate(names):
-            a, b = offsets[i], offsets[i + 1]
-            if a < b:
+            a, z = offsets[i], offsets[i + 1]
+            if a < z:
                 attr = self._attr(name)
                 if attr.intervals is None:
                     attr.intervals = IntervalIndex(self._slots)
-                attr.intervals.add(g_slot[a:b], tuple(x[a:b] for x in merged))  # type: ignore[arg-type]
+                attr.intervals.add(g_slot[a:z], b[a:z], r[a:z])
                 attr.intervals.tune()
         return g_slot, [names[i] for i in g_aid.tolist()]
 

@@ -13,8 +13,9 @@ every conjunction whose interval on this attribute misses it.
 Two layouts, chosen by how many intervals the attribute holds against the total
 number of conjunctions:
 
-* **scan** -- the intervals in three parallel arrays, tested one by one (few
-  intervals: a linear pass is cheaper than any structure);
+* **scan** -- the intervals in parallel arrays (``b[i] = (lo, hi)``, ``r[i] =
+  (lo_r, hi_r)``, ``conj[i]``), tested one by one (few intervals: a linear pass
+  is cheaper than any structure);
 * **dense** -- the value axis cut into buckets at interval end points (at every
   distinct end point when there are at most 256: a table per value for small
   integer domains, as in the 001 document; otherwise at quantiles). Per bucket
@@ -63,31 +64,35 @@ def _empty(lo: float, lo_r: int, hi: float, hi_r: int) -> bool:
     return lk > hi or (lk == hi and lo_r > hi_r)
 
 
+Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""The per-bucket lists of partially overlapping intervals: slot, ``(lo, hi)``, ``(lo_r, hi_r)``."""
+
+
 @njit(cache=True, nogil=True)
 def scan_apply(
-    bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    b: np.ndarray,
+    r: np.ndarray,
     conj: np.ndarray,
     m: int,
     vals: np.ndarray,
     res: np.ndarray,
     alive: np.ndarray,
 ) -> None:
-    """Clear ``alive[e]`` bits of conjunctions whose interval misses value ``(vals[e], res[e])``
-    (NaN misses all; ``res`` empty: every residual is 0)."""
-    lo, lo_r, hi, hi_r = bounds
+    """Clear ``alive[e]`` bits of conjunctions whose interval ``(b[i], r[i])`` misses value ``(vals[e],
+    res[e])`` (NaN misses all; ``res`` empty: every residual is 0)."""
     exact = res.size > 0
     for e in range(vals.size):
         v = vals[e]
         row = alive[e]
-        r = res[e] if exact else 0
-        if r == 0:
+        ve = res[e] if exact else 0
+        if ve == 0:
             for i in range(m):
-                if not (lo[i] <= v and v <= hi[i]):
+                if not (b[i, 0] <= v and v <= b[i, 1]):
                     _clear(row, conj[i])
         else:
             nv = np.nextafter(v, np.inf)
             for i in range(m):
-                if not inside(v, r, nv, lo[i], lo_r[i], hi[i], hi_r[i]):
+                if not inside(v, ve, nv, b[i, 0], r[i, 0], b[i, 1], r[i, 1]):
                     _clear(row, conj[i])
 
 
@@ -95,14 +100,14 @@ def scan_apply(
 def dense_apply(
     bnd: np.ndarray,
     fail: np.ndarray,
-    parts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    parts: Parts,
     part_n: np.ndarray,
     has: np.ndarray,
     vals: np.ndarray,
     res: np.ndarray,
     alive: np.ndarray,
 ) -> None:
-    part, part_lo, part_lo_r, part_hi, part_hi_r = parts
+    part, part_b, part_r = parts
     words = has.size
     exact = res.size > 0
     for e in range(vals.size):
@@ -116,17 +121,17 @@ def dense_apply(
         fj = fail[j]
         for w in range(words):
             row[w] &= ~fj[w]
-        pj, lj, hj = part[j], part_lo[j], part_hi[j]
-        r = res[e] if exact else 0
-        if r == 0:
+        pj, bj = part[j], part_b[j]
+        ve = res[e] if exact else 0
+        if ve == 0:
             for k in range(part_n[j]):
-                if not (lj[k] <= v and v <= hj[k]):
+                if not (bj[k, 0] <= v and v <= bj[k, 1]):
                     _clear(row, pj[k])
         else:
             nv = np.nextafter(v, np.inf)
-            ljr, hjr = part_lo_r[j], part_hi_r[j]
+            rj = part_r[j]
             for k in range(part_n[j]):
-                if not inside(v, r, nv, lj[k], ljr[k], hj[k], hjr[k]):
+                if not inside(v, ve, nv, bj[k, 0], rj[k, 0], bj[k, 1], rj[k, 1]):
                     _clear(row, pj[k])
 
 
@@ -147,10 +152,6 @@ def _bucket_span(bnd: np.ndarray, lo: float, lo_r: int, hi: float, hi_r: int) ->
     return jl, jh, lo_full and (jl < jh or hi_full), hi_full and (jh > jl or lo_full)
 
 
-Parts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""The per-bucket lists of partially overlapping intervals: slot, lo, lo_r, hi, hi_r."""
-
-
 @njit(cache=True, nogil=True)
 def _mark(
     bnd: np.ndarray,
@@ -159,25 +160,25 @@ def _mark(
     part_n: np.ndarray,
     has: np.ndarray,
     c: int,
-    bounds: tuple[float, int, float, int],
+    b: np.ndarray,
+    r: np.ndarray,
     insert: bool,
 ) -> Parts:
-    """Add (or remove) conjunction ``c``'s interval ``bounds`` to the dense layout; returns the
+    """Add (or remove) conjunction ``c``'s interval ``(b, r)`` to the dense layout; returns the
     per-bucket lists, maybe grown."""
-    lo, lo_r, hi, hi_r = bounds
     nb = bnd.size
     if insert:
         _set(has, c)
     else:
         _clear(has, c)
-    if _empty(lo, lo_r, hi, hi_r):
+    if _empty(b[0], r[0], b[1], r[1]):
         for j in range(nb):
             if insert:
                 _set(fail[j], c)
             else:
                 _clear(fail[j], c)
         return parts
-    jl, jh, full_l, full_h = _bucket_span(bnd, lo, lo_r, hi, hi_r)
+    jl, jh, full_l, full_h = _bucket_span(bnd, b[0], r[0], b[1], r[1])
     for j in range(nb):
         if j < jl or j > jh:
             if insert:
@@ -188,78 +189,74 @@ def _mark(
             if insert:
                 if part_n[j] == parts[0].shape[1]:
                     parts = _widen(parts)
-                _put(parts, part_n, j, c, bounds)
+                _put(parts, part_n, j, c, b, r)
             else:
                 _drop(parts, part_n, j, c)
     return parts
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _put(parts: Parts, part_n: np.ndarray, j: int, c: int, bounds: tuple[float, int, float, int]) -> None:
-    part, part_lo, part_lo_r, part_hi, part_hi_r = parts
+def _put(parts: Parts, part_n: np.ndarray, j: int, c: int, b: np.ndarray, r: np.ndarray) -> None:
+    part, part_b, part_r = parts
     k = part_n[j]
     part[j, k] = c
-    part_lo[j, k], part_lo_r[j, k], part_hi[j, k], part_hi_r[j, k] = bounds
+    part_b[j, k] = b
+    part_r[j, k] = r
     part_n[j] = k + 1
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _drop(parts: Parts, part_n: np.ndarray, j: int, c: int) -> None:
-    part, part_lo, part_lo_r, part_hi, part_hi_r = parts
+    part, part_b, part_r = parts
     n = part_n[j]
     for k in range(n):
         if part[j, k] == c:
             part[j, k] = part[j, n - 1]
-            part_lo[j, k], part_lo_r[j, k] = part_lo[j, n - 1], part_lo_r[j, n - 1]
-            part_hi[j, k], part_hi_r[j, k] = part_hi[j, n - 1], part_hi_r[j, n - 1]
+            part_b[j, k] = part_b[j, n - 1]
+            part_r[j, k] = part_r[j, n - 1]
             part_n[j] = n - 1
             break
 
 
 @njit(cache=True, nogil=True)
 def _widen(parts: Parts) -> Parts:
-    part, part_lo, part_lo_r, part_hi, part_hi_r = parts
+    part, part_b, part_r = parts
     nb, cap = part.shape
     new_cap = max(4, 2 * cap)
     p = np.empty((nb, new_cap), part.dtype)
-    a = np.empty((nb, new_cap), part_lo.dtype)
-    ar = np.empty((nb, new_cap), part_lo_r.dtype)
-    b = np.empty((nb, new_cap), part_hi.dtype)
-    br = np.empty((nb, new_cap), part_hi_r.dtype)
+    pb = np.empty((nb, new_cap, 2), part_b.dtype)
+    pr = np.empty((nb, new_cap, 2), part_r.dtype)
     p[:, :cap] = part
-    a[:, :cap] = part_lo
-    ar[:, :cap] = part_lo_r
-    b[:, :cap] = part_hi
-    br[:, :cap] = part_hi_r
-    return p, a, ar, b, br
+    pb[:, :cap] = part_b
+    pr[:, :cap] = part_r
+    return p, pb, pr
 
 
 @njit(cache=True, nogil=True)
-def _mark_many(
+def _mark_range(
     bnd: np.ndarray,
     fail: np.ndarray,
     parts: Parts,
     part_n: np.ndarray,
     has: np.ndarray,
-    slots: np.ndarray,
-    bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    b: np.ndarray,
+    r: np.ndarray,
+    conj: np.ndarray,
+    start: int,
+    stop: int,
+    insert: bool,
 ) -> Parts:
-    lo, lo_r, hi, hi_r = bounds
-    for i in range(slots.size):
-        parts = _mark(bnd, fail, parts, part_n, has, slots[i], (lo[i], lo_r[i], hi[i], hi_r[i]), True)
+    """:func:`_mark` the index's intervals ``start .. stop - 1`` (``b``, ``r``, ``conj``: its arrays)."""
+    for i in range(start, stop):
+        parts = _mark(bnd, fail, parts, part_n, has, conj[i], b[i], r[i], insert)
     return parts
 
 
 @njit(cache=True, nogil=True)
 def _build(
-    bnd: np.ndarray,
-    bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    conj: np.ndarray,
-    m: int,
-    words: int,
+    bnd: np.ndarray, b: np.ndarray, r: np.ndarray, conj: np.ndarray, m: int, words: int
 ) -> tuple[np.ndarray, Parts, np.ndarray, np.ndarray]:
     """The dense layout from scratch, bucket by bucket (each bitset row written in one sweep)."""
-    lo, lo_r, hi, hi_r = bounds
     nb = bnd.size
     fail = np.zeros((nb, words), np.uint64)
     has = np.zeros(words, np.uint64)
@@ -267,8 +264,8 @@ def _build(
     part_n = np.zeros(nb, np.int32)
     for i in range(m):
         _set(has, conj[i])
-        if not _empty(lo[i], lo_r[i], hi[i], hi_r[i]):
-            jl, jh, full_l, full_h = _bucket_span(bnd, lo[i], lo_r[i], hi[i], hi_r[i])
+        if not _empty(b[i, 0], r[i, 0], b[i, 1], r[i, 1]):
+            jl, jh, full_l, full_h = _bucket_span(bnd, b[i, 0], r[i, 0], b[i, 1], r[i, 1])
             span[i, 0], span[i, 1], span[i, 2], span[i, 3] = jl, jh, full_l, full_h
             if not full_l:
                 part_n[jl] += 1
@@ -279,10 +276,8 @@ def _build(
     cap = max(4, int(part_n.max()) + 4) if nb else 4
     parts = (
         np.empty((nb, cap), np.int32),
-        np.empty((nb, cap), np.float64),
-        np.empty((nb, cap), np.int16),
-        np.empty((nb, cap), np.float64),
-        np.empty((nb, cap), np.int16),
+        np.empty((nb, cap, 2), np.float64),
+        np.empty((nb, cap, 2), np.int16),
     )
     part_n[:] = 0
     for j in range(nb):
@@ -295,9 +290,9 @@ def _build(
         if jl > jh:
             continue
         if not span[i, 2]:
-            _put(parts, part_n, jl, conj[i], (lo[i], lo_r[i], hi[i], hi_r[i]))
+            _put(parts, part_n, jl, conj[i], b[i], r[i])
         if not span[i, 3] and jh != jl:
-            _put(parts, part_n, jh, conj[i], (lo[i], lo_r[i], hi[i], hi_r[i]))
+            _put(parts, part_n, jh, conj[i], b[i], r[i])
     return fail, parts, part_n, has
 
 
@@ -312,29 +307,18 @@ def choose_boundaries(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.concatenate([np.array([-np.inf]), points]).astype(F64)
 
 
-_NO_PARTS: Parts = (
-    np.empty((0, 0), I32),
-    np.empty((0, 0), F64),
-    np.empty((0, 0), I16),
-    np.empty((0, 0), F64),
-    np.empty((0, 0), I16),
-)
-_BOUNDS = ("lo", "lo_r", "hi", "hi_r")
+_NO_PARTS: Parts = (np.empty((0, 0), I32), np.empty((0, 0, 2), F64), np.empty((0, 0, 2), I16))
+_NO_RESIDUALS = np.empty(0, I16)
 
 
 class IntervalIndex:
     """One attribute's intervals, keyed by conjunction slot, in the scan or the dense layout."""
 
-    __slots__ = (
-        "bnd", "built_m", "conj", "fail", "has", "hi", "hi_r", "lo", "lo_r", "m", "mode", "part_n", "parts",
-        "pos",
-    )  # fmt: skip
+    __slots__ = ("b", "bnd", "built_m", "conj", "fail", "has", "m", "mode", "part_n", "parts", "pos", "r")
 
     def __init__(self, slots: int) -> None:
-        self.lo = np.empty(16, F64)
-        self.lo_r = np.empty(16, I16)
-        self.hi = np.empty(16, F64)
-        self.hi_r = np.empty(16, I16)
+        self.b = np.empty((16, 2), F64)  # (lo, hi) per interval
+        self.r = np.empty((16, 2), I16)  # (lo_r, hi_r)
         self.conj = np.empty(16, I32)
         self.m = 0
         self.pos = np.full(slots, -1, I32)
@@ -345,9 +329,6 @@ class IntervalIndex:
         self.parts = _NO_PARTS
         self.part_n = np.empty(0, I32)
         self.has = np.empty(0, U64)
-
-    def _bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return self.lo, self.lo_r, self.hi, self.hi_r
 
     # ------------------------------------------------------------------ changes
 
@@ -365,43 +346,57 @@ class IntervalIndex:
                 has[: self.has.size] = self.has
                 self.fail, self.has = fail, has
 
-    def add(self, slots: np.ndarray, bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
-        """Add one interval ``(lo, lo_r, hi, hi_r)`` per conjunction slot (slots not yet in this index)."""
+    def add(self, slots: np.ndarray, b: np.ndarray, r: np.ndarray) -> None:
+        """Add one interval per conjunction slot (slots not yet in this index): ``b[i] = (lo, hi)``,
+        ``r[i] = (lo_r, hi_r)``."""
         k = slots.size
-        need = self.m + k
-        if need > self.lo.size:
-            size = max(need, 2 * self.lo.size)
-            for name in (*_BOUNDS, "conj"):
+        m, need = self.m, self.m + k
+        if need > self.conj.size:
+            size = max(need, 2 * self.conj.size)
+            for name in ("b", "r", "conj"):
                 arr = getattr(self, name)
-                grown = np.empty(size, arr.dtype)
-                grown[: self.m] = arr[: self.m]
+                grown = np.empty((size, *arr.shape[1:]), arr.dtype)
+                grown[:m] = arr[:m]
                 setattr(self, name, grown)
-        for name, values in zip(_BOUNDS, bounds, strict=True):
-            getattr(self, name)[self.m : need] = values
-        self.conj[self.m : need] = slots
-        self.pos[slots] = np.arange(self.m, need, dtype=I32)
+        self.b[m:need] = b
+        self.r[m:need] = r
+        self.conj[m:need] = slots
+        self.pos[slots] = np.arange(m, need, dtype=I32)
         self.m = need
-        if self.mode == DENSE and k < self.m // 8:
-            pairs = zip(bounds, self._bounds(), strict=True)
-            added = tuple(np.ascontiguousarray(b, a.dtype) for b, a in pairs)
-            self.parts = _mark_many(self.bnd, self.fail, self.parts, self.part_n, self.has, slots, added)
+        if self.mode == DENSE and k < need // 8:
+            self._mark(m, need, insert=True)
         elif self.mode == DENSE:
             self.rebuild(self.pos.size)
 
     def remove(self, c: int) -> None:
         i = int(self.pos[c])
         if self.mode == DENSE:
-            bounds = (self.lo[i], self.lo_r[i], self.hi[i], self.hi_r[i])
-            self.parts = _mark(self.bnd, self.fail, self.parts, self.part_n, self.has, c, bounds, False)
+            self._mark(i, i + 1, insert=False)
         last = self.m - 1
         if i != last:
-            for arr in self._bounds():
-                arr[i] = arr[last]
+            self.b[i] = self.b[last]
+            self.r[i] = self.r[last]
             moved = self.conj[last]
             self.conj[i] = moved
             self.pos[moved] = i
         self.pos[c] = -1
         self.m = last
+
+    def _mark(self, start: int, stop: int, *, insert: bool) -> None:
+        """Enter (or take out) intervals ``start .. stop - 1`` in the dense layout."""
+        self.parts = _mark_range(
+            self.bnd,
+            self.fail,
+            self.parts,
+            self.part_n,
+            self.has,
+            self.b,
+            self.r,
+            self.conj,
+            start,
+            stop,
+            insert,
+        )
 
     def tune(self) -> None:
         """Re-decide the layout whenever the number of intervals has doubled or halved since last time.
@@ -414,7 +409,7 @@ class IntervalIndex:
         if self.built_m // 2 <= self.m <= 2 * self.built_m and (self.m or self.built_m):
             return
         m = self.m
-        bnd = choose_boundaries(self.lo[:m], self.hi[:m])
+        bnd = choose_boundaries(self.b[:m, 0], self.b[:m, 1])
         words = (self.pos.size + 63) // 64
         if m >= DENSE_MIN and bnd.size * words * 8 <= DENSE_BYTES_PER_INTERVAL * m:
             self.rebuild(self.pos.size, bnd)
@@ -431,8 +426,8 @@ class IntervalIndex:
         """(Re)build the dense layout from the intervals."""
         words = (slots + 63) // 64
         m = self.m
-        self.bnd = choose_boundaries(self.lo[:m], self.hi[:m]) if bnd is None else bnd
-        self.fail, self.parts, self.part_n, self.has = _build(self.bnd, self._bounds(), self.conj, m, words)
+        self.bnd = choose_boundaries(self.b[:m, 0], self.b[:m, 1]) if bnd is None else bnd
+        self.fail, self.parts, self.part_n, self.has = _build(self.bnd, self.b, self.r, self.conj, m, words)
         self.mode = DENSE
         self.built_m = m
 
@@ -447,11 +442,18 @@ class IntervalIndex:
         if self.mode == DENSE:
             dense_apply(self.bnd, self.fail, self.parts, self.part_n, self.has, vals, residuals, alive)
         else:
-            scan_apply(self._bounds(), self.conj, self.m, vals, residuals, alive)
+            scan_apply(self.b, self.r, self.conj, self.m, vals, residuals, alive)
 
     def nbytes(self) -> int:
-        arrays = (*self._bounds(), self.conj, self.pos, self.bnd, self.fail, *self.parts, self.part_n)
-        return sum(int(a.nbytes) for a in arrays) + int(self.has.nbytes)
-
-
-_NO_RESIDUALS = np.empty(0, I16)
+        arrays = (
+            self.b,
+            self.r,
+            self.conj,
+            self.pos,
+            self.bnd,
+            self.fail,
+            *self.parts,
+            self.part_n,
+            self.has,
+        )
+        return sum(int(a.nbytes) for a in arrays)

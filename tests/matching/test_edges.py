@@ -297,3 +297,23 @@ def test_arrow_and_dicts_equal_brute_force_on_edge_values(
     want = brute(subs, rows)
     assert answers(m, table) == want
     assert answers(m, rows) == want
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_first_residual_comes_to_a_dense_index(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index without residuals (doubles only) takes its first int past 2**53, then loses it."""
+    monkeypatch.setattr(intervals, "DENSE_MIN", 1)
+    monkeypatch.setattr(intervals, "DENSE_BYTES_PER_INTERVAL", 10**9)
+    subs = {i: f"x >= {i * 1e14} & x < {(i + 3) * 1e14}" for i in range(40)}
+    m = matcher(strategy, subs)
+    late = {100: f"x > {2**53} & x <= {2**53 + 3}", 101: f"x = {2**53 + 1} | x >= {T0 + 1}"}
+    for sid, text in late.items():
+        m.add(sid, text)
+    subs_f = {s: parse(t) for s, t in (subs | late).items()}
+    values = [2**53, 2**53 + 1, 2**53 + 3, 2**53 + 4, T0, T0 + 1, 5 * 10**14 + 1, 0]
+    rows = [{"x": v} for v in values]
+    assert answers(m, rows) == brute(subs_f, rows)
+    assert answers(m, pa.table({"x": pa.array(values, pa.int64())})) == brute(subs_f, rows)
+    m.remove(100)
+    del subs_f[100]
+    assert answers(m, rows) == brute(subs_f, rows)

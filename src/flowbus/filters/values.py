@@ -34,8 +34,6 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
-
 __all__ = ["canonical", "ceil_double", "floor_double"]
 
 _MAX = sys.float_info.max
@@ -49,7 +47,8 @@ def canonical(v: Any) -> Any:
         return v
     if isinstance(v, str):
         return str(v)
-    if isinstance(v, np.bool_):
+    numpy = sys.modules.get("numpy")  # (a numpy value means numpy is loaded: no import here)
+    if numpy is not None and isinstance(v, numpy.bool_):
         return bool(v)
     if isinstance(v, numbers.Integral):
         return int(v)

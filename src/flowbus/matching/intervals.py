@@ -28,6 +28,9 @@ number of conjunctions:
   holds it whole only when it holds those too.
 
 Both layouts give the same answer; the tests check them against each other.
+While every residual of an index is 0 (float constants, ints below 2**53) it
+keeps no residual arrays at all (``r`` and the lists' residuals are empty), so
+the common case costs what it did before residuals existed.
 """
 
 from __future__ import annotations
@@ -65,7 +68,16 @@ def _empty(lo: float, lo_r: int, hi: float, hi_r: int) -> bool:
 
 
 Parts = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""The per-bucket lists of partially overlapping intervals: slot, ``(lo, hi)``, ``(lo_r, hi_r)``."""
+"""The per-bucket lists of partially overlapping intervals: slot, ``(lo, hi)``, ``(lo_r, hi_r)`` (the
+last empty while the index has no residuals)."""
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _residuals(r: np.ndarray, i: int) -> tuple[int, int]:
+    """``r[i]``, or ``(0, 0)`` when ``r`` is empty (no residuals at all)."""
+    if r.shape[0] == 0:
+        return 0, 0
+    return r[i, 0], r[i, 1]
 
 
 @njit(cache=True, nogil=True)
@@ -92,7 +104,8 @@ def scan_apply(
         else:
             nv = np.nextafter(v, np.inf)
             for i in range(m):
-                if not inside(v, ve, nv, b[i, 0], r[i, 0], b[i, 1], r[i, 1]):
+                lo_r, hi_r = _residuals(r, i)
+                if not inside(v, ve, nv, b[i, 0], lo_r, b[i, 1], hi_r):
                     _clear(row, conj[i])
 
 
@@ -129,9 +142,10 @@ def dense_apply(
                     _clear(row, pj[k])
         else:
             nv = np.nextafter(v, np.inf)
-            rj = part_r[j]
+            rj = part_r[j] if part_r.shape[0] > 0 else part_r[0:0, 0]
             for k in range(part_n[j]):
-                if not inside(v, ve, nv, bj[k, 0], rj[k, 0], bj[k, 1], rj[k, 1]):
+                lo_r, hi_r = _residuals(rj, k)
+                if not inside(v, ve, nv, bj[k, 0], lo_r, bj[k, 1], hi_r):
                     _clear(row, pj[k])
 
 
@@ -161,11 +175,11 @@ def _mark(
     has: np.ndarray,
     c: int,
     b: np.ndarray,
-    r: np.ndarray,
+    r: tuple[int, int],
     insert: bool,
 ) -> Parts:
-    """Add (or remove) conjunction ``c``'s interval ``(b, r)`` to the dense layout; returns the
-    per-bucket lists, maybe grown."""
+    """Add (or remove) conjunction ``c``'s interval (``b = (lo, hi)``, ``r = (lo_r, hi_r)``) to the
+    dense layout; returns the per-bucket lists, maybe grown."""
     nb = bnd.size
     if insert:
         _set(has, c)
@@ -196,12 +210,13 @@ def _mark(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _put(parts: Parts, part_n: np.ndarray, j: int, c: int, b: np.ndarray, r: np.ndarray) -> None:
+def _put(parts: Parts, part_n: np.ndarray, j: int, c: int, b: np.ndarray, r: tuple[int, int]) -> None:
     part, part_b, part_r = parts
     k = part_n[j]
     part[j, k] = c
     part_b[j, k] = b
-    part_r[j, k] = r
+    if part_r.shape[0] > 0:
+        part_r[j, k, 0], part_r[j, k, 1] = r
     part_n[j] = k + 1
 
 
@@ -213,7 +228,8 @@ def _drop(parts: Parts, part_n: np.ndarray, j: int, c: int) -> None:
         if part[j, k] == c:
             part[j, k] = part[j, n - 1]
             part_b[j, k] = part_b[j, n - 1]
-            part_r[j, k] = part_r[j, n - 1]
+            if part_r.shape[0] > 0:
+                part_r[j, k] = part_r[j, n - 1]
             part_n[j] = n - 1
             break
 
@@ -225,10 +241,11 @@ def _widen(parts: Parts) -> Parts:
     new_cap = max(4, 2 * cap)
     p = np.empty((nb, new_cap), part.dtype)
     pb = np.empty((nb, new_cap, 2), part_b.dtype)
-    pr = np.empty((nb, new_cap, 2), part_r.dtype)
+    pr = np.empty((nb if part_r.shape[0] > 0 else 0, new_cap, 2), part_r.dtype)
     p[:, :cap] = part
     pb[:, :cap] = part_b
-    pr[:, :cap] = part_r
+    if part_r.shape[0] > 0:
+        pr[:, :cap] = part_r
     return p, pb, pr
 
 
@@ -248,7 +265,7 @@ def _mark_range(
 ) -> Parts:
     """:func:`_mark` the index's intervals ``start .. stop - 1`` (``b``, ``r``, ``conj``: its arrays)."""
     for i in range(start, stop):
-        parts = _mark(bnd, fail, parts, part_n, has, conj[i], b[i], r[i], insert)
+        parts = _mark(bnd, fail, parts, part_n, has, conj[i], b[i], _residuals(r, i), insert)
     return parts
 
 
@@ -264,8 +281,9 @@ def _build(
     part_n = np.zeros(nb, np.int32)
     for i in range(m):
         _set(has, conj[i])
-        if not _empty(b[i, 0], r[i, 0], b[i, 1], r[i, 1]):
-            jl, jh, full_l, full_h = _bucket_span(bnd, b[i, 0], r[i, 0], b[i, 1], r[i, 1])
+        lo_r, hi_r = _residuals(r, i)
+        if not _empty(b[i, 0], lo_r, b[i, 1], hi_r):
+            jl, jh, full_l, full_h = _bucket_span(bnd, b[i, 0], lo_r, b[i, 1], hi_r)
             span[i, 0], span[i, 1], span[i, 2], span[i, 3] = jl, jh, full_l, full_h
             if not full_l:
                 part_n[jl] += 1
@@ -274,10 +292,11 @@ def _build(
         else:
             span[i, 0], span[i, 1] = nb, -1
     cap = max(4, int(part_n.max()) + 4) if nb else 4
+    nr = nb if r.shape[0] > 0 else 0  # no residuals in the index: none in the lists
     parts = (
         np.empty((nb, cap), np.int32),
         np.empty((nb, cap, 2), np.float64),
-        np.empty((nb, cap, 2), np.int16),
+        np.empty((nr, cap, 2), np.int16),
     )
     part_n[:] = 0
     for j in range(nb):
@@ -290,9 +309,9 @@ def _build(
         if jl > jh:
             continue
         if not span[i, 2]:
-            _put(parts, part_n, jl, conj[i], b[i], r[i])
+            _put(parts, part_n, jl, conj[i], b[i], _residuals(r, i))
         if not span[i, 3] and jh != jl:
-            _put(parts, part_n, jh, conj[i], b[i], r[i])
+            _put(parts, part_n, jh, conj[i], b[i], _residuals(r, i))
     return fail, parts, part_n, has
 
 
@@ -309,6 +328,8 @@ def choose_boundaries(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 _NO_PARTS: Parts = (np.empty((0, 0), I32), np.empty((0, 0, 2), F64), np.empty((0, 0, 2), I16))
 _NO_RESIDUALS = np.empty(0, I16)
+_ZERO_RESIDUALS = np.empty((0, 2), I16)
+"""The residuals ``r`` of an index all of whose residuals are 0."""
 
 
 class IntervalIndex:
@@ -318,7 +339,7 @@ class IntervalIndex:
 
     def __init__(self, slots: int) -> None:
         self.b = np.empty((16, 2), F64)  # (lo, hi) per interval
-        self.r = np.empty((16, 2), I16)  # (lo_r, hi_r)
+        self.r = _ZERO_RESIDUALS  # (lo_r, hi_r) per interval, once one is not 0
         self.conj = np.empty(16, I32)
         self.m = 0
         self.pos = np.full(slots, -1, I32)
@@ -355,15 +376,20 @@ class IntervalIndex:
             size = max(need, 2 * self.conj.size)
             for name in ("b", "r", "conj"):
                 arr = getattr(self, name)
-                grown = np.empty((size, *arr.shape[1:]), arr.dtype)
-                grown[:m] = arr[:m]
-                setattr(self, name, grown)
+                if arr.shape[0]:
+                    grown = np.empty((size, *arr.shape[1:]), arr.dtype)
+                    grown[:m] = arr[:m]
+                    setattr(self, name, grown)
+        first_residual = self.r.shape[0] == 0 and bool(r.any())
+        if first_residual:
+            self.r = np.zeros((self.conj.size, 2), I16)
         self.b[m:need] = b
-        self.r[m:need] = r
+        if self.r.shape[0]:
+            self.r[m:need] = r
         self.conj[m:need] = slots
         self.pos[slots] = np.arange(m, need, dtype=I32)
         self.m = need
-        if self.mode == DENSE and k < need // 8:
+        if self.mode == DENSE and k < need // 8 and not first_residual:
             self._mark(m, need, insert=True)
         elif self.mode == DENSE:
             self.rebuild(self.pos.size)
@@ -375,7 +401,8 @@ class IntervalIndex:
         last = self.m - 1
         if i != last:
             self.b[i] = self.b[last]
-            self.r[i] = self.r[last]
+            if self.r.shape[0]:
+                self.r[i] = self.r[last]
             moved = self.conj[last]
             self.conj[i] = moved
             self.pos[moved] = i

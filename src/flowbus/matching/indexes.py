@@ -207,6 +207,7 @@ class PredicateIndexes:
         aid = np.asarray([number[p.attr] for p in literals], I64)[which]
         flat = np.fromiter(chain.from_iterable(map(range_bounds, literals)), F64, 4 * len(literals))
         g_slot, g_aid, b, r, cuts = _merge(slots, aid, flat.reshape(-1, 4), which, len(names))
+        residuals = bool(r.any())
         offsets = cuts.tolist()
         for i, name in enumerate(names):
             a, z = offsets[i], offsets[i + 1]
@@ -214,7 +215,8 @@ class PredicateIndexes:
                 attr = self._attr(name)
                 if attr.intervals is None:
                     attr.intervals = IntervalIndex(self._slots)
-                attr.intervals.add(g_slot[a:z], b[a:z], r[a:z])
+                some = residuals and bool(r[a:z].any())
+                attr.intervals.add(g_slot[a:z], b[a:z], r[a:z] if some else None)
                 attr.intervals.tune()
         return g_slot, [names[i] for i in g_aid.tolist()]
 

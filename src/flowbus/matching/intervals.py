@@ -367,9 +367,9 @@ class IntervalIndex:
                 has[: self.has.size] = self.has
                 self.fail, self.has = fail, has
 
-    def add(self, slots: np.ndarray, b: np.ndarray, r: np.ndarray) -> None:
+    def add(self, slots: np.ndarray, b: np.ndarray, r: np.ndarray | None) -> None:
         """Add one interval per conjunction slot (slots not yet in this index): ``b[i] = (lo, hi)``,
-        ``r[i] = (lo_r, hi_r)``."""
+        ``r[i] = (lo_r, hi_r)`` (``r`` None: all 0)."""
         k = slots.size
         m, need = self.m, self.m + k
         if need > self.conj.size:
@@ -380,12 +380,12 @@ class IntervalIndex:
                     grown = np.empty((size, *arr.shape[1:]), arr.dtype)
                     grown[:m] = arr[:m]
                     setattr(self, name, grown)
-        first_residual = self.r.shape[0] == 0 and bool(r.any())
+        first_residual = self.r.shape[0] == 0 and r is not None
         if first_residual:
             self.r = np.zeros((self.conj.size, 2), I16)
         self.b[m:need] = b
         if self.r.shape[0]:
-            self.r[m:need] = r
+            self.r[m:need] = 0 if r is None else r
         self.conj[m:need] = slots
         self.pos[slots] = np.arange(m, need, dtype=I32)
         self.m = need

@@ -24,6 +24,7 @@ holds in the gaps beside them: from ``(prev(lo), lo_r)`` up when ``lo_r > 0``, u
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -100,23 +101,26 @@ def is_range(p: Predicate) -> bool:
     return t is float or (t is int and (_I64_MIN <= c <= _I64_MAX or floor_double(c) == c))
 
 
+_PLAIN_BOUNDS: dict[Op, Callable[[float], tuple[float, int, float, int]]] = {
+    # a constant below 2**53 in size: no int lies in the gap beside a bound
+    Op.GE: lambda c: (c, 0, _INF, 0),
+    Op.GT: lambda c: (math.nextafter(c, _INF), 0, _INF, 0),
+    Op.LE: lambda c: (-_INF, 0, c, 0),
+    Op.LT: lambda c: (-_INF, 0, math.nextafter(c, -_INF), 0),
+}
+
+
 def range_bounds(p: Predicate) -> tuple[float, int, float, int]:
     """``(lo, lo_r, hi, hi_r)`` of the range literal ``p`` (see :func:`is_range`)."""
-    c, op = p.value, p.op
-    if type(c) is float and -_EXACT < c < _EXACT:  # the common case: no gaps to mind
-        if op is Op.GE:
-            return c, 0, _INF, 0
-        if op is Op.GT:
-            return math.nextafter(c, _INF), 0, _INF, 0
-        if op is Op.LE:
-            return -_INF, 0, c, 0
-        return -_INF, 0, math.nextafter(c, -_INF), 0
+    c: Any = p.value
+    if -_EXACT < c < _EXACT:  # the common case (ints and floats alike)
+        return _PLAIN_BOUNDS[p.op](float(c))
     k, r = split(c)
-    if op is Op.GE or op is Op.GT:
-        if op is Op.GT:
+    if p.op is Op.GE or p.op is Op.GT:
+        if p.op is Op.GT:
             k, r = (k, r + 1) if r < gap_top(k) else (math.nextafter(k, _INF), 0)
         return (k, 0, _INF, 0) if r == 0 else (math.nextafter(k, _INF), r, _INF, 0)
-    if op is Op.LT:
+    if p.op is Op.LT:
         if r > 0:
             r -= 1
         else:

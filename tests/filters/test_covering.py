@@ -1,4 +1,5 @@
-"""covers(f, g): sound always, complete for conjunctions of simple predicates."""
+"""covers(f, g): sound always, complete for conjunctions of simple predicates; with overlaps, sound
+past 2**53 and near 2**63 too (numbers compare exactly everywhere)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 
 from flowbus.errors import FilterError
 from flowbus.filters import parse
-from flowbus.filters.ast import Conjunction, Filter, Predicate
-from flowbus.filters.covering import covers
+from flowbus.filters.ast import Conjunction, Filter, Op, Predicate
+from flowbus.filters.covering import covers, overlaps
 from strategies import (
     ALL_OPS,
     FUNCTIONS,
@@ -230,3 +231,56 @@ def test_false_covers_an_unsatisfiable_conjunction() -> None:
 
     assert Filter.false().covers(parse("a = 0 & a = 1"))
     assert not Filter.false().covers(parse("a = 0"))
+
+
+# ------------------------------------------------- past 2**53 and near 2**63
+
+BIG = (2**53 - 1, 2**53, 2**53 + 1, 2**53 + 2, 2**53 + 3, 2**63 - 1, 2**63, 2**63 + 1, 2**64 + 1)
+BIG_FLOATS = (2.0**53, 2.0**53 + 2, 2.0**53 + 4, 2.0**63, math.nextafter(2.0**63, math.inf), 2.0**64)
+
+
+def _near(constants: list[Any]) -> list[Any]:
+    """Values around each number: its neighbouring ints, and the doubles on either side of it."""
+    out: list[Any] = [math.nan, "a", MISSING]
+    for c in constants:
+        if type(c) in (int, float):
+            n = int(c)
+            d = float(c)
+            out += [n - 1, n, n + 1, d, math.nextafter(d, math.inf), math.nextafter(d, -math.inf)]
+    return out
+
+
+@st.composite
+def big_conjunctions(draw: st.DrawFn) -> Filter:
+    nums = st.sampled_from(BIG + BIG_FLOATS)
+    lits = []
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(SIMPLE_OPS[:-1]))
+        value: Any = None if op is Op.EXISTS else draw(nums)
+        if op in (Op.IN, Op.NOT_IN):
+            value = tuple(draw(st.lists(nums, min_size=1, max_size=3)))
+        lits.append(Predicate("x", op, value, draw(st.integers(0, 3)) == 0))
+    return Filter((Conjunction(tuple(lits)),))
+
+
+@pytest.mark.parametrize(
+    ("f", "g"),
+    [("x > 9007199254740992", "x = 9007199254740993"), ("x <= 9007199254740992", "x = 9007199254740993")],
+)
+def test_the_issue_s_examples_hold_under_exact_numbers(f: str, g: str) -> None:
+    event = {"x": 9007199254740993}
+    assert covers(parse(f), parse(g)) == parse(f).matches(event)
+    assert overlaps(parse(f), parse(g)) == (parse(f).matches(event) and parse(g).matches(event))
+
+
+@settings(max_examples=400, deadline=None)
+@given(f=big_conjunctions(), g=big_conjunctions())
+def test_covering_and_overlap_are_sound_near_2_53_and_2_63(f: Filter, g: Filter) -> None:
+    """If f covers g, every event g matches f matches; if they do not overlap, no event matches both
+    (the plain evaluator decides, on the ints and doubles around every constant)."""
+    does_cover, does_overlap = covers(f, g), overlaps(f, g)
+    for v in _near(_constants(f, g)):
+        e = {} if v is MISSING else {"x": v}
+        in_f, in_g = f.matches(e), g.matches(e)
+        assert not (does_cover and in_g and not in_f), (str(f), str(g), e)
+        assert does_overlap or not (in_f and in_g), (str(f), str(g), e)

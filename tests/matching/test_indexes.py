@@ -11,23 +11,49 @@ import pytest
 
 from flowbus.filters.ast import Conjunction, Filter, Op, Predicate
 from flowbus.matching import Matcher
-from flowbus.matching.indexes import PredicateIndexes, is_range, range_bounds
+from flowbus.matching.indexes import PredicateIndexes
+from flowbus.matching.numbers import is_range, range_bounds, split
 
 INF = math.inf
+
+
+E53 = 2.0**53
+MAX = 1.7976931348623157e308
 
 
 @pytest.mark.parametrize(
     ("op", "value", "bounds"),
     [
-        (Op.GE, 2, (2.0, INF)),
-        (Op.GT, 2, (math.nextafter(2.0, INF), INF)),
-        (Op.LE, 2.5, (-INF, 2.5)),
-        (Op.LT, 2.5, (-INF, math.nextafter(2.5, -INF))),
+        (Op.GE, 2, (2.0, 0, INF, 0)),
+        (Op.GT, 2, (math.nextafter(2.0, INF), 0, INF, 0)),
+        (Op.LE, 2.5, (-INF, 0, 2.5, 0)),
+        (Op.LT, 2.5, (-INF, 0, math.nextafter(2.5, -INF), 0)),
+        # past 2**53: the ints in the gap beside a bound are residuals
+        (Op.GT, 2**53, (E53 + 2, 1, INF, 0)),  # from 2**53 + 1
+        (Op.GE, 2**53 + 1, (E53 + 2, 1, INF, 0)),
+        (Op.GT, 2**53 + 1, (E53 + 2, 0, INF, 0)),
+        (Op.LE, 2**53 + 1, (-INF, 0, E53, 1)),
+        (Op.LT, 2**53 + 2, (-INF, 0, E53, 1)),
+        (Op.LT, 2**53 + 1, (-INF, 0, E53, 0)),
+        (Op.LT, 2.0**62, (-INF, 0, math.nextafter(2.0**62, -INF), 511)),
+        (Op.LT, 2.0**63, (-INF, 0, 2.0**63 - 1024, 1023)),
+        # beyond int64 a gap is one class, "just above its lower double"
+        (Op.GT, 2.0**70, (math.nextafter(2.0**70, INF), 1, INF, 0)),
+        (Op.GT, int(MAX), (INF, 1, INF, 0)),
+        (Op.LT, 2**70, (-INF, 0, math.nextafter(2.0**70, -INF), 1)),
     ],
 )
-def test_range_bounds_are_exact_closed_intervals(op: Op, value: Any, bounds: tuple[float, float]) -> None:
+def test_range_bounds_are_exact_closed_intervals(
+    op: Op, value: Any, bounds: tuple[float, int, float, int]
+) -> None:
     p = Predicate("x", op, value)
     assert is_range(p) and range_bounds(p) == bounds
+
+
+def test_numbers_split_into_a_double_and_a_residual() -> None:
+    assert split(3) == (3.0, 0) and split(0.5) == (0.5, 0) and split("a")[0] != split("a")[0]
+    assert split(2**53 + 1) == (E53, 1) and split(2**63 - 1) == (2.0**63 - 1024, 1023)
+    assert split(2**64 + 1) == (2.0**64, 1) and split(10**400) == (MAX, 1) and split(-(10**400)) == (-INF, 1)
 
 
 @pytest.mark.parametrize(
@@ -37,6 +63,8 @@ def test_range_bounds_are_exact_closed_intervals(op: Op, value: Any, bounds: tup
         Predicate("x", Op.GT, "b"),  # string order
         Predicate("x", Op.EQ, 1),
         Predicate("x", Op.EXISTS),
+        Predicate("x", Op.GT, 2**64 + 1),  # no double nor int64: tested in Python
+        Predicate("x", Op.LE, 10**400),
     ],
 )
 def test_other_literals_are_not_ranges(p: Predicate) -> None:
@@ -48,8 +76,8 @@ def _alive(idx: PredicateIndexes, slots: list[int], events: list[dict[str, Any]]
     active = np.zeros(1, np.uint64)
     for s in slots:
         active[0] |= np.uint64(1) << np.uint64(s)
-    _, vals = idx.encode(events, arrow=False)
-    alive = idx.alive(active, vals)
+    _, vals, res = idx.encode(events, arrow=False)
+    alive = idx.alive(active, vals, res)
     assert alive is not None
     return [[s for s in slots if int(row[0]) >> s & 1] for row in alive]
 
@@ -84,8 +112,8 @@ def test_no_intervals_no_alive_bitsets() -> None:
     idx = PredicateIndexes()
     idx.resize(64)
     idx.add(0, Predicate("x", Op.EQ, 1))
-    _, vals = idx.encode([{"x": 1}], arrow=False)
-    assert not idx.has_intervals() and idx.alive(np.ones(1, np.uint64), vals) is None
+    _, vals, res = idx.encode([{"x": 1}], arrow=False)
+    assert not idx.has_intervals() and idx.alive(np.ones(1, np.uint64), vals, res) is None
 
 
 @pytest.mark.parametrize("strategy", ["counting", "clustering"])

@@ -1,8 +1,12 @@
-"""Both matching strategies equal brute-force ``Filter.matches``, through adds, removals and re-adds."""
+"""Both matching strategies equal brute-force ``Filter.matches``, through adds, removals and re-adds,
+on small values and on the edges (ints past 2**53 and int64, huge ints, numpy scalars, decimals,
+None)."""
 
 from __future__ import annotations
 
+import math
 import random
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -25,13 +29,18 @@ from flowbus.matching import Matcher, intervals, kernels
 
 ATTRS = ("a", "b", "c", "d")
 NUMS: tuple[Any, ...] = (-2, 0, 1, 1.5, 2, 3, 7, 10)
+EDGE: tuple[Any, ...] = (2**53, 2**53 + 1, 2.0**53 + 2, 2**63 - 1, -(2**63), 2**64 + 1, 10**400, 1e300)
+"""Numbers past the doubles' integers and int64 (a constant, or a value, or both)."""
+FOREIGN: tuple[Any, ...] = (np.int64(3), np.float32(1.5), Decimal("2.0"), Decimal("0.1"), np.bool_(True))
+"""Values of types that stand for flowbus values (events only)."""
 STRS = ("", "x", "xy", "xyz", "y", "yb")
 VALUES: tuple[Any, ...] = (*NUMS, *STRS, True, False)
 
 attr = st.sampled_from(ATTRS)
-number = st.sampled_from(NUMS)
+number = st.one_of(st.sampled_from(NUMS), st.sampled_from(EDGE))
 string = st.sampled_from(STRS)
-value = st.sampled_from(VALUES)
+value = st.one_of(st.sampled_from(VALUES), st.sampled_from(EDGE))
+event_value = st.one_of(value, st.sampled_from((*FOREIGN, None, math.nan, math.inf, -math.inf)))
 
 
 @st.composite
@@ -69,7 +78,7 @@ def filters(draw: st.DrawFn) -> Filter:
 @st.composite
 def events(draw: st.DrawFn) -> dict[str, Any]:
     keys = draw(st.lists(attr, unique=True, max_size=len(ATTRS)))
-    return {k: draw(value) for k in keys}
+    return {k: draw(event_value) for k in keys}
 
 
 def brute(subs: dict[int, Filter], event: dict[str, Any]) -> list[int]:

@@ -15,20 +15,22 @@ and may be negated (``!(price < 10)``), which is *not* the same as the
 complementary operator: a predicate on a missing attribute is false, so its
 negation is true.
 
-Value semantics, shared by every evaluator flowbus compiles from this form:
+Value semantics, shared by every evaluator flowbus compiles from this form (the
+values themselves -- classes, the types that stand for them, None -- are in
+:mod:`flowbus.filters.values`):
 
-* values fall in three classes: numbers (``int`` and ``float``, compared
-  numerically), strings and booleans; ``=`` and ``in`` hold only within a class
-  (``1 = 1.0`` holds, ``1 = true`` does not); ``!=`` and ``not in`` are their
-  complements on a present attribute;
-* ``< <= > >=`` hold only between two numbers (ordered as IEEE doubles, so
-  integers beyond 2**53 compare after rounding) or two strings (by code point);
-  ``prefix``/``suffix``/``contains`` only between strings;
-* a predicate on a missing attribute is false (``exists`` tests presence);
+* values fall in three classes: numbers, strings and booleans; ``=`` and ``in``
+  hold only within a class (``1 = 1.0`` holds, ``1 = true`` does not); ``!=`` and
+  ``not in`` are their complements on a present attribute;
+* ``< <= > >=`` hold only between two numbers, compared by exact value as Python
+  compares ``int`` and ``float`` (``2**53 + 1 > 2**53``), or two strings (by code
+  point); ``prefix``/``suffix``/``contains`` only between strings;
+* a predicate on a missing attribute is false (``exists`` tests presence); an
+  attribute holding ``None`` is missing;
 * NaN is unequal to everything and ordered with nothing;
 * an expression that cannot be evaluated (a missing field, a non-number in
-  arithmetic, division by zero, a key absent from a lookup table) makes its
-  predicate false.
+  arithmetic, division by zero, a key absent from a lookup table, a function or
+  lookup that raises any exception) makes its predicate false.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from enum import StrEnum
 from typing import Any
 
 from flowbus.errors import FilterError
+from flowbus.filters.values import canonical
 from flowbus.model import Value
 
 
@@ -78,7 +81,8 @@ FLIPPED = {Op.EQ: Op.EQ, Op.NE: Op.NE, Op.LT: Op.GT, Op.LE: Op.GE, Op.GT: Op.LT,
 
 
 def value_class(v: object) -> int:
-    """0 for booleans, 1 for numbers, 2 for strings, -1 for anything else."""
+    """0 for booleans, 1 for numbers, 2 for strings, -1 for anything else (of canonical values,
+    see :func:`flowbus.filters.values.canonical`)."""
     t = type(v)
     if t is bool:
         return 0
@@ -106,7 +110,7 @@ def values_equal(a: object, b: object) -> bool:
 
 
 def compare(x: object, op: Op, c: object) -> bool:
-    """Evaluate ``x OP c`` for a present value ``x`` (set operators take a tuple ``c``)."""
+    """Evaluate ``x OP c`` for a present canonical value ``x`` (set operators take a tuple ``c``)."""
     if op is Op.EQ:
         return values_equal(x, c)
     if op is Op.NE:
@@ -115,8 +119,6 @@ def compare(x: object, op: Op, c: object) -> bool:
         cx = value_class(x)
         if cx < 1 or cx != value_class(c):
             return False
-        if cx == 1:
-            x, c = float(x), float(c)  # type: ignore[arg-type]
         if op is Op.LT:
             return bool(x < c)  # type: ignore[operator]
         if op is Op.LE:
@@ -173,10 +175,10 @@ class Field:
     name: str
 
     def evaluate(self, event: Mapping[str, Any], functions: Functions) -> Any:
-        try:
-            return event[self.name]
-        except KeyError:
-            raise Undefined(self.name) from None
+        v = event.get(self.name)
+        if v is None:
+            raise Undefined(self.name)
+        return canonical(v)
 
     def fields(self) -> frozenset[str]:
         return frozenset({self.name})
@@ -268,14 +270,14 @@ class Call:
             if len(args) != 1:
                 raise FilterError(f"lookup table {self.name!r} takes one argument, got {len(args)}")
             try:
-                result = fn[args[0]]
-            except (KeyError, TypeError):
+                result = canonical(fn[args[0]])
+            except Exception:  # a missing key, or anything the mapping raises
                 raise Undefined(f"{self.name}({args[0]!r})") from None
         else:
             try:
-                result = fn(*args)
-            except (ArithmeticError, TypeError, ValueError, KeyError) as exc:
-                raise Undefined(f"{self.name}: {exc}") from None
+                result = canonical(fn(*args))
+            except Exception as exc:  # whatever the user's function raises
+                raise Undefined(f"{self.name}: {exc!r}") from None
         if value_class(result) < 0:
             raise Undefined(f"{self.name} returned {result!r}")
         return result
@@ -356,12 +358,11 @@ class Predicate:
         return hash(self._k)
 
     def holds(self, event: Mapping[str, Any]) -> bool:
-        """The predicate (before negation) on ``event``."""
-        if self.attr not in event:
+        """The predicate (before negation) on ``event`` (``None`` is a missing attribute)."""
+        v = event.get(self.attr)
+        if v is None:
             return False
-        if self.op is Op.EXISTS:
-            return True
-        return compare(event[self.attr], self.op, self.value)
+        return self.op is Op.EXISTS or compare(canonical(v), self.op, self.value)
 
     def matches(self, event: Mapping[str, Any], functions: Functions | None = None) -> bool:
         return self.holds(event) != self.negated

@@ -14,9 +14,11 @@ computed once per event, and ``NYS(issue)`` once for all paths leaving NYSE.
 The closures keep the plain evaluator's value semantics exactly (the tests
 compare them with :meth:`Filter.matches` on random filters and events):
 arithmetic on numbers only, division by zero and overflow undefined, a lookup
-miss undefined, a literal over an undefined expression false (true once
-negated). Simple predicates get specialised closures for the common cases (a
-string equality, an ordering against a number).
+miss or a function that raises undefined, a literal over an undefined expression
+false (true once negated), ``None`` a missing field, numbers compared by exact
+value. Simple predicates get specialised closures for the common cases (a string
+equality, an ordering against a number): they test the common types inline and
+hand any other value to :func:`~flowbus.filters.values.canonical` first.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ from flowbus.filters.ast import (
     Undefined,
     compare,
     value_class,
+    values_equal,
 )
+from flowbus.filters.values import canonical
 from flowbus.model import Value
 
 __all__ = ["ALWAYS", "Compiler", "ExprFn", "TestFn", "TransformFn", "expressions_of", "shared_subexpressions"]
@@ -59,7 +63,6 @@ TransformFn = Callable[[Env, Memo], Mapping[str, Any]]
 
 _UNSET = object()
 _UNDEF = object()
-_MISSING = object()
 
 
 def expressions_of(f: Filter) -> list[Expr]:
@@ -180,7 +183,7 @@ class Compiler:
         if isinstance(lit.right, Const):
             c = lit.right.value
             if op in ORDERING_OPS and value_class(c) == 1:
-                return _expr_ordering(left, op, float(c), neg)
+                return _expr_ordering(left, op, c, neg)
             if op is Op.EQ and value_class(c) in (1, 2):
                 return _expr_equals(left, c, neg)
         right = self.expr(lit.right)
@@ -195,7 +198,7 @@ class Compiler:
             if cmp is not None:
                 ta, tb = type(a), type(b)
                 if (ta is int or ta is float) and (tb is int or tb is float):
-                    return cmp(float(a), float(b)) != neg
+                    return cmp(a, b) != neg
             return compare(a, op, b) != neg
 
         return test
@@ -295,10 +298,13 @@ def _memoized(slot: int | None, fn: ExprFn) -> ExprFn:
 
 def _field(name: str) -> ExprFn:
     def field(env: Env, memo: Memo) -> Any:
-        try:
-            return env[name]
-        except KeyError:
-            raise Undefined(name) from None
+        v = env.get(name)
+        t = type(v)
+        if t is int or t is float or t is str or t is bool:
+            return v
+        if v is None:
+            raise Undefined(name)
+        return canonical(v)
 
     return field
 
@@ -355,10 +361,14 @@ _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 def _checked(result: Any, what: str) -> Any:
+    """``result`` as a value, or undefined when it is none (``None`` included)."""
     t = type(result)
     if t is str or t is int or t is float or t is bool:
         return result
-    raise Undefined(f"{what} returned {result!r}")
+    value = canonical(result)
+    if value_class(value) < 0:
+        raise Undefined(f"{what} returned {result!r}")
+    return value
 
 
 def _lookup(table: Mapping[Any, Any], arg: ExprFn, slot: int | None) -> ExprFn:
@@ -366,7 +376,7 @@ def _lookup(table: Mapping[Any, Any], arg: ExprFn, slot: int | None) -> ExprFn:
         x = arg(env, memo)
         try:
             result = table[x]
-        except (KeyError, TypeError):
+        except Exception:  # a missing key, or anything the mapping raises
             raise Undefined(f"lookup {x!r}") from None
         return _checked(result, "lookup")
 
@@ -380,8 +390,8 @@ def _lookup(table: Mapping[Any, Any], arg: ExprFn, slot: int | None) -> ExprFn:
                 v = table[arg(env, memo)]
                 t = type(v)
                 if not (t is str or t is int or t is float or t is bool):
-                    v = _UNDEF
-            except (Undefined, KeyError, TypeError):
+                    v = _checked(v, "lookup")
+            except Exception:  # undefined, a missing key, or anything the mapping raises
                 v = _UNDEF
             memo[slot] = v
         if v is _UNDEF:
@@ -396,15 +406,15 @@ def _apply(fn: Callable[..., Any], args: list[ExprFn], slot: int | None) -> Expr
         values = [a(env, memo) for a in args]
         try:
             result = fn(*values)
-        except (ArithmeticError, TypeError, ValueError, KeyError) as exc:
-            raise Undefined(str(exc)) from None
+        except Exception as exc:  # whatever the user's function raises
+            raise Undefined(repr(exc)) from None
         return _checked(result, "function")
 
     return _memoized(slot, apply)
 
 
 def _expr_equals(left: ExprFn, c: Value, neg: bool) -> TestFn:
-    """``x = c`` for a number or string ``c``: same class and equal."""
+    """``x = c`` for a number or string ``c`` (``left`` yields values): same class and equal."""
     classes = (int, float) if type(c) is not str else (str,)
 
     def test(env: Env, memo: Memo) -> bool:
@@ -431,7 +441,8 @@ def _resolved_predicate(p: Predicate, get: ExprFn) -> TestFn:
     return test
 
 
-def _expr_ordering(left: ExprFn, op: Op, c: float, neg: bool) -> TestFn:
+def _expr_ordering(left: ExprFn, op: Op, c: Value, neg: bool) -> TestFn:
+    """``x OP c`` for a number ``c`` (``left`` yields values), compared exactly."""
     cmp = _ORDER[op]
 
     def test(env: Env, memo: Memo) -> bool:
@@ -441,13 +452,13 @@ def _expr_ordering(left: ExprFn, op: Op, c: float, neg: bool) -> TestFn:
             return neg
         t = type(a)
         if t is int or t is float:
-            return cmp(float(a), c) != neg
+            return cmp(a, c) != neg
         return neg
 
     return test
 
 
-_ORDER: dict[Op, Callable[[float, float], bool]] = {
+_ORDER: dict[Op, Callable[[Any, Any], bool]] = {
     Op.LT: operator.lt,
     Op.LE: operator.le,
     Op.GT: operator.gt,
@@ -456,40 +467,51 @@ _ORDER: dict[Op, Callable[[float, float], bool]] = {
 
 
 def _predicate(p: Predicate) -> TestFn:
+    """A simple predicate on ``env[p.attr]``; the common value types are tested inline, any
+    other is made canonical first, ``None`` is missing."""
     attr, op, c, neg = p.attr, p.op, p.value, p.negated
     if op is Op.EXISTS:
-        return lambda env, memo: (attr in env) != neg
+        return lambda env, memo: (env.get(attr) is not None) != neg
     if op is Op.EQ and type(c) is str:
 
         def str_eq(env: Env, memo: Memo) -> bool:
-            v = env.get(attr, _MISSING)
-            return (type(v) is str and v == c) != neg
+            v = env.get(attr)
+            if type(v) is str:
+                return (v == c) != neg
+            return values_equal(canonical(v), c) != neg
 
         return str_eq
     if op is Op.EQ and value_class(c) == 1:
 
         def number_eq(env: Env, memo: Memo) -> bool:
-            v = env.get(attr, _MISSING)
+            v = env.get(attr)
             t = type(v)
-            return ((t is int or t is float) and v == c) != neg
+            if t is int or t is float:
+                equal: bool = v == c
+                return equal != neg
+            if t is bool or t is str or v is None:
+                return neg
+            return values_equal(canonical(v), c) != neg
 
         return number_eq
     if op in ORDERING_OPS and value_class(c) == 1:
-        cmp, fc = _ORDER[op], float(c)  # type: ignore[arg-type]
+        cmp = _ORDER[op]
 
         def ordering(env: Env, memo: Memo) -> bool:
-            v = env.get(attr, _MISSING)
+            v = env.get(attr)
             t = type(v)
             if t is int or t is float:
-                return cmp(float(v), fc) != neg
-            return neg
+                return cmp(v, c) != neg
+            if t is bool or t is str or v is None:
+                return neg
+            return compare(canonical(v), op, c) != neg
 
         return ordering
 
     def generic(env: Env, memo: Memo) -> bool:
-        v = env.get(attr, _MISSING)
-        if v is _MISSING:
+        v = env.get(attr)
+        if v is None:
             return neg
-        return compare(v, op, c) != neg
+        return compare(canonical(v), op, c) != neg
 
     return generic

@@ -5,8 +5,16 @@ For a batch of ``E`` events and the ``A`` attributes the index knows:
 * ``codes[E, A]`` -- the value's code in its attribute's table of constants
   named by equality-like predicates, ``UNKNOWN`` for a present value no such
   predicate names, ``MISSING`` for an absent attribute;
-* ``vals[E, A]`` -- the value as a double when it is a number, NaN otherwise
-  (only for attributes that carry ranges).
+* ``vals[E, A]`` and ``res[E, A]`` -- the value as a number, a double and a
+  residual (:mod:`flowbus.matching.numbers`; ``res`` is None when every residual
+  is 0), NaN when it is not a number (only for attributes that carry ranges).
+
+Values are read as every filter reads them (:mod:`flowbus.filters.values`): a
+``None`` or an Arrow null is a missing attribute, and numpy scalars, decimals
+and the like are looked up as the Python values they stand for. An Arrow column
+of a common type (integers, floats, strings, booleans) is encoded with array
+operations, int64 included (no double can hold it, the residuals do); other
+columns (decimals, uint64 past int64) go value by value.
 
 Booleans and numbers share Python's hash (``True == 1``) but not flowbus's
 equality, so an attribute whose table holds a non-string constant looks booleans
@@ -22,8 +30,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowbus.matching._types import F64, I32
+from flowbus.filters.values import canonical, floor_double
+from flowbus.matching._types import F64, I16, I32, I64
 from flowbus.matching.kernels import MISSING, UNKNOWN
+from flowbus.matching.numbers import split, split_int64
+
+Numbers = tuple[np.ndarray, np.ndarray | None]
+"""A column's numbers: doubles, and residuals (None when all are 0)."""
 
 
 class BoolKey:
@@ -45,28 +58,24 @@ def bool_key(value: bool) -> BoolKey:
     return BOOL_KEYS[value]
 
 
-class _Absent:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-    def __reduce__(self) -> str:
-        return "ABSENT"  # unpickles to the module's singleton
-
-
 BOOL_KEYS = {True: BoolKey(True), False: BoolKey(False)}
-ABSENT = _Absent()
-"""Stands for a missing attribute in code tables (it maps to ``MISSING``)."""
-
-_NAN = float("nan")
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def table_key(value: Any) -> Any:
     return BOOL_KEYS[value] if type(value) is bool else value
 
 
+def _canonical(column: list[Any]) -> list[Any]:
+    """``column`` with every value as filters read it (a pass in C when all are of the common types)."""
+    if _PLAIN.issuperset(map(type, column)):
+        return column
+    return [canonical(x) for x in column]
+
+
 def _codes_of(column: list[Any], table: Mapping[Any, int], typed: bool) -> list[int]:
+    """The codes of canonical values (``None`` is in every table, as ``MISSING``)."""
     get = table.get
     try:
         if typed:
@@ -82,13 +91,22 @@ def _codes_of(column: list[Any], table: Mapping[Any, int], typed: bool) -> list[
         return out
 
 
-def _number(x: Any) -> float:
-    t = type(x)
-    if t is float:
-        return x  # type: ignore[no-any-return]
-    if t is int:
-        return float(x)
-    return _NAN
+def _numbers(column: list[Any]) -> Numbers:
+    """The numbers of canonical values (NaN for a value that is not one)."""
+    vals: list[float] = []
+    append = vals.append
+    res: np.ndarray | None = None
+    for i, x in enumerate(column):
+        if type(x) is float:
+            append(x)
+            continue
+        k, r = split(x)
+        append(k)
+        if r:
+            if res is None:
+                res = np.zeros(len(column), I16)
+            res[i] = r
+    return np.asarray(vals, F64), res
 
 
 def encode_mappings(
@@ -97,53 +115,99 @@ def encode_mappings(
     tables: Sequence[Mapping[Any, int]],
     typed: Sequence[bool],
     ranged: Sequence[bool],
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes, vals)`` for events given as mappings."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(codes, vals, res)`` for events given as mappings."""
     n, a = len(events), len(names)
     codes = np.empty((n, a), I32)
     vals = np.full((n, a), np.nan, F64)
+    res: np.ndarray | None = None
     for j, name in enumerate(names):
-        column = [e.get(name, ABSENT) for e in events]
+        column = _canonical([e.get(name) for e in events])
         codes[:, j] = _codes_of(column, tables[j], typed[j])
         if ranged[j]:
-            vals[:, j] = [_number(x) for x in column]
-    return codes, vals
+            res = _put_numbers(vals, res, j, _numbers(column))
+    return codes, vals, res
+
+
+def _put_numbers(vals: np.ndarray, res: np.ndarray | None, j: int, numbers: Numbers) -> np.ndarray | None:
+    """Column ``j`` of ``vals`` and ``res`` (made when a first residual is not 0); returns ``res``."""
+    vals[:, j], column_res = numbers
+    if column_res is not None:
+        if res is None:
+            res = np.zeros(vals.shape, I16)
+        res[:, j] = column_res
+    return res
+
+
+# ---------------------------------------------------------------------- Arrow
+
+
+def _int64(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array | None:
+    """An integer column as int64, or None when it holds a value past int64 (a uint64)."""
+    if pa.types.is_uint64(column.type):
+        top = pc.max(column).as_py()
+        if top is not None and top > _I64_MAX:
+            return None
+    return pc.cast(column, pa.int64())
+
+
+def _lookup(column: Any, keys: list[Any], codes: list[int], kind: pa.DataType) -> np.ndarray:
+    """The codes of ``column``'s values found among ``keys`` (``codes`` in the same order), else UNKNOWN;
+    MISSING for a null."""
+    out = np.full(len(column), UNKNOWN, I32)
+    if keys:
+        position = pc.index_in(column, value_set=pa.array(keys, type=kind))
+        found = position.to_numpy(zero_copy_only=False)
+        hit = ~np.isnan(found) if found.dtype.kind == "f" else np.ones(len(column), bool)
+        out[hit] = np.asarray(codes, I32)[found[hit].astype(I64)]
+    out[column.is_null().to_numpy(zero_copy_only=False)] = MISSING
+    return out
 
 
 def _arrow_codes(column: pa.ChunkedArray | pa.Array, table: Mapping[Any, int], typed: bool) -> np.ndarray:
-    n = len(column)
-    out = np.full(n, UNKNOWN, I32)
-    keys = [k for k in table if k is not ABSENT]
+    entries = [(k, c) for k, c in table.items() if k is not None]
     kind = column.type
+    pairs: list[tuple[Any, int]]
     if pa.types.is_boolean(kind):
-        keys = [k.value for k in keys if isinstance(k, BoolKey)]
-        codes = [table[BOOL_KEYS[k]] for k in keys]
+        pairs = [(k.value, c) for k, c in entries if isinstance(k, BoolKey)]
     elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        keys = [k for k in keys if type(k) is str]
-        codes = [table[k] for k in keys]
-    elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        keys = [k for k in keys if type(k) in (int, float)]
-        codes = [table[k] for k in keys]
-        column = pc.cast(column, pa.float64())
-        keys = [float(k) for k in keys]
+        pairs = [(k, c) for k, c in entries if type(k) is str]
+    elif pa.types.is_floating(kind):
+        column, kind = pc.cast(column, pa.float64()), pa.float64()
+        pairs = [(float(k), c) for k, c in entries if _is_double(k)]
+        pairs += [(-0.0, c) for k, c in entries if _is_double(k) and k == 0]  # Arrow tells -0.0 from 0.0
+    elif pa.types.is_integer(kind) and (as_int := _int64(column)) is not None:
+        column, kind = as_int, pa.int64()
+        pairs = [(int(k), c) for k, c in entries if _is_int64(k)]
     else:
-        python = column.to_pylist()
-        return np.asarray(
-            [
-                MISSING if x is None else c
-                for x, c in zip(python, _codes_of(python, table, typed), strict=True)
-            ],
-            I32,
-        )
-    if keys:
-        position = pc.index_in(column, value_set=pa.array(keys, type=column.type))
-        found = position.to_numpy(zero_copy_only=False)
-        hit = ~np.isnan(found) if found.dtype.kind == "f" else np.ones(n, bool)
-        lookup = np.asarray(codes, I32)
-        out[hit] = lookup[found[hit].astype(np.int64)]
-    nulls = column.is_null().to_numpy(zero_copy_only=False)
-    out[nulls] = MISSING
-    return out
+        return np.asarray(_codes_of(_canonical(column.to_pylist()), table, typed), I32)
+    return _lookup(column, [k for k, _ in pairs], [c for _, c in pairs], kind)
+
+
+def _is_double(k: Any) -> bool:
+    t = type(k)
+    return t is float or (t is int and floor_double(k) == k)
+
+
+def _is_int64(k: Any) -> bool:
+    t = type(k)
+    return (t is int or (t is float and k.is_integer())) and _I64_MIN <= k <= _I64_MAX
+
+
+def _arrow_numbers(column: pa.ChunkedArray | pa.Array) -> Numbers:
+    kind = column.type
+    if pa.types.is_floating(kind):
+        return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False), None
+    if pa.types.is_integer(kind) and (as_int := _int64(column)) is not None:
+        k, res = split_int64(pc.fill_null(as_int, 0).to_numpy(zero_copy_only=False))
+        nulls = as_int.is_null().to_numpy(zero_copy_only=False)
+        k[nulls] = np.nan
+        if res is not None:
+            res[nulls] = 0
+        return k, res
+    if pa.types.is_decimal(kind) or pa.types.is_integer(kind):
+        return _numbers(_canonical(column.to_pylist()))
+    return np.full(len(column), np.nan, F64), None
 
 
 def encode_arrow(
@@ -152,18 +216,18 @@ def encode_arrow(
     tables: Sequence[Mapping[Any, int]],
     typed: Sequence[bool],
     ranged: Sequence[bool],
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes, vals)`` for an Arrow table or record batch; a null is a missing attribute."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(codes, vals, res)`` for an Arrow table or record batch; a null is a missing attribute."""
     n, a = batch.num_rows, len(names)
     codes = np.full((n, a), MISSING, I32)
     vals = np.full((n, a), np.nan, F64)
+    res: np.ndarray | None = None
     columns = set(batch.schema.names)
     for j, name in enumerate(names):
         if name not in columns:
             continue
         column = batch.column(name)
         codes[:, j] = _arrow_codes(column, tables[j], typed[j])
-        if ranged[j] and (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-            as_float = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
-            vals[:, j] = np.where(np.isnan(as_float), np.nan, as_float)
-    return codes, vals
+        if ranged[j]:
+            res = _put_numbers(vals, res, j, _arrow_numbers(column))
+    return codes, vals, res

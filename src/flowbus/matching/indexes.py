@@ -14,12 +14,13 @@ finite domains):
   loops of :mod:`flowbus.matching.kernels` read, after :mod:`flowbus.matching.encode` has
   turned the events' values into codes.
 * Numeric ranges are not predicates here. A conjunction's ranges on one attribute are merged
-  into one closed interval of doubles (``> c`` becomes ``>= nextafter(c, inf)``, exact for
-  doubles) by :meth:`PredicateIndexes.add_ranges`, the one place this happens for every way
-  of adding subscriptions. Per event, the interval indexes clear the conjunctions whose
-  interval misses the value from a bitset of live conjunctions.
-* String order, ``prefix``, ``suffix``, ``contains`` and negated ranges are evaluated in
-  Python, per event, once per distinct predicate (:meth:`PredicateIndexes.extras`).
+  into one closed interval of exact numbers (doubles with residuals for the ints past 2**53,
+  :mod:`flowbus.matching.numbers`) by :meth:`PredicateIndexes.add_ranges`, the one place this
+  happens for every way of adding subscriptions. Per event, the interval indexes clear the
+  conjunctions whose interval misses the value from a bitset of live conjunctions.
+* String order, ``prefix``, ``suffix``, ``contains``, negated ranges and ranges on an int
+  beyond int64 that is not a double are evaluated in Python, per event, once per distinct
+  predicate (:meth:`PredicateIndexes.extras`).
 
 The indexes know predicates by id and conjunctions by slot. Which subscription holds which
 conjunction and predicate is the subscription table's business (:mod:`flowbus.matching.table`).
@@ -27,8 +28,7 @@ conjunction and predicate is the subscription table's business (:mod:`flowbus.ma
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -37,76 +37,70 @@ import numpy as np
 from numba import njit
 
 from flowbus.filters.ast import Op, Predicate
+from flowbus.filters.values import canonical
 from flowbus.matching import kernels
 from flowbus.matching._types import F64, I32, I64
-from flowbus.matching.encode import ABSENT, encode_arrow, encode_mappings, table_key
+from flowbus.matching.encode import encode_arrow, encode_mappings, table_key
 from flowbus.matching.intervals import IntervalIndex
+from flowbus.matching.numbers import range_bounds
 from flowbus.matching.pool import ListPool, PoolView
 from flowbus.matching.strings import StringPredicates
 
 CODE_OPS = frozenset({Op.EQ, Op.IN})
 """Equality-like operators: listed under the value codes they accept."""
 _EXCLUDE_OPS = frozenset({Op.NE, Op.NOT_IN})
-_INF = math.inf
-_BOUNDS: dict[Op, Callable[[float], tuple[float, float]]] = {
-    # the closed interval of doubles ``x OP c`` allows (exact: no double lies strictly between
-    # c and nextafter(c))
-    Op.GE: lambda c: (c, _INF),
-    Op.GT: lambda c: (math.nextafter(c, _INF), _INF),
-    Op.LE: lambda c: (-_INF, c),
-    Op.LT: lambda c: (-_INF, math.nextafter(c, -_INF)),
-}
 
 
-def is_range(p: Predicate) -> bool:
-    """Is ``p`` a numeric range literal (``< <= > >=`` on a number, not negated), which becomes
-    part of an interval instead of a predicate?"""
-    tv = type(p.value)
-    return p.op in _BOUNDS and not p.negated and (tv is float or tv is int)
-
-
-def range_bounds(p: Predicate) -> tuple[float, float]:
-    """The closed interval of doubles the range literal ``p`` (see :func:`is_range`) allows."""
-    return _BOUNDS[p.op](float(p.value))  # type: ignore[arg-type]
+@njit(cache=True, nogil=True, inline="always")
+def _higher_lower(lo: float, lo_r: float, lo2: float, lo_r2: float) -> bool:
+    """Is the lower bound ``(lo, lo_r)`` above ``(lo2, lo_r2)``? (A residual sits below its ``lo``.)"""
+    if lo != lo2:
+        return lo > lo2
+    return lo_r2 > 0 and (lo_r == 0 or lo_r > lo_r2)
 
 
 @njit(cache=True, nogil=True)
 def _merge(
-    slots: np.ndarray, aid: np.ndarray, bounds: np.ndarray, n_attrs: int
+    slots: np.ndarray, aid: np.ndarray, bounds: np.ndarray, which: np.ndarray, n_attrs: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Intersect the intervals ``bounds[i] = (lo, hi)`` of each run of equal ``(slots[i], aid[i])``.
+    """Intersect the intervals ``bounds[which[i]] = (lo, lo_r, hi, hi_r)`` (see
+    :mod:`flowbus.matching.numbers`) of each run of equal ``(slots[i], aid[i])``.
 
-    Returns the merged intervals ``(slot, attribute, lo, hi)`` sorted by attribute (each in input
-    order), and the offsets of each attribute's run among them.
+    Returns the merged intervals' slots, attributes, ``(lo, hi)`` and ``(lo_r, hi_r)``, sorted by
+    attribute (each in input order), and the offsets of each attribute's run among them.
     """
     n = slots.size
     g_slot = np.empty(n, np.int32)
     g_aid = np.empty(n, np.int64)
-    g_lo = np.empty(n, np.float64)
-    g_hi = np.empty(n, np.float64)
-    g = 0
+    g = np.empty((n, 4), np.float64)
+    k = 0
     for i in range(n):
+        lo, lo_r, hi, hi_r = bounds[which[i]]
         if i == 0 or slots[i] != slots[i - 1] or aid[i] != aid[i - 1]:
-            g_slot[g], g_aid[g], g_lo[g], g_hi[g] = slots[i], aid[i], bounds[i, 0], bounds[i, 1]
-            g += 1
-        else:
-            g_lo[g - 1] = max(g_lo[g - 1], bounds[i, 0])
-            g_hi[g - 1] = min(g_hi[g - 1], bounds[i, 1])
+            g_slot[k], g_aid[k] = slots[i], aid[i]
+            g[k, 0], g[k, 1], g[k, 2], g[k, 3] = lo, lo_r, hi, hi_r
+            k += 1
+            continue
+        if _higher_lower(lo, lo_r, g[k - 1, 0], g[k - 1, 1]):
+            g[k - 1, 0], g[k - 1, 1] = lo, lo_r
+        if hi < g[k - 1, 2] or (hi == g[k - 1, 2] and hi_r < g[k - 1, 3]):
+            g[k - 1, 2], g[k - 1, 3] = hi, hi_r
     cuts = np.zeros(n_attrs + 1, np.int64)
-    for j in range(g):
+    for j in range(k):
         cuts[g_aid[j] + 1] += 1
     for a in range(n_attrs):
         cuts[a + 1] += cuts[a]
     fill = cuts[:-1].copy()
-    o_slot = np.empty(g, np.int32)
-    o_aid = np.empty(g, np.int64)
-    o_lo = np.empty(g, np.float64)
-    o_hi = np.empty(g, np.float64)
-    for j in range(g):
-        k = fill[g_aid[j]]
+    o_slot = np.empty(k, np.int32)
+    o_aid = np.empty(k, np.int64)
+    o_b = np.empty((k, 2), np.float64)
+    o_r = np.empty((k, 2), np.int16)
+    for j in range(k):
+        at = fill[g_aid[j]]
         fill[g_aid[j]] += 1
-        o_slot[k], o_aid[k], o_lo[k], o_hi[k] = g_slot[j], g_aid[j], g_lo[j], g_hi[j]
-    return o_slot, o_aid, o_lo, o_hi, cuts
+        o_slot[at], o_aid[at] = g_slot[j], g_aid[j]
+        o_b[at, 0], o_r[at, 0], o_b[at, 1], o_r[at, 1] = g[j, 0], g[j, 1], g[j, 2], g[j, 3]
+    return o_slot, o_aid, o_b, o_r, cuts
 
 
 @dataclass(slots=True)
@@ -115,7 +109,7 @@ class _Attr:
 
     name: str
     index: int
-    table: dict[Any, int] = field(default_factory=lambda: {ABSENT: kernels.MISSING})
+    table: dict[Any, int] = field(default_factory=lambda: {None: kernels.MISSING})
     typed: bool = False
     intervals: IntervalIndex | None = None
     strings: StringPredicates = field(default_factory=StringPredicates)
@@ -201,26 +195,28 @@ class PredicateIndexes:
     def add_ranges(
         self, slots: np.ndarray, which: np.ndarray, literals: Sequence[Predicate]
     ) -> tuple[np.ndarray, list[str]]:
-        """Enter range literals (see :func:`is_range`): the ``i``-th is ``literals[which[i]]``, held
-        by the conjunction in ``slots[i]``. A conjunction's literals are adjacent and sorted by
-        attribute (as a :class:`~flowbus.filters.ast.Conjunction` keeps them); its literals on
-        one attribute merge into one interval. Returns the slots and attributes of the merged
-        intervals."""
+        """Enter range literals (see :func:`~flowbus.matching.numbers.is_range`): the ``i``-th is
+        ``literals[which[i]]``, held by the conjunction in ``slots[i]``. A conjunction's literals
+        are adjacent and sorted by attribute (as a :class:`~flowbus.filters.ast.Conjunction` keeps
+        them); its literals on one attribute merge into one interval. Returns the slots and
+        attributes of the merged intervals."""
         if which.size == 0:
             return slots[:0], []
         names = sorted({p.attr for p in literals})
         number = {name: i for i, name in enumerate(names)}
         aid = np.asarray([number[p.attr] for p in literals], I64)[which]
-        flat = np.fromiter(chain.from_iterable(map(range_bounds, literals)), F64, 2 * len(literals))
-        g_slot, g_aid, lo, hi, cuts = _merge(slots, aid, flat.reshape(-1, 2)[which], len(names))
-        bounds = cuts.tolist()
+        flat = np.fromiter(chain.from_iterable(map(range_bounds, literals)), F64, 4 * len(literals))
+        g_slot, g_aid, b, r, cuts = _merge(slots, aid, flat.reshape(-1, 4), which, len(names))
+        residuals = bool(r.any())
+        offsets = cuts.tolist()
         for i, name in enumerate(names):
-            a, b = bounds[i], bounds[i + 1]
-            if a < b:
+            a, z = offsets[i], offsets[i + 1]
+            if a < z:
                 attr = self._attr(name)
                 if attr.intervals is None:
                     attr.intervals = IntervalIndex(self._slots)
-                attr.intervals.add(g_slot[a:b], lo[a:b], hi[a:b])
+                some = residuals and bool(r[a:z].any())
+                attr.intervals.add(g_slot[a:z], b[a:z], r[a:z] if some else None)
                 attr.intervals.tune()
         return g_slot, [names[i] for i in g_aid.tolist()]
 
@@ -256,8 +252,8 @@ class PredicateIndexes:
         """Are some predicates evaluated on the events as mappings (see :meth:`extras`)?"""
         return any(a.strings for a in self._attr_list)
 
-    def encode(self, events: Any, *, arrow: bool) -> tuple[np.ndarray, np.ndarray]:
-        """``(codes, vals)`` of a chunk of events (see :mod:`flowbus.matching.encode`)."""
+    def encode(self, events: Any, *, arrow: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(codes, vals, res)`` of a chunk of events (see :mod:`flowbus.matching.encode`)."""
         attrs = self._attr_list
         names, tables, typed = [a.name for a in attrs], [a.table for a in attrs], [a.typed for a in attrs]
         return (encode_arrow if arrow else encode_mappings)(events, names, tables, typed, self._ranged())
@@ -265,9 +261,10 @@ class PredicateIndexes:
     def _ranged(self) -> list[bool]:
         return [a.intervals is not None and a.intervals.m > 0 for a in self._attr_list]
 
-    def alive(self, active: np.ndarray, vals: np.ndarray) -> np.ndarray | None:
-        """Per event, the bitset of live conjunctions ``active`` less those an interval clears;
-        None when no attribute holds an interval."""
+    def alive(self, active: np.ndarray, vals: np.ndarray, res: np.ndarray | None) -> np.ndarray | None:
+        """Per event, the bitset of live conjunctions ``active`` less those an interval clears (the
+        values are ``(vals, res)``, ``res`` None when all residuals are 0); None when no attribute
+        holds an interval."""
         ranged = self._ranged()
         if not any(ranged):
             return None
@@ -275,7 +272,8 @@ class PredicateIndexes:
         for a, is_ranged in zip(self._attr_list, ranged, strict=True):
             if is_ranged:
                 assert a.intervals is not None
-                a.intervals.apply(np.ascontiguousarray(vals[:, a.index]), alive)
+                column = None if res is None else np.ascontiguousarray(res[:, a.index])
+                a.intervals.apply(np.ascontiguousarray(vals[:, a.index]), column, alive)
         return alive
 
     def extras(self, rows: Sequence[Mapping[str, Any]] | None, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -287,9 +285,9 @@ class PredicateIndexes:
         ids: list[int] = []
         for e, row in enumerate(rows):
             for name, index in indexes:
-                value = row.get(name, ABSENT)
-                if value is not ABSENT:
-                    index.satisfied(value, row, ids)
+                value = row.get(name)
+                if value is not None:
+                    index.satisfied(canonical(value), row, ids)
             ptr[e + 1] = len(ids)
         return ptr, np.asarray(ids, I32)
 

@@ -271,14 +271,13 @@ class Matcher:
         return _Scratch(slots.counts, self._pmark, self._xmark)
 
     def _match_chunk(self, events: Any, arrow: bool, epoch0: int, scratch: _Scratch) -> list[np.ndarray]:
-        codes, vals = self._indexes.encode(events, arrow=arrow)
+        codes, vals, res = self._indexes.encode(events, arrow=arrow)
         n = codes.shape[0]
         rows: Sequence[Mapping[str, Any]] | None = None
         if self._indexes.needs_rows() or self._table.has_expressions():
-            rows = events.to_pylist() if arrow else events
-            rows = [{k: v for k, v in r.items() if v is not None} for r in rows] if arrow else rows
+            rows = events.to_pylist() if arrow else events  # (a null is a None: a missing attribute)
         extra_ptr, extra_ids = self._indexes.extras(rows, n)
-        alive = self._indexes.alive(self._table.slots.active, vals)
+        alive = self._indexes.alive(self._table.slots.active, vals, res)
         ptr, slots = self._run_kernel(epoch0, codes, extra_ptr, extra_ids, alive, scratch)
         event_of = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
         if self._table.has_expressions() and slots.size:

@@ -29,7 +29,7 @@ import numpy as np
 from flowbus.errors import InternalError, UserError
 from flowbus.filters.ast import ExprPredicate, Predicate
 from flowbus.matching._types import I64
-from flowbus.matching.indexes import is_range
+from flowbus.matching.numbers import is_range
 
 SubId = int | str
 

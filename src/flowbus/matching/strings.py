@@ -6,10 +6,11 @@ How it works: per attribute,
   string value satisfies exactly the entries keyed by one of its own prefixes,
   so a value of length L costs L + 1 look-ups, however many prefix predicates
   there are;
-* ordering predicates (``< <= > >=`` on strings, and on numbers when they are
-  negated and so could not become intervals) keep their constants in sorted
-  lists, one per operator and value class: the satisfied ones are one slice,
-  found by bisection;
+* ordering predicates (``< <= > >=`` on strings, and on numbers when they could
+  not become intervals: negated, or on an int beyond int64 that is not a double)
+  keep their constants in sorted lists, one per operator and value class: the
+  satisfied ones are one slice, found by bisection (numbers compare exactly, as
+  Python compares ints and floats);
 * ``suffix`` and ``contains`` are tested one by one.
 
 Predicate ids are those of the positive forms (a negated literal shares its
@@ -49,8 +50,7 @@ class StringPredicates:
 
     @staticmethod
     def _order_key(p: Predicate) -> tuple[tuple[Op, int], Any]:
-        cls = value_class(p.value)
-        return (p.op, cls), (float(p.value) if cls == 1 else p.value)  # type: ignore[arg-type]
+        return (p.op, value_class(p.value)), p.value
 
     def add(self, pid: int, p: Predicate) -> None:
         if p.op is Op.PREFIX:
@@ -81,7 +81,8 @@ class StringPredicates:
             del self._other[pid]
 
     def satisfied(self, value: Any, row: Any, out: list[int]) -> None:
-        """Append to ``out`` the ids of the predicates that ``value``, the attribute in ``row``, satisfies."""
+        """Append to ``out`` the ids of the predicates that ``value`` (canonical, not None), the
+        attribute in ``row``, satisfies."""
         cls = value_class(value)
         if cls == 2 and self._prefix:
             table = self._prefix
@@ -89,11 +90,10 @@ class StringPredicates:
                 ids = table.get(value[:k])
                 if ids:
                     out.extend(ids)
-        if cls in (1, 2):
-            key = float(value) if cls == 1 else value
+        if cls in (1, 2) and value == value:  # NaN is ordered with nothing
             for (op, kind), (keys, ids) in self._order.items():
-                if kind == cls and key == key:  # NaN is ordered with nothing
-                    lo, hi = _SLICES[op](keys, key)
+                if kind == cls:
+                    lo, hi = _SLICES[op](keys, value)
                     out.extend(ids[lo:hi])
         for pid, p in self._other.items():
             if p.holds(row):

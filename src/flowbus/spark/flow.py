@@ -776,12 +776,10 @@ def _expands_need_no_backlog(graph: Graph, collapse: Collapse, aggregates: Aggre
     replays the collapse does when every component is a last, max or min (the goal row's values
     are events' values). A replayed count or sum may need values no row holds (from t = 3 to
     t = 10 an event of 7): that collapse runs in ``transformWithState``, with its backlog."""
-    kinds = {a.kind for a in aggregates.components}
-    for arc in graph.arcs:
-        if isinstance(arc, Expand) and arc.source == collapse.target:
-            if replays_collapse(graph, collapse, arc) and not kinds <= {"last", "max", "min"}:
-                return False
-    return True
+    if {a.kind for a in aggregates.components} <= {"last", "max", "min"}:
+        return True
+    expands = [arc for arc in graph.arcs if isinstance(arc, Expand) and arc.source == collapse.target]
+    return not any(replays_collapse(graph, collapse, arc) for arc in expands)
 
 
 def _aggregate_column(a: Aggregate, space: Mapping[str, type]) -> Column:

@@ -57,7 +57,7 @@ from flowbus.flow.graph import (
 )
 from flowbus.model import Schema, Value
 
-__all__ = ["FlowBuilder", "graph_from_spec", "load_spec"]
+__all__ = ["FlowBuilder", "graph_from_spec", "load_spec", "lookup_table", "read_spec"]
 
 SchemaLike = Schema | Mapping[str, Any]
 ExprLike = str | Expr | Value
@@ -270,20 +270,26 @@ def _only(d: Mapping[str, Any], allowed: set[str], where: str, *, required: Sequ
 # ------------------------------------------------------------------- YAML
 
 
-def load_spec(path: str | Path) -> Graph:
-    """The graph of a YAML spec file; :class:`FlowError` (naming the file and the culprit) if it is bad."""
+def read_spec(path: str | Path) -> Any:
+    """The parsed YAML of a spec file; :class:`FlowError` naming the file if it cannot be read."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise FlowError(f"cannot read spec {str(p)!r}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise FlowError(f"{p}: not valid YAML{at}: {problem}") from None
+
+
+def load_spec(path: str | Path) -> Graph:
+    """The graph of a YAML spec file; :class:`FlowError` (naming the file and the culprit) if it is bad."""
+    p = Path(path)
+    data = read_spec(p)
     try:
         return graph_from_spec(data, base=p.parent)
     except FlowbusError as exc:
@@ -302,7 +308,7 @@ def graph_from_spec(data: object, *, base: Path | None = None) -> Graph:
     _only(data, _TOP, "top level", required=("spaces", "arcs"))
     b = FlowBuilder(str(data.get("name", "flow")))
     for name, table in _mapping(data.get("lookups", {}), "lookups").items():
-        b.lookup(str(name), _lookup_table(table, f"lookup {name!r}", base or Path(".")))
+        b.lookup(str(name), lookup_table(table, f"lookup {name!r}", base or Path(".")))
     for name, spec in _mapping(data["spaces"], "spaces").items():
         _space(b, str(name), spec)
     for name, spec in _mapping(data.get("rulesets", {}), "rulesets").items():
@@ -373,7 +379,7 @@ def _arc(b: FlowBuilder, i: int, spec: object) -> None:
         b.expand(name, source, target, value)
 
 
-def _lookup_table(value: object, where: str, base: Path) -> Mapping[Any, Any]:
+def lookup_table(value: object, where: str, base: Path) -> Mapping[Any, Any]:
     if isinstance(value, Mapping):
         return value
     if not isinstance(value, str):

@@ -289,6 +289,11 @@ class RingNode(Core):
         self.backups.delete(key)
         return self.backups.soon() if self.joined else []
 
+    def flush_backups(self) -> list[Effect]:
+        """The changes of the state made so far, to the holders now (not at the step's end):
+        for a change that must be backed up before the step's other effects are relied on."""
+        return self._send_backups(force=True)
+
     def start_heartbeats(self, period: float) -> list[Effect]:
         """Turn on the ring-neighbour heartbeats (a ring built without them, then watched)."""
         if not period > 0:

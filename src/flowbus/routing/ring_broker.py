@@ -61,11 +61,13 @@ from typing import Any
 
 from flowbus import wire
 from flowbus.core import Core, Deliver, Effect, Send
-from flowbus.errors import ProtocolError
+from flowbus.errors import ProtocolError, UserError
 from flowbus.filters import Filter, parse
+from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing import cbr
+from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
 from flowbus.routing.memo import compiled
 
 __all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
@@ -167,6 +169,8 @@ class RingBroker(Core):
         self._taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
+        self.flows = Flows()  # the deployed flows (routing/flows.py)
+        self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
 
     @property
     def addr(self) -> int:
@@ -231,7 +235,12 @@ class RingBroker(Core):
         key = next(k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id))
         self._taken_from.pop(sub_id, None)
         self._taken_by_dead = None
-        return self.router.drop(origin_of(key)) + self.ring.del_state(key)
+        out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
+        if self.flows.subs.pop(sub_id, None) is not None:
+            self.flows.waiting.pop(sub_id, None)
+            out += self.ring.del_state(("fsub", sub_id))
+        self.flows.parts.pop(sub_id, None)
+        return out
 
     def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
         """Publishers here will publish events matching ``filt`` (``advertising`` on): only
@@ -250,6 +259,8 @@ class RingBroker(Core):
             self._seq += 1
             event_id = (self.addr, self._seq)
         stamped = {**event, EVENT_ID: event_id}
+        if self.flows.records:
+            self._stamp(stamped)
         self._open(None, stamped)
         return self._out(self._extra(self.router.publish(stamped), stamped, self.addr))
 
@@ -258,14 +269,21 @@ class RingBroker(Core):
         one by one, in order, with one pass of the matcher (while the tree is being
         repaired, one event at a time)."""
         stamped = [{**event, EVENT_ID: eid} for eid, event in items]
-        for event in stamped:
+        if self.flows.records:
+            for event in stamped:
+                self._stamp(event)
+        return self._out(self._route_own(stamped))
+
+    def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
+        """Route events published here (in custody), in one matcher pass when the tree is whole."""
+        for event in events:
             self._open(None, event)
         if not self._orphans and not self._syncing:
-            return self._out(self.router.route_batch(stamped, self.addr))
+            return self.router.route_batch(events, self.addr)
         out: list[Effect] = []
-        for event in stamped:
+        for event in events:
             out.extend(self._extra(self.router.route_batch([event], self.addr), event, self.addr))
-        return self._out(out)
+        return out
 
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         """The driver is done with the delivery of ``event_id`` to ``sub_id`` (its client
@@ -274,13 +292,232 @@ class RingBroker(Core):
 
     def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
         """:meth:`settle` for many ``(subscription, event id)`` pairs, in one step."""
+        aliases = self._aliases
         for sub_id, event_id in pairs:
+            if aliases and event_id in aliases:
+                aliases.pop(event_id)  # (the event's first delivery settles it)
+                continue
             self._release(("sub", sub_id), event_id)
         return self._out([])
 
     def in_custody(self) -> int:
         """How many events this broker holds until others are done with them."""
         return len(self._custody)
+
+    # -- flows (routing/flows.py)
+
+    def deploy(
+        self, d: Deployment, *, nonce: int = 0, taken: Iterable[str] = ()
+    ) -> tuple[DeployRecord, list[Effect]]:
+        """Deploy ``d`` on the network from here: its record (the one deployed already if
+        this version is) and the effects. A :class:`~flowbus.errors.UserError` if its name is
+        taken by another version, or a space (``taken`` too) or function by another flow."""
+        existing = self.flows.check_new(d, taken)
+        if existing is not None:
+            return existing, []
+        if not self.ring.joined:
+            raise UserError(f"broker {self.addr} has not joined the ring yet: deploy again in a moment")
+        owners = {self.node_id} | {p.id for p in self.ring.links() if p.id not in self.ring.dead}
+        rec = DeployRecord(d.name, d.version, d.text, tuple(sorted(owners)), (self.node_id, nonce))
+        return rec, self._out(self._take_records((rec,), (), fresh=True, src=None))
+
+    def restore_flow(self, rec: DeployRecord) -> list[Effect]:
+        """A flow this broker had deployed before a restart (its store keeps them): known
+        again, with no partitions made (those it had were taken over)."""
+        return self._out(self._take_records((rec,), (), fresh=False, src=None))
+
+    def undeploy(self, name: str) -> list[Effect]:
+        """Withdraw flow ``name`` from the network (a UserError if none is deployed)."""
+        rec = self.flows.records.get(name)
+        if rec is None:
+            known = ", ".join(sorted(self.flows.records)) or "none"
+            raise UserError(f"no flow {name!r} is deployed (deployed: {known})")
+        return self._out(self._take_records((), (rec.deploy_id,), fresh=False, src=None))
+
+    def subscribe_flow(
+        self, sub_id: Hashable, space: str, filter_text: str = "", *, meta: Any = None
+    ) -> list[Effect]:
+        """Subscribe ``sub_id`` to ``space`` of a deployed flow with ``filter_text`` over its
+        schema: the network routes the pulled-back filter, this broker applies the edge
+        transforms (a UserError naming the space or field if it cannot be)."""
+        sub = self.flows.plan(space, filter_text)
+        out = self.subscribe(sub_id, sub.routing, meta=meta)
+        self.flows.subs[sub_id] = sub
+        out += self.ring.set_state(("fsub", sub_id), (space, filter_text))
+        return self._out(out + self._ask_snapshot(sub_id, sub))
+
+    def _ask_snapshot(self, sub_id: Hashable, sub: FlowSubscription) -> list[Effect]:
+        ask = self.flows.snapshot_ask(sub_id, sub, self.addr)
+        if ask is None:
+            return []
+        return self._on_snapshot_ask(None, ask)
+
+    def _stamp(self, event: dict[str, Any]) -> None:
+        d = self.flows.flow_of_space(event.get(SPACE, ""))
+        if d is not None:
+            d.stamp(event)
+
+    def _take_records(
+        self,
+        deployed: Sequence[DeployRecord],
+        withdrawn: Sequence[tuple[int, int]],
+        *,
+        fresh: bool,
+        src: int | None,
+    ) -> list[Effect]:
+        """Records and withdrawals (local, or a FlowSync from ``src``): what is new here is
+        installed or torn down, and flooded on to the other tree neighbours."""
+        flows = self.flows
+        out: list[Effect] = []
+        news: list[DeployRecord] = []
+        gone: list[tuple[int, int]] = []
+        for did in withdrawn:
+            if did in flows.withdrawn:
+                continue
+            flows.withdrawn.add(did)
+            gone.append(did)
+            for rec in [r for r in flows.records.values() if r.deploy_id == did]:
+                out += self._tear_down(rec)
+        for rec in deployed:
+            installed, old = flows.install(rec)
+            if not installed:
+                continue
+            news.append(rec)
+            if old is not None:
+                out += self._tear_down(old, removed=True)
+            if fresh and self.ring.joined:
+                for sub_id, _, filt in flows.partitions_to_make(rec, self.node_id):
+                    if sub_id not in self.subs:
+                        out += self.subscribe(sub_id, filt)
+                        flows.serve_partition(sub_id)
+        if news or gone:
+            msg = FlowSync(tuple(news), tuple(gone), fresh)
+            out += [Send(n, msg) for n in sorted(self.tree_neighbours()) if n != src]
+        return out
+
+    def _tear_down(self, rec: DeployRecord, *, removed: bool = False) -> list[Effect]:
+        """Forget ``rec``: its partitions and subscriptions here end, its rows go."""
+        out: list[Effect] = []
+        if not removed:
+            self.flows.remove(rec)
+        for sub_id, part in list(self.flows.parts.items()):
+            if part.sub_id[1] == rec.name and part.sub_id[2] == rec.deploy_id and sub_id in self.subs:
+                out += self.unsubscribe(sub_id)
+        for sub_id, sub in list(self.flows.subs.items()):
+            if sub.flow == rec.name and sub_id in self.subs:
+                out += self.unsubscribe(sub_id)
+                self.flows.ended.append(sub_id)
+        for key in [
+            k for k in self.ring.state if isinstance(k, tuple) and k[:3] == ("frow", rec.name, rec.deploy_id)
+        ]:
+            out += self.ring.del_state(key)
+        return out
+
+    def _on_flow_sync(self, src: int, msg: FlowSync) -> list[Effect]:
+        return self._take_records(msg.deployed, msg.withdrawn, fresh=msg.fresh, src=src)
+
+    def _on_snapshot_ask(self, src: int | None, msg: SnapshotAsk) -> list[Effect]:
+        """Forwarded on the tree; answered for the partitions served here."""
+        out: list[Effect] = [Send(n, msg) for n in sorted(self.tree_neighbours()) if n != src]
+        for rows in self.flows.snapshot_rows(msg, self.ring.state):
+            if msg.reply_to == self.addr:
+                out += self._on_snapshot_rows(rows)
+            else:
+                out.append(Send(msg.reply_to, rows))
+        return out
+
+    def _on_snapshot_rows(self, msg: SnapshotRows) -> list[Effect]:
+        sub = self.flows.subs.get(msg.sub)
+        if sub is None:
+            return []
+        out: list[Effect] = []
+        for event in self.flows.snapshot_in(msg):
+            out.extend(self._edge(msg.sub, sub, event))
+        return out
+
+    def _flow_adopted(self, sub_id: Hashable) -> list[Effect]:
+        """A subscription taken over: a partition is served here, and what its folds
+        published is published again (ids de-duplicate it); a flow subscription gets its edge."""
+        state = self.ring.state
+        part = self.flows.serve_partition(sub_id)
+        if part is not None:
+            again: list[dict[str, Any]] = []
+            for key, value in list(state.items()):
+                if isinstance(key, tuple) and key[:2] == ("fseen", sub_id):
+                    part.seen.append(key[2])
+                    again.extend({**ev, EVENT_ID: eid} for eid, ev in value)
+            return self._route_own(again) if again else []
+        spec = state.get(("fsub", sub_id))
+        if spec is not None and sub_id not in self.flows.subs:
+            try:
+                self.flows.subs[sub_id] = self.flows.plan(*spec)
+            except UserError:  # (its flow is gone)
+                return []
+        return []
+
+    def _flow_effects(self, effects: list[Effect]) -> list[Effect]:
+        """Deliveries to partitions folded (what they publish routed, the fold backed up
+        before anything else of this step is relied on), to flow subscriptions transformed."""
+        parts, subs = self.flows.parts, self.flows.subs
+        out: list[Effect] = []
+        pending = effects
+        folded = False
+        while pending:
+            publish: list[dict[str, Any]] = []
+            for e in pending:
+                if type(e) is Deliver:
+                    part = parts.get(e.sub)
+                    if part is not None:
+                        done, events = self._fold(part, e.event)
+                        out.extend(done)
+                        publish.extend(events)
+                        folded = True
+                        continue
+                    sub = subs.get(e.sub)
+                    if sub is not None:
+                        out.extend(self._edge(e.sub, sub, e.event))
+                        continue
+                out.append(e)
+            pending = self._route_own(publish) if publish else []
+        if folded:
+            out.extend(self.ring.flush_backups())
+        return out
+
+    def _fold(self, part: Partition, event: Mapping[str, Any]) -> tuple[list[Effect], list[dict[str, Any]]]:
+        eid = event.get(EVENT_ID)
+        state = self.ring.state
+        if ("fseen", part.sub_id, eid) in state:
+            return [], []
+        changed, published = self.flows.fold(part, eid, event, state)
+        out: list[Effect] = []
+        for key, value in changed.items():
+            out += self.ring.set_state(key, value)
+        part.seen.append(eid)
+        while len(part.seen) > SEEN:
+            out += self.ring.del_state(("fseen", part.sub_id, part.seen.popleft()))
+        events = []
+        for eid2, ev in published:
+            ev[EVENT_ID] = eid2
+            self._stamp(ev)
+            events.append(ev)
+        return out, events
+
+    def _edge(self, sub_id: Hashable, sub: FlowSubscription, event: Mapping[str, Any]) -> list[Effect]:
+        """``event`` for flow subscription ``sub_id``: the subscription's transforms applied."""
+        if not self.flows.admit(sub_id, event):
+            return []
+        results = sub.deliver(event)
+        eid = event.get(EVENT_ID)
+        out: list[Effect] = []
+        for i, result in enumerate(results):
+            if i:
+                alias = (f"{eid[0]}#{i}", eid[1]) if isinstance(eid, tuple) and len(eid) == 2 else (eid, i)
+                self._aliases[alias] = eid
+                result[EVENT_ID] = alias
+            else:
+                result[EVENT_ID] = eid
+            out.append(Deliver(sub_id, result))
+        return out
 
     # -- the driver's entry points
 
@@ -323,6 +560,12 @@ class RingBroker(Core):
             case HandedOver():
                 self._open(src, msg.event)
                 return self._out(self._on_handed_over(msg))
+            case FlowSync():
+                return self._out(self._on_flow_sync(src, msg))
+            case SnapshotAsk():
+                return self._out(self._on_snapshot_ask(src, msg))
+            case SnapshotRows():
+                return self._out(self._on_snapshot_rows(msg))
             case (
                 cbr.Publish()
                 | cbr.Subscribe()
@@ -395,6 +638,8 @@ class RingBroker(Core):
         after a repair may meet one that went round (the last ``DEDUP_WINDOW`` deliveries
         are remembered). With custody, what this step handed on is recorded against the
         events' custody records, and the confirmations that are due go out."""
+        if self.flows.parts or self.flows.subs:
+            effects = self._flow_effects(effects)
         out: list[Effect] = []
         step = self._step
         delivered, custody, local_ack = self._delivered, self._custody, self.local_ack
@@ -524,6 +769,7 @@ class RingBroker(Core):
                 self._taken_by_dead = None
                 self._adopted[key[1]] = origin_of(key)
                 out.extend(self.router.adopt(origin_of(key), filt))
+                out.extend(self._flow_adopted(key[1]))
                 matches = compiled(filt)
                 for (e, d, _), rkey in zip(self._retry, self._retry_for, strict=True):
                     if d in fresh_dead and matches(e):
@@ -552,6 +798,11 @@ class RingBroker(Core):
                         out.extend(self._bury_custody(a))
             out.extend(self.router.set_neighbours(wanted, handover=handover))
             self._syncing = (self._syncing & wanted) | added
+            if self.flows.records or self.flows.withdrawn:
+                sync = FlowSync(
+                    tuple(self.flows.records.values()), tuple(sorted(self.flows.withdrawn)), False
+                )
+                out.extend(Send(a, sync) for a in sorted(added))
             out.extend(Send(a, Synced()) for a in sorted(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):

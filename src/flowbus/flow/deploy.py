@@ -1,0 +1,518 @@
+"""A flow deployed on the broker network: its spaces on the bus, the content filter and edge
+transforms of a subscription to any of them, and its stateful groups as partitions.
+
+How it works (000 document, section 4: "all selects move toward the publishers and become
+content-based routing inside the network, all transforms move to the edge"):
+
+* **The document.** A deployment is made from a spec file (:meth:`Deployment.from_file`):
+  its lookup tables are read and inlined, so the deployment is one self-contained YAML text
+  that travels between brokers and into their stores. Its ``version`` is the first 16 hex
+  digits of the text's SHA-256: two brokers holding the same version hold the same flow.
+* **Spaces on the bus.** Every event space of the flow is a space of the bus, under its own
+  name (an event carries it in ``__space``, :data:`SPACE`). Clients publish into the
+  *publishable* spaces (sources and ``publish: true`` spaces); the owners of the flow's state
+  publish into the *derived* spaces (the targets of expand arcs); every event space can be
+  subscribed to. A state space is not: one subscribes to what lies downstream of it.
+* **A subscription** to space ``P`` with filter ``F`` over ``P``'s schema
+  (:meth:`Deployment.subscription`) takes every path into ``P`` from the rewrite
+  (:func:`~flowbus.flow.rewrite.rewrite` of the graph with ``P`` made a subscription point):
+  each path is a bus space ``p`` it starts at and its ``[S; T]``. The network routes
+  ``OR over paths (__space = p & S & F[T])``, ``F`` pulled back through ``T``
+  (:func:`~flowbus.filters.substitute.substitute_filter`): ``cap >= 5000000`` on
+  ``big_trades`` reaches the publishers' brokers as ``price * vol >= 5000000``. Literals that
+  call a lookup or function are left out of the routed filter (the brokers' matchers know no
+  flow's functions): the routed filter is then weaker, never stronger, than the exact one. At
+  the edge, :meth:`FlowSubscription.deliver` applies, per path from the event's space, ``S``,
+  then ``T``, then ``F``: every path that holds delivers (fan-out, as the interpreter does).
+* **Stateful groups** (:func:`flowbus.flow.plan.plan`: the collapses reading one space with
+  one key) are partitioned over the brokers by a 32-bit hash of the key
+  (:func:`hash32`). The broker that takes a publish stamps the event, for each feed of a group
+  reading the event's space whose ``S`` holds and ``T`` is defined, with the hash of the key
+  in a hidden field (:meth:`Deployment.stamp`); the owner of a hash range subscribes to its
+  range of that field like any subscriber, and folds what it receives
+  (:meth:`Group.fold`). Each change of a row gives, per expand arc out of the state, the
+  shortest sequence from the old row to the new one (:class:`~flowbus.flow.local.Deliverer`),
+  which the owner publishes into the expand's target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowbus.errors import FlowbusError, FlowError, SchemaError, UserError
+from flowbus.filters import Filter, parse
+from flowbus.filters.ast import Conjunction, ExprPredicate, Field, Op, Predicate, Undefined
+from flowbus.filters.compile import ALWAYS, Compiler
+from flowbus.filters.substitute import substitute_filter
+from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.generators import generate
+from flowbus.flow.graph import Expand, Graph, Route, StateSpace
+from flowbus.flow.local import Deliverer
+from flowbus.flow.plan import StatefulGroup, plan
+from flowbus.flow.rewrite import exit_name, rewrite, route_shared
+from flowbus.flow.spec import graph_from_spec, lookup_table, read_spec
+from flowbus.flow.validate import bind_rules
+from flowbus.model import Schema
+
+__all__ = [
+    "HASH_FIELD",
+    "SPACE",
+    "Deployment",
+    "FlowSubscription",
+    "Group",
+    "SpaceInfo",
+    "bus_name",
+    "hash32",
+]
+
+SPACE = "__space"
+"""The hidden field that carries an event's space on the bus."""
+
+HASH_FIELD = "__h"
+"""The prefix of the hidden fields carrying a key's hash: ``__h.<flow>.<group>.<feed>``."""
+
+Event = Mapping[str, Any]
+TestFn = Callable[[Event, Any], bool]
+TransformFn = Callable[[Event, Any], Mapping[str, Any]]
+
+
+def hash32(key: Key) -> int:
+    """A stable 32-bit hash of a state key (the same in every process)."""
+    return zlib.crc32(repr(key).encode())
+
+
+def bus_name(node: str) -> str:
+    """The bus space of a node of the rewritten graph (``combined.pub`` -> ``combined``)."""
+    for suffix in (".pub", ".sub"):
+        if node.endswith(suffix):
+            return node[: -len(suffix)]
+    return node
+
+
+def _plain(event: Event) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if not k.startswith("__")}
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceInfo:
+    """A space of a deployed flow as the bus sees it."""
+
+    name: str
+    kind: str  # source, events, sink or state
+    schema: Schema
+    publishable: bool  # clients may publish into it
+    derived: bool  # the owners of a state publish into it (an expand's target)
+    subscribable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Path:
+    """One path into a subscribed space: from bus space ``source``, ``[S; T]`` compiled."""
+
+    source: str
+    select: TestFn
+    transform: TransformFn
+    new_memo: Callable[[], Any]
+
+
+class FlowSubscription:
+    """A subscription to a space of a flow: the filter the network routes, and what the edge
+    applies before delivery (see the module note)."""
+
+    def __init__(
+        self, flow: str, space: str, filt: Filter, routing: Filter, paths: Sequence[_Path], check: TestFn
+    ) -> None:
+        self.flow = flow
+        self.space = space
+        self.filter = filt
+        self.routing = routing
+        self._by_source: dict[str, list[_Path]] = {}
+        for path in paths:
+            self._by_source.setdefault(path.source, []).append(path)
+        self._check = check
+        self._memo = Compiler({}).new_memo()
+        self.sources = frozenset(self._by_source)
+
+    def deliver(self, event: Event) -> list[dict[str, Any]]:
+        """What the subscriber receives for ``event`` (a bus event: its space in ``__space``)."""
+        out: list[dict[str, Any]] = []
+        check, memo = self._check, self._memo
+        for path in self._by_source.get(event.get(SPACE, ""), ()):
+            m = path.new_memo()
+            if path.select is not ALWAYS and not path.select(event, m):
+                continue
+            try:
+                result = path.transform(event, m)
+            except Undefined:
+                continue
+            if check is ALWAYS or check(result, memo):
+                out.append(_plain(result))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """How events of bus space ``space`` reach a group: ``[S; T]`` (none: as they are)."""
+
+    index: int
+    space: str
+    field: str  # the hidden field carrying the key's hash
+    select: TestFn
+    transform: TransformFn
+    new_memo: Callable[[], Any]
+
+    def input(self, event: Event) -> Mapping[str, Any] | None:
+        """The event the group folds for ``event`` (None: the feed's select or transform drops it)."""
+        memo = self.new_memo()
+        if self.select is not ALWAYS and not self.select(event, memo):
+            return None
+        try:
+            return self.transform(event, memo)
+        except Undefined:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A state's expand arc: what the owner publishes on each change of a row."""
+
+    deliverer: Deliverer
+    space: str  # the bus space it publishes into
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """One collapse arc of a group, into ``state``, and the expand arcs out of that state."""
+
+    arc: str
+    state: str
+    bound: BoundRules
+    outputs: tuple[Output, ...]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A stateful group: the collapses reading one space with one key, partitioned by hash."""
+
+    name: str
+    flow: str
+    feeds: tuple[Feed, ...]
+    folds: tuple[Fold, ...]
+
+    def key_of(self, event: Mapping[str, Any]) -> Key | None:
+        try:
+            return self.folds[0].bound.key_of(event)
+        except Undefined:
+            return None
+
+    def fold(
+        self, key: Key, event: Mapping[str, Any], row_of: Callable[[str, Key], Row | None]
+    ) -> list[tuple[Fold, Row, Row, list[tuple[str, dict[str, Any]]]]]:
+        """Fold ``event`` (a feed's input) for ``key``: per collapse whose row changed, the
+        fold, the old and new row and what its expand arcs publish (space, event)."""
+        changes = []
+        for f in self.folds:
+            old = row_of(f.state, key)
+            if old is None:
+                old = f.bound.initial
+            new = f.bound.step(key, old, event)
+            if new is None or new == old:
+                continue
+            published: list[tuple[str, dict[str, Any]]] = []
+            for out in f.outputs:
+                d = out.deliverer
+                _, events = d.events(key, d.project(old), old, new, event)
+                published.extend((out.space, dict(ev)) for ev in events)
+            changes.append((f, old, new, published))
+        return changes
+
+    def snapshot(self, key: Key, rows: Mapping[str, Row]) -> list[tuple[str, dict[str, Any]]]:
+        """What a subscriber that has seen nothing needs of ``key`` to reach ``rows`` (per state):
+        per expand arc, the shortest sequence from the initial row (A*)."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        for f in self.folds:
+            row = rows.get(f.state)
+            if row is None:
+                continue
+            for o in f.outputs:
+                d = o.deliverer
+                goal = d.project(row)
+                start = d.project(f.bound.initial)
+                if goal != start:
+                    out.extend((o.space, dict(ev)) for ev in d.search(key, start, goal).events)
+        return out
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A flow as the network deploys it (see the module note): build with :meth:`from_file`
+    or :meth:`from_text`."""
+
+    name: str
+    version: str
+    text: str  # the canonical YAML document (lookups inlined)
+    graph: Graph
+    _subs: dict[tuple[str, str], FlowSubscription] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- making one
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Deployment:
+        """The deployment of a spec file (its lookup files inlined); a :class:`FlowError`
+        naming the file and what is wrong if it is not a valid flow."""
+        p = Path(path)
+        data = read_spec(p)
+        try:
+            doc = _inlined(data, p.parent)
+            return cls.from_text(yaml.safe_dump(doc, sort_keys=True, allow_unicode=True))
+        except FlowbusError as exc:
+            raise FlowError(f"{p}: {exc}") from None
+
+    @classmethod
+    def from_text(cls, text: str) -> Deployment:
+        """The deployment of a canonical document (what :attr:`text` holds)."""
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise FlowError(f"a flow document is YAML: {exc}") from None
+        graph = graph_from_spec(data)
+        version = hashlib.sha256(text.encode()).hexdigest()[:16]
+        deployment = cls(graph.name, version, text, graph)
+        deployment.groups  # (built and checked now: an invalid flow is refused whole)  # noqa: B018
+        return deployment
+
+    @classmethod
+    def from_spec(cls, data: Mapping[str, Any]) -> Deployment:
+        """The deployment of a spec already parsed (its lookups given as tables)."""
+        return cls.from_text(yaml.safe_dump(_inlined(data, Path(".")), sort_keys=True, allow_unicode=True))
+
+    # -- the flow's spaces
+
+    @cached_property
+    def rewritten(self) -> Graph:
+        return rewrite(self.graph)
+
+    @cached_property
+    def spaces(self) -> dict[str, SpaceInfo]:
+        g = self.graph
+        derived = {a.target for a in g.arcs if isinstance(a, Expand)}
+        out: dict[str, SpaceInfo] = {}
+        for s in g.spaces:
+            if isinstance(s, StateSpace):
+                out[s.name] = SpaceInfo(s.name, "state", s.schema, False, False, False)
+            else:
+                out[s.name] = SpaceInfo(s.name, s.kind, s.schema, s.is_publication, s.name in derived, True)
+        return out
+
+    @property
+    def functions(self) -> Mapping[str, Any]:
+        return self.graph.all_functions
+
+    def space(self, name: str) -> SpaceInfo:
+        info = self.spaces.get(name)
+        if info is None:
+            known = ", ".join(self.spaces)
+            raise UserError(f"flow {self.name!r} has no space {name!r} (spaces: {known})")
+        return info
+
+    def check_event(self, space: str, event: Any) -> dict[str, Any]:
+        """``event`` published by a client into ``space``, checked (a :class:`UserError` if not)."""
+        info = self.space(space)
+        if not info.publishable:
+            why = "its state's owners publish into it" if info.derived else "it is computed from others"
+            raise UserError(
+                f"space {space!r} of flow {self.name!r} is not publishable: {why} "
+                f"(publishable: {', '.join(s.name for s in self.spaces.values() if s.publishable)})"
+            )
+        if not isinstance(event, Mapping) or not all(isinstance(k, str) for k in event):
+            raise UserError(f"an event is a map of field names to values, got {type(event).__name__}")
+        try:
+            return info.schema.validate(event)
+        except SchemaError as exc:
+            raise UserError(f"space {space!r}: {exc}") from None
+
+    def generate(
+        self, *, events: int | None = None, seed: int | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The flow's generated input, in the interpreter's order: ``(space, event)`` pairs."""
+        return generate(self.graph, events=events, seed=seed)
+
+    # -- subscriptions
+
+    def subscription(self, space: str, filter_text: str = "") -> FlowSubscription:
+        """A subscription to ``space`` with ``filter_text`` over its schema (empty: all
+        events): a :class:`UserError` naming the space or the field if it cannot be."""
+        key = (space, filter_text)
+        sub = self._subs.get(key)
+        if sub is None:
+            sub = self._subs[key] = self._subscription(space, filter_text)
+        return sub
+
+    def _subscription(self, space: str, filter_text: str) -> FlowSubscription:
+        info = self.space(space)
+        if info.kind == "state":
+            below = [a.target for a in self.graph.out_arcs(space)]
+            raise UserError(
+                f"space {space!r} of flow {self.name!r} is a state: subscribe to what lies "
+                f"downstream of it ({', '.join(below) or 'nothing does'})"
+            )
+        filt = parse(filter_text) if filter_text.strip() else Filter.true()
+        unknown = sorted(f for f in filt.fields() if f not in info.schema)
+        if unknown:
+            raise UserError(
+                f"filter: unknown field {unknown[0]!r} in space {space!r} (fields: {', '.join(info.schema)})"
+            )
+        fns = self.functions
+        check: TestFn = Compiler(fns).filter(filt) if filt.disjuncts != Filter.true().disjuncts else ALWAYS
+        paths: list[_Path] = []
+        routing = Filter.false()
+        for source, route in self._paths_into(space):
+            c = Compiler(fns, route_shared([route]) if route is not None else ())
+            if route is None:
+                select: TestFn = ALWAYS
+                transform: TransformFn = c.transform(
+                    [(n, Field(n)) for n in info.schema], inputs=list(info.schema)
+                )
+                pulled = filt
+                step_select = Filter.true()
+            else:
+                select = ALWAYS if route.select == Filter.true() else c.filter(route.select)
+                transform = c.transform(
+                    route.outputs, route.requires, inputs=list(self._schema_of(route.source))
+                )
+                pulled = substitute_filter(filt, dict(route.outputs))
+                step_select = route.select
+            paths.append(_Path(source, select, transform, c.memo_factory()))
+            routing = routing | _routable(source, step_select & pulled)
+        return FlowSubscription(self.name, space, filt, routing, paths, check)
+
+    def _schema_of(self, node: str) -> Schema:
+        return self.rewritten.space(node).schema
+
+    def _paths_into(self, space: str) -> list[tuple[str, Route | None]]:
+        """Every path into ``space``: (the bus space it starts at, its route; None: the space itself)."""
+        g, info = self.graph, self.spaces[space]
+        sp = g.event_space(space)
+        if sp.kind == "events" and not sp.subscribe:
+            g = Graph(
+                spaces=tuple(replace(sp, subscribe=True) if s is sp else s for s in g.spaces),
+                arcs=g.arcs,
+                functions=g.functions,
+                name=g.name,
+            )
+            rw = rewrite(g)
+        else:
+            rw = self.rewritten
+        exit_node = exit_name(g, space)
+        routes = [a for a in rw.arcs if isinstance(a, Route) and a.target == exit_node]
+        out: list[tuple[str, Route | None]] = [(bus_name(r.source), r) for r in routes]
+        if (info.publishable or info.derived) and not any(
+            bus_name(r.source) == space and not r.via for r in routes
+        ):
+            out.insert(0, (space, None))
+        return out
+
+    # -- state
+
+    @cached_property
+    def groups(self) -> tuple[Group, ...]:
+        rw = self.rewritten
+        try:
+            flow_plan = plan(rw)
+        except FlowError as exc:
+            raise FlowError(f"flow {self.name!r} cannot run on the network: {exc}") from None
+        return tuple(self._group(rw, g) for g in flow_plan.groups)
+
+    def _group(self, rw: Graph, g: StatefulGroup) -> Group:
+        fns = self.functions
+        feeds = []
+        for i, feed in enumerate(g.feeds):
+            route = feed.route
+            field_name = f"{HASH_FIELD}.{self.name}.{g.name}.{i}"
+            if route is None:
+                schema = rw.space(feed.point).schema
+                c = Compiler(fns)
+                feeds.append(
+                    Feed(i, bus_name(feed.point), field_name, ALWAYS,
+                         c.transform([(n, Field(n)) for n in schema], inputs=list(schema)), c.memo_factory())
+                )  # fmt: skip
+            else:
+                c = Compiler(fns, route_shared([route]))
+                select = ALWAYS if route.select == Filter.true() else c.filter(route.select)
+                transform = c.transform(
+                    route.outputs, route.requires, inputs=list(rw.space(route.source).schema)
+                )
+                feeds.append(Feed(i, bus_name(feed.point), field_name, select, transform, c.memo_factory()))
+        folds = []
+        for collapse in g.collapses:
+            outputs = tuple(
+                Output(Deliverer(rw, e, collapse), bus_name(e.target))
+                for e in rw.out_arcs(collapse.target)
+                if isinstance(e, Expand)
+            )
+            folds.append(Fold(collapse.name, collapse.target, bind_rules(rw, collapse), outputs))
+        return Group(g.name, self.name, tuple(feeds), tuple(folds))
+
+    @cached_property
+    def stamps(self) -> dict[str, list[tuple[Group, Feed]]]:
+        """Bus space -> the (group, feed) pairs reading it."""
+        out: dict[str, list[tuple[Group, Feed]]] = {}
+        for g in self.groups:
+            for f in g.feeds:
+                out.setdefault(f.space, []).append((g, f))
+        return out
+
+    def stamp(self, event: dict[str, Any]) -> None:
+        """Add to ``event`` (a bus event) the hash of its key for each group it feeds."""
+        for group, feed in self.stamps.get(event.get(SPACE, ""), ()):
+            src = feed.input(event)
+            if src is None:
+                continue
+            key = group.key_of(src)
+            if key is not None:
+                event[feed.field] = hash32(key)
+
+    def partition_filter(self, group: Group, ranges: Sequence[tuple[int, int]]) -> Filter:
+        """The events of ``group`` whose key hash lies in one of ``ranges`` (``lo < h <= hi``)."""
+        conj = []
+        for feed in group.feeds:
+            for lo, hi in ranges:
+                conj.append(
+                    Conjunction((
+                        Predicate(SPACE, Op.EQ, feed.space),
+                        Predicate(feed.field, Op.GT, lo),
+                        Predicate(feed.field, Op.LE, hi),
+                    ))
+                )  # fmt: skip
+        return Filter(tuple(conj))
+
+
+def _routable(source: str, f: Filter) -> Filter:
+    """``__space = source & f`` without the literals that call a function (see the module note)."""
+    in_space = Predicate(SPACE, Op.EQ, source)
+    conj = []
+    for c in f.disjuncts:
+        kept = tuple(lit for lit in c.literals if not (isinstance(lit, ExprPredicate) and lit.calls()))
+        conj.append(Conjunction((in_space, *kept)))
+    return Filter(tuple(conj))
+
+
+def _inlined(data: Any, base: Path) -> dict[str, Any]:
+    """A parsed spec with its lookup tables read from their files."""
+    if not isinstance(data, Mapping):
+        raise FlowError(f"a spec is a mapping with spaces and arcs, got {type(data).__name__}")
+    doc = dict(data)
+    lookups = doc.get("lookups")
+    if isinstance(lookups, Mapping):
+        doc["lookups"] = {
+            str(name): dict(lookup_table(table, f"lookup {name!r}", base)) for name, table in lookups.items()
+        }
+    return doc

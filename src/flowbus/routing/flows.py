@@ -1,0 +1,387 @@
+"""Flows deployed on the broker network: the registry, the edge transforms and the state
+partitions of a :class:`~flowbus.routing.ring_broker.RingBroker` (sans-IO).
+
+How it works (what a flow *is* on the bus, its spaces, paths and groups:
+:mod:`flowbus.flow.deploy`):
+
+* **The registry** is replicated by flooding on the broker tree, the way subscriptions
+  travel: a broker asked to deploy a flow makes a :class:`DeployRecord` (the document, its
+  version, the *owners* -- the ring ids of the live brokers it knows, itself included -- and a
+  deploy id), installs it and floods it in a :class:`FlowSync`; a broker that learns something
+  new from a ``FlowSync`` forwards it to its other tree neighbours. A new tree neighbour is sent
+  the whole registry (and the deploy ids withdrawn), so a joining or restarted broker gets every
+  flow. Two deploys of one name with different versions or ids: the smaller
+  ``(version, deploy id)`` wins at every broker, whatever the order they arrive in.
+* **Ownership.** The owners split the 32-bit hash space of each stateful group's keys: owner
+  ``o_i`` holds ``(o_(i-1), o_i]`` (the first one wraps round), a ring's own rule for its ids.
+  An owner subscribes to its range (:meth:`Flows.partitions_to_make`) when it first installs
+  a *fresh* record (the deploy's own flood, not a later sync), as a normal subscription filed
+  in the ring state: backed up on its ring neighbours and taken over with the rest of its
+  state when it dies. A broker that joins later owns nothing of the flows already deployed.
+* **Rows** live in the ring state too, under ``("frow", flow, deploy id, partition, state,
+  key) -> (version, row)``, so a takeover carries them; so does the id of each event a
+  partition folded, with what that fold published (``("fseen", partition, event id)``, the
+  last :data:`SEEN` per partition): the broker that takes a partition over folds no event twice
+  and publishes again what the dead owner may not have sent (its id de-duplicates it).
+* **Derived events** (what the expand arcs of a changed row give) are published by the
+  partition's holder into the expand's target space with deterministic ids
+  (:func:`output_id`), carrying the partition, the key and the row's version in hidden
+  fields, so that a late subscriber can start from a snapshot.
+* **Snapshots.** A subscription whose paths start at derived spaces asks, by a flood on the
+  tree (:class:`SnapshotAsk`), every partition of the groups behind them for its rows; each
+  holder answers directly (:class:`SnapshotRows`). Until a partition's rows are in, the
+  subscription holds that partition's live events; then it delivers, per key, the shortest
+  sequence from the initial row to the snapshot's (A*), and of the held events those of a
+  later version.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowbus import wire
+from flowbus.errors import UserError
+from flowbus.flow.collapse import Key, Row
+from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription, Group
+
+__all__ = [
+    "SEEN",
+    "DeployRecord",
+    "FlowSync",
+    "Flows",
+    "SnapshotAsk",
+    "SnapshotRows",
+    "output_id",
+    "ranges_of",
+]
+
+SEEN = 20_000
+"""How many folded event ids (and what their folds published) a partition keeps."""
+
+HASH_SPACE = 1 << 32
+
+PART = "part"
+"""The first element of a partition subscription's id: ``("part", flow, deploy id, group, owner)``."""
+
+PARTITION = "__fp"
+"""Hidden fields of a derived event: its partition's owner id, key (text) and row version."""
+KEY = "__fk"
+VERSION = "__fv"
+STATE = "__fs"
+
+
+@wire.message("flows.record")
+@dataclass(frozen=True, slots=True)
+class DeployRecord:
+    """A deployed flow: its document, version, owners (ring ids) and deploy id."""
+
+    name: str
+    version: str
+    text: str
+    owners: tuple[int, ...]
+    deploy_id: tuple[int, int]  # (the deploying broker's ring id, a number it chose)
+
+    @property
+    def rank(self) -> tuple[str, tuple[int, int]]:
+        return (self.version, self.deploy_id)
+
+
+@wire.message("flows.sync")
+@dataclass(frozen=True, slots=True)
+class FlowSync:
+    """Deployed flows and withdrawn deploy ids, flooded on the broker tree; ``fresh``: a new
+    deploy (its owners make their partitions), not a sync of a new tree link."""
+
+    deployed: tuple[DeployRecord, ...]
+    withdrawn: tuple[tuple[int, int], ...]
+    fresh: bool
+
+
+@wire.message("flows.snapshot_ask")
+@dataclass(frozen=True, slots=True)
+class SnapshotAsk:
+    """Subscription ``sub`` at broker ``reply_to`` asks for the rows of ``groups`` of a flow."""
+
+    sub: Any
+    reply_to: int
+    flow: str
+    deploy_id: tuple[int, int]
+    groups: tuple[str, ...]
+
+
+@wire.message("flows.snapshot_rows")
+@dataclass(frozen=True, slots=True)
+class SnapshotRows:
+    """The rows of one partition of ``group``: ``(state, key, version, row)`` each."""
+
+    sub: Any
+    group: str
+    owner: int
+    rows: tuple[tuple[str, Any, int, Any], ...]
+
+
+def ranges_of(owners: Sequence[int], owner: int) -> tuple[tuple[int, int], ...]:
+    """The hash ranges ``lo < h <= hi`` of ``owner`` among ``owners`` (sorted ring ids)."""
+    i = owners.index(owner)
+    if len(owners) == 1:
+        return ((-1, HASH_SPACE - 1),)
+    if i == 0:
+        return ((owners[-1], HASH_SPACE - 1), (-1, owner))
+    return ((owners[i - 1], owner),)
+
+
+def output_id(flow: str, space: str, key: Key, version: int, i: int) -> tuple[str, int]:
+    """The id of the ``i``-th event a row's change to ``version`` publishes into ``space``."""
+    return (f"{flow}/{space}/{key!r}", version * 1024 + i)
+
+
+@dataclass
+class Partition:
+    """A partition served here (own, or taken over)."""
+
+    sub_id: tuple[Any, ...]
+    deployment: Deployment
+    group: Group
+    owner: int
+    ranges: tuple[tuple[int, int], ...]
+    seen: deque[Any] = field(default_factory=deque)
+
+    def feeds_of(self, event: Mapping[str, Any]) -> list[Any]:
+        space = event.get(SPACE)
+        out = []
+        for feed in self.group.feeds:
+            h = event.get(feed.field) if feed.space == space else None
+            if h is not None and any(lo < h <= hi for lo, hi in self.ranges):
+                out.append(feed)
+        return out
+
+
+class Waiting:
+    """A subscription waiting for the snapshots of the partitions behind its derived spaces."""
+
+    def __init__(self, missing: set[tuple[str, int]]) -> None:
+        self.missing = missing  # (group, owner) not answered yet
+        self.versions: dict[tuple[str, str, str], int] = {}  # (owner, state, key text) -> version
+        self.held: list[Mapping[str, Any]] = []  # live events of partitions not answered yet
+
+
+class Flows:
+    """The flows a broker knows, its partitions and its flow subscriptions (see the module note)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, DeployRecord] = {}
+        self.deployments: dict[str, Deployment] = {}
+        self.withdrawn: set[tuple[int, int]] = set()
+        self.parts: dict[Hashable, Partition] = {}
+        self.subs: dict[Hashable, FlowSubscription] = {}  # flow subscriptions served here
+        self.waiting: dict[Hashable, Waiting] = {}
+        self.ended: list[Hashable] = []  # flow subscriptions ended by an undeploy (for the driver)
+        self._by_space: dict[str, str] = {}  # bus space -> flow
+
+    # -- the registry
+
+    def flow_of_space(self, space: str) -> Deployment | None:
+        name = self._by_space.get(space)
+        return None if name is None else self.deployments[name]
+
+    def check_new(self, d: Deployment, taken: Iterable[str] = ()) -> DeployRecord | None:
+        """Why ``d`` cannot be deployed here (a :class:`UserError`); the record it would
+        replace nothing of, or the record already deployed with its version (idempotent)."""
+        old = self.records.get(d.name)
+        if old is not None:
+            if old.version == d.version:
+                return old
+            raise UserError(
+                f"flow {d.name!r} is deployed already with version {old.version} "
+                f"(this one is {d.version}): undeploy it first"
+            )
+        other_spaces = set(taken)
+        for space in d.spaces:
+            owner = self._by_space.get(space)
+            if owner is not None or space in other_spaces:
+                by = f"flow {owner!r}" if owner is not None else "the broker's configuration"
+                raise UserError(f"flow {d.name!r}: space {space!r} is taken by {by}")
+        fns = {n for dep in self.deployments.values() for n in dep.graph.functions}
+        clash = sorted(set(d.graph.functions) & fns)
+        if clash:
+            raise UserError(f"flow {d.name!r}: function or lookup {clash[0]!r} is taken by another flow")
+        return None
+
+    def install(self, rec: DeployRecord) -> tuple[bool, DeployRecord | None]:
+        """Take ``rec`` in: (whether it is installed now, the record it replaced)."""
+        if rec.deploy_id in self.withdrawn:
+            return False, None
+        old = self.records.get(rec.name)
+        if old is not None and (old == rec or old.rank <= rec.rank):
+            return False, None
+        d = Deployment.from_text(rec.text)
+        if d.version != rec.version or d.name != rec.name:
+            return False, None
+        if old is not None:
+            self.remove(old)
+        self.records[rec.name] = rec
+        self.deployments[rec.name] = d
+        for space in d.spaces:
+            self._by_space[space] = rec.name
+        return True, old
+
+    def remove(self, rec: DeployRecord) -> None:
+        if self.records.get(rec.name) == rec:
+            del self.records[rec.name]
+            d = self.deployments.pop(rec.name)
+            for space in d.spaces:
+                self._by_space.pop(space, None)
+
+    def partitions_to_make(self, rec: DeployRecord, me: int) -> list[tuple[tuple[Any, ...], Group, Any]]:
+        """The partition subscriptions ``me`` makes for a fresh ``rec``: (id, group, filter)."""
+        if me not in rec.owners:
+            return []
+        d = self.deployments[rec.name]
+        ranges = ranges_of(rec.owners, me)
+        return [
+            ((PART, rec.name, rec.deploy_id, g.name, me), g, d.partition_filter(g, ranges)) for g in d.groups
+        ]
+
+    def serve_partition(self, sub_id: Hashable) -> Partition | None:
+        """Serve the partition subscription ``sub_id`` here (made here, or taken over)."""
+        if not (isinstance(sub_id, tuple) and len(sub_id) == 5 and sub_id[0] == PART):
+            return None
+        _, name, deploy_id, group, owner = sub_id
+        rec = self.records.get(name)
+        if rec is None or rec.deploy_id != deploy_id:
+            return None
+        d = self.deployments[name]
+        g = next(x for x in d.groups if x.name == group)
+        part = Partition(sub_id, d, g, owner, ranges_of(rec.owners, owner))
+        self.parts[sub_id] = part
+        return part
+
+    # -- a partition's folds
+
+    def fold(
+        self, part: Partition, eid: Any, event: Mapping[str, Any], state: Mapping[Hashable, Any]
+    ) -> tuple[dict[Hashable, Any], list[tuple[Any, dict[str, Any]]]]:
+        """Fold ``event`` into ``part``: the ring state entries to set, and the events to
+        publish ``(id, bus event)``."""
+        name, did, owner = part.sub_id[1], part.sub_id[2], part.owner
+        changed: dict[Hashable, Any] = {}
+        published: list[tuple[Any, dict[str, Any]]] = []
+
+        def row_of(st: str, key: Key) -> Row | None:
+            k = ("frow", name, did, owner, st, key)
+            v = changed.get(k, state.get(k))
+            return None if v is None else v[1]
+
+        for feed in part.feeds_of(event):
+            src = feed.input(event)
+            if src is None:
+                continue
+            key = part.group.key_of(src)
+            if key is None:
+                continue
+            for fold, _, new, outs in part.group.fold(key, src, row_of):
+                k = ("frow", name, did, owner, fold.state, key)
+                prev = changed.get(k, state.get(k))
+                version = (prev[0] if prev is not None else 0) + 1
+                changed[k] = (version, new)
+                for i, (space, ev) in enumerate(outs):
+                    ev.update(
+                        {SPACE: space, PARTITION: owner, KEY: repr(key), VERSION: version, STATE: fold.state}
+                    )
+                    published.append((output_id(name, space, key, version, i), ev))
+        changed[("fseen", part.sub_id, eid)] = tuple(published)
+        return changed, published
+
+    def snapshot_rows(self, ask: SnapshotAsk, state: Mapping[Hashable, Any]) -> list[SnapshotRows]:
+        """The rows of the partitions served here that ``ask`` wants."""
+        out = []
+        for part in self.parts.values():
+            sid = part.sub_id
+            if sid[1] != ask.flow or sid[2] != ask.deploy_id or sid[3] not in ask.groups:
+                continue
+            rows = tuple(
+                (k[4], k[5], v[0], v[1])
+                for k, v in state.items()
+                if isinstance(k, tuple) and k[:4] == ("frow", sid[1], sid[2], part.owner)
+            )
+            out.append(SnapshotRows(ask.sub, sid[3], part.owner, rows))
+        return out
+
+    # -- subscriptions
+
+    def plan(self, space: str, filter_text: str) -> FlowSubscription:
+        d = self.flow_of_space(space)
+        if d is None:
+            raise UserError(f"no deployed flow has a space {space!r}")
+        return d.subscription(space, filter_text)
+
+    def snapshot_ask(self, sub_id: Hashable, sub: FlowSubscription, me: int) -> SnapshotAsk | None:
+        """The snapshot ``sub`` needs (None: none, it reads no derived space); starts waiting."""
+        d = self.deployments[sub.flow]
+        rec = self.records[sub.flow]
+        groups = tuple(
+            g.name for g in d.groups if any(o.space in sub.sources for f in g.folds for o in f.outputs)
+        )
+        if not groups:
+            return None
+        self.waiting[sub_id] = Waiting({(g, o) for g in groups for o in rec.owners})
+        return SnapshotAsk(sub_id, me, sub.flow, rec.deploy_id, groups)
+
+    def snapshot_in(self, msg: SnapshotRows) -> list[Mapping[str, Any]]:
+        """A partition's rows for a waiting subscription: the events to deliver now (bus
+        events, in order: the snapshot's, then the held ones it does not cover)."""
+        w = self.waiting.get(msg.sub)
+        sub = self.subs.get(msg.sub)
+        if w is None or sub is None or (msg.group, msg.owner) not in w.missing:
+            return []
+        w.missing.discard((msg.group, msg.owner))
+        d = self.deployments[sub.flow]
+        group = next(g for g in d.groups if g.name == msg.group)
+        by_key: dict[Any, dict[str, Row]] = {}
+        versions: dict[Any, dict[str, int]] = {}
+        for st, key, version, row in msg.rows:
+            by_key.setdefault(key, {})[st] = row
+            versions.setdefault(key, {})[st] = version
+            w.versions[(str(msg.owner), st, repr(key))] = version
+        out: list[Mapping[str, Any]] = []
+        for key in sorted(by_key, key=repr):
+            for i, (space, snap) in enumerate(group.snapshot(key, by_key[key])):
+                eid = (f"{sub.flow}/snapshot/{space}/{key!r}", i)
+                out.append({**snap, SPACE: space, "__flowbus_event_id": eid})
+        still: list[Mapping[str, Any]] = []
+        for ev in w.held:
+            if ev.get(PARTITION) == msg.owner and _group_of(d, ev) == msg.group:
+                if ev.get(VERSION, 0) > w.versions.get(
+                    (str(msg.owner), ev.get(STATE, ""), ev.get(KEY, "")), 0
+                ):
+                    out.append(ev)
+            else:
+                still.append(ev)
+        w.held = still
+        return out
+
+    def admit(self, sub_id: Hashable, event: Mapping[str, Any]) -> bool:
+        """Whether a derived ``event`` goes to subscription ``sub_id`` now: not if its
+        partition's snapshot is not in yet (it is held) or covers it already (dropped)."""
+        w = self.waiting.get(sub_id)
+        if w is None or PARTITION not in event:
+            return True
+        owner = event[PARTITION]
+        sub = self.subs[sub_id]
+        group = _group_of(self.deployments[sub.flow], event)
+        if (group, owner) in w.missing:
+            w.held.append(event)
+            return False
+        seen = w.versions.get((str(owner), event.get(STATE, ""), event.get(KEY, "")), 0)
+        return bool(event.get(VERSION, 0) > seen)
+
+
+def _group_of(d: Deployment, event: Mapping[str, Any]) -> str | None:
+    state = event.get(STATE)
+    for g in d.groups:
+        if any(f.state == state for f in g.folds):
+            return g.name
+    return None

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping
-from typing import Any
-
 from dataclasses import replace
+from typing import Any
 
 from flowbus.flow.deploy import Deployment
 from flowbus.flow.graph import EventSpace, Graph
@@ -26,6 +25,7 @@ class FlowWorld:
         self.ack_delay = ack_delay
         self.sim.on_deliver = self._delivered
         self.brokers: list[RingBroker] = []
+        self.published: dict[int, int] = {}  # broker -> events published there so far (their ids)
         rng = random.Random(seed)
         for a in range(n):
             b = RingBroker(a, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
@@ -50,8 +50,13 @@ class FlowWorld:
 
     def publish(self, at: int, events: list[tuple[str, dict[str, Any]]], *, batch: int = 50) -> None:
         """Publish ``events`` from broker ``at`` in order, ``batch`` at a time."""
+        first = self.published.get(at, 0)
+        self.published[at] = first + len(events)
         for i in range(0, len(events), batch):
-            items = [((f"pub{at}", i + j), {**e, "__space": s}) for j, (s, e) in enumerate(events[i : i + batch])]
+            items = [
+                ((f"pub{at}", first + i + j), {**e, "__space": s})
+                for j, (s, e) in enumerate(events[i : i + batch])
+            ]
             self.sim.invoke(at, lambda c, it=items: c.publish_batch(it))
             self.sim.run(until=self.sim.now + 0.5)
 
@@ -69,11 +74,15 @@ class FlowWorld:
         return out
 
 
-def reference(d: Deployment, events: list[tuple[str, dict[str, Any]]], spaces: list[str]) -> dict[str, list[Any]]:
+def reference(
+    d: Deployment, events: list[tuple[str, dict[str, Any]]], spaces: list[str]
+) -> dict[str, list[Any]]:
     """What ``flowbus run --engine local`` delivers at each of ``spaces`` (made subscription points)."""
     g = d.graph
     marked = tuple(
-        replace(sp, subscribe=True) if isinstance(sp, EventSpace) and sp.kind == "events" and sp.name in spaces else sp
+        replace(sp, subscribe=True)
+        if isinstance(sp, EventSpace) and sp.kind == "events" and sp.name in spaces
+        else sp
         for sp in g.spaces
     )
     g = Graph(spaces=marked, arcs=g.arcs, functions=g.functions, name=g.name)

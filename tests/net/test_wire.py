@@ -21,6 +21,10 @@ assert flowbus.broker.server and flowbus.overlay.class_router  # (imported for t
 assert flowbus.routing.irbr and flowbus.routing.scribe
 
 PINNED = {
+    "flows.record": "DeployRecord(name, version, text, owners, deploy_id)",
+    "flows.snapshot_ask": "SnapshotAsk(sub, reply_to, flow, deploy_id, groups)",
+    "flows.snapshot_rows": "SnapshotRows(sub, group, owner, rows)",
+    "flows.sync": "FlowSync(deployed, withdrawn, fresh)",
     "cbr.advertise": "Advertise(origin, filter, seq)",
     "cbr.publish": "Publish(event)",
     "cbr.subscribe": "Subscribe(origin, filter, seq, withdraw)",

@@ -272,7 +272,7 @@ class Deployment:
         data = read_spec(p)
         try:
             doc = _inlined(data, p.parent)
-            return cls.from_text(yaml.safe_dump(doc, sort_keys=True, allow_unicode=True))
+            return cls.from_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
         except FlowbusError as exc:
             raise FlowError(f"{p}: {exc}") from None
 
@@ -292,7 +292,7 @@ class Deployment:
     @classmethod
     def from_spec(cls, data: Mapping[str, Any]) -> Deployment:
         """The deployment of a spec already parsed (its lookups given as tables)."""
-        return cls.from_text(yaml.safe_dump(_inlined(data, Path(".")), sort_keys=True, allow_unicode=True))
+        return cls.from_text(yaml.safe_dump(_inlined(data, Path(".")), sort_keys=False, allow_unicode=True))
 
     # -- the flow's spaces
 

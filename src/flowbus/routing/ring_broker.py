@@ -427,13 +427,9 @@ class RingBroker(Core):
         return out
 
     def _on_snapshot_rows(self, msg: SnapshotRows) -> list[Effect]:
-        sub = self.flows.subs.get(msg.sub)
-        if sub is None:
-            return []
-        out: list[Effect] = []
-        for event in self.flows.snapshot_in(msg):
-            out.extend(self._edge(msg.sub, sub, event))
-        return out
+        """A partition's rows for a subscription here: what it is to get now, as bus events
+        (the edge transforms them in :meth:`_flow_effects`)."""
+        return [Deliver(msg.sub, event) for event in self.flows.snapshot_in(msg)]
 
     def _flow_adopted(self, sub_id: Hashable) -> list[Effect]:
         """A subscription taken over: a partition is served here, and what its folds

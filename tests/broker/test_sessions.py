@@ -11,6 +11,7 @@ from tests.broker.fakes import FakeCore, Writer, apply
 
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT
+from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.queues import Queues
 from flowbus.broker.sessions import Session, Sessions
@@ -31,7 +32,9 @@ def sessions() -> tuple[Sessions, FakeCore]:
     adverts = Adverts(core=core, apply=apply, spaces=spaces, enabled=True)
     ledger = Ledger(core=core, apply=apply, store=store, spaces=spaces, adverts=adverts)
     queues = Queues(core=core, apply=apply, store=store, spaces=spaces, config=DEFAULT)
-    return Sessions(welcome=lambda: WELCOME, ledger=ledger, queues=queues, adverts=adverts), core
+    flows = BrokerFlows(core=None, overlay="test", apply=apply, store=store, own_spaces=())
+    sessions = Sessions(welcome=lambda: WELCOME, ledger=ledger, queues=queues, adverts=adverts, flows=flows)
+    return sessions, core
 
 
 async def serve(server: Sessions, client: str, msgs: list[Any]) -> list[Any]:

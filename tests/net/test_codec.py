@@ -33,7 +33,7 @@ from flowbus.net import (
 from flowbus.overlay import class_router, pastry
 from flowbus.overlay import ring_messages as rm
 from flowbus.overlay.multigraph import LinkClass
-from flowbus.routing import cbr, irbr, ring_broker, scribe
+from flowbus.routing import cbr, flows, irbr, ring_broker, scribe
 from strategies import canonical_filters
 
 BIG = 2**127 + 5
@@ -135,6 +135,18 @@ CASES: list[object] = [
     bp.Advertise(req=3, adv_id="ibm", space="s", filter='symbol = "IBM"'),
     bp.Unadvertise(req=4, adv_id="ibm"),
     bp.Reply(req=2, ok=False, error="no subscription"),
+    bp.Reply(req=3, ok=True, data=[{"name": "stocks", "version": "039db452e525333e", "owners": 3}]),
+    bp.Deploy(req=4, text="name: stocks\nspaces: {}\n"),
+    bp.Undeploy(req=5, name="stocks"),
+    bp.ListFlows(req=6),
+    flows.DeployRecord("stocks", "039db452e525333e", "name: stocks\n", (0,), (0, 1)),
+    flows.FlowSync(
+        deployed=(flows.DeployRecord("stocks", "039db452e525333e", "name: stocks\n", (0, 65535), (0, 17)),),
+        withdrawn=((65535, 3),),
+        fresh=True,
+    ),
+    flows.SnapshotAsk(sub="s-1", reply_to=7, flow="stocks", deploy_id=(0, 17), groups=("g0",)),
+    flows.SnapshotRows(sub=("c", 1), group="g0", owner=65535, rows=(("max_cur", ("IBM",), 4, (12.5, 11.0)),)),
     bp.Ack(batch=bp.pack_acks([("c1/a", 4)])),
     bp.Events(batch=bp.pack_events([("c1/a", 1, ("c2", 5), {"x": 3})])),
     bp.Bye(),

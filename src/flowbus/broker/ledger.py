@@ -73,13 +73,13 @@ class Ledger:
 
     def publish(self, session: Session, msg: p.Publish) -> None:
         """Take a client's batch: refuse, acknowledge (re-sends) or publish each event."""
-        client, space = session.client, msg.space
+        client = session.client
         last = self._last_of(client)
         check = self.spaces.check_event
         adverts = self.adverts if self.adverts.enabled else None
         items: list[tuple[EventId, dict[str, Any]]] = []
         top = last
-        for pseq, event in msg.items():
+        for pseq, event, space in msg.items():
             if type(pseq) is not int or pseq < 1:
                 session.send(
                     p.Nack(pseq if type(pseq) is int else -1, f"bad publish sequence number {pseq!r}")
@@ -106,8 +106,11 @@ class Ledger:
 
     def settled(self, eids: list[Any], sessions: Mapping[str, Session]) -> None:
         """The core settled these publishes: acknowledge them to their clients if connected."""
+        in_flight = self._in_flight
         for eid in eids:
-            self._in_flight.pop(eid, None)
+            if eid not in in_flight:  # (published by the core itself: a flow's derived event)
+                continue
+            del in_flight[eid]
             if isinstance(eid, tuple):
                 session = sessions.get(eid[0])
                 if session is not None:

@@ -22,6 +22,7 @@ def start_process(
     data: Path | None = None,
     config: Path | None = None,
     log: Path | None = None,
+    flows: list[Path] | tuple[Path, ...] = (),
 ) -> subprocess.Popen[str]:
     """A broker in a process of its own (``flowbus broker start``); its standard error (the
     log) goes to the file ``log`` if one is given, else to ours."""
@@ -32,6 +33,8 @@ def start_process(
         cmd += ["--data", str(data)]
     if config is not None:
         cmd += ["--config", str(config)]
+    for f in flows:
+        cmd += ["--flow", str(f)]
     if log is None:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with log.open("a") as stderr:  # (the child has its own copy of the descriptor)

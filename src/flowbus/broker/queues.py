@@ -62,7 +62,7 @@ from flowbus.client import protocol as p
 from flowbus.core import Effect
 from flowbus.errors import FlowbusError
 from flowbus.filters import parse
-from flowbus.routing.ring_broker import EVENT_ID
+from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 
 if TYPE_CHECKING:
     from flowbus.broker.sessions import Session
@@ -269,9 +269,16 @@ class Queues:
             sub = Subscription(row.sub_id, row.client, row.space, row.filter, True, row.collapse)
             sub.on_disk = self.store.depth(row.sub_id)
             self.subs[row.sub_id] = sub
+            if row.sub_id in self.core.subs:
+                continue
+            if self.spaces.flow_of(row.space) is not None and isinstance(self.core, RingBroker):
+                try:
+                    self.apply(self.core.subscribe_flow(sub.sub_id, row.space, row.filter, meta=sub.meta()))
+                except FlowbusError:  # (its flow was withdrawn meanwhile)
+                    self.ended([sub.sub_id])
+                continue
             filt = self.spaces.routing_filter(row.space, parse(row.filter))
-            if row.sub_id not in self.core.subs:
-                self.apply(self.core.subscribe(sub.sub_id, filt, meta=sub.meta()))
+            self.apply(self.core.subscribe(sub.sub_id, filt, meta=sub.meta()))
 
     def close(self) -> None:
         """The broker stops: no more lingering or settling."""
@@ -322,6 +329,8 @@ class Queues:
     # -- serving a subscription
 
     def _open(self, session: Session, msg: p.Subscribe) -> tuple[bool, str | None]:
+        if self.spaces.flow_of(msg.space) is not None:
+            return self._open_flow(session, msg)
         filt, error = self.spaces.check_filter(msg.space, msg.filter)
         if filt is None:
             return False, error
@@ -339,6 +348,34 @@ class Queues:
         self.apply(self.core.subscribe(sub.sub_id, routing, meta=sub.meta()))
         self._attach(session, sub)
         return True, None
+
+    def _open_flow(self, session: Session, msg: p.Subscribe) -> tuple[bool, str | None]:
+        """A subscription to a space of a deployed flow: the core routes its pulled-back
+        filter and applies the flow's transforms (:mod:`flowbus.routing.flows`)."""
+        core = self.core
+        assert isinstance(core, RingBroker)  # (only the ring's brokers have flows)
+        if msg.collapse is not None:
+            return False, "a subscription to a flow's space names no collapse rule set (the flow's own apply)"
+        try:
+            core.flows.plan(msg.space, msg.filter)  # (checked before anything changes)
+            sub = Subscription(msg.sub_id, session.client, msg.space, msg.filter, msg.durable, None)
+            self._record(sub)
+        except FlowbusError as e:
+            return False, str(e)
+        self.subs[sub.sub_id] = sub
+        self.apply(core.subscribe_flow(sub.sub_id, msg.space, msg.filter, meta=sub.meta()))
+        self._attach(session, sub)
+        return True, None
+
+    def ended(self, sub_ids: list[Hashable]) -> None:
+        """Subscriptions the core ended (their flow was withdrawn): their queues go."""
+        for sub_id in sub_ids:
+            sub = self.subs.pop(sub_id, None) if isinstance(sub_id, str) else None
+            if sub is not None:
+                if sub.session is not None:
+                    sub.session.subs.discard(sub.sub_id)
+                with contextlib.suppress(FlowbusError):
+                    self.store.remove_subscription(sub.sub_id)
 
     def _adopt(self, sub_id: Hashable) -> Subscription | None:
         """A subscription the core took over from a dead broker: serve it here."""

@@ -18,6 +18,8 @@ How it works:
   - :mod:`~flowbus.broker.queues`: the subscriptions served here and their queues (flow
     control, spilling to SQLite, acknowledgements, takeover, catch-up with collapse rule sets);
   - :mod:`~flowbus.broker.adverts`: advertisements;
+  - :mod:`~flowbus.broker.flows`: the flows deployed on the network (deploy, undeploy, list,
+    kept in SQLite);
   - :mod:`~flowbus.broker.spaces`: the spaces' schemas, the routing filter that keeps them
     apart, the collapse rule sets bound to them;
   - :mod:`~flowbus.broker.ringlog`: the log's line for each change of the ring;
@@ -41,6 +43,7 @@ from typing import Any
 
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
+from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.overlays import BrokerCore, address_text, check_overlay, new_core
 from flowbus.broker.queues import Queues
@@ -50,6 +53,7 @@ from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.errors import ConfigError, FlowbusError
+from flowbus.flow.deploy import Deployment
 from flowbus.matching.matcher import warm_up
 from flowbus.net.runtime import Directory, Runtime, addr_of
 from flowbus.routing.ring_broker import RingBroker
@@ -92,16 +96,25 @@ class Broker:
         self.core = core
         self.runtime = runtime
         self.store = store
-        self.spaces = Spaces(config)
+        ring = core if isinstance(core, RingBroker) else None
+        self.spaces = Spaces(config, ring.flows if ring is not None else None)
+        self.flows = BrokerFlows(
+            core=ring, overlay=overlay, apply=runtime.apply, store=store, own_spaces=list(config.spaces)
+        )
         self.adverts = Adverts(core=core, apply=runtime.apply, spaces=self.spaces, enabled=config.advertising)
         self.ledger = Ledger(
             core=core, apply=runtime.apply, store=store, spaces=self.spaces, adverts=self.adverts
         )
         self.queues = Queues(core=core, apply=runtime.apply, store=store, spaces=self.spaces, config=config)
         self.sessions = Sessions(
-            welcome=self._welcome, ledger=self.ledger, queues=self.queues, adverts=self.adverts
+            welcome=self._welcome,
+            ledger=self.ledger,
+            queues=self.queues,
+            adverts=self.adverts,
+            flows=self.flows,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
+        self._documents: list[str] = []  # flows to deploy once joined
         runtime.on_deliver = self.queues.on_deliver
         runtime.on_client = self.sessions.serve
         runtime.after_step = self._after_step
@@ -116,13 +129,20 @@ class Broker:
         data: Path | str | None = None,
         config: BrokerConfig = DEFAULT,
         overlay: str = "chordal-ring",
+        flows: tuple[str | Path, ...] | list[str | Path] = (),
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
-        (a directory; None: in memory, for tests and trials). Wait for :meth:`joined` before
-        counting on it."""
+        (a directory; None: in memory, for tests and trials), deploying the flow spec files
+        ``flows`` once it has joined (a flow deployed already with the same version is left
+        as it is). Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
         check_overlay(overlay, config)
+        if flows and overlay != "chordal-ring":
+            raise ConfigError(f"--flow: the {overlay} overlay runs no flows (use the chordal-ring overlay)")
+        documents = [
+            Deployment.from_file(f).text for f in flows
+        ]  # (a bad spec: refused before anything starts)
         # compiled (or loaded from numba's cache) before serving: compiling under load would
         # stall this broker for seconds, and its neighbours would take it for dead
         took = await asyncio.to_thread(warm_up)
@@ -144,7 +164,9 @@ class Broker:
         broker = cls(
             host=host, port=port, overlay=overlay, config=config, core=core, runtime=runtime, store=store
         )
+        broker._documents = documents
         try:
+            broker.flows.restore()
             await runtime.start(sock=sock)
             runtime.apply(core.join([addr_of(h, n) for h, n in peers]) if peers else core.start())
         except BaseException:
@@ -165,6 +187,9 @@ class Broker:
             if loop.time() > end:
                 raise FlowbusError(f"broker {self.address}: could not join the ring in {timeout} s")
             await asyncio.sleep(0.02)
+        for text in self._documents:
+            self.flows.deploy(text)
+        self._documents = []
         self.queues.restore()
 
     async def close(self) -> None:
@@ -195,7 +220,7 @@ class Broker:
     def _welcome(self) -> p.Welcome:
         """What a new client session is told: this broker, the others, the spaces."""
         peers = tuple(address_text(a) for a in self.peers())
-        return p.Welcome(self.address, peers, self.config.schemas())
+        return p.Welcome(self.address, peers, self.spaces.listed())
 
     def _after_step(self) -> None:
         """After each step of the core: the ring's changes to the log, what the step spilled
@@ -203,7 +228,11 @@ class Broker:
         if self.ring_log is not None:
             self.ring_log.update()
         self.queues.after_step()
+        self.flows.after_step()
         core = self.core
+        if isinstance(core, RingBroker) and core.flows.ended:
+            ended, core.flows.ended = core.flows.ended, []
+            self.queues.ended(ended)
         if core.settled:
             settled, core.settled = core.settled, []
             self.ledger.settled(settled, self.sessions.by_client)

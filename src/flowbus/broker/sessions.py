@@ -9,8 +9,9 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
 * **Reading.** Each message goes to the part that handles it, in one ``match``:
   ``Publish`` to the publish ledger (:mod:`flowbus.broker.ledger`); ``Subscribe``,
   ``Unsubscribe`` and ``Ack`` to the subscription queues (:mod:`flowbus.broker.queues`);
-  ``Advertise`` and ``Unadvertise`` to :mod:`flowbus.broker.adverts`; ``Bye`` ends the
-  session. A message a client may not send, or a malformed frame, is a
+  ``Advertise`` and ``Unadvertise`` to :mod:`flowbus.broker.adverts`; ``Deploy``,
+  ``Undeploy`` and ``ListFlows`` to :mod:`flowbus.broker.flows`; ``Bye`` ends the session.
+  A message a client may not send, or a malformed frame, is a
   :class:`~flowbus.errors.ProtocolError` for that connection only: the broker answers
   ``Error`` and closes it; nothing else changes.
 * **Writing.** A :class:`Session` gathers what one step of the event loop has for its
@@ -36,6 +37,7 @@ from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
 if TYPE_CHECKING:
     from flowbus.broker.adverts import Adverts
+    from flowbus.broker.flows import BrokerFlows
     from flowbus.broker.ledger import Ledger
     from flowbus.broker.queues import Entry, Queues
 
@@ -112,11 +114,13 @@ class Sessions:
         ledger: Ledger,
         queues: Queues,
         adverts: Adverts,
+        flows: BrokerFlows,
     ) -> None:
         self.welcome = welcome
         self.ledger = ledger
         self.queues = queues
         self.adverts = adverts
+        self.flows = flows
         self.by_client: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -175,6 +179,12 @@ class Sessions:
                 session.send(p.Reply(msg.req, *self.adverts.advertise(session, msg)))
             case p.Unadvertise():
                 session.send(p.Reply(msg.req, *self.adverts.unadvertise(session, msg.adv_id)))
+            case p.Deploy():
+                session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.deploy(msg.text))))
+            case p.Undeploy():
+                session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))
+            case p.ListFlows():
+                session.send(p.Reply(msg.req, *self.flows.answer(self.flows.list)))
             case p.Bye():
                 return True
             case _:

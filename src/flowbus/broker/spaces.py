@@ -19,6 +19,10 @@ How it works (the information spaces of the IFG, each with a schema: Banavar et 
   on first use, so a bad one refuses the subscriptions that name a rule set, not the
   broker's start.
 
+* **Flows.** The spaces of the flows deployed on the network (:mod:`flowbus.routing.flows`)
+  are spaces too: a publish into one is checked by its flow (publishable spaces only, against
+  their schemas); a subscription to one is the flow's (:meth:`Spaces.flow_of`).
+
 A check never raises for bad input: it answers what was wrong, naming the space, the field
 or the rule set.
 """
@@ -34,12 +38,12 @@ from flowbus.broker.interpret import Interpretation, Interpretations
 from flowbus.errors import FlowbusError, SchemaError
 from flowbus.filters import Filter, parse
 from flowbus.filters.ast import Conjunction, Op, Predicate
+from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.model import Schema
+from flowbus.routing.flows import Flows
 
 __all__ = ["SPACE", "Spaces"]
 
-SPACE = "__space"
-"""The field that carries an event's space between brokers."""
 
 _UNKNOWN: Any = object()
 
@@ -47,16 +51,37 @@ _UNKNOWN: Any = object()
 class Spaces:
     """The spaces of a broker's configuration (see the module note)."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, flows: Flows | None = None) -> None:
         self.schemas: Mapping[str, Schema | None] = config.spaces
         self.rulesets: Mapping[str, Any] = config.rulesets
+        self.flows = flows
+
+    def flow_of(self, space: str) -> Deployment | None:
+        """The deployed flow ``space`` belongs to (None: a space of the configuration, or unknown)."""
+        return None if self.flows is None or space in self.schemas else self.flows.flow_of_space(space)
+
+    def listed(self) -> dict[str, dict[str, str] | None]:
+        """Every space with its schema, as the client protocol's ``Welcome`` lists them."""
+        out = {n: None if s is None else s.to_dict() for n, s in self.schemas.items()}
+        if self.flows is not None:
+            for d in self.flows.deployments.values():
+                out.update((n, s.schema.to_dict()) for n, s in d.spaces.items() if s.subscribable)
+        return out
 
     def check_event(self, space: str, event: Any) -> tuple[dict[str, Any] | None, str]:
         """The fields of ``event`` to route (its space in ``__space``), checked against the
         space's schema; or None and what is wrong."""
         schema = self.schemas.get(space, _UNKNOWN)
         if schema is _UNKNOWN:
-            return None, self._unknown(space)
+            flow = self.flow_of(space)
+            if flow is None:
+                return None, self._unknown(space)
+            try:
+                fields = flow.check_event(space, event)
+            except FlowbusError as e:
+                return None, str(e)
+            fields[SPACE] = space
+            return fields, ""
         if not isinstance(event, dict) or not all(isinstance(k, str) for k in event):
             return None, f"an event is a map of field names to values, got {type(event).__name__}"
         if any(k.startswith("__") for k in event):
@@ -113,4 +138,4 @@ class Spaces:
         return Interpretations(self.rulesets)  # (raises, and is tried again, if one is bad)
 
     def _unknown(self, space: str) -> str:
-        return f"unknown space {space!r} (known: {', '.join(sorted(self.schemas))})"
+        return f"unknown space {space!r} (known: {', '.join(sorted(self.listed()))})"

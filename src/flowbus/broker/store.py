@@ -14,6 +14,9 @@ How it works: one SQLite database per broker, in WAL mode (readers never block t
 * ``publishers(publisher, last_seq)``: the highest sequence number accepted from each
   publisher. :meth:`Store.accept` refuses a sequence number at or below it: a publisher
   that re-sends after a reconnect does not publish twice.
+* ``flows(name, record)``: the flows deployed on the network as this broker last knew them
+  (:class:`~flowbus.routing.flows.DeployRecord`, msgpack), so that a restarted broker knows
+  them before its tree neighbours sync it.
 
 Every change is one transaction. A refused change (a duplicate subscription id, an unknown
 one, a bad value) raises :class:`StoreError` and leaves the database as it was.
@@ -31,7 +34,7 @@ from flowbus.errors import StoreError
 
 __all__ = ["QueuedEvent", "Store", "StoreError", "SubscriptionRow"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS subscriptions (
@@ -52,6 +55,10 @@ CREATE TABLE IF NOT EXISTS queue (
 CREATE TABLE IF NOT EXISTS publishers (
     publisher TEXT PRIMARY KEY,
     last_seq INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS flows (
+    name TEXT PRIMARY KEY,
+    record BLOB NOT NULL
 );
 """
 
@@ -86,14 +93,14 @@ class Store:
                 raise StoreError(f"{self.path}: cannot use write-ahead logging (journal mode {mode})")
             self._db.execute("PRAGMA synchronous = NORMAL")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, SCHEMA_VERSION):
+        if version not in (0, 1, 2, SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this flowbus reads {SCHEMA_VERSION}")
         if version == 0:  # a new database (executescript runs in a transaction of its own)
             self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
-        elif version == 1:  # version 2 added the collapse rule set of a subscription
+        else:  # version 2 added the collapse rule set of a subscription, 3 the flows
+            alter = "ALTER TABLE subscriptions ADD COLUMN collapse TEXT;" if version == 1 else ""
             self._db.executescript(
-                f"BEGIN; ALTER TABLE subscriptions ADD COLUMN collapse TEXT; "
-                f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                f"BEGIN; {alter} {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
 
     def close(self) -> None:
@@ -210,3 +217,14 @@ class Store:
     def last_seq(self, publisher: str) -> int | None:
         row = self._db.execute("SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)).fetchone()
         return None if row is None else int(row[0])
+
+    # -- flows
+
+    def save_flows(self, records: dict[str, bytes]) -> None:
+        """The deployed flows are these (name -> encoded record): the table replaced."""
+        with self._tx() as db:
+            db.execute("DELETE FROM flows")
+            db.executemany("INSERT INTO flows (name, record) VALUES (?, ?)", sorted(records.items()))
+
+    def flows(self) -> list[bytes]:
+        return [row[0] for row in self._db.execute("SELECT record FROM flows ORDER BY name")]

@@ -1,4 +1,5 @@
-"""The broker commands: ``flowbus broker start``, ``flowbus cluster up``, ``flowbus pub``, ``flowbus sub``.
+"""The broker commands: ``flowbus broker start``, ``flowbus cluster up``, ``flowbus pub``, ``flowbus sub``
+(each may name flows to deploy: ``--flow FILE``).
 
 ``broker_app`` and ``cluster_app`` are typer sub-apps (mounted as ``flowbus broker`` and
 ``flowbus cluster`` by :mod:`flowbus.cli`); :func:`pub` and :func:`sub` are command functions
@@ -51,6 +52,9 @@ def broker_start(
     log_level: Annotated[
         str, typer.Option(help="Standard error log level: debug, info (ring changes), warning.")
     ] = "info",
+    flow: Annotated[
+        list[Path] | None, typer.Option(help="A flow spec to deploy once joined (repeatable).")
+    ] = None,
 ) -> None:
     """Run a broker until Ctrl-C (or SIGTERM)."""
     import logging
@@ -73,7 +77,11 @@ def broker_start(
     # makes many short-lived ones per event: the default thresholds run a collection every
     # 700 allocations, and full ones that walk the whole heap often (a third of the time)
     gc.set_threshold(50_000, 20, 100)
-    asyncio.run(_serve(host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay))
+    asyncio.run(
+        _serve(
+            host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay, flows=flow or []
+        )
+    )
 
 
 async def _serve(**options: Any) -> None:
@@ -92,14 +100,19 @@ async def _serve(**options: Any) -> None:
     except FlowbusError as e:
         await broker.close()
         fail(str(e))
+    for name in sorted(broker.flows.list(), key=lambda f: f["name"]):
+        log_flow = f"flow {name['name']} {name['version']} deployed"
+        print(log_flow, file=sys.stderr, flush=True)
     print(f"{READY} {broker.address} pid {os.getpid()}", flush=True)
     await stop.wait()
     await broker.close()
 
 
-def _events(event: str | None) -> list[dict[str, Any]]:
+def _events(event: str | None, space: str) -> list[tuple[str, dict[str, Any]]]:
+    """The events to publish: ``(space, event)``; with space ``-``, each line is
+    ``{"space": ..., "event": ...}`` (what ``flowbus flow generate`` prints)."""
     lines = [event] if event is not None else [line for line in sys.stdin if line.strip()]
-    out_: list[dict[str, Any]] = []
+    out_: list[tuple[str, dict[str, Any]]] = []
     for n, line in enumerate(lines, 1):
         try:
             value = json.loads(line)
@@ -107,36 +120,47 @@ def _events(event: str | None) -> list[dict[str, Any]]:
             fail(f"event {n}: not JSON ({e.msg} at column {e.colno})")
         if not isinstance(value, dict):
             fail(f"event {n}: a JSON object is expected, got {type(value).__name__}")
-        out_.append(value)
+        if space != "-":
+            out_.append((space, value))
+            continue
+        if not (isinstance(value.get("space"), str) and isinstance(value.get("event"), dict)):
+            fail(f'event {n}: with space "-", each line is {{"space": NAME, "event": {{...}}}}')
+        out_.append((value["space"], value["event"]))
     return out_
 
 
 def pub(
-    space: Annotated[str, typer.Argument(help="The information space.")],
+    space: Annotated[
+        str,
+        typer.Argument(help='The information space ("-": each line names its own, as flow generate prints).'),
+    ],
     event: Annotated[str | None, typer.Option(help="One event as JSON (else JSON lines from stdin).")] = None,
     broker: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")] = None,
 ) -> None:
     """Publish events (JSON objects) and wait until the brokers acknowledge them."""
     import flowbus
 
-    events = _events(event)
+    events = _events(event, space)
 
     async def run() -> None:
         async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
-            for e in events:
-                await client.publish(space, e)
+            for s, e in events:
+                await client.publish(s, e)
             await client.flush()
 
     try:
         asyncio.run(run())
     except FlowbusError as e:
         fail(str(e))
-    _say(f"published {len(events)} event(s) to {space}", stderr=True)
+    spaces = sorted({s for s, _ in events})
+    _say(f"published {len(events)} event(s) to {', '.join(spaces) or space}", stderr=True)
 
 
 def sub(
     space: Annotated[str, typer.Argument(help="The information space.")],
-    filter: Annotated[str, typer.Argument(help="A filter, e.g. 'price > 100 & symbol = \"IBM\"'.")],
+    filter: Annotated[
+        str | None, typer.Argument(help="A filter, e.g. 'price > 100 & symbol = \"IBM\"' (none: all events).")
+    ] = None,
     broker: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")] = None,
     durable: Annotated[str | None, typer.Option(help="Name of a durable subscription.")] = None,
     collapse: Annotated[str | None, typer.Option(help="A collapse rule set of the brokers.")] = None,
@@ -170,6 +194,9 @@ def cluster_up(
     port: Annotated[int, typer.Option(help="Port of the first broker; the others follow.")] = 7001,
     data: Annotated[Path | None, typer.Option(help="Parent directory of the brokers' stores.")] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file: spaces, rule sets, limits.")] = None,
+    flow: Annotated[
+        list[Path] | None, typer.Option(help="A flow spec to deploy once the ring is up (repeatable).")
+    ] = None,
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
     procs: list[subprocess.Popen[str]] = []
@@ -184,6 +211,8 @@ def cluster_up(
             address = wait_ready(proc)
             _say(f"broker {address} (pid {proc.pid})")
         _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
+        if flow:
+            asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}"))
         while True:
             signal.pause()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, at any point: stop the brokers
@@ -196,6 +225,19 @@ def cluster_up(
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
+
+
+async def _deploy_all(files: list[Path], broker: str) -> None:
+    """Deploy the flow specs at the first broker, once the ring has settled (the brokers it
+    links to then each own a part of the flows' state)."""
+    import flowbus
+
+    await asyncio.sleep(1.0)
+    async with flowbus.connect(broker) as client:
+        for f in files:
+            info = await client.deploy(f)
+            spaces = ", ".join(s["name"] for s in info["spaces"] if s["publishable"])
+            _say(f"flow {info['name']} {info['version']} deployed; publish into {spaces}")
 
 
 def _interrupt(signum: int, frame: object) -> None:

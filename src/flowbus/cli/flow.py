@@ -1,15 +1,23 @@
-"""The information flow commands: ``flowbus flow explain|expand``.
+"""The information flow commands: ``flowbus flow explain|expand|generate|deploy|undeploy|ls``.
 
 ``flow_app`` is a typer sub-app (mounted as ``flowbus flow`` by :mod:`flowbus.cli`;
 ``flowbus run`` is :mod:`flowbus.cli.run`). As everywhere in the command line, ``--json``
 prints exactly one JSON document on standard output, and a bad input (a spec that does
 not load, an unknown state, a row that is not JSON) prints a red message on standard
 error and exits with status 2, without a traceback.
+
+``flowbus flow generate`` prints a flow's generated input (its ``input:`` section,
+:func:`flowbus.flow.generators.generate`) as JSON lines ``{"space": ..., "event": ...}``, in
+the order ``flowbus run --engine local`` publishes them into the graph's publication points
+(000 document, section 4.1: the publishers of the rewritten graph), so that ``flowbus pub -``
+can publish the same input into brokers. The lines are written as they are made; a reader
+that stops early (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -134,3 +142,106 @@ def expand(
         f"{len(result.events)} events; A* expanded {result.states_expanded} states "
         f"({result.form.kind} rule set, arc {arc_name})\n"
     )
+
+
+@flow_app.command("generate")
+def generate(
+    spec: SpecArgument,
+    events: Annotated[
+        int | None, typer.Option(min=0, help="Events to generate (default: the spec's).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the generator (default: the spec's).")] = None,
+) -> None:
+    """Print the flow's generated input as JSON lines {"space": ..., "event": ...}, in the
+    order the local interpreter takes them (feed them to `flowbus pub -`)."""
+    from flowbus.flow.generators import generate as run_generator
+
+    try:
+        g = _load(spec)  # (its errors name the spec)
+    except FlowbusError as exc:
+        fail(str(exc))
+    write = sys.stdout.write
+    try:
+        for space, event in run_generator(g, events=events, seed=seed):
+            write(json.dumps({"space": space, "event": event}) + "\n")
+        sys.stdout.flush()
+    except FlowbusError as exc:
+        fail(f"{spec}: {exc}")
+    except BrokenPipeError:  # the reader stopped early: nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (for Python's flush at exit)
+
+
+BrokerOption = Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")]
+
+
+def _ask(broker: list[str] | None, request: Any) -> Any:
+    """Run ``request(client)`` against the brokers; its result, or a red message and status 2."""
+    import asyncio
+
+    import flowbus
+
+    async def run() -> Any:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
+            return await request(client)
+
+    try:
+        return asyncio.run(run())
+    except FlowbusError as exc:
+        fail(str(exc))
+
+
+def _print_flow(info: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from flowbus.cli.common import out
+
+    table = Table(title=f"flow {info['name']} (version {info['version']}, {info['owners']} state owner(s))")
+    for column in ("space", "kind", "publish", "subscribe", "schema"):
+        table.add_column(column)
+    for s in info["spaces"]:
+        publish = "yes" if s["publishable"] else "derived" if s["derived"] else "no"
+        schema = ", ".join(f"{k}: {v}" for k, v in s["schema"].items())
+        table.add_row(s["name"], s["kind"], publish, "yes" if s["subscribable"] else "no", schema)
+    out.print(table)
+
+
+@flow_app.command("deploy")
+def deploy(spec: SpecArgument, broker: BrokerOption = None, as_json: JsonOption = False) -> None:
+    """Deploy a flow on a running network: its spaces can be published into and subscribed to."""
+    from flowbus.flow.deploy import Deployment
+
+    try:
+        text = Deployment.from_file(spec).text  # (a bad spec is refused here, naming the file)
+    except FlowbusError as exc:
+        fail(str(exc))
+    info = _ask(broker, lambda client: client.deploy(text))
+    if as_json:
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+    else:
+        _print_flow(info)
+
+
+@flow_app.command("undeploy")
+def undeploy(
+    name: Annotated[str, typer.Argument(help="The flow's name.")],
+    broker: BrokerOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Withdraw a flow from the network: its state goes, its subscriptions end."""
+    info = _ask(broker, lambda client: client.undeploy(name))
+    if as_json:
+        sys.stdout.write(json.dumps(info) + "\n")
+    else:
+        sys.stdout.write(f"flow {info['name']} (version {info['version']}) undeployed\n")
+
+
+@flow_app.command("ls")
+def ls(broker: BrokerOption = None, as_json: JsonOption = False) -> None:
+    """The flows deployed on the network, their spaces, which can be published into."""
+    flows = _ask(broker, lambda client: client.flows())
+    if as_json:
+        sys.stdout.write(json.dumps(flows, indent=2) + "\n")
+    elif not flows:
+        sys.stdout.write("no flow is deployed\n")
+    for info in [] if as_json else flows:
+        _print_flow(info)

@@ -7,6 +7,7 @@
         sub = await client.subscribe("stocks", 'price > 100 & symbol = "IBM"', durable="ibm")
         async for event in sub:
             ...
+        every = await client.subscribe("stocks")  # no filter: all the space's events
         await sub.unsubscribe()
 
 How it works (the client protocol is in :mod:`flowbus.client.protocol`):
@@ -40,6 +41,7 @@ import itertools
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flowbus.client import protocol as p
@@ -48,7 +50,12 @@ from flowbus.errors import ClientError, FlowbusError, ProtocolError, PublishErro
 from flowbus.model import Schema
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
-__all__ = ["Client", "Status", "connect"]
+__all__ = ["ALL_EVENTS", "Client", "Status", "connect"]
+
+ALL_EVENTS = "true"
+"""The filter text of a subscription to all of a space's events (``subscribe(space)``): the
+filter language's always-true filter (:meth:`flowbus.filters.Filter.true`). The wire always
+carries a filter's text, so the brokers see nothing new."""
 
 
 class Status(enum.Enum):
@@ -223,30 +230,74 @@ class Client:
     # -- subscribing
 
     async def subscribe(
-        self, space: str, filter: str, *, durable: str | None = None, collapse: str | None = None
+        self,
+        space: str,
+        filter: str | None = None,
+        *,
+        durable: str | None = None,
+        collapse: str | None = None,
     ) -> Subscription:
-        """Subscribe to the events of ``space`` that match ``filter``. ``durable`` names a
-        subscription that outlives this client (its events wait for it while it is away);
-        ``collapse`` names a collapse rule set of the brokers: after a disconnect, the
-        subscription gets the shortest equivalent of what it missed, not all of it."""
+        """Subscribe to the events of ``space`` that match ``filter`` (``None`` or ``""``: all
+        of them). ``durable`` names a subscription that outlives this client (its events wait
+        for it while it is away); ``collapse`` names a collapse rule set of the brokers: after
+        a disconnect, the subscription gets the shortest equivalent of what it missed, not all
+        of it."""
         if self.closed:
             raise ClientError("the client is closed")
+        text = filter or ALL_EVENTS
         sub_id = durable or f"{self.name}/{next(self._names)}"
         if sub_id in self._subs:
             raise SubscribeError(f"subscription {sub_id!r} is open in this client already")
-        sub = Subscription(self, sub_id, space, filter, durable=durable is not None, collapse=collapse)
+        sub = Subscription(self, sub_id, space, text, durable=durable is not None, collapse=collapse)
         self._subs[sub_id] = sub
         try:
             reply = await self._request(
-                lambda req: p.Subscribe(req, sub_id, space, filter, durable is not None, collapse, False)
+                lambda req: p.Subscribe(req, sub_id, space, text, durable is not None, collapse, False)
             )
         except BaseException:
             self._subs.pop(sub_id, None)
             raise
         if not reply.ok:
             self._subs.pop(sub_id, None)
-            raise SubscribeError(f"subscribe {filter!r} to {space!r}: {reply.error}")
+            raise SubscribeError(f"subscribe {text!r} to {space!r}: {reply.error}")
         return sub
+
+    # -- flows
+
+    async def deploy(self, flow: str | Path) -> dict[str, Any]:
+        """Deploy a flow on the network: a spec file (its lookups read and inlined), or a
+        flow document's text; what the broker says of it (name, version, spaces). A
+        :class:`ClientError` with the broker's reason if it is refused."""
+        from flowbus.flow.deploy import Deployment
+
+        text = Deployment.from_file(flow).text if isinstance(flow, Path) else flow
+        reply = await self._request(lambda req: p.Deploy(req, text))
+        if not reply.ok:
+            raise ClientError(f"deploy: {reply.error}")
+        info: dict[str, Any] = reply.data
+        for space in info["spaces"]:
+            if space["subscribable"]:
+                self.spaces[space["name"]] = Schema.of(space["schema"])
+        return info
+
+    async def undeploy(self, name: str) -> dict[str, Any]:
+        """Withdraw the flow ``name`` from the network (its subscriptions end)."""
+        reply = await self._request(lambda req: p.Undeploy(req, name))
+        if not reply.ok:
+            raise ClientError(f"undeploy: {reply.error}")
+        return dict(reply.data)
+
+    async def flows(self) -> list[dict[str, Any]]:
+        """The flows deployed on the network: name, version, spaces."""
+        reply = await self._request(lambda req: p.ListFlows(req))
+        if not reply.ok:
+            raise ClientError(f"flows: {reply.error}")
+        flows: list[dict[str, Any]] = reply.data
+        for flow in flows:
+            for space in flow["spaces"]:
+                if space["subscribable"]:
+                    self.spaces.setdefault(space["name"], Schema.of(space["schema"]))
+        return flows
 
     # -- advertising
 
@@ -311,16 +362,20 @@ class Client:
         if self._writer is None or self._writer.is_closing():
             return
         out: list[bytes] = []
-        if self._to_send:
-            by_space: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        if self._to_send:  # (in pseq order, whatever their spaces: a publisher's order is kept)
+            items: list[tuple[int, dict[str, Any]]] = []
+            spaces: list[str] = []
             for pseq in self._to_send:
                 item = self._unacked.get(pseq)
                 if item is not None:
-                    by_space.setdefault(item[0], []).append((pseq, item[1]))
+                    items.append((pseq, item[1]))
+                    spaces.append(item[0])
             self._to_send = []
-            for space, items in by_space.items():
-                for i in range(0, len(items), 2000):
-                    out.append(frame(encode(p.Publish(space, p.pack_publish(items[i : i + 2000])))))
+            for i in range(0, len(items), 2000):
+                chunk, where = items[i : i + 2000], spaces[i : i + 2000]
+                mixed = any(s != where[0] for s in where)
+                batch = p.pack_publish(chunk, where if mixed else ())
+                out.append(frame(encode(p.Publish(where[0], batch))))
         if self._acks:
             out.append(frame(encode(p.Ack(p.pack_acks(self._acks.items())))))
             self._acks = {}

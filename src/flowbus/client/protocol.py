@@ -10,7 +10,9 @@ Client -> broker:
 * :class:`Hello` ``(client)``: a name unique to the client process; the broker answers
   :class:`Welcome` (the ring's brokers, for reconnecting, and the spaces with their schemas).
 * :class:`Publish` ``(space, batch)``: ``(pseq, event)`` pairs, packed in one plain
-  msgpack blob (events are plain data; one C call decodes a batch). ``pseq`` numbers the client's
+  msgpack blob (events are plain data; one C call decodes a batch), in ``pseq`` order; an
+  item into another space than the frame's is ``(pseq, event, space)``, so that one
+  publisher's events into several spaces keep their order. ``pseq`` numbers the client's
   publishes from 1 up; ``(client, pseq)`` is the event's id everywhere. The broker answers
   :class:`PubAck` once every broker and every subscriber that needed the event has it (see
   the broker's custody), or :class:`Nack` for an event it refused (unknown space, schema).
@@ -22,6 +24,10 @@ Client -> broker:
 * :class:`Unsubscribe` ``(req, sub_id)`` -> :class:`Reply`.
 * :class:`Ack` ``(items)``: ``(sub_id, upto)``: the client has taken every delivery of that
   subscription numbered up to ``upto``.
+* :class:`Deploy` ``(req, text)``, :class:`Undeploy` ``(req, name)``, :class:`ListFlows`
+  ``(req)``: deploy a flow (its document, :attr:`flowbus.flow.deploy.Deployment.text`) on the
+  network, withdraw one, list them; answered by :class:`Reply` whose ``data`` describes the
+  flow(s) (name, version, spaces).
 * :class:`Bye`: the client closes; its non-durable subscriptions end at once.
 
 Broker -> client:
@@ -48,15 +54,18 @@ __all__ = [
     "Ack",
     "Advertise",
     "Bye",
+    "Deploy",
     "Error",
     "Events",
     "Hello",
+    "ListFlows",
     "Nack",
     "PubAck",
     "Publish",
     "Reply",
     "Subscribe",
     "Unadvertise",
+    "Undeploy",
     "Unsubscribe",
     "Welcome",
 ]
@@ -99,14 +108,17 @@ class Publish:
     def __post_init__(self) -> None:
         _name(self.space, "Publish.space")
 
-    def items(self) -> list[tuple[int, dict[str, Any]]]:
-        """The ``(pseq, event)`` pairs; a :class:`ProtocolError` for a malformed batch."""
+    def items(self) -> list[tuple[int, dict[str, Any], str]]:
+        """The ``(pseq, event, space)`` items; a :class:`ProtocolError` for a malformed batch."""
         raw = _unpack(self.batch, "Publish")
         out = []
+        space = self.space
         for item in raw:
-            if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
-                raise ProtocolError("Publish: each item is [pseq, event]")
-            out.append((item[0], item[1]))
+            if not (isinstance(item, list) and len(item) in (2, 3) and type(item[0]) is int):
+                raise ProtocolError("Publish: each item is [pseq, event] or [pseq, event, space]")
+            if len(item) == 3 and not isinstance(item[2], str):
+                raise ProtocolError("Publish: an item's space is a name")
+            out.append((item[0], item[1], item[2] if len(item) == 3 else space))
         return out
 
 
@@ -185,6 +197,27 @@ class Reply:
     req: int
     ok: bool
     error: str | None = None
+    data: Any = None  # what a request asked for (plain data), if anything
+
+
+@wire.message("client.deploy")
+@dataclass(frozen=True, slots=True)
+class Deploy:
+    req: int
+    text: str
+
+
+@wire.message("client.undeploy")
+@dataclass(frozen=True, slots=True)
+class Undeploy:
+    req: int
+    name: str
+
+
+@wire.message("client.list_flows")
+@dataclass(frozen=True, slots=True)
+class ListFlows:
+    req: int
 
 
 @wire.message("client.ack")
@@ -230,8 +263,17 @@ def pack_pubacks(pseqs: Iterable[int]) -> bytes:
     return msgpack.packb(list(pseqs), use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]]) -> bytes:
-    return msgpack.packb([[pseq, dict(event)] for pseq, event in items], use_bin_type=True)  # type: ignore[no-any-return]
+def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]], spaces: Sequence[str] = ()) -> bytes:
+    """``(pseq, event)`` items; with ``spaces``, each item's space, written for the items not
+    in the first item's (the frame's) space."""
+    if not spaces:
+        return msgpack.packb([[pseq, dict(event)] for pseq, event in items], use_bin_type=True)  # type: ignore[no-any-return]
+    first = spaces[0]
+    rows = [
+        [pseq, dict(event)] if space == first else [pseq, dict(event), space]
+        for (pseq, event), space in zip(items, spaces, strict=True)
+    ]
+    return msgpack.packb(rows, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def pack_events(items: Sequence[tuple[str, int, tuple[str, int], Mapping[str, Any]]]) -> bytes:

@@ -12,8 +12,8 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   the whole registry (and the deploy ids withdrawn), so a joining or restarted broker gets every
   flow. Two deploys of one name with different versions or ids: the smaller
   ``(version, deploy id)`` wins at every broker, whatever the order they arrive in.
-* **Ownership.** The owners split the 32-bit hash space of each stateful group's keys: owner
-  ``o_i`` holds ``(o_(i-1), o_i]`` (the first one wraps round), a ring's own rule for its ids.
+* **Ownership.** The owners split the 32-bit hash space of each stateful group's keys into
+  equal slices, in the order of their ring ids (:func:`ranges_of`).
   An owner subscribes to its range (:meth:`Flows.partitions_to_make`) when it first installs
   a *fresh* record (the deploy's own flood, not a later sync), as a normal subscription filed
   in the ring state: backed up on its ring neighbours and taken over with the rest of its
@@ -124,13 +124,11 @@ class SnapshotRows:
 
 
 def ranges_of(owners: Sequence[int], owner: int) -> tuple[tuple[int, int], ...]:
-    """The hash ranges ``lo < h <= hi`` of ``owner`` among ``owners`` (sorted ring ids)."""
-    i = owners.index(owner)
-    if len(owners) == 1:
-        return ((-1, HASH_SPACE - 1),)
-    if i == 0:
-        return ((owners[-1], HASH_SPACE - 1), (-1, owner))
-    return ((owners[i - 1], owner),)
+    """The hash range ``lo < h <= hi`` of ``owner`` among ``owners`` (sorted ring ids): the
+    ``i``-th owner holds the ``i``-th of ``len(owners)`` equal slices of the hash space (ring
+    ids are not spread evenly in a small ring; the slices are)."""
+    i, n = owners.index(owner), len(owners)
+    return ((i * HASH_SPACE // n - 1, (i + 1) * HASH_SPACE // n - 1),)
 
 
 def output_id(flow: str, space: str, key: Key, version: int, i: int) -> tuple[str, int]:

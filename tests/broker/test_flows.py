@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.broker.test_server import eventually, ring, run
+from tests.flows.world import canon, per_key, reference
 
 import flowbus
 from flowbus.broker.server import Broker
 from flowbus.client import ClientError, PublishError, SubscribeError, Subscription
 from flowbus.flow.deploy import Deployment
-from tests.broker.test_server import eventually, ring, run
-from tests.flows.world import canon, per_key, reference
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 
@@ -128,5 +128,33 @@ def test_a_restarted_broker_keeps_its_flows_and_a_joining_broker_gets_them(tmp_p
                 await late.close()
         finally:
             await again.close()
+
+    run(main())
+
+
+def test_a_durable_subscriber_of_a_derived_space_catches_up_with_the_shortest_sequence() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=1500))
+
+    async def main() -> None:
+        async with ring(1) as (b,), flowbus.connect(b.address, name="publisher") as pub:
+            await pub.deploy(STOCKS)
+            async with flowbus.connect(b.address, name="viewer") as c:
+                sub = await c.subscribe("compressed", durable="board")
+                for space, event in events[:500]:
+                    await pub.publish(space, event)
+                await pub.flush(10)
+                seen = await _take_until_quiet(sub, 1.0)
+            for space, event in events[500:]:
+                await pub.publish(space, event)
+            await pub.flush(10)  # the absent subscriber's events wait at its broker
+            async with flowbus.connect(b.address, name="viewer") as c:
+                sub = await c.subscribe("compressed", durable="board")
+                got = await _take_until_quiet(sub, 1.0)
+            interp = b.spaces.interpretation("stocks:E4", "compressed")
+            missed = reference(d, events, ["compressed"])["compressed"][len(seen) :]
+            start = interp.fold(None, seen)
+            assert interp.fold(start, got) == interp.fold(start, missed)
+            assert len(got) <= 2 * len(interp.fold(None, missed)) < len(missed)  # per company: max, current
 
     run(main())

@@ -358,7 +358,8 @@ class Queues:
             return False, "a subscription to a flow's space names no collapse rule set (the flow's own apply)"
         try:
             core.flows.plan(msg.space, msg.filter)  # (checked before anything changes)
-            sub = Subscription(msg.sub_id, session.client, msg.space, msg.filter, msg.durable, None)
+            collapse = self.spaces.flow_collapse(msg.space)  # (an expand's rule set: see Spaces)
+            sub = Subscription(msg.sub_id, session.client, msg.space, msg.filter, msg.durable, collapse)
             self._record(sub)
         except FlowbusError as e:
             return False, str(e)

@@ -35,10 +35,11 @@ from typing import Any
 
 from flowbus.broker.config import BrokerConfig
 from flowbus.broker.interpret import Interpretation, Interpretations
-from flowbus.errors import FlowbusError, SchemaError
+from flowbus.errors import FlowbusError, FlowError, SchemaError
 from flowbus.filters import Filter, parse
 from flowbus.filters.ast import Conjunction, Op, Predicate
 from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
 from flowbus.routing.flows import Flows
 
@@ -55,6 +56,7 @@ class Spaces:
         self.schemas: Mapping[str, Schema | None] = config.spaces
         self.rulesets: Mapping[str, Any] = config.rulesets
         self.flows = flows
+        self._flow_rules: dict[tuple[str, str, str], Interpretation] = {}
 
     def flow_of(self, space: str) -> Deployment | None:
         """The deployed flow ``space`` belongs to (None: a space of the configuration, or unknown)."""
@@ -130,8 +132,35 @@ class Spaces:
         return None
 
     def interpretation(self, name: str, space: str) -> Interpretation:
-        """The collapse rule set ``name`` bound to ``space``'s schema (built once)."""
+        """The collapse rule set ``name`` bound to ``space``'s schema (built once); a name
+        ``FLOW:ARC`` is the rule set of the expand arc ``ARC`` of a deployed flow, bound to the
+        space it publishes into (:meth:`flow_collapse`)."""
+        flow, sep, arc = name.partition(":")
+        if sep:
+            return self._flow_interpretation(flow, arc)
         return self._interpretations.get(name, self.schemas.get(space))
+
+    def flow_collapse(self, space: str) -> str | None:
+        """The rule set a subscription to a flow's ``space`` catches up with after an absence:
+        that of the expand arc publishing into it (``FLOW:ARC``), if one does."""
+        flow = self.flow_of(space)
+        arc = flow.expand_into(space) if flow is not None else None
+        return None if flow is None or arc is None else f"{flow.name}:{arc.name}"
+
+    def _flow_interpretation(self, flow: str, arc: str) -> Interpretation:
+        d = self.flows.deployments.get(flow) if self.flows is not None else None
+        if d is None:
+            raise FlowError(f"no flow {flow!r} is deployed")
+        key = (flow, d.version, arc)
+        made = self._flow_rules.get(key)
+        if made is None:
+            expand = d.graph.arc(arc)
+            state = d.graph.space(expand.source).schema
+            made = Interpretation(
+                f"{flow}:{arc}", d.graph.space(expand.target).schema, state, bind_rules(d.graph, expand)
+            )
+            self._flow_rules[key] = made
+        return made
 
     @cached_property
     def _interpretations(self) -> Interpretations:

@@ -323,6 +323,11 @@ class Deployment:
             raise UserError(f"flow {self.name!r} has no space {name!r} (spaces: {known})")
         return info
 
+    def expand_into(self, space: str) -> Expand | None:
+        """The expand arc that publishes into ``space`` (None: none, or several)."""
+        arcs = [a for a in self.graph.arcs if isinstance(a, Expand) and a.target == space]
+        return arcs[0] if len(arcs) == 1 else None
+
     def check_event(self, space: str, event: Any) -> dict[str, Any]:
         """``event`` published by a client into ``space``, checked (a :class:`UserError` if not)."""
         info = self.space(space)

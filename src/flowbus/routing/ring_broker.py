@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Core, Deliver, Effect, Send
+from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError, UserError
 from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
@@ -73,11 +73,21 @@ from flowbus.routing.memo import compiled
 __all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
 
 
+def _publish_order(eid: Any) -> tuple[str, int]:
+    """An event id's place in its publisher's order (``(publisher, sequence number)``)."""
+    if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
+        return (repr(eid[0]), eid[1])
+    return (repr(eid), 0)
+
+
 def origin_of(key: Hashable) -> tuple[int, Hashable]:
     """The routing origin of a subscription's state key ``("sub", sub_id, home broker)``."""
     assert isinstance(key, tuple)
     return (key[2], key[1])
 
+
+FLOW_GRACE = "flows.grace"
+"""The timer key (with a partition's id) that ends a taken-over partition's grace period."""
 
 DEDUP_WINDOW = 100_000
 """How many recent (subscription, event id) deliveries a broker remembers."""
@@ -170,6 +180,8 @@ class RingBroker(Core):
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
         self.flows = Flows()  # the deployed flows (routing/flows.py)
+        # how long a taken-over partition gathers events before folding them in order
+        self.flow_grace = 2.0 * heartbeat if heartbeat is not None else 5.0
         self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
 
     @property
@@ -442,7 +454,9 @@ class RingBroker(Core):
                 if isinstance(key, tuple) and key[:2] == ("fseen", sub_id):
                     part.seen.append(key[2])
                     again.extend({**ev, EVENT_ID: eid} for eid, ev in value)
-            return self._route_own(again) if again else []
+            part.buffer = []
+            grace = SetTimer(self.flow_grace, (FLOW_GRACE, sub_id))
+            return [grace, *self._route_own(again)] if again else [grace]
         spec = state.get(("fsub", sub_id))
         if spec is not None and sub_id not in self.flows.subs:
             try:
@@ -457,13 +471,16 @@ class RingBroker(Core):
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
         pending = effects
-        folded = False
         while pending:
             publish: list[dict[str, Any]] = []
+            folded = False
             for e in pending:
                 if type(e) is Deliver:
                     part = parts.get(e.sub)
                     if part is not None:
+                        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
+                            part.buffer.append(e.event)
+                            continue
                         done, events = self._fold(part, e.event)
                         out.extend(done)
                         publish.extend(events)
@@ -474,10 +491,21 @@ class RingBroker(Core):
                         out.extend(self._edge(e.sub, sub, e.event))
                         continue
                 out.append(e)
+            if folded:  # (the folds' backup goes before what they publish)
+                out.extend(self.ring.flush_backups())
             pending = self._route_own(publish) if publish else []
-        if folded:
-            out.extend(self.ring.flush_backups())
         return out
+
+    def _fold_buffered(self, sub_id: Hashable) -> list[Effect]:
+        """A taken-over partition's grace period is over: what came meanwhile is folded in
+        each publisher's order (the events the dead owner had not folded come round again
+        from its upstream, maybe after newer ones), then it folds as events come."""
+        part = self.flows.parts.get(sub_id)
+        if part is None or part.buffer is None:
+            return []
+        buffered, part.buffer = part.buffer, None
+        buffered.sort(key=lambda ev: _publish_order(ev.get(EVENT_ID)))
+        return self._out([Deliver(sub_id, ev) for ev in buffered])
 
     def _fold(self, part: Partition, event: Mapping[str, Any]) -> tuple[list[Effect], list[dict[str, Any]]]:
         eid = event.get(EVENT_ID)
@@ -585,6 +613,8 @@ class RingBroker(Core):
         return []
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
+            return self._fold_buffered(key[1])
         return self._out(self._sync(self.ring.on_timer(key, now)))
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:

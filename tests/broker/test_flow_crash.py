@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tests.broker.test_crash import _free_ports, _wait_listening
+from tests.flows.world import canon, reference, states, subsequence
+
 import flowbus
 from flowbus.client import Subscription
 from flowbus.flow.deploy import Deployment
-from flowbus.flow.validate import bind_rules
-from tests.broker.test_crash import _free_ports, _wait_listening
-from tests.flows.world import canon, reference
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 N_EVENTS = 50_000
@@ -30,23 +30,18 @@ SPACES = ("combined", "big_trades", "compressed", "alarms")
 StartBroker = Callable[..., Any]
 
 
-def _states(d: Deployment, events: list[dict[str, Any]]) -> dict[Any, list[Any]]:
-    """Per company, the rows a subscriber of ``compressed`` goes through with these events."""
-    bound = bind_rules(d.graph, d.graph.arc("E4"))
-    rows: dict[Any, Any] = {}
-    seq: dict[Any, list[Any]] = {}
-    for e in events:
-        key = bound.key_of(e)
-        new = bound.step(key, rows.get(key, bound.initial), e)
-        if new is not None and new != rows.get(key, bound.initial):
-            rows[key] = new
-            seq.setdefault(key, []).append(new)
-    return seq
-
-
-def _subsequence(part: list[Any], whole: list[Any]) -> bool:
-    it = iter(whole)
-    return all(any(x == y for y in it) for x in part)
+def _first_stray(part: list[Any], whole: list[Any]) -> str:
+    """Where ``part`` stops being a subsequence of ``whole`` (for the failure message)."""
+    j = 0
+    for i, x in enumerate(part):
+        while j < len(whole) and whole[j] != x:
+            j += 1
+        if j == len(whole):
+            at = whole.index(x) if x in whole else -1
+            before = part[max(0, i - 3) : i]
+            return f"state {i} of {len(part)} {x} is at {at} of {len(whole)}; got before it {before}"
+        j += 1
+    return ""
 
 
 async def _drain(sub: Subscription, got: list[dict[str, Any]]) -> None:
@@ -63,7 +58,9 @@ def test_kill_9_of_a_state_owner_keeps_every_space_right(tmp_path: Path, start_b
         joining = []
         for i, port in enumerate(_free_ports(2), 1):
             listen = f"127.0.0.1:{port}"
-            joining.append(pool.submit(start_broker, listen, join=[procs[0][1]], data=tmp_path / f"broker-{i}"))
+            joining.append(
+                pool.submit(start_broker, listen, join=[procs[0][1]], data=tmp_path / f"broker-{i}")
+            )
             _wait_listening(port)
         procs += [j.result() for j in joining]
     addresses = [a for _, a in procs]
@@ -114,11 +111,18 @@ def test_kill_9_of_a_state_owner_keeps_every_space_right(tmp_path: Path, start_b
         return got
 
     got = asyncio.run(asyncio.wait_for(main(), 400))
-    final = {k: v[-1] for k, v in _states(d, ref["compressed"]).items()}
-    history = _states(d, ref["compressed"])
+    final = {k: v[-1] for k, v in states(d, ref["compressed"]).items()}
+    history = states(d, ref["compressed"])
     for n in (0, 1):
         for space in ("combined", "big_trades", "alarms"):
-            assert canon(got[(space, n)]) == canon(ref[space]), (space, n, len(got[(space, n)]), len(ref[space]))
-        seen = _states(d, got[("compressed", n)])
+            assert canon(got[(space, n)]) == canon(ref[space]), (
+                space,
+                n,
+                len(got[(space, n)]),
+                len(ref[space]),
+            )
+        seen = states(d, got[("compressed", n)])
         assert {k: v[-1] for k, v in seen.items()} == final
-        assert all(_subsequence(seen[k], history[k]) for k in seen)
+        strays = {k: _first_stray(seen[k], history[k]) for k in seen if not subsequence(seen[k], history[k])}
+        sizes = (len(got[("compressed", n)]), len(ref["compressed"]))
+        assert not strays, f"subscriber {n} ({sizes}): states not in the offline history, in order: {strays}"

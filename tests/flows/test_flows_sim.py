@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.flows.specgen import random_deployment
-from tests.flows.world import FlowWorld, canon, per_key, reference
+from tests.flows.world import FlowWorld, canon, per_key, reference, states, subsequence
 from tests.spark.flowgen import random_events
 
 from flowbus.errors import UserError
@@ -80,11 +80,14 @@ def test_a_crash_of_a_state_owner_loses_and_duplicates_nothing(seed: int) -> Non
     assert len(taken) == 1  # its partition is served by the broker that took it over
     ref = reference(d, events, spaces)
     final = replay(d, "max_cur", "E4", ref["compressed"])
+    history = states(d, ref["compressed"])
     for b in alive:
         for s in ["combined", "big_trades", "alarms"]:
             assert canon(w.received((s, b.addr))) == canon(ref[s]), (s, b.addr)
         got = w.received(("compressed", b.addr))
         assert replay(d, "max_cur", "E4", got) == final
+        seen = states(d, got)  # every state the subscriber goes through is the offline run's, in order
+        assert all(subsequence(seen[k], history[k]) for k in seen)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -100,3 +100,24 @@ def per_key(events: list[Mapping[str, Any]], key: str) -> dict[Any, list[str]]:
     for e in events:
         out[e[key]].append(repr(sorted((k, float(v) if isinstance(v, int) else v) for k, v in e.items())))
     return dict(out)
+
+
+def states(d: Deployment, events: list[dict[str, Any]], expand: str = "E4") -> dict[Any, list[Any]]:
+    """Per key, the rows a subscriber of ``expand``'s target goes through with these events."""
+    from flowbus.flow.validate import bind_rules
+
+    bound = bind_rules(d.graph, d.graph.arc(expand))
+    rows: dict[Any, Any] = {}
+    seq: dict[Any, list[Any]] = {}
+    for e in events:
+        key = bound.key_of(e)
+        new = bound.step(key, rows.get(key, bound.initial), e)
+        if new is not None and new != rows.get(key, bound.initial):
+            rows[key] = new
+            seq.setdefault(key, []).append(new)
+    return seq
+
+
+def subsequence(part: list[Any], whole: list[Any]) -> bool:
+    it = iter(whole)
+    return all(any(x == y for y in it) for x in part)

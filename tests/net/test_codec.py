@@ -139,6 +139,7 @@ CASES: list[object] = [
     bp.Deploy(req=4, text="name: stocks\nspaces: {}\n"),
     bp.Undeploy(req=5, name="stocks"),
     bp.ListFlows(req=6),
+    rm.BackupAck(holder=rm.Peer(5, 65535), version=12),
     flows.DeployRecord("stocks", "039db452e525333e", "name: stocks\n", (0,), (0, 1)),
     flows.FlowSync(
         deployed=(flows.DeployRecord("stocks", "039db452e525333e", "name: stocks\n", (0, 65535), (0, 17)),),

@@ -21,6 +21,7 @@ assert flowbus.broker.server and flowbus.overlay.class_router  # (imported for t
 assert flowbus.routing.irbr and flowbus.routing.scribe
 
 PINNED = {
+    "ring.backup_ack": "BackupAck(holder, version)",
     "flows.record": "DeployRecord(name, version, text, owners, deploy_id)",
     "flows.snapshot_ask": "SnapshotAsk(sub, reply_to, flow, deploy_id, groups)",
     "flows.snapshot_rows": "SnapshotRows(sub, group, owner, rows)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flowbus.core import Send, SetTimer
 from flowbus.overlay.ring_backups import Backups, Held
-from flowbus.overlay.ring_messages import BackupCopy, BackupDelta, BackupResync, Peer
+from flowbus.overlay.ring_messages import BackupAck, BackupCopy, BackupDelta, BackupResync, Peer
 
 ME, R, L, RR = Peer(100, 1), Peer(200, 2), Peer(50, 3), Peer(300, 4)
 LINKS = (L, R, RR)
@@ -54,8 +54,14 @@ def test_a_holder_keeps_the_copy_applies_deltas_and_asks_again_after_a_missed_on
     assert holder.held[ME.id] == Held(1, {"a": 1}, LINKS, (R, L), rank=1)
     owner.set("b", 2)
     (delta, _) = owner.send(ME, (R, L), LINKS)
-    assert holder.on_delta(ME.addr, delta.msg, me=L) == []
+    assert holder.on_delta(ME.addr, delta.msg, me=L) == [Send(ME.addr, BackupAck(L, 2))]
     assert holder.held[ME.id].state == {"a": 1, "b": 2} and holder.held[ME.id].version == 2
+    assert owner.confirmed() == 0  # (nothing acknowledged yet by both holders)
+    owner.on_ack(BackupAck(L, 2))
+    owner.on_ack(BackupAck(R, 1))
+    assert owner.confirmed() == 1  # the version both holders have
+    owner.on_ack(BackupAck(R, 2))
+    assert owner.confirmed() == 2
     owner.set("c", 3)
     owner.send(ME, (R, L), LINKS)  # (lost on the way)
     owner.set("d", 4)
@@ -69,7 +75,7 @@ def test_a_holder_keeps_the_copy_applies_deltas_and_asks_again_after_a_missed_on
 def test_stale_copies_and_deltas_are_dropped() -> None:
     holder = Backups()
     holder.on_copy(BackupCopy(ME, 5, {"new": 1}, LINKS, (R,)), addr=R.addr)
-    holder.on_copy(BackupCopy(ME, 4, {"old": 1}, LINKS, (R,)), addr=R.addr)
+    assert not holder.on_copy(BackupCopy(ME, 4, {"old": 1}, LINKS, (R,)), addr=R.addr)
     assert holder.on_delta(ME.addr, BackupDelta(ME, 3, 2, {"x": 1}, (), LINKS, (R,)), me=R) == []
     assert holder.held[ME.id].state == {"new": 1}
     holder.on_copy(BackupCopy(ME, 6, None, ()), addr=R.addr)  # no longer a holder

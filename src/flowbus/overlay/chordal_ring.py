@@ -68,6 +68,7 @@ from flowbus.overlay.ring_messages import (
     SPACE,
     WINDOW,
     Alive,
+    BackupAck,
     BackupCopy,
     BackupDelta,
     BackupResync,
@@ -490,7 +491,12 @@ class RingNode(Core):
         return self.backups.send(self.me, holders, tuple(self.links()))
 
     def _on_backup(self, src: int, msg: BackupCopy, now: float) -> list[Effect]:
-        self.backups.on_copy(msg, addr=self.addr)
+        if self.backups.on_copy(msg, addr=self.addr) and self.id is not None:
+            return [Send(msg.owner.addr, BackupAck(self.me, msg.version))]
+        return []
+
+    def _on_backup_ack(self, src: int, msg: BackupAck, now: float) -> list[Effect]:
+        self.backups.on_ack(msg)
         return []
 
     def _on_backup_delta(self, src: int, msg: BackupDelta, now: float) -> list[Effect]:
@@ -795,6 +801,7 @@ _HANDLERS: dict[type, _Handler] = {
     BackupCopy: RingNode._on_backup,
     BackupDelta: RingNode._on_backup_delta,
     BackupResync: RingNode._on_backup_resync,
+    BackupAck: RingNode._on_backup_ack,
     Heartbeat: RingNode._on_heartbeat,
     TestNeighbour: RingNode._on_test,
     Probe: RingNode._on_probe,

@@ -14,6 +14,9 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
 * A holder keeps each owner's copy (:class:`Held`) with its place among the holders. A
   delta on a version it does not have makes it ask for the whole state (``BackupResync``);
   an older one, overtaken by a copy, is dropped.
+* A holder acknowledges each copy and delta it applies (``BackupAck``): :meth:`Backups.confirmed`
+  is the version every current holder has, what a layer above may rely on surviving this
+  broker's death (a flow's folds are confirmed upstream only then).
 * When an owner dies, the first of its holders still alive takes the copy over
   (:meth:`Backups.take_over`): the entries join this broker's own state. A broker over
   its load limit passes part of it on (:meth:`Backups.hand_over`, :meth:`Backups.absorb`).
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus.core import Effect, Send, SetTimer
-from flowbus.overlay.ring_messages import BackupCopy, BackupDelta, BackupResync, Peer
+from flowbus.overlay.ring_messages import BackupAck, BackupCopy, BackupDelta, BackupResync, Peer
 
 __all__ = ["Backups", "Held"]
 
@@ -60,6 +63,7 @@ class Backups:
         self._due = False  # a copy to the holders is on its way (its timer is set)
         self._changed: dict[Hashable, Any] = {}  # key -> value (or _GONE) since the last copy
         self._whole = True  # the next copy is of the whole state (not the changes)
+        self._acked: dict[int, int] = {}  # holder id -> the last version it acknowledged
 
     # -- our state
 
@@ -102,6 +106,15 @@ class Backups:
         self.holders = holders
         return out
 
+    def on_ack(self, msg: BackupAck) -> None:
+        self._acked[msg.holder.id] = max(msg.version, self._acked.get(msg.holder.id, 0))
+
+    def confirmed(self) -> int:
+        """The latest version every current holder has acknowledged (ours if there is none)."""
+        if not self.holders:
+            return self.version
+        return min(self._acked.get(h.id, 0) for h in self.holders)
+
     def resend(self, me: Peer, holder: Peer, links: tuple[Peer, ...]) -> list[Effect]:
         """``holder`` missed a delta: the whole state again (if it still is a holder)."""
         if holder not in self.holders:
@@ -110,17 +123,19 @@ class Backups:
 
     # -- the copies we hold
 
-    def on_copy(self, msg: BackupCopy, *, addr: int) -> None:
-        """A whole copy of ``msg.owner``'s state (none: we hold it no more); ``addr`` is ours."""
+    def on_copy(self, msg: BackupCopy, *, addr: int) -> bool:
+        """A whole copy of ``msg.owner``'s state (none: we hold it no more); ``addr`` is ours.
+        Whether we hold it now (to be acknowledged)."""
         held = self.held.get(msg.owner.id)
         if held is not None and held.version > msg.version:
-            return
+            return False
         if msg.state is None:
             self.held.pop(msg.owner.id, None)
-        else:
-            rank = next((i for i, h in enumerate(msg.holders) if h.addr == addr), 0)
-            state = dict(msg.state)  # (ours: deltas change it in place)
-            self.held[msg.owner.id] = Held(msg.version, state, msg.links, msg.holders, rank)
+            return False
+        rank = next((i for i, h in enumerate(msg.holders) if h.addr == addr), 0)
+        state = dict(msg.state)  # (ours: deltas change it in place)
+        self.held[msg.owner.id] = Held(msg.version, state, msg.links, msg.holders, rank)
+        return True
 
     def on_delta(self, src: int, msg: BackupDelta, *, me: Peer) -> list[Effect]:
         """The changes of ``msg.owner``'s state since the copy we have (a resync if we lack it)."""
@@ -135,7 +150,7 @@ class Backups:
             state.pop(key, None)
         rank = next((i for i, h in enumerate(msg.holders) if h.addr == me.addr), 0)
         self.held[msg.owner.id] = Held(msg.version, state, msg.links, msg.holders, rank)
-        return []
+        return [Send(src, BackupAck(me, msg.version))]
 
     def load_of(self, owner: int) -> int | None:
         """How many entries ``owner``'s state has, as its copy with us says (None: no copy)."""

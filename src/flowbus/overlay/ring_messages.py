@@ -20,6 +20,7 @@ __all__ = [
     "SPACE",
     "WINDOW",
     "Alive",
+    "BackupAck",
     "BackupCopy",
     "BackupDelta",
     "BackupResync",
@@ -232,6 +233,16 @@ class BackupResync:
     """A holder missed a delta (``BackupDelta`` on a base it does not have): send it the whole state."""
 
     holder: Peer
+
+
+@wire.message("ring.backup_ack")
+@dataclass(frozen=True, slots=True)
+class BackupAck:
+    """The holder has the owner's copy up to ``version`` (a whole copy or a delta applied):
+    the owner may rely on the changes up to it (a flow's folds, see routing/flows.py)."""
+
+    holder: Peer
+    version: int
 
 
 @wire.message("ring.share_state")

@@ -146,7 +146,7 @@ class Partition:
     owner: int
     ranges: tuple[tuple[int, int], ...]
     seen: deque[Any] = field(default_factory=deque)
-    buffer: list[Mapping[str, Any]] | None = None  # taken over: gathered, not folded yet
+    buffer: list[tuple[Mapping[str, Any], Any]] | None = None  # taken over: (event, custody key) gathered
 
     def feeds_of(self, event: Mapping[str, Any]) -> list[Any]:
         space = event.get(SPACE)

@@ -26,7 +26,8 @@ How it works: one core joins two protocols.
 * Each subscription id is global (say ``(client, n)``): ``Deliver(sub_id, event)``.
 
 * **Events sent into a failure.** An event whose send to a tree neighbour fails (the
-  driver's failure notice) is kept, with the side of the ring it was going to.
+  driver's failure notice) is kept, with the side of the ring it was going to; later
+  events for that side wait behind it, so each publisher's order holds.
   - When the ring has a new neighbour on that side, the event goes there. That broker is
     the first one of the part of the tree the dead broker led to, so nothing there had the
     event yet.
@@ -183,6 +184,7 @@ class RingBroker(Core):
         # how long a taken-over partition gathers events before folding them in order
         self.flow_grace = 2.0 * heartbeat if heartbeat is not None else 5.0
         self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
+        self._backed_up: list[tuple[int, _Key]] = []  # (backup version, custody record) of folds
 
     @property
     def addr(self) -> int:
@@ -473,28 +475,48 @@ class RingBroker(Core):
         pending = effects
         while pending:
             publish: list[dict[str, Any]] = []
-            folded = False
+            folded: list[_Key] = []  # the custody records of the events folded
             for e in pending:
                 if type(e) is Deliver:
                     part = parts.get(e.sub)
                     if part is not None:
+                        key = self._step.get(e.event.get(EVENT_ID))
                         if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
-                            part.buffer.append(e.event)
+                            part.buffer.append((e.event, key))
+                            self._hold(key, (FLOW_GRACE, e.sub))
                             continue
                         done, events = self._fold(part, e.event)
                         out.extend(done)
                         publish.extend(events)
-                        folded = True
+                        if key is not None:
+                            folded.append(key)
                         continue
                     sub = subs.get(e.sub)
                     if sub is not None:
                         out.extend(self._edge(e.sub, sub, e.event))
                         continue
                 out.append(e)
-            if folded:  # (the folds' backup goes before what they publish)
-                out.extend(self.ring.flush_backups())
+            if folded:  # the folds' backup goes before what they publish; the events they
+                out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
+                version = self.ring.backups.version  # the holders have that backup
+                for key in folded:
+                    self._hold(key, ("backup", version))
+                    self._backed_up.append((version, key))
             pending = self._route_own(publish) if publish else []
         return out
+
+    def _backups_confirmed(self) -> None:
+        """The events whose folds every backup holder now has are done with here."""
+        waits = self._backed_up
+        if not waits:
+            return
+        confirmed = self.ring.backups.confirmed()
+        i = 0
+        while i < len(waits) and waits[i][0] <= confirmed:
+            version, key = waits[i]
+            self._release(("backup", version), key[1], only=key)
+            i += 1
+        del waits[:i]
 
     def _fold_buffered(self, sub_id: Hashable) -> list[Effect]:
         """A taken-over partition's grace period is over: what came meanwhile is folded in
@@ -504,8 +526,12 @@ class RingBroker(Core):
         if part is None or part.buffer is None:
             return []
         buffered, part.buffer = part.buffer, None
-        buffered.sort(key=lambda ev: _publish_order(ev.get(EVENT_ID)))
-        return self._out([Deliver(sub_id, ev) for ev in buffered])
+        buffered.sort(key=lambda item: _publish_order(item[0].get(EVENT_ID)))
+        for event, key in buffered:
+            if key is not None:
+                self._step[event[EVENT_ID]] = key
+                self._release((FLOW_GRACE, sub_id), key[1], only=key)
+        return self._out([Deliver(sub_id, event) for event, _ in buffered])
 
     def _fold(self, part: Partition, event: Mapping[str, Any]) -> tuple[list[Effect], list[dict[str, Any]]]:
         eid = event.get(EVENT_ID)
@@ -689,8 +715,11 @@ class RingBroker(Core):
                         rec.waiting.add(("sub", e.sub))
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
-            elif step and isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver):
-                self._hold(step.get(e.msg.event[EVENT_ID]), e.dst)
+            elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver):
+                if self._retry and type(e.msg) is cbr.Publish and self._behind_kept(e.dst, e.msg.event):
+                    continue
+                if step:
+                    self._hold(step.get(e.msg.event[EVENT_ID]), e.dst)
             out.append(e)
         if step:
             self._step = {}
@@ -764,6 +793,21 @@ class RingBroker(Core):
             self._step[event[EVENT_ID]] = key
         return self._on_handed_over(HandedOver(event, dead))
 
+    def _behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
+        """Events kept for the side of the ring ``dst`` is on go first: ``event`` waits behind
+        them (so each publisher's order holds across a repair). Whether it was kept."""
+        side = self.ring.side_of_addr(dst)
+        dead = next((d for _, d, s in self._retry if s == side), None) if side else None
+        if dead is None:
+            return False
+        key = self._step.get(event[EVENT_ID])
+        self._retry.append((event, dead, side))
+        self._retry_for.append(key)
+        rec = self._custody.get(key) if key is not None else None
+        if rec is not None:
+            rec.retries += 1
+        return True
+
     def _bury_custody(self, dead: int) -> list[Effect]:
         """A tree neighbour died: what it had not confirmed is kept, as if its send failed."""
         side = self.ring.side_of_addr(dead)
@@ -781,6 +825,7 @@ class RingBroker(Core):
     def _sync(self, effects: list[Effect]) -> list[Effect]:
         """After a ring step: take up taken-over subscriptions, follow the tree's changes."""
         out = list(effects)
+        self._backups_confirmed()
         ring = self.ring
         fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
@@ -878,12 +923,17 @@ class RingBroker(Core):
         return out
 
     def _resend(self) -> list[Effect]:
-        """Kept events go to the new neighbour on their side, once the ring has one."""
+        """Kept events go to the new neighbour on their side, once the ring has one, in
+        each publisher's order (they were kept in the order their sends failed or their
+        receiver was found dead, which is not it)."""
         if not self._retry or not self.ring.joined:
             return []
         out: list[Effect] = []
         keep, keep_for = [], []
-        for (event, dead, side), key in zip(self._retry, self._retry_for, strict=True):
+        kept = sorted(
+            zip(self._retry, self._retry_for, strict=True), key=lambda k: _publish_order(k[0][0][EVENT_ID])
+        )
+        for (event, dead, side), key in kept:
             now = self.ring.right if side > 0 else self.ring.left
             if now is None or now.addr == dead or self.ring.open & {side}:
                 keep.append((event, dead, side))

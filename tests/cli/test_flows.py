@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.flows.world import canon, reference
 
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.flow.deploy import Deployment
-from tests.flows.world import canon, reference
 
 FLOWBUS = [sys.executable, "-m", "flowbus"]
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
@@ -73,8 +73,8 @@ def test_a_flow_deployed_at_start_runs_from_generate_to_sub(broker: str) -> None
 def test_deploy_and_undeploy_another_flow(broker: str, tmp_path: Path) -> None:
     spec = tmp_path / "tiny.yaml"
     spec.write_text(
-        "name: tiny\nspaces:\n  raw: {kind: source, schema: {x: int}}\n  big: {kind: sink, schema: {x: int}}\n"
-        "arcs:\n  - {name: S, from: raw, to: big, select: 'x > 10'}\n"
+        "name: tiny\nspaces:\n  raw: {kind: source, schema: {x: int}}\n"
+        "  big: {kind: sink, schema: {x: int}}\narcs:\n  - {name: S, from: raw, to: big, select: 'x > 10'}\n"
     )
     done = flowbus("flow", "deploy", str(spec), "--broker", broker, "--json")
     assert done.returncode == 0, done.stderr

@@ -1,9 +1,11 @@
-"""The flow commands on brokers end to end: a broker started with `--flow`, `flow ls`,
+"""The flow commands on brokers end to end: a broker or a cluster started with `--flow`, `flow ls`,
 `flow generate | pub -`, `sub` without a filter, `flow deploy` / `undeploy`, and their errors."""
 
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,3 +114,26 @@ def test_a_bad_spec_is_refused_before_anything_starts(tmp_path: Path) -> None:
         "broker", "start", "--listen", "127.0.0.1:0", "--overlay", "pastry-irbr", "--flow", str(STOCKS)
     )
     assert done.returncode == 2 and "the pastry-irbr overlay runs no flows" in done.stderr
+
+
+def test_cluster_up_deploys_its_flows_once_the_ring_is_up() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--flow", str(STOCKS)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert "2 broker(s) up" in lines[2]
+        assert lines[3].startswith("flow stocks ") and "publish into NYSE, NASDAQ, combined" in lines[3]
+        listed = json.loads(flowbus("flow", "ls", "--broker", f"127.0.0.1:{port + 1}", "--json").stdout)
+        assert listed[0]["owners"] == 2  # (both brokers own a part of its state)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -19,9 +19,14 @@ content-based routing inside the network, all transforms move to the edge"):
   each path is a bus space ``p`` it starts at and its ``[S; T]``. The network routes
   ``OR over paths (__space = p & S & F[T])``, ``F`` pulled back through ``T``
   (:func:`~flowbus.filters.substitute.substitute_filter`): ``cap >= 5000000`` on
-  ``big_trades`` reaches the publishers' brokers as ``price * vol >= 5000000``. Literals that
-  call a lookup or function are left out of the routed filter (the brokers' matchers know no
-  flow's functions): the routed filter is then weaker, never stronger, than the exact one. At
+  ``big_trades`` reaches the publishers' brokers as ``price * vol >= 5000000``. Every
+  expression other than a field read that a path from a source selects on or outputs
+  (``price * vol``, ``NYS(issue)``) is a *derived attribute* of the source
+  (:attr:`Deployment.derived`): the broker that takes a publish computes them once and stamps
+  them into hidden fields, and the routed filter compares the field, ``__x.stocks.NYSE.1 >=
+  5000000``: a plain predicate the matchers index, exact even over a lookup. A literal over
+  another expression that calls a function is left out of the routed filter (the brokers'
+  matchers know no flow's functions): the routed filter is then weaker, never stronger. At
   the edge, :meth:`FlowSubscription.deliver` applies, per path from the event's space, ``S``,
   then ``T``, then ``F``: every path that holds delivers (fan-out, as the interpreter does).
 * **Stateful groups** (:func:`flowbus.flow.plan.plan`: the collapses reading one space with
@@ -49,8 +54,19 @@ import yaml
 
 from flowbus.errors import FlowbusError, FlowError, SchemaError, UserError
 from flowbus.filters import Filter, parse
-from flowbus.filters.ast import Conjunction, ExprPredicate, Field, Op, Predicate, Undefined
-from flowbus.filters.compile import ALWAYS, Compiler
+from flowbus.filters.ast import (
+    BinOp,
+    Call,
+    Conjunction,
+    Const,
+    Expr,
+    ExprPredicate,
+    Field,
+    Op,
+    Predicate,
+    Undefined,
+)
+from flowbus.filters.compile import ALWAYS, Compiler, shared_subexpressions
 from flowbus.filters.substitute import substitute_filter
 from flowbus.flow.collapse import BoundRules, Key, Row
 from flowbus.flow.generators import generate
@@ -75,6 +91,11 @@ __all__ = [
 
 SPACE = "__space"
 """The hidden field that carries an event's space on the bus."""
+
+DERIVED = "__x"
+"""The prefix of the hidden fields carrying a source event's derived attributes:
+``__x.<flow>.<space>.<n>`` (``price * vol``, ``NYS(issue)``), stamped by the broker that takes
+the publish so that the routing filters compare them as plain attributes."""
 
 HASH_FIELD = "__h"
 """The prefix of the hidden fields carrying a key's hash: ``__h.<flow>.<group>.<feed>``."""
@@ -287,6 +308,7 @@ class Deployment:
         version = hashlib.sha256(text.encode()).hexdigest()[:16]
         deployment = cls(graph.name, version, text, graph)
         deployment.groups  # (built and checked now: an invalid flow is refused whole)  # noqa: B018
+        deployment.derived  # noqa: B018
         return deployment
 
     @classmethod
@@ -396,7 +418,7 @@ class Deployment:
                 pulled = substitute_filter(filt, dict(route.outputs))
                 step_select = route.select
             paths.append(_Path(source, select, transform, c.memo_factory()))
-            routing = routing | _routable(source, step_select & pulled)
+            routing = routing | self._routable(source, step_select & pulled)
         return FlowSubscription(self.name, space, filt, routing, paths, check)
 
     def _schema_of(self, node: str) -> Schema:
@@ -475,8 +497,58 @@ class Deployment:
                 out.setdefault(f.space, []).append((g, f))
         return out
 
+    @cached_property
+    def derived(self) -> dict[str, tuple[dict[Expr, str], Callable[[Event], dict[str, Any]]]]:
+        """Bus space -> its derived attributes (expression -> hidden field) and the function
+        computing them for an event of it: every expression other than a field read that the
+        paths starting at the space select on or output (see the module note)."""
+        found: dict[str, set[Expr]] = {}
+        for name, info in self.spaces.items():
+            if not info.subscribable:
+                continue
+            for source, route in self._paths_into(name):
+                if route is None:
+                    continue
+                exprs = found.setdefault(source, set())
+                exprs.update(e for _, e in route.outputs if not isinstance(e, Field))
+                for c in route.select.disjuncts:
+                    exprs.update(
+                        lit.left
+                        for lit in c.literals
+                        if isinstance(lit, ExprPredicate) and not isinstance(lit.left, Field)
+                    )
+        out: dict[str, tuple[dict[Expr, str], Callable[[Event], dict[str, Any]]]] = {}
+        for source, exprs in sorted(found.items()):
+            if not exprs:
+                continue
+            ordered = sorted(exprs, key=repr)
+            fields = {e: f"{DERIVED}.{self.name}.{source}.{i}" for i, e in enumerate(ordered)}
+            out[source] = (fields, _evaluator(self.functions, fields))
+        return out
+
+    def _routable(self, source: str, f: Filter) -> Filter:
+        """``__space = source & f`` as the network routes it: an expression the source's
+        derived attributes hold is read from its hidden field (an indexable predicate when it
+        is compared with a constant); a literal that still calls a function is left out."""
+        fields = self.derived.get(source, ({}, None))[0]
+        in_space = Predicate(SPACE, Op.EQ, source)
+        conj = []
+        for c in f.disjuncts:
+            kept: list[Predicate | ExprPredicate] = []
+            for lit in c.literals:
+                if isinstance(lit, ExprPredicate):
+                    lit = _read_derived(lit, fields)
+                if not (isinstance(lit, ExprPredicate) and lit.calls()):
+                    kept.append(lit)
+            conj.append(Conjunction((in_space, *kept)))
+        return Filter(tuple(conj))
+
     def stamp(self, event: dict[str, Any]) -> None:
-        """Add to ``event`` (a bus event) the hash of its key for each group it feeds."""
+        """Add to ``event`` (a bus event) its derived attributes, and the hash of its key
+        for each group it feeds."""
+        derived = self.derived.get(event.get(SPACE, ""))
+        if derived is not None:
+            event.update(derived[1](event))
         for group, feed in self.stamps.get(event.get(SPACE, ""), ()):
             src = feed.input(event)
             if src is None:
@@ -500,14 +572,44 @@ class Deployment:
         return Filter(tuple(conj))
 
 
-def _routable(source: str, f: Filter) -> Filter:
-    """``__space = source & f`` without the literals that call a function (see the module note)."""
-    in_space = Predicate(SPACE, Op.EQ, source)
-    conj = []
-    for c in f.disjuncts:
-        kept = tuple(lit for lit in c.literals if not (isinstance(lit, ExprPredicate) and lit.calls()))
-        conj.append(Conjunction((in_space, *kept)))
-    return Filter(tuple(conj))
+def _read_derived(lit: ExprPredicate, fields: Mapping[Expr, str]) -> Predicate | ExprPredicate:
+    """``lit`` with its derived expressions read from their hidden fields: a plain predicate
+    when one side is such an expression and the other a constant."""
+    left, right = _substituted(lit.left, fields), _substituted(lit.right, fields)
+    if isinstance(left, Field) and left.name in fields.values() and isinstance(right, Const):
+        return Predicate(left.name, lit.op, right.value, lit.negated)
+    return ExprPredicate(left, lit.op, right, lit.negated)
+
+
+def _substituted(e: Expr, fields: Mapping[Expr, str]) -> Expr:
+    name = fields.get(e)
+    if name is not None:
+        return Field(name)
+    if isinstance(e, BinOp):
+        return BinOp(e.op, _substituted(e.left, fields), _substituted(e.right, fields))
+    if isinstance(e, Call):
+        return Call(e.name, tuple(_substituted(a, fields) for a in e.args))
+    return e
+
+
+def _evaluator(functions: Mapping[str, Any], fields: Mapping[Expr, str]) -> Callable[[Event], dict[str, Any]]:
+    """The function giving an event's derived attributes (those defined), computed together
+    (a subexpression they share, once)."""
+    c = Compiler(functions, shared_subexpressions(fields))
+    parts = [(name, c.expr(e)) for e, name in fields.items()]
+    new_memo = c.memo_factory()
+
+    def evaluate(event: Event) -> dict[str, Any]:
+        memo = new_memo()
+        out = {}
+        for name, fn in parts:
+            try:
+                out[name] = fn(event, memo)
+            except Undefined:
+                continue
+        return out
+
+    return evaluate
 
 
 def _inlined(data: Any, base: Path) -> dict[str, Any]:

@@ -46,7 +46,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ GOAL = {"flow_vs_plain": 0.5, "latency_p99_ms": 50.0, "paced_rate": 5_000, "brok
 
 Progress = plain.Progress
 Event = dict[str, Any]
+Output = Mapping[str, Any]  # (what the interpreter gives)
 
 
 # ------------------------------------------------------------------------------------ offline
@@ -83,7 +84,7 @@ Event = dict[str, Any]
 class Reference:
     """Per subscription space, the interpreter's outputs and the source event each derives from."""
 
-    outputs: dict[str, list[Event]]
+    outputs: dict[str, list[Output]]
     origin: dict[str, np.ndarray]
 
 
@@ -147,21 +148,21 @@ def expected_indices(ref: Reference, filters: dict[str, list[str]]) -> dict[str,
     return out
 
 
-def _canon(e: Event) -> tuple[tuple[str, Any], ...]:
+def _canon(e: Output) -> tuple[tuple[str, Any], ...]:
     return tuple(
         sorted((k, float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in e.items())
     )
 
 
-def _by_key(pairs: Sequence[tuple[Any, Event]], key: str) -> dict[Any, list[tuple[Any, Event]]]:
-    out: dict[Any, list[tuple[Any, Event]]] = defaultdict(list)
+def _by_key(pairs: Sequence[tuple[Any, Output]], key: str) -> dict[Any, list[tuple[Any, Output]]]:
+    out: dict[Any, list[tuple[Any, Output]]] = defaultdict(list)
     for x, e in pairs:
         out[e[key]].append((x, e))
     return out
 
 
 def check(
-    space: str, got: Sequence[tuple[float, Event]], want: list[int], ref: Reference, published: np.ndarray
+    space: str, got: Sequence[tuple[float, Output]], want: list[int], ref: Reference, published: np.ndarray
 ) -> tuple[bool, list[float]]:
     """Whether one subscription got what it should, and the latencies (s) of its deliveries."""
     outs, origin = ref.outputs[space], ref.origin[space]
@@ -348,7 +349,9 @@ def _judge(row: dict[str, Any], setup: _Setup, inbox: _Inbox, published: np.ndar
         latency += lat
         per_space[space] += len(got)
         if not ok:
-            wrong.append(f"{space}[{i}] {setup.filters[space][i]!r}: got {len(got)}, want {len(setup.want[space][i])}")
+            wrong.append(
+                f"{space}[{i}] {setup.filters[space][i]!r}: got {len(got)}, want {len(setup.want[space][i])}"
+            )
     ms = np.asarray(latency) * 1000.0 if latency else np.zeros(1)
     row.update(
         latency_p50_ms=float(np.percentile(ms, 50)),
@@ -394,7 +397,14 @@ def _flow_row(brokers: int, rate: float, setup: _Setup, o: _Options) -> dict[str
         plain.start_ring(brokers, o.config, o.profile_dir, tag=tag, ring=ring)
         asyncio.run(
             _flow_clients(
-                ring, row, setup, clients=o.clients, window=o.window, rate=rate, progress=o.progress, label=label
+                ring,
+                row,
+                setup,
+                clients=o.clients,
+                window=o.window,
+                rate=rate,
+                progress=o.progress,
+                label=label,
             )
         )
     except Exception:
@@ -431,8 +441,9 @@ def _plain_row(brokers: int, rate: float, events: list[Event], filters: list[str
         plain.start_ring(brokers, o.config, o.profile_dir, tag=f"-plain-b{brokers}-r{int(rate)}", ring=ring)
         asyncio.run(
             plain._clients_run(
-                ring, row, filters, events, counts, clients=o.clients, window=o.window, rate=rate, chunk=2_000,
-                subscribe_timeout=600.0, progress=o.progress, label=f"plain, {brokers} broker(s), rate {rate or 'max'}",
+                ring, row, filters, events, counts, clients=o.clients, window=o.window, rate=rate,
+                chunk=2_000, subscribe_timeout=600.0, progress=o.progress,
+                label=f"plain, {brokers} broker(s), rate {rate or 'max'}",
             )
         )  # fmt: skip
         row["deliveries_match"] = row.pop("deliveries_match_offline")
@@ -506,7 +517,9 @@ def goals_met(rows: list[dict[str, Any]], rate: float) -> dict[str, bool | None]
     paced = [r for r in flows if r["brokers"] == 1 and r["rate"] == GOAL["paced_rate"] == rate]
     return {
         "flow_vs_plain_at_least_0.5": min(ratios) >= GOAL["flow_vs_plain"] if ratios else None,
-        "p99_under_50_ms_paced_1_broker": paced[0]["latency_p99_ms"] < GOAL["latency_p99_ms"] if paced else None,
+        "p99_under_50_ms_paced_1_broker": paced[0]["latency_p99_ms"] < GOAL["latency_p99_ms"]
+        if paced
+        else None,
         "deliveries_match": all(r.get("deliveries_match") for r in rows) if rows else None,
     }
 
@@ -565,8 +578,8 @@ def write(result: dict[str, Any], directory: Path) -> None:
     labels = [f"{b} broker{'s' if b > 1 else ''}\n{f'{r:,.0f}/s' if r else 'flat out'}" for b, r in configs]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     x = np.arange(len(configs))
-    for ax, key, title in zip(axes, ("deliveries_per_s", "latency_p99_ms"), ("deliveries/s", "p99 latency (ms)"),
-                              strict=True):  # fmt: skip
+    panels = (("deliveries_per_s", "deliveries/s"), ("latency_p99_ms", "p99 latency (ms)"))
+    for ax, (key, title) in zip(axes, panels, strict=True):
         for j, kind in enumerate(("flow", "plain")):
             vals = [next((r.get(key) or 0 for r in rows if r["kind"] == kind
                           and (r["brokers"], r["rate"] or 0) == c), 0) for c in configs]  # fmt: skip
@@ -575,7 +588,9 @@ def write(result: dict[str, Any], directory: Path) -> None:
         ax.set_title(title)
         ax.legend()
     axes[1].axhline(GOAL["latency_p99_ms"], color="r", lw=0.8, ls=":", label="goal")
-    fig.suptitle(f"flowbus bench flow-bus: the stock flow vs plain content routing, {rows[0]['events']:,} events")
+    fig.suptitle(
+        f"flowbus bench flow-bus: the stock flow vs plain content routing, {rows[0]['events']:,} events"
+    )
     fig.tight_layout()
     fig.savefig(directory / "flow-bus.png", dpi=110)
     plt.close(fig)

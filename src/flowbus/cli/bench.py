@@ -269,7 +269,9 @@ def bench_flow_bus(
         fail(str(exc))
     if out_dir is not None:
         write(result, out_dir)
-        (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        (out_dir / "result.json").write_text(
+            json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8"
+        )
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
     else:

@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/flowbus bench match --workload w-rein --subscriptions 1000000 --events 2000 --json
 	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --json
 	$(BIN)/flowbus bench floor --json
+	$(BIN)/flowbus bench flow-bus --brokers 1,3 --events 100000 --subs 100 --json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

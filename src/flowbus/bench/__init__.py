@@ -10,6 +10,8 @@ prints as one JSON document with ``--json``; figures come from these, never from
   bulk matching on Spark (``bench spark``, ``bench spark-match``);
 * :mod:`~flowbus.bench.broker` -- broker processes on loopback (``bench broker``), and
   :mod:`~flowbus.bench.broker_floor`, what one delivery costs at the least (``bench floor``);
+* :mod:`~flowbus.bench.flow_bus` -- the stock flow deployed on broker processes against plain
+  content routing of the same brokers (``bench flow-bus``);
 * :mod:`~flowbus.bench.cbr`, :mod:`~flowbus.bench.cbr_adverts` -- the covering-based content
   router alone (``bench cbr``, ``bench cbr-adverts``);
 * :mod:`~flowbus.bench.workloads` -- the seeded workloads they share;

@@ -240,6 +240,44 @@ def _write_broker(result: dict[str, Any], directory: Path) -> None:
     plot(result, directory / "broker.png")
 
 
+@bench_app.command("flow-bus")
+def bench_flow_bus(
+    brokers: Annotated[str, typer.Option(help="Broker counts, e.g. 1,3.")] = "1,3",
+    events: Annotated[int, typer.Option(min=1, help="Source events of the stock flow per run.")] = 100_000,
+    subs: Annotated[int, typer.Option(min=1, help="Filtered subscriptions per subscription space.")] = 100,
+    rate: Annotated[float, typer.Option(min=1, help="The paced runs' source events/s.")] = 5_000.0,
+    seed: Annotated[int, typer.Option(help="Seed of the subscription filters.")] = 1,
+    clients: Annotated[int, typer.Option(min=1, help="Subscriber connections.")] = 4,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Also write result.json, rows.csv and a PNG here.")
+    ] = None,
+    profile_dir: Annotated[Path | None, typer.Option(help="Run the brokers under cProfile.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The stock flow deployed on brokers against plain content routing of the same brokers."""
+    from flowbus.bench.flow_bus import run, table, write
+
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with progress_bar(True) as progress:
+            result = run(
+                brokers=_ints(brokers), events=events, subscriptions=subs, rate=rate, seed=seed,
+                clients=clients, profile_dir=profile_dir, progress=progress,
+            )  # fmt: skip
+    except FlowbusError as exc:
+        fail(str(exc))
+    if out_dir is not None:
+        write(result, out_dir)
+        (out_dir / "result.json").write_text(
+            json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8"
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        out.print(table(result))
+
+
 @bench_app.command("floor")
 def bench_floor(
     rounds: Annotated[int, typer.Option(min=1, help="Batches of 2,000 deliveries timed per step.")] = 200,

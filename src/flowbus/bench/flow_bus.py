@@ -344,9 +344,11 @@ def _judge(row: dict[str, Any], setup: _Setup, inbox: _Inbox, published: np.ndar
     latency: list[float] = []
     wrong: list[str] = []
     per_space: Counter[str] = Counter()
+    space_latency: dict[str, list[float]] = {}
     for (space, i), got in zip(setup.subscriptions, inbox.got, strict=True):
         ok, lat = check(space, got, setup.want[space][i], setup.ref, published)
         latency += lat
+        space_latency.setdefault(space, []).extend(lat)
         per_space[space] += len(got)
         if not ok:
             wrong.append(
@@ -358,6 +360,11 @@ def _judge(row: dict[str, Any], setup: _Setup, inbox: _Inbox, published: np.ndar
         latency_p99_ms=float(np.percentile(ms, 99)),
         latency_max_ms=float(ms.max()),
         deliveries_per_space=dict(per_space),
+        latency_p99_ms_per_space={
+            space: round(float(np.percentile(np.asarray(lat) * 1000.0, 99)), 1)
+            for space, lat in space_latency.items()
+            if lat
+        },
         deliveries_match=not wrong,
     )
     if wrong:

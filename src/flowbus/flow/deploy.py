@@ -143,6 +143,16 @@ class _Path:
     transform: TransformFn
     new_memo: Callable[[], Any]
 
+    def run(self, event: Event) -> dict[str, Any] | None:
+        """The event this path delivers for ``event`` (its hidden fields left out), or None."""
+        m = self.new_memo()
+        if self.select is not ALWAYS and not self.select(event, m):
+            return None
+        try:
+            return _plain(self.transform(event, m))
+        except Undefined:
+            return None
+
 
 class FlowSubscription:
     """A subscription to a space of a flow: the filter the network routes, and what the edge
@@ -162,20 +172,24 @@ class FlowSubscription:
         self._memo = Compiler({}).new_memo()
         self.sources = frozenset(self._by_source)
 
-    def deliver(self, event: Event) -> list[dict[str, Any]]:
-        """What the subscriber receives for ``event`` (a bus event: its space in ``__space``)."""
+    def deliver(self, event: Event, results: dict[int, Any] | None = None) -> list[dict[str, Any]]:
+        """What the subscriber receives for ``event`` (a bus event: its space in ``__space``).
+        ``results`` keeps, for this event, each path's result (None: dropped), shared by the
+        subscriptions to the space (their paths are the same objects): the transforms run once
+        per event, the subscriptions' own filters once each. The dicts returned are shared
+        too: read only."""
         out: list[dict[str, Any]] = []
         check, memo = self._check, self._memo
         for path in self._by_source.get(event.get(SPACE, ""), ()):
-            m = path.new_memo()
-            if path.select is not ALWAYS and not path.select(event, m):
-                continue
-            try:
-                result = path.transform(event, m)
-            except Undefined:
-                continue
-            if check is ALWAYS or check(result, memo):
-                out.append(_plain(result))
+            key = id(path)
+            if results is not None and key in results:
+                result = results[key]
+            else:
+                result = path.run(event)
+                if results is not None:
+                    results[key] = result
+            if result is not None and (check is ALWAYS or check(result, memo)):
+                out.append(result)
         return out
 
 
@@ -282,6 +296,9 @@ class Deployment:
     text: str  # the canonical YAML document (lookups inlined)
     graph: Graph
     _subs: dict[tuple[str, str], FlowSubscription] = field(default_factory=dict, compare=False, repr=False)
+    _paths: dict[str, list[tuple[tuple[str, Route | None], _Path]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     # -- making one
 
@@ -397,29 +414,35 @@ class Deployment:
             raise UserError(
                 f"filter: unknown field {unknown[0]!r} in space {space!r} (fields: {', '.join(info.schema)})"
             )
-        fns = self.functions
-        check: TestFn = Compiler(fns).filter(filt) if filt.disjuncts != Filter.true().disjuncts else ALWAYS
-        paths: list[_Path] = []
+        check: TestFn = Compiler(self.functions).filter(filt) if filt != Filter.true() else ALWAYS
         routing = Filter.false()
-        for source, route in self._paths_into(space):
-            c = Compiler(fns, route_shared([route]) if route is not None else ())
-            if route is None:
-                select: TestFn = ALWAYS
-                transform: TransformFn = c.transform(
-                    [(n, Field(n)) for n in info.schema], inputs=list(info.schema)
-                )
-                pulled = filt
-                step_select = Filter.true()
-            else:
-                select = ALWAYS if route.select == Filter.true() else c.filter(route.select)
-                transform = c.transform(
-                    route.outputs, route.requires, inputs=list(self._schema_of(route.source))
-                )
-                pulled = substitute_filter(filt, dict(route.outputs))
-                step_select = route.select
-            paths.append(_Path(source, select, transform, c.memo_factory()))
-            routing = routing | self._routable(source, step_select & pulled)
+        for (source, route), _ in self._compiled_paths(space):
+            step = filt if route is None else route.select & substitute_filter(filt, dict(route.outputs))
+            routing = routing | self._routable(source, step)
+        paths = [path for _, path in self._compiled_paths(space)]
         return FlowSubscription(self.name, space, filt, routing, paths, check)
+
+    def _compiled_paths(self, space: str) -> list[tuple[tuple[str, Route | None], _Path]]:
+        """The paths into ``space``, each with its ``[S; T]`` compiled once (the subscriptions
+        to the space share them, and the edge computes each once per event)."""
+        made = self._paths.get(space)
+        if made is None:
+            made = self._paths[space] = [(p, self._compile_path(space, *p)) for p in self._paths_into(space)]
+        return made
+
+    def _compile_path(self, space: str, source: str, route: Route | None) -> _Path:
+        if route is None:
+            schema = list(self.spaces[space].schema)
+            c = Compiler(self.functions)
+            return _Path(
+                source, ALWAYS, c.transform([(n, Field(n)) for n in schema], inputs=schema), c.memo_factory()
+            )
+        c = Compiler(self.functions, route_shared([route]))
+        select = ALWAYS if route.select == Filter.true() else c.filter(route.select)
+        inputs = list(self._schema_of(route.source))
+        return _Path(
+            source, select, c.transform(route.outputs, route.requires, inputs=inputs), c.memo_factory()
+        )
 
     def _schema_of(self, node: str) -> Schema:
         return self.rewritten.space(node).schema

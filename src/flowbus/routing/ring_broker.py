@@ -473,6 +473,7 @@ class RingBroker(Core):
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
         pending = effects
+        results: dict[int, dict[int, Any]] = {}  # id(event) -> its paths' results (see _edge)
         while pending:
             publish: list[dict[str, Any]] = []
             folded: list[_Key] = []  # the custody records of the events folded
@@ -493,7 +494,7 @@ class RingBroker(Core):
                         continue
                     sub = subs.get(e.sub)
                     if sub is not None:
-                        out.extend(self._edge(e.sub, sub, e.event))
+                        out.extend(self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {})))
                         continue
                 out.append(e)
             if folded:  # the folds' backup goes before what they publish; the events they
@@ -552,18 +553,20 @@ class RingBroker(Core):
             events.append(ev)
         return out, events
 
-    def _edge(self, sub_id: Hashable, sub: FlowSubscription, event: Mapping[str, Any]) -> list[Effect]:
-        """``event`` for flow subscription ``sub_id``: the subscription's transforms applied."""
+    def _edge(
+        self, sub_id: Hashable, sub: FlowSubscription, event: Mapping[str, Any], results: dict[int, Any]
+    ) -> list[Effect]:
+        """``event`` for flow subscription ``sub_id``: the subscription's transforms applied
+        (``results``: what the paths gave for this event, shared by its subscriptions)."""
         if not self.flows.admit(sub_id, event):
             return []
-        results = sub.deliver(event)
         eid = event.get(EVENT_ID)
         out: list[Effect] = []
-        for i, result in enumerate(results):
-            if i:
+        for i, result in enumerate(sub.deliver(event, results)):
+            if i:  # (a copy: the first result is shared by every subscription it goes to)
                 alias = (f"{eid[0]}#{i}", eid[1]) if isinstance(eid, tuple) and len(eid) == 2 else (eid, i)
                 self._aliases[alias] = eid
-                result[EVENT_ID] = alias
+                result = {**result, EVENT_ID: alias}
             else:
                 result[EVENT_ID] = eid
             out.append(Deliver(sub_id, result))

@@ -106,7 +106,7 @@ CASES: list[object] = [
     irbr.Unsubscribe(node=BIG, sub=7, clock=4, prefix=(0, 0)),
     irbr.Publish(event=EVENT, prefix=(1, 3), eid=("client", 12)),
     irbr_ack.Hop(seq=3, body=irbr.Subscribe(node=BIG, sub="s", filter=F1, clock=3, prefix=(2, 0x21))),
-    irbr_ack.Hop(seq=4, body=pastry.Route(key=BIG, payload=irbr.Publish(event=EVENT, prefix=(1, 3), eid=(BIG, 1)), hops=2, origin=4)),
+    irbr_ack.Hop(seq=4, body=pastry.Route(BIG, irbr.Publish(EVENT, (1, 3), (BIG, 1)), 2, 4)),
     irbr_ack.Ack(seq=9),
     irbr.TableRequest(addr=5, rows=3),
     irbr.Newcomer(node=BIG, addr=7, prefix=(3, 0x2A1)),
@@ -257,7 +257,7 @@ def test_random_values_round_trip_in_a_message(value: Any) -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), json_like, max_size=5), st.integers(0, 2**128 - 1))
 def test_random_events_round_trip(event: dict[str, Any], key: int) -> None:
-    msg = pastry.Route(key=key, payload=irbr.Publish(event=event, prefix=(0, 0), eid=(1, 2)), hops=1, origin=2)
+    msg = pastry.Route(key=key, payload=irbr.Publish(event, (0, 0), (1, 2)), hops=1, origin=2)
     back = decode(encode(msg))
     assert isinstance(back, pastry.Route) and isinstance(back.payload, irbr.Publish)
     assert back.payload.prefix == (0, 0) and back.key == key

@@ -73,7 +73,7 @@ table request is answered and its ``Newcomer`` has passed) may miss the newcomer
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -422,7 +422,9 @@ class IrbrNode(PastryApp):
 
     __slots__ = ("acks", "clock", "covering", "empty_ranges", "published", "rows_from", "seen", "table")
 
-    def __init__(self, pastry: PastryNode, *, covering: bool = True, ack_timeout: float | None = None) -> None:
+    def __init__(
+        self, pastry: PastryNode, *, covering: bool = True, ack_timeout: float | None = None
+    ) -> None:
         super().__init__(pastry)
         self.covering = covering
         self.table = FilterTable(pastry.node_id)
@@ -500,12 +502,8 @@ class IrbrNode(PastryApp):
                 return self._towards(route, msg)
             case Publish():
                 return self._on_publish(msg)
-            case Subscribe():
-                return self._on_subscribe(msg)
-            case Unsubscribe():
-                return self._on_unsubscribe(msg)
-            case Newcomer():
-                return self._on_newcomer(msg)
+            case Subscribe() | Unsubscribe() | Newcomer():
+                return self._on_control(msg)
             case TableRequest() if route is None:
                 return [Send(msg.addr, self.table.snapshot(msg.rows))]
             case TableReply() if route is None:
@@ -567,6 +565,24 @@ class IrbrNode(PastryApp):
             return []
         return self._send(self.pastry.book.addr_of[member], msg)
 
+    def _on_control(self, msg: Subscribe | Unsubscribe | Newcomer) -> list[Effect]:
+        """A subscription, removal or newcomer notice for a range we are in: handled once,
+        a later copy for a larger range passed on only to the rows the first left out
+        (``irbr_ack.Seen``; copies come from re-sends after a timeout)."""
+        admitted = self.seen.admit(_identity(msg), msg.prefix[0])
+        if admitted is None:
+            return []
+        first, upto = admitted
+        match msg:
+            case _ if not first:
+                return self._broadcast(msg.prefix[0], upto, partial(_with_prefix, msg))
+            case Subscribe():
+                return self._on_subscribe(msg)
+            case Unsubscribe():
+                return self._on_unsubscribe(msg)
+            case Newcomer():
+                return self._on_newcomer(msg)
+
     def _on_subscribe(self, msg: Subscribe) -> list[Effect]:
         """File the subscription, and pass it on to every sub-range of our rows >= its range's
         length."""
@@ -600,7 +616,7 @@ class IrbrNode(PastryApp):
         """Deliver the event to the matching local subscriptions and pass it on to every
         sub-range of our rows >= its range's length where a filter matches it; a copy of
         an event handled already only to the rows the first left out (``irbr_ack.Seen``)."""
-        admitted = self.seen.admit(msg.eid, msg.prefix[0])
+        admitted = self.seen.admit(("p", msg.eid), msg.prefix[0])
         if admitted is None:
             return []
         first, upto = admitted
@@ -693,6 +709,21 @@ class IrbrNode(PastryApp):
 
 def _subscribe_msg(entry: Entry | Subscribe, prefix: Prefix) -> Subscribe:
     return Subscribe(entry.node, entry.sub, entry.filter, entry.clock, prefix)
+
+
+def _identity(msg: Subscribe | Unsubscribe | Newcomer) -> Hashable:
+    """What makes two range messages copies of one (their prefixes aside)."""
+    match msg:
+        case Subscribe():
+            return ("s", msg.node, msg.sub, msg.clock)
+        case Unsubscribe():
+            return ("u", msg.node, msg.sub, msg.clock)
+        case Newcomer():
+            return ("n", msg.node, msg.addr)
+
+
+def _with_prefix(msg: Subscribe | Unsubscribe | Newcomer, prefix: Prefix) -> RangeMessage:
+    return replace(msg, prefix=prefix)
 
 
 def _unsubscribe_msg(msg: Unsubscribe, prefix: Prefix) -> Unsubscribe:

@@ -20,7 +20,8 @@ went to a dead node the way a real network can tell it, by the missing acknowled
   prefix it has handled the event for. A copy for a range no larger is dropped; a copy for a
   larger range is carried only into the rows the first copy left out; the local subscribers
   get the event once, from the first copy. So every copy's tree is honoured (no node is left
-  out) and no subscriber gets an event twice.
+  out) and no subscriber gets an event twice. The timeout must exceed the round trip: a peer
+  slower than it for good is suspected again each time Pastry hears from it (and revives it).
 
 Subscriptions, unsubscriptions and newcomer notices are idempotent where they land (Lamport
 stamps, tombstones), so their rare duplicates cost messages, not correctness. Table requests
@@ -115,11 +116,12 @@ class HopAcks:
 class Seen:
     """Per event, the shortest range prefix this node has handled it for (see the module note)."""
 
-    __slots__ = ("_handled", "window")
+    __slots__ = ("_handled", "dropped", "window")
 
     def __init__(self, window: int = SEEN_WINDOW) -> None:
         self.window = window
         self._handled: OrderedDict[Hashable, int] = OrderedDict()
+        self.dropped = 0  # copies that had nothing left to do here
 
     def admit(self, eid: Hashable, length: int) -> tuple[bool, int] | None:
         """An event copy for a range of prefix length ``length``: None if a copy for this
@@ -127,6 +129,7 @@ class Seen:
         length still to cover), the rows ``length .. that - 1`` being the ones to forward to."""
         handled = self._handled.get(eid)
         if handled is not None and handled <= length:
+            self.dropped += 1
             return None
         self._handled[eid] = length
         if handled is not None:

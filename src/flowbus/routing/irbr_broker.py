@@ -49,7 +49,9 @@ def pastry_id(addr: int) -> int:
 class IrbrBroker(Core):
     """One broker of the broker network routing with IRBR over Pastry (see the module note)."""
 
-    def __init__(self, addr: int, *, heartbeat: float | None = None, ack_timeout: float = ACK_TIMEOUT) -> None:
+    def __init__(
+        self, addr: int, *, heartbeat: float | None = None, ack_timeout: float = ACK_TIMEOUT
+    ) -> None:
         pastry = PastryNode(addr, pastry_id(addr), rng=random.Random(addr), heartbeat=heartbeat)
         self.node = IrbrNode(pastry, ack_timeout=ack_timeout)
         self.addr = addr

@@ -74,7 +74,8 @@ def test_acknowledgements_find_the_dead_nodes_without_the_failure_notice() -> No
     assert base.acks and base.notice is None  # the defaults: acknowledgements, no oracle
     assert acks["interested"] == bare["interested"] == oracle["interested"] > 0
     assert acks["lost_reachable"] == 0 and acks["duplicates"] == 0
-    assert acks["timeouts"] > 0 and acks["acks_per_event"] > 0
+    assert acks["timeouts"] > 0 and acks["acks_per_event"] > 0 and acks["ack_messages"] > 0
+    assert acks["acks"] is True and bare["acks"] is False  # the setting, not a count
     assert bare["lost"] > 0 and bare["acks_per_event"] == 0 == bare["timeouts"]  # nobody learns
     assert oracle["lost"] == 0 and oracle["acks_per_event"] == 0
     assert acks["delay_max"] > bare["delay_max"]  # a re-send comes after the timeout

@@ -82,8 +82,9 @@ RUN_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("failed", "int"), ("subscriptions", "int"), ("subscribe_messages", "int"),
     ("interested", "int"), ("reachable", "int"), ("delivered", "int"), ("lost", "int"),
     ("lost_reachable", "int"), ("duplicates", "int"), ("wrong", "int"), ("forwards", "int"),
-    ("loss_rate", "float"), ("reachable_loss_rate", "float"), ("forwards_per_event", "float"),
-    ("acks_per_event", "float"), ("delay", "float"), ("delay_max", "float"), ("timeouts", "int"),
+    ("ack_messages", "int"), ("loss_rate", "float"), ("reachable_loss_rate", "float"),
+    ("forwards_per_event", "float"), ("acks_per_event", "float"), ("delay", "float"),
+    ("delay_max", "float"), ("timeouts", "int"),
     ("messages", "int"),
 )  # fmt: skip
 """The columns of ``runs.csv`` (name, type), in order: a run's row without its timing fields."""
@@ -92,7 +93,8 @@ EVENT_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("protocol", "str"), ("failure", "float"), ("seed", "int"),
     ("event", "int"), ("publisher", "int"), ("interested", "int"), ("reachable", "int"),
     ("delivered", "int"), ("lost", "int"), ("lost_reachable", "int"), ("duplicates", "int"),
-    ("wrong", "int"), ("forwards", "int"), ("acks", "int"), ("delay", "float"), ("delay_max", "float"),
+    ("wrong", "int"), ("forwards", "int"), ("ack_messages", "int"), ("delay", "float"),
+    ("delay_max", "float"),
 )  # fmt: skip
 """The columns of ``events.csv``: the run's key, then one published event's counts."""
 

@@ -404,7 +404,7 @@ def _publish(sim: Simulator, proto: _Protocol, c: IrbrRun, src: int, event: dict
         "at": at,
         "fields": event,
         "forwards": forwards,
-        "acks": acks,
+        "ack_messages": acks,
     }
 
 
@@ -435,7 +435,7 @@ def _tally(
         "duplicates": sum(n - 1 for n in got.values()),
         "wrong": len(set(got) - interested),
         "forwards": published["forwards"],
-        "acks": published["acks"],
+        "ack_messages": published["ack_messages"],
         "delay": sum(delays) / len(delays) if delays else 0.0,
         "delay_max": max(delays, default=0.0),
     }
@@ -466,7 +466,7 @@ def _row(
         "loss_rate": _ratio(total["lost"], total["interested"]),
         "reachable_loss_rate": _ratio(total["lost_reachable"], total["reachable"]),
         "forwards_per_event": total["forwards"] / len(per_event),
-        "acks_per_event": total["acks"] / len(per_event),
+        "acks_per_event": total["ack_messages"] / len(per_event),
         "delay": _ratio(delayed, total["delivered"]),
         "delay_max": max(e["delay_max"] for e in per_event),
         "messages": sim.metrics.total_sent,

@@ -16,8 +16,10 @@ How it works:
   row per run (:data:`RUN_COLUMNS` plus ``run_s``), a table of the published events
   (:data:`EVENT_COLUMNS`), and the summary (:data:`SUMMARY_COLUMNS`, one row per protocol
   and failure rate: mean, sample standard deviation and 95 % Student t interval of the
-  loss rates, computed by :func:`aggregate` here and by Spark there). ``irbr-forwards``
-  adds its events binned by interested nodes (:func:`forwards_by_interest`, figure 4b).
+  loss rates, the means of :data:`MEANS` -- forwards and acknowledgements per event, the
+  delivery delay -- and the worst delay, computed by :func:`aggregate` here and by Spark
+  there). ``irbr-forwards`` adds its events binned by interested nodes
+  (:func:`forwards_by_interest`, figure 4b).
 * :data:`FILES`: ``runs.csv``, ``summary.csv``, ``events.csv`` (and ``forwards.csv``),
   ``manifest.json`` and a PNG (figure 4a for ``irbr-faults``, 4b for ``irbr-forwards``).
   The CSV files have a fixed column order, sorted rows and no timing column: the same

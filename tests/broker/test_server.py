@@ -397,3 +397,29 @@ def test_start_refuses_bad_options_by_name() -> None:
             await Broker.start(overlay="pastry-irbr", config=DEFAULT.with_(advertising=True))
 
     run(main())
+
+
+def test_pastry_irbr_brokers_acknowledge_every_range_message() -> None:
+    """IRBR's hop-by-hop acknowledgements run between brokers over TCP: every range message a
+    broker sends is acknowledged, none times out, none is left waiting."""
+
+    async def main() -> None:
+        async with ring(3, overlay="pastry-irbr") as brokers:
+            clients = [flowbus.connect(b.address) for b in brokers]
+            for c in clients:
+                await c.open()
+            try:
+                subs = [await c.subscribe("stocks", f"level = {i}") for i, c in enumerate(clients[1:], 1)]
+                await asyncio.sleep(0.3)  # the subscriptions travel
+                for i in range(10):
+                    await clients[0].publish("stocks", trade(i))
+                for i, sub in enumerate(subs, 1):
+                    assert sorted(e["quantity"] for e in await take(sub, 1)) == [i]
+                acks = [b.core.node.acks for b in brokers]  # type: ignore[attr-defined]
+                await eventually(lambda: all(len(a) == 0 for a in acks))
+                assert sum(a.acked for a in acks) > 0 and sum(a.expired for a in acks) == 0
+            finally:
+                for c in clients:
+                    await c.close()
+
+    run(main())

@@ -30,7 +30,7 @@ from flowbus.experiments.stats import t975
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
-TINY = {"nodes": 80, "seeds": "2", "failures": "0,0.1", "events": 20}
+TINY = {"nodes": 80, "seeds": "2", "failures": "0,0.1", "events": 20, "protocols": "irbr,scribe"}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,9 @@ def test_yaml_files_match_the_builtin_defaults() -> None:
         assert irbr.load(experiment, ROOT / "experiments" / f"{experiment}.yaml") == DEFAULTS[experiment]
     faults = DEFAULTS["irbr-faults"]
     assert faults.nodes == 1000 and faults.seeds == tuple(range(1, 11)) and faults.events == 200
-    assert faults.failures == (0.005, 0.01, 0.02, 0.05, 0.1) and faults.protocols == ("irbr", "scribe")
+    assert faults.failures == (0.005, 0.01, 0.02, 0.05, 0.1)
+    assert faults.protocols == ("irbr", "scribe", "scribe-repair")
+    assert faults.acks and faults.notice is None  # acknowledgements, no oracle
     forwards = DEFAULTS["irbr-forwards"]
     assert forwards.failures == (0.0,) and forwards.seeds == (1, 2, 3) and forwards.events == 300
 
@@ -142,7 +144,7 @@ def test_interval_on_a_hand_computed_example() -> None:
     rows = [
         {"protocol": "scribe", "failure": 0.1, "seed": s, "loss_rate": x, "reachable_loss_rate": x / 2,
          "forwards_per_event": 10.0 * s, "lost": s, "lost_reachable": 0, "interested": 10, "reachable": 9,
-         "duplicates": 0, "wrong": s - 1}
+         "duplicates": 0, "wrong": s - 1, "acks_per_event": 2.0 * s, "delay": 3.0 + s, "delay_max": 5.0 * s}
         for s, x in ((1, 0.1), (2, 0.2), (3, 0.3))
     ]  # fmt: skip
     (row,) = aggregate(rows)
@@ -155,6 +157,8 @@ def test_interval_on_a_hand_computed_example() -> None:
     assert row["loss_rate_hi"] == pytest.approx(0.2 + 0.2484165, abs=1e-7)
     assert row["reachable_loss_rate_ci95"] == pytest.approx(0.2484165 / 2, abs=1e-7)
     assert row["forwards_per_event_mean"] == pytest.approx(20.0)
+    figures = (row["acks_per_event_mean"], row["delay_mean"], row["delay_max"])
+    assert figures == pytest.approx((4.0, 5.0, 15.0))
     assert (row["lost"], row["interested"], row["reachable"], row["wrong_max"]) == (6, 30, 27, 2)
     (one,) = aggregate(rows[:1])
     assert one["runs"] == 1 and one["loss_rate_sd"] is None and one["loss_rate_ci95"] is None
@@ -252,14 +256,17 @@ def test_cli_faults_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     result = runner.invoke(_app(), args)
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)  # exactly one JSON document
-    assert doc["experiment"] == "irbr-faults" and doc["runs"] == 8 and doc["config"]["file"] is None
+    assert doc["experiment"] == "irbr-faults" and doc["runs"] == 12 and doc["config"]["file"] is None
     assert doc["config"]["nodes"] == 60 and doc["config"]["seeds"] == [1, 2]
     assert [(r["protocol"], r["failure"]) for r in doc["rows"]] == [
         ("irbr", 0.0), ("irbr", 0.1), ("scribe", 0.0), ("scribe", 0.1),
+        ("scribe-repair", 0.0), ("scribe-repair", 0.1),
     ]  # fmt: skip
     for r in doc["rows"]:
         assert {"loss_rate_mean", "loss_rate_interval", "reachable_loss_rate_mean",
-                "reachable_loss_rate_interval"} <= set(r)  # fmt: skip
+                "reachable_loss_rate_interval", "acks_per_event_mean", "delay_mean",
+                "delay_max"} <= set(r)  # fmt: skip
+        assert (r["acks_per_event_mean"] > 0) == (r["protocol"] == "irbr")  # only IRBR acknowledges
     for name in ("runs", "summary", "events", "plot", "manifest"):
         assert Path(doc["outputs"][name]).is_file(), name
     assert doc["outputs"]["plot"].endswith(".png") and doc["timing"]["wall_s"] > 0

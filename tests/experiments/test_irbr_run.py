@@ -63,3 +63,32 @@ def test_the_workload_is_seeded_and_skewed() -> None:
     assert symbols.count("s0") > 3 * symbols.count("s9") > 0  # Zipf: the first symbols dominate
     kinds = {len(work.subscription(rng).disjuncts[0].literals) for _ in range(200)}
     assert kinds == {1, 3}
+
+
+def test_acknowledgements_find_the_dead_nodes_without_the_failure_notice() -> None:
+    base = IrbrRun("irbr", nodes=150, failure=0.1, events=30, seed=1)
+    acks, bare, oracle = (
+        run(IrbrRun(**{**base.to_dict(), **change})).row
+        for change in ({}, {"acks": False}, {"acks": False, "notice": 3.0})
+    )
+    assert base.acks and base.notice is None  # the defaults: acknowledgements, no oracle
+    assert acks["interested"] == bare["interested"] == oracle["interested"] > 0
+    assert acks["lost_reachable"] == 0 and acks["duplicates"] == 0
+    assert acks["timeouts"] > 0 and acks["acks_per_event"] > 0 and acks["ack_messages"] > 0
+    assert acks["acks"] is True and bare["acks"] is False  # the setting, not a count
+    assert bare["lost"] > 0 and bare["acks_per_event"] == 0 == bare["timeouts"]  # nobody learns
+    assert oracle["lost"] == 0 and oracle["acks_per_event"] == 0
+    assert acks["delay_max"] > bare["delay_max"]  # a re-send comes after the timeout
+
+
+def test_scribe_heartbeat_repair_reconnects_cut_subtrees() -> None:
+    plain, repair = (
+        run(IrbrRun(p, nodes=150, failure=0.1, events=30, seed=3)) for p in ("scribe", "scribe-repair")
+    )
+    assert plain.row["interested"] == repair.row["interested"] > 0
+    assert 0 < repair.row["lost"] < plain.row["lost"]  # lost only until the children re-join
+    lossy = {e["event"] for e in repair.events if e["lost"]}
+    assert lossy <= {e["event"] for e in plain.events if e["lost"]}
+    assert repair.row["duplicates"] == 0
+    with pytest.raises(FlowbusError, match="heartbeat"):
+        IrbrRun("scribe-repair", heartbeat=0.0)

@@ -33,7 +33,7 @@ from flowbus.net import (
 from flowbus.overlay import class_router, pastry
 from flowbus.overlay import ring_messages as rm
 from flowbus.overlay.multigraph import LinkClass
-from flowbus.routing import cbr, flows, irbr, ring_broker, scribe
+from flowbus.routing import cbr, flows, irbr, irbr_ack, ring_broker, scribe
 from strategies import canonical_filters
 
 BIG = 2**127 + 5
@@ -90,7 +90,7 @@ CASES: list[object] = [
     rm.TracedQuery(origin=P1, target=P2, trace=(P1, P3)),
     rm.LinkDown(origin=P1, target=P2, trace=()),
     # pastry
-    pastry.Route(key=BIG, payload=irbr.Publish(event=EVENT, prefix=(1, 0xA)), hops=3, origin=4),
+    pastry.Route(key=BIG, payload=irbr.Publish(event=EVENT, prefix=(1, 0xA), eid=(BIG, 7)), hops=3, origin=4),
     pastry.Join(joiner_id=2**128 - 1, joiner_addr=6, hops=0),
     pastry.JoinState(node_id=BIG, addr=2, hop=1, entries=((BIG, 2), (0, 9)), final=True),
     pastry.Announce(node_id=17, addr=1, entries=((2**100, 3),)),
@@ -104,7 +104,10 @@ CASES: list[object] = [
     irbr.Entry(prefix=(2, 0x21), filter=F2, node=BIG, sub=("s", 1), clock=9),
     irbr.Subscribe(node=BIG, sub="s", filter=F1, clock=3, prefix=(2, 0x21)),
     irbr.Unsubscribe(node=BIG, sub=7, clock=4, prefix=(0, 0)),
-    irbr.Publish(event=EVENT, prefix=(1, 3)),
+    irbr.Publish(event=EVENT, prefix=(1, 3), eid=("client", 12)),
+    irbr_ack.Hop(seq=3, body=irbr.Subscribe(node=BIG, sub="s", filter=F1, clock=3, prefix=(2, 0x21))),
+    irbr_ack.Hop(seq=4, body=pastry.Route(BIG, irbr.Publish(EVENT, (1, 3), (BIG, 1)), 2, 4)),
+    irbr_ack.Ack(seq=9),
     irbr.TableRequest(addr=5, rows=3),
     irbr.Newcomer(node=BIG, addr=7, prefix=(3, 0x2A1)),
     irbr.TableReply(entries=((BIG, "s", F1, 1), (3, ("t", 2), F2, 2)), tombstones=((BIG, "old", 0),)),
@@ -267,7 +270,7 @@ def test_random_values_round_trip_in_a_message(value: Any) -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), json_like, max_size=5), st.integers(0, 2**128 - 1))
 def test_random_events_round_trip(event: dict[str, Any], key: int) -> None:
-    msg = pastry.Route(key=key, payload=irbr.Publish(event=event, prefix=(0, 0)), hops=1, origin=2)
+    msg = pastry.Route(key=key, payload=irbr.Publish(event, (0, 0), (1, 2)), hops=1, origin=2)
     back = decode(encode(msg))
     assert isinstance(back, pastry.Route) and isinstance(back.payload, irbr.Publish)
     assert back.payload.prefix == (0, 0) and back.key == key

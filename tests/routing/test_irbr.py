@@ -339,7 +339,7 @@ def test_errors() -> None:
     other = net.nodes[1].node_id
     wrong = (NDIGITS, other)
     for msg in (
-        Publish({}, wrong),
+        Publish({}, wrong, (other, 1)),
         Subscribe(other, "a", parse("x > 1"), 1, wrong),
         Unsubscribe(other, "a", 2, wrong),
     ):

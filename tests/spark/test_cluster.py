@@ -93,7 +93,8 @@ def test_irbr_sweep_on_a_standalone_cluster_equals_the_serial_runs(
     standalone_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
     """The sweep's groups run as tasks on the cluster's executor (each forks per failure rate)."""
-    small = ["--nodes", "60", "--seeds", "2", "--failures", "0,0.1", "--events", "15"]
+    small = ["--nodes", "60", "--seeds", "2", "--failures", "0,0.1", "--events", "15",
+             "--protocols", "irbr,scribe"]  # fmt: skip
     res = run_flowbus(
         standalone_cluster,
         "sim", "irbr-faults", *small, "--master", standalone_cluster.master_url,

@@ -36,16 +36,16 @@ def _untimed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_same_runs_and_events(on_spark: Result, serial: Result) -> None:
-    assert len(on_spark.rows) == 8
+    assert len(on_spark.rows) == 12  # irbr, scribe, scribe-repair x 2 failure rates x 2 seeds
     assert _untimed(on_spark.rows) == _untimed(serial.rows)
     assert on_spark.tables["events"] == serial.tables["events"]
     assert all(r["run_s"] > 0 for r in on_spark.rows)
-    assert on_spark.runner["name"] == "spark" and on_spark.runner["tasks"] == 4  # (protocol, seed)
+    assert on_spark.runner["name"] == "spark" and on_spark.runner["tasks"] == 6  # (protocol, seed)
     assert str(on_spark.runner["master"]).startswith("local[")  # the shared session's master
 
 
 def test_same_aggregates(on_spark: Result, serial: Result) -> None:
-    assert len(on_spark.summary) == len(serial.summary) == 4
+    assert len(on_spark.summary) == len(serial.summary) == 6
     for a, b in zip(on_spark.summary, serial.summary, strict=True):
         assert list(a) == list(b) == list(SUMMARY_COLUMNS)
         for key in SUMMARY_COLUMNS:
@@ -66,9 +66,9 @@ def test_one_task_per_group_of_runs(spark: Any, sweep: IrbrSweep) -> None:
 
     groups = sweep.groups()
     flat = [c for g in groups for c in g]
-    assert [len(g) for g in groups] == [2, 2, 2, 2]
+    assert [len(g) for g in groups] == [2] * 6
     assert sorted(flat, key=lambda c: (c.protocol, c.failure, c.seed)) == sweep.configs()
-    assert run_dataframe(spark, groups).rdd.getNumPartitions() == 4  # the fixture is classic
+    assert run_dataframe(spark, groups).rdd.getNumPartitions() == 6  # the fixture is classic
 
 
 def test_t_column_matches_the_table(spark: Any) -> None:

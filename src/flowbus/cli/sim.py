@@ -135,7 +135,14 @@ def pastry_hops(
 NodesOption = Annotated[int | None, typer.Option(help="Pastry nodes per run.")]
 SeedsOption = Annotated[str | None, typer.Option(help="N (seeds 1..N), A-B, or a list 1,2,3.")]
 EventsOption = Annotated[int | None, typer.Option(help="Events published per run.")]
-ProtocolsOption = Annotated[str | None, typer.Option(help="Protocols, e.g. irbr,scribe.")]
+ProtocolsOption = Annotated[str | None, typer.Option(help="Protocols, e.g. irbr,scribe,scribe-repair.")]
+AcksOption = Annotated[
+    bool | None, typer.Option("--acks/--no-acks", help="IRBR's hop-by-hop acknowledgements (default: on).")
+]
+NoticeOption = Annotated[
+    float | None,
+    typer.Option(help="The simulator's failure notice after this delay (an oracle; default: off)."),
+]
 SerialOption = Annotated[bool, typer.Option("--serial", help="Run in this process, without Spark.")]
 MasterOption = Annotated[str | None, typer.Option(help="Spark master URL (default: local[*]).")]
 RemoteOption = Annotated[str | None, typer.Option(help="Spark Connect server, sc://HOST:PORT.")]
@@ -214,6 +221,8 @@ def _show_faults(result: Result, doc: dict[str, Any], as_json: bool) -> None:
             "protocol": r["protocol"], "failure": r["failure"], "runs": r["runs"],
             **_with_interval(r, "loss_rate"), **_with_interval(r, "reachable_loss_rate"),
             "forwards_per_event_mean": r["forwards_per_event_mean"],
+            "acks_per_event_mean": r["acks_per_event_mean"],
+            "delay_mean": r["delay_mean"], "delay_max": r["delay_max"],
             "duplicates_max": r["duplicates_max"], "wrong_max": r["wrong_max"],
         }
         for r in result.summary
@@ -223,12 +232,13 @@ def _show_faults(result: Result, doc: dict[str, Any], as_json: bool) -> None:
         return
     _table(
         _irbr_title("IRBR faults", result),
-        ["protocol", "failed %", "runs", "loss %", "± 95 %", "reachable loss %", "± 95 %", "fwd/event"],
+        ["protocol", "failed %", "runs", "loss % ± 95 %", "reachable", "fwd/ev", "acks/ev", "delay", "max"],
         [
             [r["protocol"], f"{100 * r['failure']:g}", str(r["runs"]),
-             _pct(r["loss_rate_mean"]), _pct(r["loss_rate_ci95"]),
-             _pct(r["reachable_loss_rate_mean"]), _pct(r["reachable_loss_rate_ci95"]),
-             f"{r['forwards_per_event_mean']:.2f}"]
+             f"{_pct(r['loss_rate_mean'])} ± {_pct(r['loss_rate_ci95'])}",
+             _pct(r["reachable_loss_rate_mean"]),
+             f"{r['forwards_per_event_mean']:.1f}", f"{r['acks_per_event_mean']:.1f}",
+             f"{r['delay_mean']:.2f}", f"{r['delay_max']:g}"]
             for r in result.summary
         ],
         doc["outputs"],
@@ -263,6 +273,8 @@ def irbr_faults(
     ] = None,
     events: EventsOption = None,
     protocols: ProtocolsOption = None,
+    acks: AcksOption = None,
+    notice: NoticeOption = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default: out/irbr-faults).")] = None,
     serial: SerialOption = False,
     master: MasterOption = None,
@@ -273,6 +285,7 @@ def irbr_faults(
     _irbr(
         "irbr-faults", config, out, as_json, _show_faults, (serial, master, remote),
         nodes=nodes, seeds=seeds, failures=failures, events=events, protocols=protocols,
+        acks=acks, notice=notice,
     )  # fmt: skip
 
 

@@ -16,8 +16,10 @@ How it works:
   row per run (:data:`RUN_COLUMNS` plus ``run_s``), a table of the published events
   (:data:`EVENT_COLUMNS`), and the summary (:data:`SUMMARY_COLUMNS`, one row per protocol
   and failure rate: mean, sample standard deviation and 95 % Student t interval of the
-  loss rates, computed by :func:`aggregate` here and by Spark there). ``irbr-forwards``
-  adds its events binned by interested nodes (:func:`forwards_by_interest`, figure 4b).
+  loss rates, the means of :data:`MEANS` -- forwards and acknowledgements per event, the
+  delivery delay -- and the worst delay, computed by :func:`aggregate` here and by Spark
+  there). ``irbr-forwards`` adds its events binned by interested nodes
+  (:func:`forwards_by_interest`, figure 4b).
 * :data:`FILES`: ``runs.csv``, ``summary.csv``, ``events.csv`` (and ``forwards.csv``),
   ``manifest.json`` and a PNG (figure 4a for ``irbr-faults``, 4b for ``irbr-forwards``).
   The CSV files have a fixed column order, sorted rows and no timing column: the same
@@ -77,11 +79,14 @@ EXPERIMENTS: Final = ("irbr-faults", "irbr-forwards")
 RUN_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("protocol", "str"), ("nodes", "int"), ("failure", "float"), ("seed", "int"), ("events", "int"),
     ("subscribers", "float"), ("symbols", "int"), ("zipf", "float"), ("covering", "bool"),
-    ("latency", "float"), ("notice", "float"),
+    ("latency", "float"), ("acks", "bool"), ("ack_timeout", "float"), ("notice", "float"),
+    ("heartbeat", "float"), ("gap", "float"),
     ("failed", "int"), ("subscriptions", "int"), ("subscribe_messages", "int"),
     ("interested", "int"), ("reachable", "int"), ("delivered", "int"), ("lost", "int"),
     ("lost_reachable", "int"), ("duplicates", "int"), ("wrong", "int"), ("forwards", "int"),
-    ("loss_rate", "float"), ("reachable_loss_rate", "float"), ("forwards_per_event", "float"),
+    ("ack_messages", "int"), ("loss_rate", "float"), ("reachable_loss_rate", "float"),
+    ("forwards_per_event", "float"), ("acks_per_event", "float"), ("delay", "float"),
+    ("delay_max", "float"), ("timeouts", "int"),
     ("messages", "int"),
 )  # fmt: skip
 """The columns of ``runs.csv`` (name, type), in order: a run's row without its timing fields."""
@@ -90,18 +95,24 @@ EVENT_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("protocol", "str"), ("failure", "float"), ("seed", "int"),
     ("event", "int"), ("publisher", "int"), ("interested", "int"), ("reachable", "int"),
     ("delivered", "int"), ("lost", "int"), ("lost_reachable", "int"), ("duplicates", "int"),
-    ("wrong", "int"), ("forwards", "int"),
+    ("wrong", "int"), ("forwards", "int"), ("ack_messages", "int"), ("delay", "float"),
+    ("delay_max", "float"),
 )  # fmt: skip
 """The columns of ``events.csv``: the run's key, then one published event's counts."""
 
 RATES: Final = ("loss_rate", "reachable_loss_rate")
 SUMS: Final = ("lost", "lost_reachable", "interested", "reachable")
 MAXES: Final = ("duplicates", "wrong")
+MEANS: Final = ("forwards_per_event", "acks_per_event", "delay")
+"""Run figures the summary averages over the seeds (``<name>_mean``)."""
+PEAKS: Final = ("delay_max",)
+"""Run figures the summary takes the largest of (under their own name)."""
 
 SUMMARY_COLUMNS: Final[tuple[str, ...]] = (
     "protocol", "failure", "runs",
     *(f"{r}_{s}" for r in RATES for s in ("mean", "sd", "ci95", "lo", "hi")),
-    "forwards_per_event_mean",
+    *(f"{m}_mean" for m in MEANS),
+    *PEAKS,
     *SUMS,
     *(f"{m}_max" for m in MAXES),
 )  # fmt: skip
@@ -116,11 +127,15 @@ FORWARD_COLUMNS: Final = ("protocol", "bin", "lo", "hi", "events", "interested_m
 """The columns of ``forwards.csv``: per protocol and bin, the mean forwards of its events."""
 
 PAPER_LOSS: Final = {"scribe": ((0.5, 1.35), (10.0, 20.27)), "irbr": ((0.5, 0.11), (10.0, 0.28))}
+# (the paper does not say whether its Scribe-based protocol repaired its tree: one point set for both)
 """The paper's figure 4a endpoints: (% of nodes failed, % of events lost) per protocol."""
 
 # ------------------------------------------------------------------------------ config
 
-_FIXED: Final = ("nodes", "events", "subscribers", "symbols", "zipf", "covering", "latency", "notice")
+_FIXED: Final = (
+    "nodes", "events", "subscribers", "symbols", "zipf", "covering", "latency",
+    "acks", "ack_timeout", "notice", "heartbeat", "gap",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +157,11 @@ class IrbrSweep:
     zipf: float = 1.0
     covering: bool = True
     latency: float = 1.0
-    notice: float = 3.0
+    acks: bool = True
+    ack_timeout: float = 3.0
+    notice: float | None = None
+    heartbeat: float = 5.0
+    gap: float = 10.0
 
     def __post_init__(self) -> None:
         one_of("experiment", self.experiment, EXPERIMENTS)
@@ -158,8 +177,10 @@ class IrbrSweep:
             )
         for s in unique("seeds", self.seeds):
             integer("seeds: a seed", s, 0)
-        for name in ("subscribers", "zipf", "latency", "notice"):
+        for name in ("subscribers", "zipf", "latency", "ack_timeout", "heartbeat", "gap"):
             object.__setattr__(self, name, number(name, getattr(self, name)))
+        if self.notice is not None:
+            object.__setattr__(self, "notice", number("notice", self.notice))
         object.__setattr__(self, "protocols", tuple(p for p in PROTOCOLS if p in protocols))
         object.__setattr__(self, "failures", tuple(sorted(float(f) for f in failures)))
         object.__setattr__(self, "seeds", tuple(sorted(self.seeds)))
@@ -192,7 +213,9 @@ def _check_failure(f: Any) -> None:
 
 DEFAULTS: Final[Mapping[str, IrbrSweep]] = {
     "irbr-faults": IrbrSweep(),
-    "irbr-forwards": IrbrSweep(experiment="irbr-forwards", failures=(0.0,), seeds=(1, 2, 3), events=300),
+    "irbr-forwards": IrbrSweep(
+        experiment="irbr-forwards", protocols=("irbr", "scribe"), failures=(0.0,), seeds=(1, 2, 3), events=300
+    ),
 }
 """The built-in sweeps: the same values as ``experiments/<experiment>.yaml``."""
 
@@ -208,12 +231,15 @@ def load(
     failures: str | Sequence[float] | None = None,
     events: int | None = None,
     protocols: str | Sequence[str] | None = None,
+    acks: bool | None = None,
+    notice: float | None = None,
 ) -> IrbrSweep:
     """The sweep of ``path`` (YAML; None: the built-in :data:`DEFAULTS`) with overrides.
 
     The YAML keys are the :class:`IrbrSweep` fields (``experiment``, if given, must match);
     ``seeds`` may be N (seeds 1..N) or a list; ``failure: F`` may stand for
-    ``failures: [F]``. String overrides are command line text (``"1,2,3"``).
+    ``failures: [F]``. String overrides are command line text (``"1,2,3"``); ``acks`` and
+    ``notice`` (the simulator's failure notice, off unless given) override theirs.
     """
     one_of("experiment", experiment, EXPERIMENTS)
     values = DEFAULTS[experiment].to_dict()
@@ -223,6 +249,10 @@ def load(
         values["nodes"] = nodes
     if events is not None:
         values["events"] = events
+    if acks is not None:
+        values["acks"] = acks
+    if notice is not None:
+        values["notice"] = notice
     if seeds is not None:
         values["seeds"] = parse_seeds(seeds) if isinstance(seeds, str) else tuple(seeds)
     if failures is not None:
@@ -328,7 +358,10 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             half, lo, hi = interval(centre, sd, n)
             row.update({f"{rate}_mean": centre, f"{rate}_sd": sd, f"{rate}_ci95": half,
                         f"{rate}_lo": lo, f"{rate}_hi": hi})  # fmt: skip
-        row["forwards_per_event_mean"] = mean([float(r["forwards_per_event"]) for r in rows])
+        for m in MEANS:
+            row[f"{m}_mean"] = mean([float(r[m]) for r in rows])
+        for p in PEAKS:
+            row[p] = max(float(r[p]) for r in rows)
         for s in SUMS:
             row[s] = sum(int(r[s]) for r in rows)
         for m in MAXES:
@@ -372,8 +405,8 @@ def irbr_below_scribe(binned: Sequence[Mapping[str, Any]]) -> bool | None:
 
 # ------------------------------------------------------------------------------- plots
 
-_COLORS: Final = {"irbr": "tab:blue", "scribe": "tab:orange"}
-_NAMES: Final = {"irbr": "IRBR", "scribe": "Scribe-based"}
+_COLORS: Final = {"irbr": "tab:blue", "scribe": "tab:orange", "scribe-repair": "tab:green"}
+_NAMES: Final = {"irbr": "IRBR", "scribe": "Scribe-based", "scribe-repair": "Scribe-based, heartbeat repair"}
 
 
 def _title(what: str, sweep: IrbrSweep) -> str:
@@ -399,9 +432,10 @@ def plot_faults(result: Result, png: Path) -> None:
                 err = [100 * (r[f"{rate}_ci95"] or 0.0) for r in rows]
                 ax.errorbar(xs, ys, yerr=err, color=_COLORS[protocol], linestyle=style, marker=marker,
                             capsize=3, label=f"{_NAMES[protocol]}: {what}")  # fmt: skip
-            px, py = zip(*PAPER_LOSS[protocol], strict=True)
-            ax.scatter(px, py, color=_COLORS[protocol], marker="*", s=120, edgecolors="black",
-                       zorder=5, label=f"{_NAMES[protocol]}: paper")  # fmt: skip
+            if protocol in PAPER_LOSS:
+                px, py = zip(*PAPER_LOSS[protocol], strict=True)
+                ax.scatter(px, py, color=_COLORS[protocol], marker="*", s=120, edgecolors="black",
+                           zorder=5, label=f"{_NAMES[protocol]}: paper")  # fmt: skip
         ax.set_xlabel("% of nodes failed at once")
         ax.set_ylabel("mean event loss (%)")
         if scale == "symlog":

@@ -3,11 +3,15 @@ machinery :mod:`flowbus.experiments.irbr` sweeps.
 
 How it works: :func:`run` takes an :class:`IrbrRun` and builds a static Pastry network of
 ``nodes`` nodes (correct tables, :func:`~flowbus.overlay.pastry_static.build_static`) and
-puts one protocol core on every node -- :class:`~flowbus.routing.irbr.IrbrNode` or the
-Scribe-based baseline :class:`~flowbus.routing.scribe.ScribeNode` -- in a
-:class:`~flowbus.sim.engine.Simulator` with a constant latency of 1 and failure notices (a
-send to a dead node is reported to the sender ``notice`` time units later, as an
-acknowledged link would).
+puts one protocol core on every node -- :class:`~flowbus.routing.irbr.IrbrNode`, or the
+Scribe-based baseline :class:`~flowbus.routing.scribe.ScribeNode` without repair
+(``scribe``, as in the paper's experiment) or with Scribe's own (``scribe-repair``: parents
+heartbeat their children every ``heartbeat``; a child that misses them re-joins) -- in a
+:class:`~flowbus.sim.engine.Simulator` with a constant latency of 1. IRBR learns of a dead
+peer from its hop-by-hop acknowledgements (``acks``: a send not acknowledged within
+``ack_timeout`` is re-sent into its range, :mod:`flowbus.routing.irbr_ack`). The
+simulator's failure notice (a send to a dead node reported to its sender ``notice`` time
+units later, an oracle no real network has) is off unless ``notice`` is given.
 
 1. *Subscribe.* A fraction ``subscribers`` of the nodes subscribe, one subscription each,
    one per time unit; the run goes on until every message has arrived.
@@ -18,12 +22,15 @@ acknowledged link would).
    The failed nodes are the first ones of a seeded permutation: a higher rate fails a
    superset of a lower rate's nodes.
 3. *Publish.* ``events`` events, each from a random live node, one at a time: each runs
-   until no message is left, so the messages it took (its *forwards*) are counted alone.
+   until no message is left, so the messages it took (its *forwards*, and its
+   acknowledgements) are counted alone. ``scribe-repair`` never runs out of messages (its
+   heartbeats): there an event runs for ``gap`` time units, the next one starts then.
 
 Per event: the interested live subscribers (their filter evaluated offline), how many of
-them were reachable, delivered, lost, and duplicated. The result's ``row`` sums them up
-(total loss = lost / interested; reachable loss = lost among the reachable / reachable);
-``events`` keeps one small row per event for the forwards plot (figure 4b).
+them were reachable, delivered, lost, and duplicated, the forwards and acknowledgements,
+and the delivery delay (mean and worst, from publish to delivery). The result's ``row``
+sums them up (total loss = lost / interested; reachable loss = lost among the reachable /
+reachable); ``events`` keeps one small row per event for the forwards plot (figure 4b).
 
 The workload ("quotes"): events ``{id, symbol, price}`` with ``symbols`` symbols drawn
 from a Zipf law of exponent ``zipf`` and a price uniform in [0, 100); subscriptions are
@@ -70,7 +77,7 @@ __all__ = [
     "run_group",
 ]
 
-PROTOCOLS: Final = ("irbr", "scribe")
+PROTOCOLS: Final = ("irbr", "scribe", "scribe-repair")
 
 TIMING_FIELDS: Final = ("run_s",)
 """The fields of a result row that vary from run to run."""
@@ -90,7 +97,11 @@ class IrbrRun:
     zipf: float = 1.0
     covering: bool = True
     latency: float = 1.0
-    notice: float = 3.0
+    acks: bool = True
+    ack_timeout: float = 3.0
+    notice: float | None = None
+    heartbeat: float = 5.0
+    gap: float = 10.0
 
     def __post_init__(self) -> None:
         one_of("protocol", self.protocol, PROTOCOLS)
@@ -102,9 +113,13 @@ class IrbrRun:
         fraction("subscribers", self.subscribers, open_low=True)
         number("zipf", self.zipf, low=0)
         number("latency", self.latency, low=0, strict=True)
-        number("notice", self.notice, low=0)
-        if type(self.covering) is not bool:
-            raise ExperimentError(f"covering must be true or false, got {self.covering!r}")
+        if self.notice is not None:
+            number("notice", self.notice, low=0)
+        for key in ("ack_timeout", "heartbeat", "gap"):
+            number(key, getattr(self, key), low=0, strict=True)
+        for key in ("covering", "acks"):
+            if type(getattr(self, key)) is not bool:
+                raise ExperimentError(f"{key} must be true or false, got {getattr(self, key)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,16 +176,28 @@ class QuoteWorkload:
 class _Protocol:
     make: Callable[[Any, IrbrRun], PastryApp]
     event_messages: frozenset[str]  # the message types an event's forwards are made of
+    periodic: bool = False  # timers run for ever: each step runs for a while, not until idle
 
 
-def _protocols() -> dict[str, _Protocol]:
+def _irbr(pastry: Any, c: IrbrRun) -> PastryApp:
     from flowbus.routing.irbr import IrbrNode
+
+    return IrbrNode(pastry, covering=c.covering, ack_timeout=c.ack_timeout if c.acks else None)
+
+
+def _scribe(pastry: Any, c: IrbrRun, *, repair: bool) -> PastryApp:
     from flowbus.routing.scribe import ScribeNode
 
-    return {
-        "irbr": _Protocol(lambda p, c: IrbrNode(p, covering=c.covering), frozenset({"Publish", "Route"})),
-        "scribe": _Protocol(lambda p, c: ScribeNode(p), frozenset({"Multicast", "Route"})),
-    }
+    return ScribeNode(pastry, heartbeat=c.heartbeat if repair else None)
+
+
+_PROTOCOLS: Final = {
+    "irbr": _Protocol(_irbr, frozenset({"Publish", "Route", "Hop"})),
+    "scribe": _Protocol(partial(_scribe, repair=False), frozenset({"Multicast", "Route"})),
+    "scribe-repair": _Protocol(
+        partial(_scribe, repair=True), frozenset({"Multicast", "Route"}), periodic=True
+    ),
+}
 
 
 # ----------------------------------------------------------------------------------- run
@@ -261,7 +288,7 @@ class _Prepared:
     sim: Simulator
     work: QuoteWorkload
     subs: dict[int, Filter]
-    deliveries: list[tuple[Any, int, Hashable]]
+    deliveries: list[tuple[Any, int, Hashable, float]]
     subscribe_messages: int
     setup_s: float
 
@@ -272,22 +299,32 @@ def _stream(c: IrbrRun, name: str) -> random.Random:
 
 def _prepare(c: IrbrRun, progress: ProgressFn | None) -> _Prepared:
     t0 = time.perf_counter()
-    proto = _protocols()[c.protocol]
+    proto = _PROTOCOLS[c.protocol]
     ids = random_ids(c.nodes, _stream(c, "ids"))
     cores = [proto.make(p, c) for p in build_static(ids, _stream(c, "tables"))]
-    deliveries: list[tuple[Any, int, Hashable]] = []
+    deliveries: list[tuple[Any, int, Hashable, float]] = []
     sim = Simulator(
         seed=c.seed,
         transport=[ConstantLatency(c.latency)],
         failure_notice=c.notice,
-        on_deliver=lambda node, sub, event, now: deliveries.append((event["id"], node, sub)),
+        on_deliver=lambda node, sub, event, now: deliveries.append((event["id"], node, sub, now)),
     )
     for core in cores:
         sim.add_node(core.address, core)
     work = QuoteWorkload(c.symbols, c.zipf)
-    subs = _subscribe(sim, work, c, _stream(c, "subscriptions"), progress)
+    subs = _subscribe(sim, proto, work, c, _stream(c, "subscriptions"), progress)
     setup_s = time.perf_counter() - t0
-    return _Prepared(proto, cores, sim, work, subs, deliveries, sim.metrics.total_sent, setup_s)
+    sent = sim.metrics.sent_by_type()
+    subscribe_messages = sim.metrics.total_sent - sent.get("Ack", 0) - sent.get("Heartbeat", 0)
+    return _Prepared(proto, cores, sim, work, subs, deliveries, subscribe_messages, setup_s)
+
+
+def _settle(sim: Simulator, proto: _Protocol, c: IrbrRun) -> None:
+    """Run until no message is left (a protocol with periodic timers: for ``gap``)."""
+    if proto.periodic:
+        sim.run(until=sim.now + c.gap)
+    else:
+        sim.run()
 
 
 def _finish(p: _Prepared, c: IrbrRun, progress: ProgressFn | None) -> IrbrRunResult:
@@ -302,20 +339,32 @@ def _finish(p: _Prepared, c: IrbrRun, progress: ProgressFn | None) -> IrbrRunRes
     live = set(range(c.nodes)) - failed
     reach = reachable_sets(p.cores, live)
     rng = _stream(c, "events")
-    per_event: list[dict[str, Any]] = []
+    published: list[dict[str, Any]] = []
     publishers = sorted(live)
+    p.deliveries.clear()
     for i in range(c.events):
         src, event = rng.choice(publishers), p.work.event(rng, i)
-        per_event.append(_publish(sim, p.proto, src, event, p.subs, live, reach(src), p.deliveries))
+        published.append(_publish(sim, p.proto, c, src, event))
         if progress is not None:
             progress("publishing", i + 1, c.events)
+    if p.proto.periodic:
+        _settle(sim, p.proto, c)  # the last event's stragglers
+    by_event: dict[Any, list[tuple[Any, int, Hashable, float]]] = {}
+    for d in p.deliveries:
+        by_event.setdefault(d[0], []).append(d)
+    per_event = [
+        _tally(e, by_event.get(e["event"], []), p.subs, live, reach(e["publisher"])) for e in published
+    ]
     run_s = p.setup_s + time.perf_counter() - t0
+    timeouts = sum(getattr(getattr(core, "acks", None), "expired", 0) for core in p.cores)
     row = _row(c, per_event, len(failed), len(p.subs), p.subscribe_messages, sim, run_s)
+    row["timeouts"] = timeouts
     return IrbrRunResult(row, per_event)
 
 
 def _subscribe(
     sim: Simulator,
+    proto: _Protocol,
     work: QuoteWorkload,
     c: IrbrRun,
     rng: random.Random,
@@ -331,7 +380,8 @@ def _subscribe(
         sim.run(until=start + k)
         if progress is not None:
             progress("subscribing", k, len(subs))
-    sim.run()
+    sim.run(until=start + len(subs))
+    _settle(sim, proto, c)
     return subs
 
 
@@ -339,28 +389,44 @@ def _call_subscribe(filt: Filter, sub: int, core: Any) -> list[Effect]:
     return core.subscribe(filt, sub)  # type: ignore[no-any-return]
 
 
-def _publish(
-    sim: Simulator,
-    proto: _Protocol,
-    src: int,
-    event: dict[str, Any],
-    subs: Mapping[int, Filter],
-    live: set[int],
-    reachable: set[int],
-    deliveries: list[tuple[Any, int, Hashable]],
-) -> dict[str, Any]:
+def _publish(sim: Simulator, proto: _Protocol, c: IrbrRun, src: int, event: dict[str, Any]) -> dict[str, Any]:
+    """Publish one event and run it out: its id, publisher, time, forwards and acknowledgements."""
     before = sim.metrics.sent_by_type()
-    deliveries.clear()
+    at = sim.now
     sim.invoke(src, lambda core: core.publish(event))
-    sim.run()
+    _settle(sim, proto, c)
     after = sim.metrics.sent_by_type()
     forwards = sum(after.get(t, 0) - before.get(t, 0) for t in proto.event_messages)
-    got = Counter(node for _, node, _ in deliveries)
-    interested = {a for a, f in subs.items() if a in live and f.matches(event)}
-    lost = interested - set(got)
+    acks = after.get("Ack", 0) - before.get("Ack", 0)
     return {
         "event": event["id"],
         "publisher": src,
+        "at": at,
+        "fields": event,
+        "forwards": forwards,
+        "ack_messages": acks,
+    }
+
+
+def _tally(
+    published: Mapping[str, Any],
+    deliveries: Sequence[tuple[Any, int, Hashable, float]],
+    subs: Mapping[int, Filter],
+    live: set[int],
+    reachable: set[int],
+) -> dict[str, Any]:
+    """One event's row: who wanted it, who got it (how often), how late."""
+    event = published["fields"]
+    got = Counter(node for _, node, _, _ in deliveries)
+    first: dict[int, float] = {}
+    for _, node, _, now in deliveries:
+        first[node] = min(now, first.get(node, now))
+    interested = {a for a, f in subs.items() if a in live and f.matches(event)}
+    lost = interested - set(got)
+    delays = [first[a] - published["at"] for a in interested & set(got)]
+    return {
+        "event": published["event"],
+        "publisher": published["publisher"],
         "interested": len(interested),
         "reachable": len(interested & reachable),
         "delivered": len(interested & set(got)),
@@ -368,11 +434,14 @@ def _publish(
         "lost_reachable": len(lost & reachable),
         "duplicates": sum(n - 1 for n in got.values()),
         "wrong": len(set(got) - interested),
-        "forwards": forwards,
+        "forwards": published["forwards"],
+        "ack_messages": published["ack_messages"],
+        "delay": sum(delays) / len(delays) if delays else 0.0,
+        "delay_max": max(delays, default=0.0),
     }
 
 
-def _ratio(part: int, whole: int) -> float:
+def _ratio(part: float, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
@@ -385,7 +454,9 @@ def _row(
     sim: Simulator,
     run_s: float,
 ) -> dict[str, Any]:
-    total = {k: sum(e[k] for e in per_event) for k in per_event[0] if k not in ("event", "publisher")}
+    skip = ("event", "publisher", "delay", "delay_max")
+    total = {k: sum(e[k] for e in per_event) for k in per_event[0] if k not in skip}
+    delayed = sum(e["delay"] * e["delivered"] for e in per_event)
     return {
         **c.to_dict(),
         "failed": failed,
@@ -395,6 +466,9 @@ def _row(
         "loss_rate": _ratio(total["lost"], total["interested"]),
         "reachable_loss_rate": _ratio(total["lost_reachable"], total["reachable"]),
         "forwards_per_event": total["forwards"] / len(per_event),
+        "acks_per_event": total["ack_messages"] / len(per_event),
+        "delay": _ratio(delayed, total["delivered"]),
+        "delay_max": max(e["delay_max"] for e in per_event),
         "messages": sim.metrics.total_sent,
         "run_s": run_s,
     }

@@ -40,6 +40,13 @@ How it works (the IRBR paper, "基于编码区间的路由协议", section 3):
   node lies outside the range, the range's live nodes, if any, begin at its leaf-set
   neighbour towards the key. So each live node of a range with a matching filter gets the
   event once, whichever nodes on the way died (as long as no l/2 adjacent ids die at once).
+* Knowing that a send failed (``ack_timeout=t``): each range message, and each Pastry hop
+  of a routed one, is acknowledged by its receiver; a send not acknowledged within ``t`` is
+  handled as failed (above). A real network gives no other notice of a message written just
+  before its peer died. The acknowledgements, and the duplicates a slow peer taken for dead
+  makes, are :mod:`flowbus.routing.irbr_ack`'s; each published event carries an id
+  (``Publish.eid``) so that a node handles it once. Without ``ack_timeout`` the node relies
+  on the driver's failure notice (the simulator's ``failure_notice``), if any.
 * Join (section 3.5, item 3: a joining node "initialises its filter table from other
   nodes' information"). The newcomer x must end up with the entries a node in its place
   would have been sent: f of s whenever x lies in one of the rows of s that f went to (so
@@ -66,7 +73,7 @@ table request is answered and its ``Newcomer`` has passed) may miss the newcomer
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -87,6 +94,7 @@ from flowbus.overlay.pastry import (
     shared_prefix_len,
 )
 from flowbus.overlay.pastry_app import PastryApp
+from flowbus.routing.irbr_ack import ACK_TIMER, Ack, Hop, HopAcks, Seen
 from flowbus.routing.memo import compiled, covers
 
 __all__ = [
@@ -272,13 +280,14 @@ class FilterTable:
             del self._roots[prefix]
         return roots
 
-    def matching(self, event: Mapping[str, Any], *, below: int) -> dict[Prefix, int]:
-        """The ranges of length > ``below`` where some filter matches ``event``, each with
-        the id of one matching subscriber (a key inside the range). Only the filters no
-        other of their range covers are tried: if a covered one matches, its cover does."""
+    def matching(self, event: Mapping[str, Any], *, below: int, upto: int = NDIGITS) -> dict[Prefix, int]:
+        """The ranges of length in (``below``, ``upto``] where some filter matches ``event``,
+        each with the id of one matching subscriber (a key inside the range). Only the
+        filters no other of their range covers are tried: if a covered one matches, its
+        cover does."""
         out: dict[Prefix, int] = {}
         for p in self._by_prefix:
-            if p[0] > below:
+            if below < p[0] <= upto:
                 for e in self.roots(p):
                     if compiled(e.filter)(event):
                         out[p] = e.node
@@ -351,6 +360,7 @@ class Unsubscribe:
 class Publish:
     event: Mapping[str, Any]
     prefix: Prefix
+    eid: Hashable  # the event's id, the same in every copy: (publisher's id, its count) by default
 
 
 @wire.message("irbr.table_request")
@@ -403,20 +413,27 @@ class IrbrNode(PastryApp):
     fails, it is routed through Pastry towards an id inside the range and taken up by the
     first node of the range it reaches -- "a message only needs to reach some node of the
     target range" (section 3.2). If Pastry delivers it outside the range, the range's live
-    nodes (if any) are that node's leaf-set neighbours towards the key.
+    nodes (if any) are that node's leaf-set neighbours towards the key. With
+    ``ack_timeout=t`` a send is known to have failed when it is not acknowledged within
+    ``t`` (:mod:`flowbus.routing.irbr_ack`); without, only by the driver's failure notice.
     """
 
-    app_messages = frozenset({Publish, Subscribe, Unsubscribe, Newcomer, TableRequest, TableReply})
+    app_messages = frozenset({Publish, Subscribe, Unsubscribe, Newcomer, TableRequest, TableReply, Hop, Ack})
 
-    __slots__ = ("clock", "covering", "empty_ranges", "rows_from", "table")
+    __slots__ = ("acks", "clock", "covering", "empty_ranges", "published", "rows_from", "seen", "table")
 
-    def __init__(self, pastry: PastryNode, *, covering: bool = True) -> None:
+    def __init__(
+        self, pastry: PastryNode, *, covering: bool = True, ack_timeout: float | None = None
+    ) -> None:
         super().__init__(pastry)
         self.covering = covering
         self.table = FilterTable(pastry.node_id)
         self.clock = 0
         self.rows_from: dict[Hashable, int] = {}  # local sub id -> first row it was sent to
         self.empty_ranges = 0  # range messages dropped: no live node of the range was found
+        self.acks = None if ack_timeout is None else HopAcks(ack_timeout)
+        self.seen = Seen()
+        self.published = 0  # events published here (their default ids)
 
     @property
     def state(self) -> PastryState:
@@ -448,8 +465,10 @@ class IrbrNode(PastryApp):
             out.extend(self._reexpose(removed))
         return out
 
-    def publish(self, event: Mapping[str, Any]) -> list[Effect]:
-        return self._on_publish(Publish(event, ROOT))
+    def publish(self, event: Mapping[str, Any], eid: Hashable | None = None) -> list[Effect]:
+        """Publish ``event`` under the id ``eid`` (default: our id and a count of ours)."""
+        self.published += 1
+        return self._on_publish(Publish(event, ROOT, (self.node_id, self.published) if eid is None else eid))
 
     def join(self, bootstrap: int | None) -> list[Effect]:
         """Join the Pastry network through ``bootstrap``; once joined, the filter table is
@@ -472,6 +491,10 @@ class IrbrNode(PastryApp):
         (:meth:`_towards` passes it on until then)."""
         me = self.node_id
         match msg:
+            case Hop() if route is None:
+                return [Send(src, Ack(msg.seq)), *self.on_message(src, msg.body, now)]
+            case Ack() if route is None and self.acks is not None:
+                return self.acks.ack(msg.seq)
             case Publish() | Subscribe() | Unsubscribe() | Newcomer() if not in_prefix(me, msg.prefix):
                 if route is None:
                     where = prefix_text(msg.prefix)
@@ -479,12 +502,8 @@ class IrbrNode(PastryApp):
                 return self._towards(route, msg)
             case Publish():
                 return self._on_publish(msg)
-            case Subscribe():
-                return self._on_subscribe(msg)
-            case Unsubscribe():
-                return self._on_unsubscribe(msg)
-            case Newcomer():
-                return self._on_newcomer(msg)
+            case Subscribe() | Unsubscribe() | Newcomer():
+                return self._on_control(msg)
             case TableRequest() if route is None:
                 return [Send(msg.addr, self.table.snapshot(msg.rows))]
             case TableReply() if route is None:
@@ -510,6 +529,28 @@ class IrbrNode(PastryApp):
             case _:
                 return []
 
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+        """The driver's failure notice. For an acknowledged send it settles the send, once:
+        if its timer has fired already, the send was handled as failed then."""
+        if msg.__class__ is Hop and self.acks is not None:
+            cancel = self.acks.failed(msg.seq)
+            return [] if cancel is None else cancel + super().on_send_failed(dst, msg.body, now)
+        return super().on_send_failed(dst, msg, now)
+
+    def on_app_timer(self, key: Hashable, now: float) -> list[Effect]:
+        """An acknowledgement did not come in time: the send failed (see the module note)."""
+        if self.acks is None or not (isinstance(key, tuple) and len(key) == 3 and key[:2] == ACK_TIMER):
+            return super().on_app_timer(key, now)
+        sent = self.acks.expire(key[2])
+        return [] if sent is None else super().on_send_failed(sent[0], sent[1], now)
+
+    def forward(self, route: Route, payload: Any | None = None) -> list[Effect]:
+        """One Pastry hop on, acknowledged like every range message's send."""
+        out = super().forward(route, payload)
+        if self.acks is None or not out or not isinstance(sent := out[0], Send):
+            return out
+        return self.acks.send(sent.dst, sent.msg)
+
     # -- transitions
 
     def _towards(self, route: Route, msg: RangeMessage) -> list[Effect]:
@@ -522,7 +563,25 @@ class IrbrNode(PastryApp):
         if member is None:
             self.empty_ranges += 1
             return []
-        return [Send(self.pastry.book.addr_of[member], msg)]
+        return self._send(self.pastry.book.addr_of[member], msg)
+
+    def _on_control(self, msg: Subscribe | Unsubscribe | Newcomer) -> list[Effect]:
+        """A subscription, removal or newcomer notice for a range we are in: handled once,
+        a later copy for a larger range passed on only to the rows the first left out
+        (``irbr_ack.Seen``; copies come from re-sends after a timeout)."""
+        admitted = self.seen.admit(_identity(msg), msg.prefix[0])
+        if admitted is None:
+            return []
+        first, upto = admitted
+        match msg:
+            case _ if not first:
+                return self._broadcast(msg.prefix[0], upto, partial(_with_prefix, msg))
+            case Subscribe():
+                return self._on_subscribe(msg)
+            case Unsubscribe():
+                return self._on_unsubscribe(msg)
+            case Newcomer():
+                return self._on_newcomer(msg)
 
     def _on_subscribe(self, msg: Subscribe) -> list[Effect]:
         """File the subscription, and pass it on to every sub-range of our rows >= its range's
@@ -550,16 +609,25 @@ class IrbrNode(PastryApp):
         row, there = shared_prefix_len(self.node_id, msg.node), prefix_of(self.node_id, msg.node)
         for entry in self.table.local():
             if self.rows_from[entry.sub] <= row:
-                out.append(Send(msg.addr, _subscribe_msg(entry, there)))
+                out.extend(self._send(msg.addr, _subscribe_msg(entry, there)))
         return out
 
     def _on_publish(self, msg: Publish) -> list[Effect]:
+        """Deliver the event to the matching local subscriptions and pass it on to every
+        sub-range of our rows >= its range's length where a filter matches it; a copy of
+        an event handled already only to the rows the first left out (``irbr_ack.Seen``)."""
+        admitted = self.seen.admit(("p", msg.eid), msg.prefix[0])
+        if admitted is None:
+            return []
+        first, upto = admitted
         event = msg.event
-        out: list[Effect] = [Deliver(e.sub, event) for e in self.table.local() if compiled(e.filter)(event)]
+        out: list[Effect] = []
+        if first:
+            out.extend(Deliver(e.sub, event) for e in self.table.local() if compiled(e.filter)(event))
         own = (NDIGITS, self.node_id)
-        for prefix, key in self.table.matching(event, below=msg.prefix[0]).items():
+        for prefix, key in self.table.matching(event, below=msg.prefix[0], upto=upto).items():
             if prefix != own:
-                out.extend(self._to_range(prefix, Publish(event, prefix), key))
+                out.extend(self._to_range(prefix, Publish(event, prefix, msg.eid), key))
         return out
 
     def _to_range(self, prefix: Prefix, msg: RangeMessage, key: int) -> list[Effect]:
@@ -569,8 +637,12 @@ class IrbrNode(PastryApp):
         rows = self.state.rows
         entry = rows[row][value & (BASE - 1)] if row < len(rows) else None
         if entry is not None:
-            return [Send(self.pastry.book.addr_of[entry], msg)]
+            return self._send(self.pastry.book.addr_of[entry], msg)
         return self.route(key, msg)
+
+    def _send(self, dst: int, msg: RangeMessage) -> list[Effect]:
+        """``msg`` straight to ``dst``, acknowledged if acknowledgements are on."""
+        return [Send(dst, msg)] if self.acks is None else self.acks.send(dst, msg)
 
     def _deepest_row(self) -> int | None:
         """The most digits we share with a node we know (None if we know none)."""
@@ -610,7 +682,7 @@ class IrbrNode(PastryApp):
             base = (me >> (BITS - B * r)) << B
             for d, child in enumerate(rows[r]):
                 if child is not None:
-                    out.append(Send(addr_of[child], make((r + 1, base | d))))
+                    out.extend(self._send(addr_of[child], make((r + 1, base | d))))
                 elif (r, d) in vacated:
                     out.extend(self.route(vacated[(r, d)], make((r + 1, base | d))))
         return out
@@ -637,6 +709,21 @@ class IrbrNode(PastryApp):
 
 def _subscribe_msg(entry: Entry | Subscribe, prefix: Prefix) -> Subscribe:
     return Subscribe(entry.node, entry.sub, entry.filter, entry.clock, prefix)
+
+
+def _identity(msg: Subscribe | Unsubscribe | Newcomer) -> Hashable:
+    """What makes two range messages copies of one (their prefixes aside)."""
+    match msg:
+        case Subscribe():
+            return ("s", msg.node, msg.sub, msg.clock)
+        case Unsubscribe():
+            return ("u", msg.node, msg.sub, msg.clock)
+        case Newcomer():
+            return ("n", msg.node, msg.addr)
+
+
+def _with_prefix(msg: Subscribe | Unsubscribe | Newcomer, prefix: Prefix) -> RangeMessage:
+    return replace(msg, prefix=prefix)
 
 
 def _unsubscribe_msg(msg: Unsubscribe, prefix: Prefix) -> Unsubscribe:

@@ -9,6 +9,9 @@ has): ``start``/``join``, ``subscribe(sub_id, filter, meta=...)``, ``unsubscribe
   address comes back under the same id.
 * Events carry their id in the ``EVENT_ID`` field, as on the ring, so the broker and the
   client de-duplicate the same way.
+* Every range message between brokers is acknowledged hop by hop (``ack_timeout``, in
+  seconds: :mod:`flowbus.routing.irbr_ack`), as in the simulator: a message written to a
+  broker that died before reading it is re-sent into its range after the timeout.
 * What IRBR does not give: custody and takeover. A publish counts as settled once this
   broker has routed it (Pastry's failure handling re-routes around dead nodes, see
   :mod:`flowbus.routing.irbr`), and a dead broker's subscriptions are not served elsewhere
@@ -31,7 +34,10 @@ from flowbus.overlay.pastry import BITS, PastryNode
 from flowbus.routing.irbr import IrbrNode
 from flowbus.routing.ring_broker import DEDUP_WINDOW, EVENT_ID
 
-__all__ = ["IrbrBroker", "pastry_id"]
+__all__ = ["ACK_TIMEOUT", "IrbrBroker", "pastry_id"]
+
+ACK_TIMEOUT = 1.0
+"""Seconds a broker waits for a range message's acknowledgement before re-sending it."""
 
 
 def pastry_id(addr: int) -> int:
@@ -43,9 +49,11 @@ def pastry_id(addr: int) -> int:
 class IrbrBroker(Core):
     """One broker of the broker network routing with IRBR over Pastry (see the module note)."""
 
-    def __init__(self, addr: int, *, heartbeat: float | None = None) -> None:
+    def __init__(
+        self, addr: int, *, heartbeat: float | None = None, ack_timeout: float = ACK_TIMEOUT
+    ) -> None:
         pastry = PastryNode(addr, pastry_id(addr), rng=random.Random(addr), heartbeat=heartbeat)
-        self.node = IrbrNode(pastry)
+        self.node = IrbrNode(pastry, ack_timeout=ack_timeout)
         self.addr = addr
         self.subs: set[Hashable] = set()
         self.settled: list[Any] = []
@@ -106,7 +114,7 @@ class IrbrBroker(Core):
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]:
         out: list[Effect] = []
         for eid, event in items:
-            out.extend(self.node.publish({**event, EVENT_ID: eid}))
+            out.extend(self.node.publish({**event, EVENT_ID: eid}, eid))
             self.settled.append(eid)
         return self._out(out)
 

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 from flowbus.experiments.irbr import (
     EVENT_COLUMNS,
     MAXES,
+    MEANS,
+    PEAKS,
     RATES,
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
@@ -123,7 +125,8 @@ def aggregate_dataframe(runs: DataFrame) -> DataFrame:
     aggs: list[Column] = [F.count(F.lit(1)).alias("runs")]
     for rate in RATES:
         aggs += [F.avg(rate).alias(f"{rate}_mean"), F.stddev_samp(rate).alias(f"{rate}_sd")]
-    aggs.append(F.avg("forwards_per_event").alias("forwards_per_event_mean"))
+    aggs += [F.avg(m).alias(f"{m}_mean") for m in MEANS]
+    aggs += [F.max(p).alias(p) for p in PEAKS]
     aggs += [F.sum(c).alias(c) for c in SUMS]
     aggs += [F.max(c).alias(f"{c}_max") for c in MAXES]
     g = runs.groupBy("protocol", "failure").agg(*aggs)

@@ -75,7 +75,6 @@ Number = int | float
 """A bound or a value: ints stay ints (exact past 2**53), doubles stay doubles."""
 
 
-
 # --------------------------------------------------------------------------- subscriptions
 
 
@@ -112,10 +111,11 @@ class Subscription:
         return None
 
     def matches(self, event: Mapping[str, Any]) -> bool:
-        """Every attribute present with its value in range (the same answer as :meth:`to_filter`)."""
+        """Every attribute present with its value in range (the same answer as :meth:`to_filter`;
+        a range without an upper bound holds ``inf`` too)."""
         for attr, lo, hi in self.ranges:
             v = event.get(attr)
-            if v is None or not lo <= v < hi:
+            if v is None or not lo <= v or not (v < hi or hi == math.inf):
                 return False
         return True
 
@@ -132,13 +132,15 @@ class Subscription:
     @classmethod
     def from_filter(cls, sid: Hashable, node: int, filt: Filter) -> Subscription:
         """A filter of one conjunction of numeric ``>=``, ``>``, ``<``, ``<=``, ``=`` predicates
-        (``a > v`` becomes ``a >= nextafter(v)``, ``a = v`` the range ``[v, nextafter(v))``)."""
+        (``a > v`` becomes ``a >= above(v)``, ``a = v`` the range ``[v, above(v))``: exact)."""
         if len(filt.disjuncts) != 1:
             raise TopologyError(f"subscription {sid!r}: CBDLO takes one conjunction, got {filt}")
         bounds: dict[str, list[Number]] = {}
         for lit in filt.disjuncts[0].literals:
             v = lit.value if isinstance(lit, Predicate) and not lit.negated else None
-            if not isinstance(v, int | float) or isinstance(v, bool) or lit.op not in _OPS:
+            if not isinstance(lit, Predicate) or not isinstance(v, int | float) or isinstance(v, bool):
+                raise TopologyError(f"subscription {sid!r}: {lit} is not a numeric comparison")
+            if lit.op not in _OPS:
                 raise TopologyError(f"subscription {sid!r}: {lit} is not a numeric comparison")
             lo, hi = bounds.setdefault(lit.attr, [-math.inf, math.inf])
             lo_new, hi_new = _OPS[lit.op](v)
@@ -376,6 +378,8 @@ class AttributeTree:
                 np.array([k[0] for k in keys], dtype=np.int64),
             )
         lo, hi, node = self._index
+        if lo.dtype != object and not _is_double(x):  # an int no double holds: compare exactly
+            lo, hi = lo.astype(object), hi.astype(object)
         return [int(n) for n in np.unique(node[(lo <= x) & (x < hi)])]
 
     def changes(self) -> Changes:

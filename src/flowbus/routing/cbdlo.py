@@ -109,7 +109,9 @@ class CbdloNode(Core):
         topo = self.topologies
         effects: list[Effect] = []
         for attr, lo, hi in sub.ranges:
-            effects += maint.submit(self, TreeOp(attr, "remove", self.addr, max(lo, topo.lo), min(hi, topo.hi)))
+            effects += maint.submit(
+                self, TreeOp(attr, "remove", self.addr, max(lo, topo.lo), min(hi, topo.hi))
+            )
         return effects
 
     # -- what CRAWL and CDM need ----------------------------------------------------------
@@ -188,9 +190,13 @@ class CbdloNode(Core):
             case Walk():
                 return crawl.on_walk_failed(self, dst, msg)
             case Enter():
-                return maint.report_down(self, msg.walk.attr, dst) + crawl.on_enter_failed(self, dst, msg.walk)
+                return maint.report_down(self, msg.walk.attr, dst) + crawl.on_enter_failed(
+                    self, dst, msg.walk
+                )
             case TreeStep():
-                return maint.report_down(self, msg.walk.attr, dst) + crawl.restart(self, msg.walk, reason="departed")
+                return maint.report_down(self, msg.walk.attr, dst) + crawl.restart(
+                    self, msg.walk, reason="departed"
+                )
             case Matched():
                 return maint.report_down(self, msg.attr, dst)
             case Shuffle():

@@ -124,7 +124,9 @@ class Replica:
     def __init__(self) -> None:
         self.recs: dict[str, dict[int, VRec]] = {}
 
-    def apply(self, attr: str, records: tuple[VRec, ...] | list[VRec], drops: tuple[int, ...] | list[int]) -> None:
+    def apply(
+        self, attr: str, records: tuple[VRec, ...] | list[VRec], drops: tuple[int, ...] | list[int]
+    ) -> None:
         mine = self.recs.setdefault(attr, {})
         for vid in drops:
             mine.pop(vid, None)

@@ -261,6 +261,21 @@ def _record(attr: str, v: VNode) -> VRec:
                 _link(v.parent), _link(v.left), _link(v.right))  # fmt: skip
 
 
+def _linked(link: Link | None, v: VNode | None) -> bool:
+    if v is None:
+        return link is None
+    return link is not None and link[0] == v.vid and link[1] == v.host
+
+
+def _same(v: VNode, r: VRec) -> bool:
+    """``v`` is as its record ``r`` says (:func:`_record` without building one)."""
+    return (
+        v.height == r.height and v.span_lo == r.span_lo and v.span_hi == r.span_hi and v.hi == r.hi
+        and v.lo == r.lo and v.host == r.host and _linked(r.parent, v.parent) and _linked(r.left, v.left)
+        and _linked(r.right, v.right)
+    )  # fmt: skip
+
+
 @dataclass(slots=True)
 class Changes:
     """What one operation changed, by host: records to (re)write, virtual nodes to drop."""
@@ -396,10 +411,10 @@ class AttributeTree:
         for v in sorted(cand, key=lambda v: v.vid):
             if self.by_vid.get(v.vid) is not v:
                 continue
-            rec = _record(self.attr, v)
             old = self.shipped.get(v.vid)
-            if old == rec:
+            if old is not None and _same(v, old):
                 continue
+            rec = _record(self.attr, v)
             if old is not None and old.host != rec.host:
                 out.drops.setdefault(old.host, []).append(v.vid)
             self.shipped[v.vid] = rec
@@ -407,6 +422,16 @@ class AttributeTree:
         self._touched.clear()
         self._gone.clear()
         return out
+
+    def settle(self) -> None:
+        """Take every change as sent without listing it (a backup replaying operations)."""
+        self._touched.clear()
+        self._gone.clear()
+
+    def resync(self) -> None:
+        """Take the records as they are now as what the hosts hold (a backup taking over)."""
+        self.settle()
+        self.shipped = self.records()
 
     def records(self) -> dict[int, VRec]:
         """Every virtual node's record as it is now (what the hosts should hold)."""

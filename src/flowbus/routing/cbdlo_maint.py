@@ -18,7 +18,8 @@ binary trees of virtual nodes but not how they are kept; the protocol is ours):
   rotation re-linked, a virtual node moved to another host (the old host drops it).
 * **Backup.** The coordinator sends every operation it applies to a backup (:class:`TreeSync`),
   a member that replays it on its own copy; a new backup gets the whole copy once
-  (:class:`TreeCopy`). A node whose operation could not reach the coordinator (a failure
+  (:class:`TreeCopy`). Taking over, the backup takes its tree's records as what the hosts
+  hold (they got every update the old coordinator sent before the operations it replayed). A node whose operation could not reach the coordinator (a failure
   notice) sends :class:`TakeOver` and then the operation to the backup, which becomes the
   coordinator, repairs the old one's share and names a new backup. Both failing before a new
   backup is named loses the topology (not handled).
@@ -277,7 +278,7 @@ def on_sync(host: MaintHost, msg: TreeSync) -> list[Effect]:
     _apply(tree, msg.op)
     if msg.op.kind == "down" and msg.op.node == tree.backup:
         tree.backup = None
-    tree.changes()  # what the coordinator sent: taken as sent here too
+    tree.settle()  # the coordinator sent the changes
     return []
 
 
@@ -293,6 +294,7 @@ def on_takeover(host: MaintHost, msg: TakeOver) -> list[Effect]:
         return []
     tree.coordinator = host.addr
     tree.backup = None
+    tree.resync()
     host.coordinating[msg.attr] = tree
     host.topologies.trees[msg.attr] = tree
     return on_op(host, TreeOp(msg.attr, "down", msg.dead))

@@ -18,10 +18,11 @@ binary trees of virtual nodes but not how they are kept; the protocol is ours):
   rotation re-linked, a virtual node moved to another host (the old host drops it).
 * **Backup.** The coordinator sends every operation it applies to a backup (:class:`TreeSync`),
   a member that replays it on its own copy; a new backup gets the whole copy once
-  (:class:`TreeCopy`). Taking over, the backup takes its tree's records as what the hosts
-  hold (they got every update the old coordinator sent before the operations it replayed). A node whose operation could not reach the coordinator (a failure
+  (:class:`TreeCopy`). A node whose operation could not reach the coordinator (a failure
   notice) sends :class:`TakeOver` and then the operation to the backup, which becomes the
-  coordinator, repairs the old one's share and names a new backup. Both failing before a new
+  coordinator, takes its tree's records as what the hosts hold (they got every update the
+  old coordinator sent before the operations the backup replayed), repairs the old one's
+  share and names a new backup. Both failing before a new
   backup is named loses the topology (not handled).
 * **Repair.** A failed send to a host (a tree step, a match, an update) is reported as
   ``down``: the coordinator removes the node's predicates (merging the bounds no one else

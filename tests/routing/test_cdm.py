@@ -9,9 +9,11 @@ import random
 from collections.abc import Hashable
 from functools import partial
 
-from flowbus.core import Deliver, Effect, SetTimer
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.routing import cdm
 from flowbus.routing.cbdlo import CbdloNode
+from flowbus.routing.cbdlo_maint import TreeOp
 from flowbus.routing.cdm import Matched, TreeStep
 from flowbus.routing.crawl import Publication, Walk
 from flowbus.sim import ConstantLatency, Simulator
@@ -160,6 +162,26 @@ def test_an_entry_point_no_longer_hosting_restarts_the_search() -> None:
     assert got == {("y", 0)}
     ((outcome, walk, node),) = obs.ended
     assert outcome == "hit" and node == 8 and walk.restarts == 1 and walk.max_hops == 6
+
+
+def test_a_tree_step_to_a_dead_host_is_routed_again_after_the_repair_then_restarts() -> None:
+    sim, nodes, obs, _ = _world()
+    _subscribe(sim, Subscription("z", 3, (("a", 10, 20),)), Subscription("y", 4, (("a", 50, 60),)))
+    assert 4 in nodes[3].topologies.trees["a"].hosted
+    walk = Walk(Publication.of(0, {"a": 55.0}), "a", 55.0, (), 0, 8)
+    step = TreeStep(walk, vid=7, tree_hops=2)
+    first = nodes[3].on_send_failed(4, step, 0.0)
+    assert SetTimer(cdm.RETRY_AFTER, ("cdm", "retry", step, 1)) in first
+    # node 3 coordinates "a": it repaired at once (node 4's virtual nodes moved), and routes again
+    assert 4 not in nodes[3].topologies.trees["a"].hosted
+    assert nodes[3].on_timer(("cdm", "retry", step, 1), 3.0) == []  # node 4's predicate went with it
+    assert obs.founds[-1][0] is walk  # the search reached the virtual node holding 55, now node 3's
+    # a step that failed after its last try restarts the lower-layer search, hops halved
+    for core in nodes:
+        core.apt.learn("a", 3)
+    effects = nodes[5].on_send_failed(9, TreeStep(walk, 7, 2, cdm.RETRIES), 0.0)
+    (last,) = [e for e in effects if isinstance(e, Send) and not isinstance(e.msg, TreeOp)]
+    assert last.msg.walk.restarts == 1 and last.msg.walk.max_hops == 4  # type: ignore[attr-defined]
 
 
 def test_a_tree_step_to_a_virtual_node_that_moved_restarts_the_search() -> None:

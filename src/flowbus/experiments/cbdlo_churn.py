@@ -77,7 +77,7 @@ class CbdloChurn:
     churn: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.4)
     interval: float = 10.0
     notice: float = 0.5
-    period: float = 10.0
+    period: float = 50.0
     grace: float = 5.0
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -118,7 +118,7 @@ DEFAULT: Final = CbdloChurn(
         "apt": 20,
         "attributes": 100,
         "subscriptions": 2000,
-        "events": 200,
+        "events": 100,
         "trace": 5,
         "alpha": 0.9,
         "mu": 0.5,

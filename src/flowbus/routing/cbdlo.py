@@ -194,9 +194,7 @@ class CbdloNode(Core):
                     self, dst, msg.walk
                 )
             case TreeStep():
-                return maint.report_down(self, msg.walk.attr, dst) + crawl.restart(
-                    self, msg.walk, reason="departed"
-                )
+                return maint.report_down(self, msg.walk.attr, dst) + cdm.retry_later(self, msg, msg.tries)
             case Matched():
                 return maint.report_down(self, msg.attr, dst)
             case Shuffle():

@@ -48,11 +48,13 @@ __all__ = ["Counts", "MatchHost", "Matched", "TreeStep", "enter", "on_match", "o
 class TreeStep:
     """Host to host inside ``walk.attr``'s topology: go on from virtual node ``vid``.
 
-    ``tree_hops``: virtual-node steps so far (H2)."""
+    ``tree_hops``: virtual-node steps so far (H2); ``tries``: how many times this step was
+    routed again after meeting a dead host (:func:`retry_later`)."""
 
     walk: Walk
     vid: int
     tree_hops: int
+    tries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,40 @@ def on_match(host: MatchHost, m: Matched) -> list[Effect]:
 
 
 def cdm_timer(host: MatchHost, key: Any) -> list[Effect]:
-    """The ``("cdm", eid)`` timer: forget the event's counts."""
+    """The ``("cdm", eid)`` timer: forget the event's counts; ``("cdm", "retry", step, n)``:
+    route a tree step that met a dead host again (:func:`retry_later`)."""
+    if key[1] == "retry":
+        return on_retry(host, key[2], key[3])
     host.counts.forget(key[1])
     return []
+
+
+RETRY_AFTER: Final = 3.0
+"""Time units a host waits before routing again a tree step that met a dead host: the
+failure notice, the report to the coordinator and its update (three latencies) fit in it."""
+RETRIES: Final = 2
+
+
+def retry_later(host: MatchHost, step: TreeStep, n: int = 0) -> list[Effect]:
+    """A tree step could not reach its host (dead; the caller reports it): route it again
+    from here once the coordinator has moved the virtual node (ours: the document has the
+    search restart only at an entry point without virtual nodes). After :data:`RETRIES`
+    tries the search restarts from the lower layer with halved hops."""
+    if n >= RETRIES:
+        return restart(host, step.walk, reason="departed")
+    return [SetTimer(RETRY_AFTER, ("cdm", "retry", step, n + 1))]
+
+
+def on_retry(host: MatchHost, step: TreeStep, n: int) -> list[Effect]:
+    hosted = host.replica.vnodes_of(step.walk.attr)
+    if not hosted:
+        return restart(host, step.walk, reason="departed")
+    effects = route(host, step.walk, _nearest(hosted, step.walk.value), step.tree_hops)
+    return [_numbered(e, n) for e in effects]
+
+
+def _numbered(e: Effect, n: int) -> Effect:
+    """A tree step sent by a retry carries its try number, so a second failure counts."""
+    if isinstance(e, Send) and isinstance(e.msg, TreeStep):
+        return Send(e.dst, TreeStep(e.msg.walk, e.msg.vid, e.msg.tree_hops, n))
+    return e

@@ -224,3 +224,17 @@ def test_the_reporters_of_a_dead_node_cost_one_repair() -> None:
 def test_a_down_report_for_an_unknown_attribute_is_ignored() -> None:
     _, nodes, _ = _world(8)
     assert nodes[0].on_message(1, TreeOp("zzz", "down", 2), 0.0) == []
+
+
+def test_the_last_unsubscribe_retires_the_topology_everywhere() -> None:
+    sim, nodes, _ = _world(8)
+    subs = [Subscription(i, node, (("a", 100.0 * i, 100.0 * i + 50),)) for i, node in enumerate((1, 2, 3))]
+    for i, sub in enumerate(subs):
+        sim.invoke(sub.node, partial(CbdloNode.subscribe, sub=sub), at=2.0 * i)
+    sim.run()
+    assert nodes[2].backups and nodes[3].replica.attrs() == ("a",)
+    for i, sub in enumerate(subs):
+        sim.invoke(sub.node, partial(CbdloNode.unsubscribe, sid=sub.sid), at=sim.now + 2.0 * (i + 1))
+    sim.run()
+    assert "a" not in nodes[0].topologies.trees
+    assert all(not core.replica.recs and not core.backups and not core.coordinating for core in nodes)

@@ -64,13 +64,14 @@ __all__ = [
     "submit",
 ]
 
-KINDS: Final = ("add", "remove", "down")
+KINDS: Final = ("add", "remove", "down", "retire")
 
 
 @dataclass(frozen=True, slots=True)
 class TreeOp:
     """To ``attr``'s coordinator: ``add`` / ``remove`` node ``node``'s predicate ``[lo, hi)``,
-    or ``down``: node ``node`` is gone."""
+    or ``down``: node ``node`` is gone. (``retire``: coordinator to backup only, in a
+    :class:`TreeSync`: the topology's last predicate went.)"""
 
     attr: str
     kind: str
@@ -190,6 +191,8 @@ def submit(host: MaintHost, op: TreeOp) -> list[Effect]:
 def on_op(host: MaintHost, op: TreeOp) -> list[Effect]:
     """At the coordinator: apply ``op``, update the hosts, keep the backup in step."""
     tree = host.coordinating.get(op.attr)
+    if op.kind == "retire":
+        raise ProtocolError(f"node {host.addr}: a retire of {op.attr!r} goes to a backup in a TreeSync")
     if tree is None:  # not (or no longer) the coordinator: pass it on
         current = host.topologies.trees.get(op.attr)
         if current is None or current.coordinator == host.addr:
@@ -259,7 +262,7 @@ def _retire(host: MaintHost, tree: AttributeTree) -> list[Effect]:
     if host.topologies.trees.get(tree.attr) is tree:
         del host.topologies.trees[tree.attr]
     if tree.backup is not None:
-        effects.append(Send(tree.backup, TreeSync(TreeOp(tree.attr, "remove", -1))))
+        effects.append(Send(tree.backup, TreeSync(TreeOp(tree.attr, "retire", host.addr))))
     return effects
 
 
@@ -269,11 +272,11 @@ def on_update(host: MaintHost, msg: TreeUpdate) -> list[Effect]:
 
 
 def on_sync(host: MaintHost, msg: TreeSync) -> list[Effect]:
-    """At the backup: replay the operation on the copy (a ``remove`` of node -1: retired)."""
+    """At the backup: replay the operation on the copy (``retire``: drop the copy)."""
     tree = host.backups.get(msg.op.attr)
     if tree is None:
         return []
-    if msg.op.node == -1:
+    if msg.op.kind == "retire":
         del host.backups[msg.op.attr]
         return []
     _apply(tree, msg.op)

@@ -238,3 +238,24 @@ def test_the_last_unsubscribe_retires_the_topology_everywhere() -> None:
     sim.run()
     assert "a" not in nodes[0].topologies.trees
     assert all(not core.replica.recs and not core.backups and not core.coordinating for core in nodes)
+
+
+def test_with_probes_a_dead_backup_is_replaced_and_a_dead_coordinator_taken_over() -> None:
+    sim, nodes, _ = _world(8, notice=0.5)
+    for core in nodes:
+        core.probe = 10.0
+    for i, node in enumerate((1, 2, 3, 4)):
+        sub = Subscription(i, node, (("a", 100.0 * node, 100.0 * node + 50),))
+        sim.invoke(node, partial(CbdloNode.subscribe, sub=sub), at=2.0 * i)
+    sim.run(until=20.0)
+    topo = nodes[0].topologies
+    assert topo.trees["a"].backup == 2
+    sim.crash(2)  # the backup dies: the next probe fails and node 3 becomes the backup
+    sim.run(until=40.0)
+    assert topo.trees["a"].backup == 3 and "a" in nodes[3].backups
+    sim.crash(1)  # the coordinator dies with no operation pending: node 3 hears no probe
+    sim.run(until=90.0)
+    tree = topo.trees["a"]
+    assert tree.coordinator == 3 and tree.backup == 4 and not {1, 2} & set(tree.hosted)
+    tree.check()
+    assert sim.metrics.sent_by_type()["TreePing"] >= 3

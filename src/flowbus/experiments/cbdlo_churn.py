@@ -10,7 +10,8 @@ One run, per churn value and seed (:func:`run_one`):
    views, subscriptions through the maintenance protocol, APTs).
 2. A simulator with failure notices (``notice`` time units after a send to a dead node)
    runs it; every node gossips (Cyclon, every ``period``), so views lose dead neighbours and
-   APTs learn entry points from descriptors.
+   APTs learn entry points from descriptors; every coordinator probes its backup every
+   ``probe`` (:class:`~flowbus.routing.cbdlo_maint.TreePing`).
 3. ``events`` events are published, one every ``interval`` from a random live node. The
    failures and the joins fall at uniformly random times over the same span. A failure
    crashes a random live node (a host, a coordinator, a backup, a subscriber: whichever).
@@ -21,11 +22,13 @@ One run, per churn value and seed (:func:`run_one`):
    before the publication, and whose node lives until ``interval`` after it.
 
 A row: completeness (delivered / expected), routing messages per event (walks, entries,
-tree steps, matches), maintenance messages per event (:data:`~flowbus.routing.cbdlo_maint.MESSAGES`
-sent during the run), gossip per event, the build's maintenance, takeovers, and at the end,
-after the trees settle, whether every topology is AVL-balanced and held by its live hosts
-(``trees_consistent``), the virtual nodes still on dead hosts (never needed by a search,
-so never reported) and the topologies lost (coordinator and backup dead before a repair).
+tree steps, matches), maintenance messages per event (those of
+:data:`~flowbus.routing.cbdlo_maint.MESSAGES` sent during the run; the backup probes among
+them, and also apart), gossip per event, the build's maintenance, takeovers, and at the
+end, after the trees settle, whether every topology is AVL-balanced and held by its live
+hosts (``trees_consistent``), the virtual nodes still on dead hosts (never needed by a
+search, so never reported) and the topologies lost (coordinator and backup dead before a
+repair).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class CbdloChurn:
     interval: float = 10.0
     notice: float = 0.5
     period: float = 50.0
+    probe: float = 50.0
     grace: float = 5.0
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -88,7 +92,7 @@ class CbdloChurn:
             fraction(f"{EXPERIMENT}: churn", c)
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "churn", tuple(self.churn))
-        for key in ("interval", "notice", "period"):
+        for key in ("interval", "notice", "period", "probe"):
             number(f"{EXPERIMENT}: {key}", getattr(self, key), low=0, strict=True)
         number(f"{EXPERIMENT}: grace", self.grace, low=0)
         for key in self.settings:
@@ -105,7 +109,8 @@ class CbdloChurn:
 
     def to_dict(self) -> dict[str, Any]:
         return {"experiment": EXPERIMENT, "seeds": list(self.seeds), "churn": list(self.churn),
-                "interval": self.interval, "notice": self.notice, "period": self.period, "grace": self.grace,
+                "interval": self.interval, "notice": self.notice, "period": self.period, "probe": self.probe,
+                "grace": self.grace,
                 **self.settings}  # fmt: skip
 
 
@@ -130,7 +135,7 @@ DEFAULT: Final = CbdloChurn(
 )
 """The built-in config: the same values as ``experiments/cbdlo-churn.yaml``."""
 
-_OWN: Final = ("seeds", "churn", "interval", "notice", "period", "grace")
+_OWN: Final = ("seeds", "churn", "interval", "notice", "period", "probe", "grace")
 
 
 def load(path: Path | None = None, *, seeds: str | None = None) -> CbdloChurn:
@@ -180,7 +185,7 @@ def run_one(cfg: CbdloChurn, churn: float, seed: int) -> dict[str, Any]:
     sim = Simulator(seed=seed, transport=[ConstantLatency(1.0)], failure_notice=cfg.notice,
                     on_deliver=lambda node, sub, pub, now: log.got.add((sub, pub.eid)))  # fmt: skip
     for a, core in enumerate(net.cores):
-        core.period = cfg.period
+        core.period, core.probe = cfg.period, cfg.probe
         sim.add_node(a, core)
         sim.invoke(a, CbdloNode.start)
     start = 2 * cfg.period  # the gossip under way before the first event
@@ -227,7 +232,8 @@ class _Churner:
         contacts = rng.sample(self.live, c.view)
         core = CbdloNode(addr, topologies=self.net.cores[0].topologies, rng=self.net.cores[0].rng,
                          view_size=c.view, shuffle_len=max(1, c.view // 2), apt_size=c.apt, trace_len=c.trace,
-                         max_hops=c.max_hops, period=self.cfg.period, observer=self.net.observer)  # fmt: skip
+                         max_hops=c.max_hops, period=self.cfg.period, probe=self.cfg.probe,
+                         observer=self.net.observer)  # fmt: skip
         core.cyclon.seed(contacts)
         core.apt.load(self.sim.core(contacts[0]).apt.items())  # type: ignore[attr-defined]
         self.net.cores.append(core)
@@ -286,6 +292,7 @@ def _row(cfg: CbdloChurn, churn: float, c: CbdloRun, net: Network, sim: Simulato
         "maintenance_messages": maintenance, "maintenance_per_event": maintenance / per,
         "maintenance_build": net.maintenance_build,
         "gossip_per_event": sum(sent.get(k, 0) for k in GOSSIP) / per,
+        "probes_per_event": sent.get("TreePing", 0) / per,
         "takeovers": sent.get("TakeOver", 0),
         "maintenance_total": maintenance_sent(sim),
         "trees_consistent": consistent, "dead_hosted_vnodes": dead_vnodes, "topologies_lost": lost,

@@ -21,7 +21,7 @@ from flowbus.overlay.cbdlo_tree import AttributeTree, Subscription, Topologies
 from flowbus.overlay.cyclon import CYCLON_TIMER, Apt, Cyclon, Descriptor, Shuffle, ShuffleReply
 from flowbus.routing import cbdlo_maint as maint
 from flowbus.routing import cdm, crawl
-from flowbus.routing.cbdlo_maint import Replica, TakeOver, TreeCopy, TreeOp, TreeSync, TreeUpdate
+from flowbus.routing.cbdlo_maint import Replica, TakeOver, TreeCopy, TreeOp, TreePing, TreeSync, TreeUpdate
 from flowbus.routing.cdm import Counts, Matched, TreeStep
 from flowbus.routing.crawl import Enter, Publication, Walk
 
@@ -35,13 +35,14 @@ class CbdloNode(Core):
     backup and predicates); ``subs`` the node's local subscriptions (id ->
     :class:`Subscription`), sent to the topologies by :meth:`subscribe`; ``replica`` the
     records of the virtual nodes it hosts; ``coordinating`` / ``backups`` the trees it
-    coordinates / backs up. ``observer`` (optional) is told every walk's outcome
+    coordinates / backs up; ``probe`` > 0: a coordinator probes its backup that often
+    (:mod:`flowbus.routing.cbdlo_maint`). ``observer`` (optional) is told every walk's outcome
     (``walk_ended``) and every search that found its virtual node (``found``).
     """
 
     __slots__ = (
         "addr", "apt", "backups", "coordinating", "counts", "cyclon", "max_hops", "observer",
-        "period", "replica", "rng", "subs", "topologies", "trace_len", "ttl",
+        "period", "probe", "replica", "rng", "subs", "topologies", "trace_len", "ttl",
     )  # fmt: skip
 
     def __init__(
@@ -57,10 +58,11 @@ class CbdloNode(Core):
         max_hops: int = 10,
         period: float = 10.0,
         ttl: float = 1000.0,
+        probe: float = 0.0,
         observer: Any = None,
     ) -> None:
-        if trace_len < 0 or max_hops < 0 or period <= 0 or ttl <= 0:
-            raise ProtocolError(f"CBDLO node {addr}: bad trace_len, max_hops, period or ttl")
+        if trace_len < 0 or max_hops < 0 or period <= 0 or ttl <= 0 or probe < 0:
+            raise ProtocolError(f"CBDLO node {addr}: bad trace_len, max_hops, period, ttl or probe")
         self.addr = addr
         self.rng = rng
         self.topologies = topologies
@@ -70,6 +72,7 @@ class CbdloNode(Core):
         self.max_hops = max_hops
         self.period = period
         self.ttl = ttl
+        self.probe = probe
         self.observer = observer
         self.subs: dict[Hashable, Subscription] = {}
         self.counts = Counts()
@@ -80,8 +83,9 @@ class CbdloNode(Core):
     # -- local API ----------------------------------------------------------------------
 
     def start(self) -> list[Effect]:
-        """Start gossiping: the first shuffle after a random fraction of a period."""
-        return [SetTimer(self.rng.random() * self.period, CYCLON_TIMER)]
+        """Start gossiping (the first shuffle after a random fraction of a period) and, if
+        probing is on, probing the topologies it coordinates or backs up."""
+        return [SetTimer(self.rng.random() * self.period, CYCLON_TIMER), *maint.start_probes(self)]
 
     def publish(self, pub: Publication) -> list[Effect]:
         return crawl.start(self, pub, max_hops=self.max_hops)
@@ -171,6 +175,8 @@ class CbdloNode(Core):
                 return maint.on_copy(self, msg)
             case TakeOver():
                 return maint.on_takeover(self, msg)
+            case TreePing():
+                return maint.on_ping(self, msg)
             case _:
                 raise ProtocolError(f"CBDLO node {self.addr}: unknown message {msg!r} from {src}")
 
@@ -183,6 +189,8 @@ class CbdloNode(Core):
             return effects
         if isinstance(key, tuple) and key and key[0] == "cdm":
             return cdm.cdm_timer(self, key)
+        if isinstance(key, tuple) and len(key) == 3 and key[0] == maint.TIMER:
+            return maint.on_timer(self, key)
         raise ProtocolError(f"CBDLO node {self.addr}: unknown timer {key!r}")
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:

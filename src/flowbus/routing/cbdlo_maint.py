@@ -22,8 +22,11 @@ binary trees of virtual nodes but not how they are kept; the protocol is ours):
   notice) sends :class:`TakeOver` and then the operation to the backup, which becomes the
   coordinator, takes its tree's records as what the hosts hold (they got every update the
   old coordinator sent before the operations the backup replayed), repairs the old one's
-  share and names a new backup. Both failing before a new
-  backup is named loses the topology (not handled).
+  share and names a new backup. With ``probe`` > 0 (off by default) the coordinator also
+  probes its backup every ``probe`` time units (:class:`TreePing`; a failed probe names
+  another backup) and a backup that hears no probe for ``WATCH`` periods takes over: a
+  topology is then lost only if both fail within about one period; without probing, if
+  both fail before either loss is noticed (a rare topology sees few operations).
 * **Repair.** A failed send to a host (a tree step, a match, an update) is reported as
   ``down``: the coordinator removes the node's predicates (merging the bounds no one else
   uses) and moves its virtual nodes to a member of their node list, else to another member
@@ -40,7 +43,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from flowbus.core import Effect, Send
+from flowbus.core import Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.cbdlo_tree import AttributeTree, Number, Topologies, VRec
 
@@ -52,19 +55,27 @@ __all__ = [
     "TakeOver",
     "TreeCopy",
     "TreeOp",
+    "TreePing",
     "TreeSync",
     "TreeUpdate",
     "on_copy",
     "on_failed",
     "on_op",
+    "on_ping",
     "on_sync",
     "on_takeover",
+    "on_timer",
     "on_update",
     "report_down",
+    "start_probes",
     "submit",
 ]
 
 KINDS: Final = ("add", "remove", "down", "retire")
+TIMER: Final = "tree"
+"""The first element of the protocol's timer keys: ``("tree", "ping" | "watch", attr)``."""
+WATCH: Final = 2.5
+"""Probe periods without a probe after which a backup takes over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +119,13 @@ class TreeCopy:
 
 
 @dataclass(frozen=True, slots=True)
+class TreePing:
+    """Coordinator to backup, every ``probe`` time units (when probing is on): I live."""
+
+    attr: str
+
+
+@dataclass(frozen=True, slots=True)
 class TakeOver:
     """To ``attr``'s backup: the coordinator ``dead`` is gone, take its place."""
 
@@ -115,7 +133,7 @@ class TakeOver:
     dead: int
 
 
-MESSAGES: Final = ("TreeOp", "TreeUpdate", "TreeSync", "TreeCopy", "TakeOver")
+MESSAGES: Final = ("TreeOp", "TreeUpdate", "TreeSync", "TreeCopy", "TakeOver", "TreePing")
 """The maintenance messages by type name (the simulator counts sends by type)."""
 
 
@@ -158,6 +176,7 @@ class MaintHost(Protocol):
     """What the protocol needs of the node it runs on."""
 
     addr: int
+    probe: float
 
     @property
     def topologies(self) -> Topologies: ...
@@ -199,7 +218,7 @@ def on_op(host: MaintHost, op: TreeOp) -> list[Effect]:
             return []
         return [Send(current.coordinator, op)]
     if op.kind == "down" and op.node not in tree.member_subs and op.node not in tree.hosted:
-        if op.node == tree.backup:
+        if tree.backup is None or op.node == tree.backup:  # name a (new) backup
             tree.backup = None
             return _backup(host, tree, op)
         return []  # reported twice: nothing left to repair
@@ -244,7 +263,10 @@ def _backup(host: MaintHost, tree: AttributeTree, op: TreeOp) -> list[Effect]:
         return []
     tree.backup = min(others)
     tree._index = None
-    return [Send(tree.backup, TreeCopy(copy.deepcopy(tree)))]
+    effects: list[Effect] = [Send(tree.backup, TreeCopy(copy.deepcopy(tree)))]
+    if host.probe > 0:
+        effects.append(SetTimer(host.probe, (TIMER, "ping", tree.attr)))
+    return effects
 
 
 def _retire(host: MaintHost, tree: AttributeTree) -> list[Effect]:
@@ -288,7 +310,41 @@ def on_sync(host: MaintHost, msg: TreeSync) -> list[Effect]:
 
 def on_copy(host: MaintHost, msg: TreeCopy) -> list[Effect]:
     host.backups[msg.tree.attr] = msg.tree
-    return []
+    return _watch(host, msg.tree.attr)
+
+
+def on_ping(host: MaintHost, msg: TreePing) -> list[Effect]:
+    """At the backup: the coordinator lives; watch again."""
+    return _watch(host, msg.attr) if msg.attr in host.backups else []
+
+
+def start_probes(host: MaintHost) -> list[Effect]:
+    """The probe timers of the topologies this node coordinates or backs up (probing on)."""
+    if host.probe <= 0:
+        return []
+    effects: list[Effect] = [SetTimer(host.probe, (TIMER, "ping", a)) for a in sorted(host.coordinating)]
+    for attr in sorted(host.backups):
+        effects += _watch(host, attr)
+    return effects
+
+
+def _watch(host: MaintHost, attr: str) -> list[Effect]:
+    return [SetTimer(WATCH * host.probe, (TIMER, "watch", attr))] if host.probe > 0 else []
+
+
+def on_timer(host: MaintHost, key: tuple[str, str, str]) -> list[Effect]:
+    """``ping``: the coordinator probes its backup (a failed probe names another);
+    ``watch``: the backup heard no probe for ``WATCH`` periods and takes over."""
+    _, what, attr = key
+    if what == "ping":
+        tree = host.coordinating.get(attr)
+        if tree is None or tree.backup is None:
+            return []
+        return [Send(tree.backup, TreePing(attr)), SetTimer(host.probe, key)]
+    copy_ = host.backups.get(attr)
+    if copy_ is None:
+        return []
+    return on_takeover(host, TakeOver(attr, copy_.coordinator))
 
 
 def on_takeover(host: MaintHost, msg: TakeOver) -> list[Effect]:
@@ -309,7 +365,12 @@ def on_failed(host: MaintHost, dst: int, msg: Any) -> list[Effect]:
     match msg:
         case TreeOp():
             return _coordinator_gone(host, dst, msg)
-        case TreeUpdate(attr=attr) | TreeSync(op=TreeOp(attr=attr)) | TreeCopy(tree=AttributeTree(attr=attr)):
+        case (
+            TreeUpdate(attr=attr)
+            | TreeSync(op=TreeOp(attr=attr))
+            | TreeCopy(tree=AttributeTree(attr=attr))
+            | TreePing(attr=attr)
+        ):
             if attr in host.coordinating:
                 return on_op(host, TreeOp(attr, "down", dst))
             return []

@@ -262,7 +262,6 @@ def _backup(host: MaintHost, tree: AttributeTree, op: TreeOp) -> list[Effect]:
     if not others:
         return []
     tree.backup = min(others)
-    tree._index = None
     effects: list[Effect] = [Send(tree.backup, TreeCopy(copy.deepcopy(tree)))]
     if host.probe > 0:
         effects.append(SetTimer(host.probe, (TIMER, "ping", tree.attr)))

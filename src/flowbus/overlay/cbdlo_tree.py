@@ -287,6 +287,13 @@ class Changes:
         return sorted(set(self.updates) | set(self.drops))
 
 
+def _set_parent(v: VNode, parent: VNode | None, touched: set[VNode]) -> None:
+    """Link ``v`` under ``parent``, marking it changed if that moved it."""
+    if v.parent is not parent:
+        v.parent = parent
+        touched.add(v)
+
+
 def _h(v: VNode | None) -> int:
     return 0 if v is None else v.height
 
@@ -401,14 +408,12 @@ class AttributeTree:
         """The records changed since the last call, by host (see the module note); each is
         taken as sent."""
         out = Changes()
-        cand = set(self._touched)
-        for v in self._touched:
-            cand.update(c for c in (v.left, v.right) if c is not None)
+        cand = self._touched
         for v in self._gone:
             old = self.shipped.pop(v.vid, None)
             if old is not None:
                 out.drops.setdefault(old.host, []).append(v.vid)
-        for v in sorted(cand, key=lambda v: v.vid):
+        for v in sorted(cand, key=lambda v: v.vid):  # every node whose record may have changed
             if self.by_vid.get(v.vid) is not v:
                 continue
             old = self.shipped.get(v.vid)
@@ -541,14 +546,14 @@ class AttributeTree:
         self.by_vid[w.vid] = w
         self.hosted.setdefault(host, set()).add(w.vid)
         self.root = self._insert(self.root, w)
-        self.root.parent = None
+        _set_parent(self.root, None, self._touched)
 
     def _merge(self, at: Number) -> None:
         w = self.locate(at)
         v = self.locate(math.nextafter(at, -math.inf))
         assert w.lo == at and v.hi == at, "merge of non-adjacent sub-ranges"
         self.root = self._delete(self.root, at)  # type: ignore[assignment]
-        self.root.parent = None
+        _set_parent(self.root, None, self._touched)
         v.hi = w.hi
         x: VNode | None = v
         while x is not None:
@@ -569,10 +574,10 @@ class AttributeTree:
             return w
         if w.lo < t.lo:
             t.left = self._insert(t.left, w)
-            t.left.parent = t
+            _set_parent(t.left, t, self._touched)
         else:
             t.right = self._insert(t.right, w)
-            t.right.parent = t
+            _set_parent(t.right, t, self._touched)
         return _balance(t, self._touched)
 
     def _delete(self, t: VNode | None, key: Number) -> VNode | None:
@@ -580,16 +585,16 @@ class AttributeTree:
         if key < t.lo:
             t.left = self._delete(t.left, key)
             if t.left is not None:
-                t.left.parent = t
+                _set_parent(t.left, t, self._touched)
         elif key > t.lo:
             t.right = self._delete(t.right, key)
             if t.right is not None:
-                t.right.parent = t
+                _set_parent(t.right, t, self._touched)
         else:
             if t.left is None or t.right is None:
                 child = t.left if t.left is not None else t.right
                 if child is not None:
-                    child.parent = t.parent
+                    _set_parent(child, t.parent, self._touched)
                 return child
             # two children: the successor takes t's place in the tree
             s = t.right
@@ -597,21 +602,21 @@ class AttributeTree:
                 s = s.left
             right = self._delete_min(t.right)
             s.left, s.right = t.left, right
-            s.left.parent = s
+            _set_parent(s.left, s, self._touched)
             if right is not None:
-                right.parent = s
-            s.parent = t.parent
+                _set_parent(right, s, self._touched)
+            _set_parent(s, t.parent, self._touched)
             t = s
         return _balance(t, self._touched)
 
     def _delete_min(self, t: VNode) -> VNode | None:
         if t.left is None:
             if t.right is not None:
-                t.right.parent = t.parent
+                _set_parent(t.right, t.parent, self._touched)
             return t.right
         t.left = self._delete_min(t.left)
         if t.left is not None:
-            t.left.parent = t
+            _set_parent(t.left, t, self._touched)
         return _balance(t, self._touched)
 
     # -- checks ----------------------------------------------------------------------
@@ -661,10 +666,10 @@ def _rotate_right(t: VNode, touched: set[VNode]) -> VNode:
     assert s is not None
     t.left = s.right
     if t.left is not None:
-        t.left.parent = t
+        _set_parent(t.left, t, touched)
     s.right = t
-    s.parent = t.parent
-    t.parent = s
+    _set_parent(s, t.parent, touched)
+    _set_parent(t, s, touched)
     _fix(t, touched)
     _fix(s, touched)
     return s
@@ -675,10 +680,10 @@ def _rotate_left(t: VNode, touched: set[VNode]) -> VNode:
     assert s is not None
     t.right = s.left
     if t.right is not None:
-        t.right.parent = t
+        _set_parent(t.right, t, touched)
     s.left = t
-    s.parent = t.parent
-    t.parent = s
+    _set_parent(s, t.parent, touched)
+    _set_parent(t, s, touched)
     _fix(t, touched)
     _fix(s, touched)
     return s

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from flowbus.errors import ExperimentError
 from flowbus.experiments.cbdlo import extrapolate, fit, load
-from flowbus.experiments.cbdlo_run import CbdloRun, ZipfRangeWorkload, run
+from flowbus.experiments.cbdlo_run import CbdloRun, ZipfRangeWorkload, build, run
+from flowbus.overlay.cbdlo_tree import Topologies
 
 runner = CliRunner()
 SMALL: dict[str, Any] = {"nodes": 200, "subscriptions": 150, "events": 12, "attributes": 20}
@@ -42,6 +43,25 @@ def test_cbdlo_reaches_every_interested_subscriber_when_apts_cover_the_attribute
     assert r["hit_rate"] == 1.0 and r["walk_restarts"] == 0 and r["duplicates"] == 0
     assert r["vnodes_per_subscription_max"] <= 2 + 1 / 150  # ranges: at most 2 s + 1 virtual nodes
     assert r["tree_height_max"] <= 1.4405 * math.log2(r["vnodes_max"] + 2)
+
+
+def test_rows_report_maintenance_beside_routing_and_the_build_matches_the_reference() -> None:
+    rows = {p: run(CbdloRun(protocol=p, **SMALL)) for p in ("simple", "cbdlo", "tera")}
+    cbdlo = rows["cbdlo"]
+    assert cbdlo["maintenance_messages"] == cbdlo["maintenance_build"] > cbdlo["subscriptions"]
+    assert cbdlo["maintenance_per_subscription"] == cbdlo["maintenance_build"] / 150
+    assert rows["simple"]["maintenance_messages"] == rows["tera"]["maintenance_messages"] == 0
+    # the trees the protocol built are the ones the one-process reference makes
+    net = build(CbdloRun(protocol="cbdlo", **SMALL))
+    ref = Topologies(0.0, 1000.0)
+    for s in net.subs:
+        ref.subscribe(s)
+    assert net.topologies is not None and sorted(net.topologies.trees) == sorted(ref.trees)
+    for attr, tree in net.topologies.trees.items():
+        want = [(v.lo, v.hi, v.host, v.height) for v in ref.trees[attr].vnodes()]
+        assert [(v.lo, v.hi, v.host, v.height) for v in tree.vnodes()] == want
+        held = {vid: r for core in net.cores for vid, r in core.replica.recs.get(attr, {}).items()}
+        assert held == tree.records()
 
 
 def test_full_flood_is_complete_and_partial_flood_is_not() -> None:

@@ -146,6 +146,30 @@ def test_subscription_from_and_to_filter_agree_with_the_filter() -> None:
         Subscription("s", 0, (("a", 5.0, 5.0),))
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["a > 9007199254740993", "a >= 9007199254740993", "a <= 9007199254740993", "a = 9007199254740993",
+     "a < 9007199254740993", "a > 10 ** 400", "a <= -(10 ** 400)", "a > 5", "a = 5", "a > 5.0",
+     "a > 2.5", "a <= 1e300", "a > 4611686018427387904.0"],
+)  # fmt: skip
+def test_bounds_are_exact_numbers_as_the_filters_compare_them(text: str) -> None:
+    f = parse(text.replace("10 ** 400", str(10**400)))
+    s = Subscription.from_filter("s", 0, f)
+    big = 2**53 + 1
+    values = [big - 2, big - 1, big, big + 1, big + 2, float(big), float(big) + 2.0, 5, 5.0, 5.5,
+              math.nextafter(5.0, 6.0), 6, 2, 3, 2.5, 1e300, math.inf, 10**400, 10**400 + 1, -(10**400),
+              2**62, 2**62 + 1, 2.0**62, 2.0**62 + 1024.0]  # fmt: skip
+    for v in values:
+        assert s.matches({"a": v}) == f.matches({"a": v}), (text, v)
+    t = AttributeTree("a", -math.inf, math.inf, first_host=0)
+    ((_, lo, hi),) = s.ranges
+    t.add(0, lo, hi)
+    t.check()
+    for v in values:
+        if v != math.inf:  # a topology covers [lo, hi): inf is past every one
+            assert (t.node_list_at(v) == [0]) == f.matches({"a": v}), (text, v)
+
+
 def test_topologies_subscribe_unsubscribe_and_depart() -> None:
     topo = Topologies(0, 100)
     topo.subscribe(Subscription("x", 1, (("a", 10, 20), ("b", 0, 50))))

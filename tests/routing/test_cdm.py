@@ -9,9 +9,11 @@ import random
 from collections.abc import Hashable
 from functools import partial
 
-from flowbus.core import Deliver, Effect, SetTimer
+from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.routing import cdm
 from flowbus.routing.cbdlo import CbdloNode
+from flowbus.routing.cbdlo_maint import TreeOp
 from flowbus.routing.cdm import Matched, TreeStep
 from flowbus.routing.crawl import Publication, Walk
 from flowbus.sim import ConstantLatency, Simulator
@@ -73,7 +75,16 @@ def _world(n: int = 60, *, seed: int = 3, notice: float | None = None) -> World:
     return sim, nodes, obs, got
 
 
-def _subscribe_randomly(nodes: list[CbdloNode], rng: random.Random, count: int) -> list[Subscription]:
+def _subscribe(sim: Simulator, *subs: Subscription) -> None:
+    """Subscribe through the simulator: the predicates travel to the coordinators."""
+    for sub in subs:
+        sim.invoke(sub.node, partial(CbdloNode.subscribe, sub=sub))
+    sim.run()
+
+
+def _subscribe_randomly(
+    sim: Simulator, nodes: list[CbdloNode], rng: random.Random, count: int
+) -> list[Subscription]:
     subs = []
     for i in range(count):
         node = nodes[rng.randrange(len(nodes))]
@@ -83,8 +94,8 @@ def _subscribe_randomly(nodes: list[CbdloNode], rng: random.Random, count: int) 
             lo = rng.uniform(0, 80)
             ranges.append((attr, lo, lo + rng.uniform(5, 40)))
         sub = Subscription(i, node.addr, tuple(ranges))
-        node.subscribe(sub)
         subs.append(sub)
+    _subscribe(sim, *subs)
     return subs
 
 
@@ -99,7 +110,7 @@ def _teach_apts(nodes: list[CbdloNode], rng: random.Random) -> None:
 def test_every_matching_subscription_gets_each_event_once() -> None:
     sim, nodes, obs, got = _world()
     rng = random.Random(9)
-    subs = _subscribe_randomly(nodes, rng, 120)
+    subs = _subscribe_randomly(sim, nodes, rng, 120)
     _teach_apts(nodes, rng)
     for tree in nodes[0].topologies.trees.values():
         tree.check()
@@ -120,17 +131,16 @@ def test_every_matching_subscription_gets_each_event_once() -> None:
 def test_a_dead_entry_point_makes_the_search_start_again_with_halved_hops() -> None:
     sim, nodes, obs, got = _world(notice=0.5)
     topo = nodes[0].topologies
-    nodes[40].subscribe(Subscription("gone", 40, (("a", 0, 100),)))
-    nodes[41].subscribe(Subscription("stays", 41, (("a", 0, 100),)))
+    _subscribe(sim, Subscription("gone", 40, (("a", 0, 100),)), Subscription("stays", 41, (("a", 0, 100),)))
+    assert topo.trees["a"].coordinator == 40 and topo.trees["a"].backup == 41
     for core in nodes[1:]:
         core.apt.learn("a", 41)
     nodes[0].apt.learn("a", 40)  # node 0 still names node 40 as the entry point ...
-    sim.crash(40)  # ... which leaves
-    topo.depart(40)
-    assert topo.trees["a"].hosts() == [41]
+    sim.crash(40)  # ... which fails: its backup 41 takes the topology over when node 0 says so
     pub = Publication.of(0, {"a": 50.0})
     sim.invoke(0, lambda core: core.publish(pub))
     sim.run()
+    assert topo.trees["a"].coordinator == 41 and topo.trees["a"].hosts() == [41]
     assert got == {("stays", 0)}
     assert nodes[0].apt.lookup("a") != 40  # the stale entry was forgotten
     ((outcome, walk, node),) = obs.ended
@@ -139,9 +149,9 @@ def test_a_dead_entry_point_makes_the_search_start_again_with_halved_hops() -> N
 
 def test_an_entry_point_no_longer_hosting_restarts_the_search() -> None:
     sim, nodes, obs, got = _world()
-    nodes[7].subscribe(Subscription("x", 7, (("a", 0, 50),)))
-    nodes[8].subscribe(Subscription("y", 8, (("a", 40, 100),)))
-    nodes[7].unsubscribe("x")  # node 7 no longer hosts a virtual node of "a"
+    _subscribe(sim, Subscription("x", 7, (("a", 0, 50),)), Subscription("y", 8, (("a", 40, 100),)))
+    sim.invoke(7, lambda core: core.unsubscribe("x"))  # node 7 no longer hosts a virtual node of "a"
+    sim.run()
     assert 7 not in nodes[0].topologies.trees["a"].hosted
     for core in nodes:
         core.apt.learn("a", 8)
@@ -154,9 +164,29 @@ def test_an_entry_point_no_longer_hosting_restarts_the_search() -> None:
     assert outcome == "hit" and node == 8 and walk.restarts == 1 and walk.max_hops == 6
 
 
+def test_a_tree_step_to_a_dead_host_is_routed_again_after_the_repair_then_restarts() -> None:
+    sim, nodes, obs, _ = _world()
+    _subscribe(sim, Subscription("z", 3, (("a", 10, 20),)), Subscription("y", 4, (("a", 50, 60),)))
+    assert 4 in nodes[3].topologies.trees["a"].hosted
+    walk = Walk(Publication.of(0, {"a": 55.0}), "a", 55.0, (), 0, 8)
+    step = TreeStep(walk, vid=7, tree_hops=2)
+    first = nodes[3].on_send_failed(4, step, 0.0)
+    assert SetTimer(cdm.RETRY_AFTER, ("cdm", "retry", step, 1)) in first
+    # node 3 coordinates "a": it repaired at once (node 4's virtual nodes moved), and routes again
+    assert 4 not in nodes[3].topologies.trees["a"].hosted
+    assert nodes[3].on_timer(("cdm", "retry", step, 1), 3.0) == []  # node 4's predicate went with it
+    assert obs.founds[-1][0] is walk  # the search reached the virtual node holding 55, now node 3's
+    # a step that failed after its last try restarts the lower-layer search, hops halved
+    for core in nodes:
+        core.apt.learn("a", 3)
+    effects = nodes[5].on_send_failed(9, TreeStep(walk, 7, 2, cdm.RETRIES), 0.0)
+    (last,) = [e for e in effects if isinstance(e, Send) and not isinstance(e.msg, TreeOp)]
+    assert last.msg.walk.restarts == 1 and last.msg.walk.max_hops == 4  # type: ignore[attr-defined]
+
+
 def test_a_tree_step_to_a_virtual_node_that_moved_restarts_the_search() -> None:
-    _, nodes, _, _ = _world()
-    nodes[3].subscribe(Subscription("z", 3, (("a", 10, 20),)))
+    sim, nodes, _, _ = _world()
+    _subscribe(sim, Subscription("z", 3, (("a", 10, 20),)))
     for core in nodes:
         core.apt.learn("a", 3)
     walk = Walk(Publication.of(0, {"a": 15.0}), "a", 15.0, (), 0, 8)

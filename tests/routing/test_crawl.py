@@ -66,7 +66,9 @@ def network(
         nodes[a] = core
         sim.add_node(a, core)
     for i, h in enumerate(hosts):
-        nodes[h].subscribe(Subscription(f"s{i}", h, (("a", 0, 100),)))
+        sub = Subscription(f"s{i}", h, (("a", 0, 100),))
+        sim.invoke(h, lambda core, sub=sub: core.subscribe(sub))  # type: ignore[misc]
+    sim.run()
     return sim, nodes, log
 
 

@@ -2,7 +2,8 @@
 
 ``flowbus sim pastry-hops``; the IRBR sweeps ``irbr-faults``, ``irbr-forwards``; the
 chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``; CBDLO's
-``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``.
+``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``, and
+``cbdlo-churn``.
 ``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`).
 
 How it works: every command is thin. Its options become the experiment's config (checked
@@ -404,8 +405,8 @@ def ring_faults(
 CbdloSeedsOption = Annotated[str | None, typer.Option(help="N (seeds 1..N) or a list 1,2,3.")]
 CbdloOutOption = Annotated[Path, typer.Option(help="Output directory (CSV, JSON, PNG).")]
 CBDLO_OUT = Path("docs/results/cbdlo")
-_CBDLO_COLUMNS = ("messages_per_event", "completeness", "effective_cost", "hit_rate_10",
-                  "matching_cost_per_event", "comparisons_per_event")  # fmt: skip
+_CBDLO_COLUMNS = ("messages_per_event", "maintenance_messages", "completeness", "effective_cost",
+                  "hit_rate_10", "matching_cost_per_event", "comparisons_per_event")  # fmt: skip
 
 
 def _show_cbdlo(result: Result, doc: dict[str, Any], as_json: bool) -> None:
@@ -456,3 +457,33 @@ _CBDLO_COMMANDS = {
 
 for _name, _doc in _CBDLO_COMMANDS.items():
     sim_app.command(_name)(_cbdlo_command(_name, _doc))
+
+
+_CHURN_COLUMNS = ("failures", "completeness", "routing_per_event", "maintenance_per_event",
+                  "gossip_per_event", "takeovers", "dead_hosted_vnodes", "topologies_lost")  # fmt: skip
+
+
+@sim_app.command("cbdlo-churn")
+def cbdlo_churn(
+    config: ConfigOption = None,
+    seeds: CbdloSeedsOption = None,
+    out: CbdloOutOption = CBDLO_OUT,
+    as_json: JsonOption = False,
+) -> None:
+    """CBDLO with nodes failing and joining while events flow: completeness and messages per event."""
+    from flowbus.experiments import cbdlo_churn as churn
+    from flowbus.experiments.config import config_path
+
+    def build() -> tuple[churn.CbdloChurn, str | None]:
+        path = config_path(churn.EXPERIMENT, config)
+        return churn.load(path, seeds=seeds), None if path is None else str(path)
+
+    def show(result: Result, doc: dict[str, Any], as_json: bool) -> None:
+        if as_json:
+            common.emit({k: v for k, v in doc.items() if k != "rows"}, as_json=True, title="")
+            return
+        title = f"cbdlo-churn: {len(result.rows)} runs, {result.timing['wall_s']:.1f} s"
+        cells = [[str(r["churn"]), *(_num(r.get(k)) for k in _CHURN_COLUMNS)] for r in result.summary]
+        _table(title, ["churn", *_CHURN_COLUMNS], cells, doc["outputs"])
+
+    _execute(build, lambda c, p: churn.run(c, progress=p), out=out, as_json=as_json, show=show)

@@ -35,7 +35,30 @@ def plot(result: Result, png: Path) -> None:
         "cbdlo-scale": _scale,
         "cbdlo-matching": _matching,
         "cbdlo-apt": _apt,
+        "cbdlo-churn": _churn,
     }[result.experiment](result, png)
+
+
+def _churn(result: Result, png: Path) -> None:
+    """Completeness, and routing / maintenance / gossip messages per event, against churn."""
+    plt = pyplot()
+    rows = sorted(result.summary, key=lambda r: r["churn"])
+    xs = [100 * r["churn"] for r in rows]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax.plot(xs, [100 * r["completeness"] for r in rows], "o-", color=COLORS["cbdlo"], label=NAMES["cbdlo"])
+    ax.set_xlabel("nodes failed during the run, as many joining (% of the network)")
+    ax.set_ylabel("completeness (% of expected deliveries)")
+    ax.set_title("CBDLO under churn: completeness")
+    ax.legend()
+    for key, label, style in (("routing_per_event", "routing (walks, entries, tree steps, matches)", "o-"),
+                              ("maintenance_per_event", "tree maintenance", "s-"),
+                              ("gossip_per_event", "gossip (Cyclon shuffles)", "^--")):  # fmt: skip
+        bx.plot(xs, [r[key] for r in rows], style, label=label)
+    bx.set_xlabel("nodes failed during the run, as many joining (% of the network)")
+    bx.set_ylabel("messages per event")
+    bx.set_title("messages per event")
+    bx.legend()
+    save(fig, png)
 
 
 def _cost(result: Result, png: Path) -> None:

@@ -20,7 +20,11 @@ routing on a settled overlay too):
 * Events carry ``event_attrs`` distinct attributes, drawn by the same Zipf weights ``i^-alpha``
   (sampling without replacement), with values uniform in ``[0, domain)``.
 * CBDLO: the subscriptions go into the attribute topologies through the nodes' own
-  ``subscribe``. APTs: an LRU table of a node that has heard many descriptors holds the
+  ``subscribe``, in a simulator of their own: each subscription's predicates travel to
+  their coordinators, which send the changed virtual-node records to the hosts
+  (:mod:`flowbus.routing.cbdlo_maint`); one subscription every 2 time units (latency 1), so
+  the coordinators see them in the order drawn. Those messages are the row's
+  ``maintenance_build``. APTs: an LRU table of a node that has heard many descriptors holds the
   ``apt`` most recently heard distinct attributes, and in a stream of random descriptors
   those are a weighted sample without replacement, an attribute weighing as many as the
   nodes hosting it; so each APT is filled by :meth:`~flowbus.overlay.cyclon.Apt.learn` with
@@ -32,8 +36,11 @@ routing on a settled overlay too):
 :class:`~flowbus.sim.engine.Simulator` (latency 1), each run until its messages have
 settled, and counts per event: messages by type, the subscriptions that should get it
 (``expected``: their filters evaluated offline) and those that did (``delivered``), and
-for CBDLO every walk's outcome and hops. Every random draw comes from a stream derived from
-the seed.
+for CBDLO every walk's outcome and hops. ``messages`` are the routing messages (walks,
+entries, tree steps, matches, floods); ``maintenance_messages`` the tree maintenance
+messages, of the build and of the run (none without churn: Simple has no structure to keep,
+TERA's topic overlays are built directly, unmodelled). Every random draw comes from a
+stream derived from the seed.
 """
 
 from __future__ import annotations
@@ -55,13 +62,25 @@ from flowbus.experiments.output import ProgressFn
 from flowbus.overlay.cbdlo_tree import Subscription, Topologies
 from flowbus.overlay.cyclon import Apt
 from flowbus.routing.cbdlo import CbdloNode
+from flowbus.routing.cbdlo_maint import MESSAGES as MAINTENANCE
 from flowbus.routing.crawl import Publication, Walk
 from flowbus.routing.flooding import SimpleNode
 from flowbus.routing.tera import TeraNode
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import ConstantLatency
 
-__all__ = ["PROTOCOLS", "CbdloRun", "Network", "Observer", "ZipfRangeWorkload", "build", "fill_apts", "run"]
+__all__ = [
+    "PROTOCOLS",
+    "CbdloRun",
+    "Network",
+    "Observer",
+    "ZipfRangeWorkload",
+    "build",
+    "fill_apts",
+    "maintenance_sent",
+    "run",
+    "subscribe_all",
+]
 
 PROTOCOLS: Final = ("simple", "cbdlo", "tera")
 SETTLE: Final = 500.0
@@ -170,6 +189,7 @@ class Network:
     topologies: Topologies | None
     observer: Observer
     build_s: float
+    maintenance_build: int = 0
 
 
 @dataclass(slots=True)
@@ -274,15 +294,13 @@ def build(c: CbdloRun, *, progress: ProgressFn | None = None) -> Network:
                       apt_size=c.apt, trace_len=c.trace, max_hops=c.max_hops, observer=obs)
             for a in range(c.nodes)
         ]  # fmt: skip
-        for i, s in enumerate(subs):
-            cores[s.node].subscribe(s)
-            if progress is not None and i % 5000 == 0:
-                progress("subscribing", i, len(subs))
+        maintenance = subscribe_all(c.seed, cores, subs, progress=progress)
         for a, core in enumerate(cores):
             core.cyclon.seed(views[a])
         hosts = {attr: tree.hosts() for attr, tree in topologies.trees.items()}
         weights = {attr: len(h) for attr, h in hosts.items()}
         fill_apts([core.apt for core in cores], derive_seed(c.seed, "cbdlo/apt"), weights, hosts)
+        return Network(c, cores, subs, topologies, obs, time.perf_counter() - t0, maintenance)
     else:
         node_topics: dict[str, set[int]] = {}
         for s in subs:
@@ -307,6 +325,35 @@ def build(c: CbdloRun, *, progress: ProgressFn | None = None) -> Network:
     return Network(c, cores, subs, topologies, obs, time.perf_counter() - t0)
 
 
+def maintenance_sent(sim: Simulator) -> int:
+    """The tree maintenance messages ``sim`` has sent."""
+    sent = sim.metrics.sent_by_type()
+    return sum(sent.get(k, 0) for k in MAINTENANCE)
+
+
+def subscribe_all(
+    seed: int, cores: list[Any], subs: list[Subscription], *, progress: ProgressFn | None = None
+) -> int:
+    """Every subscription through its node's ``subscribe`` in a simulator (one every 2 time
+    units, latency 1), run until the trees settle; return the maintenance messages sent."""
+    sim = Simulator(seed=seed, transport=[ConstantLatency(1.0)])
+    for a, core in enumerate(cores):
+        sim.add_node(a, core)
+    for i, s in enumerate(subs):
+        sim.invoke(s.node, partial(_subscribe, s), at=2.0 * i)
+    step = 5000
+    for i in range(0, len(subs), step):
+        sim.run(until=2.0 * (i + step))
+        if progress is not None:
+            progress("subscribing", min(i + step, len(subs)), len(subs))
+    sim.run()
+    return maintenance_sent(sim)
+
+
+def _subscribe(sub: Subscription, core: Any) -> list[Effect]:
+    return core.subscribe(sub)  # type: ignore[no-any-return]
+
+
 # ------------------------------------------------------------------------------------ run
 
 
@@ -329,7 +376,7 @@ def run(c: CbdloRun, *, progress: ProgressFn | None = None, network: Network | N
     for i in range(c.events):
         pub = work.event(rng, i)
         src = rng.randrange(c.nodes)
-        before = sim.metrics.total_sent
+        before = sim.metrics.total_sent - maintenance_sent(sim)
         at = i * SETTLE
         sim.invoke(src, partial(_publish, pub), at=at)
         sim.run(until=at + SETTLE - 1)
@@ -344,9 +391,8 @@ def run(c: CbdloRun, *, progress: ProgressFn | None = None, network: Network | N
         got.clear()
         expected += len(want)
         delivered += len(hit)
-        per_event.append(
-            {"messages": sim.metrics.total_sent - before, "expected": len(want), "delivered": len(hit)}
-        )
+        routing = sim.metrics.total_sent - maintenance_sent(sim) - before
+        per_event.append({"messages": routing, "expected": len(want), "delivered": len(hit)})
         if progress is not None:
             progress(f"{c.protocol}: events", i + 1, c.events)
     sim.run()
@@ -368,10 +414,14 @@ def _row(
 ) -> dict[str, Any]:
     messages = sum(e["messages"] for e in per_event)
     completeness = delivered / expected if expected else 1.0
+    maintenance = net.maintenance_build + maintenance_sent(sim)
     row: dict[str, Any] = {
         **c.to_dict(),
         "messages": messages,
         "messages_per_event": messages / c.events,
+        "maintenance_messages": maintenance,
+        "maintenance_build": net.maintenance_build,
+        "maintenance_per_subscription": net.maintenance_build / c.subscriptions,
         "expected": expected,
         "delivered": delivered,
         "completeness": completeness,

@@ -21,7 +21,7 @@ How it works (the 004 document, section 2, figure 1):
   the table keeps the most recently learnt attributes (LRU), which favours attributes
   with many subscribers, as the walks need.
 * Upper layer: one attribute topology per subscribed attribute
-  (:mod:`flowbus.overlay.cbdlo_tree`), shared here as a :class:`Topologies` object.
+  (:mod:`flowbus.overlay.cbdlo_tree`), kept by messages (:mod:`flowbus.routing.cbdlo_maint`).
 * The node (:class:`flowbus.routing.cbdlo.CbdloNode`) runs this lower layer, CRAWL
   (:mod:`flowbus.routing.crawl`) and CDM (:mod:`flowbus.routing.cdm`).
 """

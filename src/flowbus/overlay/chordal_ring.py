@@ -46,6 +46,12 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
 * Link failure off the ring (section 3.4.2 b): when a chord A-B fails, A routes a
   ``TracedQuery`` to B through other links, each hop appending itself. B answers with
   ``LinkDown`` along the reversed trace, and A keeps the trace as its route to B.
+* Load (section 3.4, the three steps of a loaded broker): the driver says what was routed
+  (:meth:`RingNode.routed`, with its ``now``); each heartbeat round the broker weighs its
+  rate and state against ``rate_limit`` and ``load_limit``, passes part of its state to a
+  ring neighbour with room (``ShareState``), or, none having room, hands its driver
+  ``Deliver(("ring", "overloaded"), Overloaded(...))``, a request for another broker
+  (:mod:`flowbus.overlay.ring_load` has the rules).
 
 Addresses are the driver's node ids (``Send.dst``). Randomness is never needed: every
 choice is deterministic.
@@ -53,6 +59,7 @@ choice is deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +68,7 @@ from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
 from flowbus.overlay.ring_chords import Chords
 from flowbus.overlay.ring_detector import FailureDetector
+from flowbus.overlay.ring_load import LoadMeter, Overloaded, load_of, plan_share
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,
@@ -110,7 +118,8 @@ class RingNode(Core):
     ``heartbeat`` the period of the ring-neighbour heartbeats (None: failures are only
     found through failed sends, the driver's failure notices); ``probe_timeout`` how long
     a tester waits for a probed broker; ``load_limit`` the state entries above which a
-    broker that took a dead one's state over passes the excess on.
+    broker passes some on (after a takeover, or in a heartbeat round); ``rate_limit`` the
+    events routed per time unit (over ``load_window``) above which it does.
     """
 
     def __init__(
@@ -122,6 +131,8 @@ class RingNode(Core):
         probe_timeout: float = 4.0,
         ping_timeout: float = 4.0,
         load_limit: int | None = None,
+        rate_limit: float | None = None,
+        load_window: float = 1.0,
     ) -> None:
         if not 1 <= backup <= 4:
             raise ProtocolError(f"RingNode: the backup factor is 1..4, got {backup!r}")
@@ -129,6 +140,8 @@ class RingNode(Core):
             raise ProtocolError(f"RingNode: the heartbeat period must be > 0, got {heartbeat!r}")
         if load_limit is not None and load_limit < 1:
             raise ProtocolError(f"RingNode: the load limit is >= 1 state entries, got {load_limit!r}")
+        if rate_limit is not None and not rate_limit > 0:
+            raise ProtocolError(f"RingNode: the rate limit must be > 0, got {rate_limit!r}")
         self.addr = addr
         self.id: int | None = None
         self.backup = backup
@@ -150,6 +163,12 @@ class RingNode(Core):
         self._was_side_addr: dict[int, int] = {}  # the same by address
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
         self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
+        self.rate_limit = rate_limit
+        self.meter = LoadMeter(load_window)
+        self.neighbour_load: dict[int, float] = {}  # ring neighbour id -> its last heartbeat's load
+        self.shares = 0  # load shares sent (a takeover's excess not counted)
+        self.requests = 0  # requests for another broker (Overloaded)
+        self._calm_until = -math.inf  # no judging of our load before (after a share or request)
 
     # -- views
 
@@ -311,6 +330,37 @@ class RingNode(Core):
     def route(self, target: int, payload: Any) -> list[Effect]:
         """Send ``payload`` over the overlay to the broker with id ``target``."""
         return self._on_route(RingRoute(target, payload, 0))
+
+    def routed(self, now: float, n: int = 1) -> None:
+        """``n`` events were routed by this broker at ``now`` (its load's rate)."""
+        self.meter.routed(now, n)
+
+    def load(self, now: float) -> float:
+        """The larger of rate / ``rate_limit`` and state entries / ``load_limit`` (1.0: at the limit)."""
+        rate = self.meter.rate(now)
+        return load_of(rate, len(self.state), rate_limit=self.rate_limit, entry_limit=self.load_limit)
+
+    def check_load(self, now: float) -> list[Effect]:
+        """Over the limit: pass part of the state to a ring neighbour with room, or, if
+        none has, ask the driver for another broker (section 3.4's steps; ring_load)."""
+        if not self.joined or now < self._calm_until:
+            return []
+        load = self.load(now)
+        if load <= 1.0:
+            return []
+        me = self.me
+        near = {p: self.neighbour_load.get(p.id, 1.0) for p in (self.left, self.right) if p and p.id != me.id}
+        self._calm_until = now + self.meter.window
+        entries = len(self.state)
+        plan = plan_share(load, entries, near)
+        if plan is None:
+            self.requests += 1
+            return [Deliver(("ring", "overloaded"), Overloaded(me, load, self.meter.rate(now), entries))]
+        to, k = plan
+        moved = self.backups.hand_over(sorted(self.state, key=repr)[-k:])
+        self.neighbour_load[to.id] = near[to] + k * load / entries  # (until its next heartbeat)
+        self.shares += 1
+        return [Send(to.addr, ShareState(me, moved)), *self._send_backups(force=True)]
 
     # -- driver entry points
 
@@ -511,7 +561,8 @@ class RingNode(Core):
 
     def _heartbeat_round(self, now: float) -> list[Effect]:
         assert self.heartbeat is not None
-        out: list[Effect] = []
+        out: list[Effect] = self.check_load(now)
+        load = self.load(now)
         for p in {self.left, self.right} - {None}:
             assert p is not None
             # (anything from it shows it alive: a busy broker's heartbeats may come late)
@@ -519,7 +570,7 @@ class RingNode(Core):
             if silent and not self.detector.suspected(p.id) and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
-            out.append(Send(p.addr, Heartbeat(self.me)))
+            out.append(Send(p.addr, Heartbeat(self.me, load)))
         out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
         return out
 
@@ -528,6 +579,7 @@ class RingNode(Core):
         too busy to answer a probe in time looks like that), it is up. Were the detour kept,
         the neighbour would never be suspected again, and its death never noticed."""
         self.detector.beat(msg.peer.id, now)
+        self.neighbour_load[msg.peer.id] = msg.load
         if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
             del self.detour[msg.peer.id]
         return []

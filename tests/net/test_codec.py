@@ -164,7 +164,10 @@ CASES: list[object] = [
         sent=0.25,
         hops=1,
         fell_back=False,
+        bound=2.5,
     ),
+    class_router.LinkBeat(link=3, sent=1.5),
+    class_router.LinkEcho(link=3, sent=1.5),
     LinkClass.SECURE,
 ]
 

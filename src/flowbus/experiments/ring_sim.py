@@ -36,7 +36,7 @@ from typing import Any
 
 from flowbus.core import Core, Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
-from flowbus.overlay.class_router import Classed
+from flowbus.overlay.class_router import Classed, LinkBeat, LinkEcho
 from flowbus.overlay.multigraph import Multigraph
 from flowbus.overlay.ring_load import Overloaded
 from flowbus.routing.ring_broker import RingBroker
@@ -245,8 +245,8 @@ def _join(picks: list[int], broker: RingBroker) -> list[Effect]:
 
 
 class LinkLatency:
-    """A transport layer: a :class:`Classed` message takes its link's latency, or is dropped
-    (reason ``"link"``) if that link is down in ``truth``."""
+    """A transport layer: a :class:`Classed` message (or a link heartbeat) takes its link's
+    latency, or is dropped (reason ``"link"``) if that link is down in ``truth``."""
 
     def __init__(self, truth: Multigraph) -> None:
         self.truth = truth
@@ -255,7 +255,7 @@ class LinkLatency:
         truth = self.truth
 
         def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
-            if not isinstance(msg, Classed):
+            if not isinstance(msg, Classed | LinkBeat | LinkEcho):
                 return 1.0
             if not truth.is_live(msg.link):
                 return "link"

@@ -11,7 +11,7 @@ import pytest
 from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim
 from flowbus.overlay.chordal_ring import RingNode
-from flowbus.overlay.ring_load import LoadMeter, plan_share
+from flowbus.overlay.ring_load import LoadMeter, pick_entries, plan_share
 from flowbus.overlay.ring_messages import Peer
 
 
@@ -29,10 +29,19 @@ def test_the_meter_counts_over_a_sliding_window() -> None:
 
 def test_the_share_goes_to_the_least_loaded_neighbour_and_only_as_far_as_its_room() -> None:
     a, b = Peer(1, 1), Peer(2, 2)
-    assert plan_share(0.9, 10, {a: 0.0}) is None  # under the limit
-    assert plan_share(2.0, 10, {a: 0.5, b: 0.0}) == (b, 5)  # back to the limit
-    assert plan_share(2.0, 10, {a: 0.6, b: 0.8}) == (a, 2)  # room 0.4, 0.2 of load per entry
-    assert plan_share(2.0, 10, {a: 1.0, b: 1.3}) is None  # nobody has room: ask for a broker
+    assert plan_share(0.9, {a: 0.0}) is None  # under the limit
+    assert plan_share(2.0, {a: 0.5, b: 0.0}) == (b, 0.5)  # back to the limit
+    assert plan_share(2.0, {a: 0.6, b: 0.8}) == (a, 0.2)  # room 0.4 of a load of 2
+    assert plan_share(2.0, {a: 1.0, b: 1.3}) is None  # nobody has room: ask for a broker
+
+
+def test_the_busiest_entries_that_fit_move_first() -> None:
+    state = ["a", "b", "c", "d"]
+    assert pick_entries(state, 0.5, {"a": 10, "b": 60, "c": 20, "d": 10}) == ["c", "a", "d"]  # 50 of 100
+    assert pick_entries(state, 0.7, {"a": 10, "b": 60, "c": 20, "d": 10}) == ["b", "a"]
+    assert pick_entries(state, 0.5, {}) == ["c", "d"]  # no counts: as many entries as the fraction
+    assert pick_entries(state, 0.01, {"a": 5, "b": 5, "c": 5, "d": 5}) == ["a"]  # at least one
+    assert pick_entries(["a"], 0.9, {}) == []  # never all
 
 
 def _hot(key: Hashable) -> float:

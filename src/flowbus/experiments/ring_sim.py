@@ -159,7 +159,8 @@ class RingSim:
 
 
 def _route_load(rate_of: Callable[[Hashable], float], tick: float, at: float, node: RingNode) -> list[Effect]:
-    node.routed(at, round(sum(rate_of(k) for k in node.state) * tick))
+    for key in list(node.state):
+        node.routed(at, round(rate_of(key) * tick), key)
     return []
 
 

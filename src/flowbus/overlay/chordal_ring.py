@@ -68,7 +68,7 @@ from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
 from flowbus.overlay.ring_chords import Chords
 from flowbus.overlay.ring_detector import FailureDetector
-from flowbus.overlay.ring_load import LoadMeter, Overloaded, load_of, plan_share
+from flowbus.overlay.ring_load import LoadMeter, Overloaded, load_of, pick_entries, plan_share
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,
@@ -331,9 +331,10 @@ class RingNode(Core):
         """Send ``payload`` over the overlay to the broker with id ``target``."""
         return self._on_route(RingRoute(target, payload, 0))
 
-    def routed(self, now: float, n: int = 1) -> None:
-        """``n`` events were routed by this broker at ``now`` (its load's rate)."""
-        self.meter.routed(now, n)
+    def routed(self, now: float, n: int = 1, key: Hashable | None = None) -> None:
+        """``n`` events were routed by this broker at ``now`` (its load's rate), for the
+        state entry ``key`` if the driver names it (then the busiest entries move first)."""
+        self.meter.routed(now, n, key)
 
     def load(self, now: float) -> float:
         """The larger of rate / ``rate_limit`` and state entries / ``load_limit`` (1.0: at the limit)."""
@@ -351,14 +352,19 @@ class RingNode(Core):
         me = self.me
         near = {p: self.neighbour_load.get(p.id, 1.0) for p in (self.left, self.right) if p and p.id != me.id}
         self._calm_until = now + self.meter.window
-        entries = len(self.state)
-        plan = plan_share(load, entries, near)
+        plan = plan_share(load, near)
         if plan is None:
             self.requests += 1
-            return [Deliver(("ring", "overloaded"), Overloaded(me, load, self.meter.rate(now), entries))]
-        to, k = plan
-        moved = self.backups.hand_over(sorted(self.state, key=repr)[-k:])
-        self.neighbour_load[to.id] = near[to] + k * load / entries  # (until its next heartbeat)
+            return [
+                Deliver(("ring", "overloaded"), Overloaded(me, load, self.meter.rate(now), len(self.state)))
+            ]
+        to, fraction = plan
+        keys = pick_entries(self.state, fraction, self.meter.by_key)
+        if not keys:
+            return []
+        moved = self.backups.hand_over(keys)
+        self.meter.by_key.clear()
+        self.neighbour_load[to.id] = near[to] + fraction * load  # (until its next heartbeat)
         self.shares += 1
         return [Send(to.addr, ShareState(me, moved)), *self._send_backups(force=True)]
 

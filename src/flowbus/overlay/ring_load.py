@@ -12,9 +12,12 @@ variation" triggers):
   entries / entry limit (1.0 is at the limit), so neighbours configured alike or not can
   compare it. Each ring heartbeat carries the sender's load to its Left and Right.
 * :func:`plan_share` is the document's decision. Over the limit (load > 1):
-  (1)-(2) if a ring neighbour (Left or Right) is below its limit, pass it the share of
-  the state that brings us back to the limit, or as much as its room takes: entries are
-  assumed to carry the load equally, so ``k`` entries are ``k * load / entries`` of it;
+  (1)-(2) if a ring neighbour (Left or Right) is below its limit, pass it the fraction of
+  the load that brings us back to the limit, or as much as its room takes. Which entries
+  carry how much is known when the driver names the entry an event was routed for
+  (``routed(now, n, key)``; counted since the last share): :func:`pick_entries` takes
+  the busiest entries that fit in that fraction. Without names, entries are taken to
+  carry the load equally;
   (3) if both neighbours are at or over their limits too, ask for another broker to be
   set up (the ring node says so to its driver; a cluster starts one, which joins next to
   it, and the next share goes to the newcomer).
@@ -25,14 +28,15 @@ variation" triggers):
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from flowbus import wire
 from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_messages import Peer
 
-__all__ = ["LoadMeter", "Overloaded", "load_of", "plan_share"]
+__all__ = ["LoadMeter", "Overloaded", "load_of", "pick_entries", "plan_share"]
 
 
 @wire.message("ring.overloaded")
@@ -57,12 +61,15 @@ class LoadMeter:
         self.total = 0
         self._times: deque[tuple[float, int]] = deque()  # (time, events), oldest first
         self._in_window = 0
+        self.by_key: Counter[Hashable] = Counter()  # events per named entry since the last share
 
-    def routed(self, now: float, n: int = 1) -> None:
-        """``n`` events were routed at time ``now``."""
+    def routed(self, now: float, n: int = 1, key: Hashable | None = None) -> None:
+        """``n`` events were routed at time ``now`` (for the state entry ``key``, if named)."""
         if n <= 0:
             return
         self.total += n
+        if key is not None:
+            self.by_key[key] += n
         if self._times and self._times[-1][0] == now:
             t, m = self._times[-1]
             self._times[-1] = (t, m + n)
@@ -88,18 +95,37 @@ def load_of(rate: float, entries: int, *, rate_limit: float | None, entry_limit:
     return load
 
 
-def plan_share(load: float, entries: int, neighbours: dict[Peer, float]) -> tuple[Peer, int] | None:
-    """Whom to pass how many entries to, for a broker of ``load`` (> 1) holding ``entries``
-    whose ring neighbours report the loads ``neighbours``; None: nobody has room (step 3,
-    ask for a broker). The least loaded neighbour below 1 gets the entries that bring us
-    back to the limit, or as many as its room takes (at least one)."""
-    if load <= 1.0 or entries < 2:
+def plan_share(load: float, neighbours: dict[Peer, float]) -> tuple[Peer, float] | None:
+    """Whom to pass which fraction of our load to, for a broker of ``load`` (> 1) whose
+    ring neighbours report the loads ``neighbours``; None: nobody has room (step 3, ask
+    for a broker). The least loaded neighbour below 1 gets the fraction that brings us
+    back to the limit, or what its room takes."""
+    if load <= 1.0:
         return None
     room = {p: 1.0 - v for p, v in neighbours.items() if v < 1.0}
     if not room:
         return None
     to = max(room, key=lambda p: (room[p], -p.id))
-    per_entry = load / entries
-    shed = math.ceil(entries * (1.0 - 1.0 / load))
-    fits = math.floor(room[to] / per_entry)
-    return to, max(1, min(shed, fits, entries - 1))
+    return to, min(1.0 - 1.0 / load, room[to] / load)
+
+
+def pick_entries(
+    state: Iterable[Hashable], fraction: float, counts: Mapping[Hashable, int]
+) -> list[Hashable]:
+    """The entries of ``state`` carrying about ``fraction`` of its load, never all of them
+    and at least one: the busiest by ``counts`` that fit, or, with no counts, the last
+    ``ceil(fraction * entries)`` in order of ``repr``."""
+    keys = sorted(state, key=repr)
+    if len(keys) < 2:
+        return []
+    total = sum(counts.get(k, 0) for k in keys)
+    if total == 0:
+        return keys[-max(1, min(math.ceil(fraction * len(keys)), len(keys) - 1)) :]
+    out: list[Hashable] = []
+    budget = fraction * total
+    for k in sorted(keys, key=lambda k: -counts.get(k, 0)):
+        c = counts.get(k, 0)
+        if c and c <= budget and len(out) < len(keys) - 1:
+            out.append(k)
+            budget -= c
+    return out or [min(keys, key=lambda k: (counts.get(k, 0), repr(k)))]

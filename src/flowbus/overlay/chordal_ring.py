@@ -119,7 +119,9 @@ class RingNode(Core):
     found through failed sends, the driver's failure notices); ``probe_timeout`` how long
     a tester waits for a probed broker; ``load_limit`` the state entries above which a
     broker passes some on (after a takeover, or in a heartbeat round); ``rate_limit`` the
-    events routed per time unit (over ``load_window``) above which it does.
+    events routed per time unit (over ``load_window``) above which it does; ``movable``
+    which state entries a load share may pass on (None: any; a broker whose entries are
+    its own clients' subscriptions passes none, and only asks for brokers).
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class RingNode(Core):
         load_limit: int | None = None,
         rate_limit: float | None = None,
         load_window: float = 1.0,
+        movable: Callable[[Hashable], bool] | None = None,
     ) -> None:
         if not 1 <= backup <= 4:
             raise ProtocolError(f"RingNode: the backup factor is 1..4, got {backup!r}")
@@ -168,6 +171,8 @@ class RingNode(Core):
         self.neighbour_load: dict[int, float] = {}  # ring neighbour id -> its last heartbeat's load
         self.shares = 0  # load shares sent (a takeover's excess not counted)
         self.requests = 0  # requests for another broker (Overloaded)
+        self.last_request: Overloaded | None = None
+        self.movable = movable
         self._calm_until = -math.inf  # no judging of our load before (after a share or request)
 
     # -- views
@@ -355,13 +360,13 @@ class RingNode(Core):
         plan = plan_share(load, near)
         if plan is None:
             self.requests += 1
-            return [
-                Deliver(("ring", "overloaded"), Overloaded(me, load, self.meter.rate(now), len(self.state)))
-            ]
+            self.last_request = Overloaded(me, load, self.meter.rate(now), len(self.state))
+            return [Deliver(("ring", "overloaded"), self.last_request)]
         to, fraction = plan
-        keys = pick_entries(self.state, fraction, self.meter.by_key)
+        movable = self.state if self.movable is None else [k for k in self.state if self.movable(k)]
+        keys = pick_entries(movable, fraction, self.meter.by_key)
         if not keys:
-            return []
+            return []  # (a neighbour has room, but nothing here may move: a broker would not help)
         moved = self.backups.hand_over(keys)
         self.meter.by_key.clear()
         self.neighbour_load[to.id] = near[to] + fraction * load  # (until its next heartbeat)

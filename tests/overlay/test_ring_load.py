@@ -95,3 +95,20 @@ def test_a_ring_loaded_everywhere_asks_for_brokers_and_the_newcomer_takes_load()
     assert after == before
     with pytest.raises(ProtocolError, match="rate limit"):
         RingNode(0, rate_limit=0.0)
+
+
+def test_a_ring_broker_counts_the_events_it_routes_for_others() -> None:
+    from flowbus.experiments.ring_sim import BrokerRing
+    from flowbus.filters import parse
+
+    ring = BrokerRing(4, seed=2, backup=2)
+    order = ring.order()
+    far = order[2]
+    ring.sim.invoke(far.addr, lambda b: b.subscribe("s", parse("x > 0")))
+    ring.settle(20.0)
+    for i in range(5):
+        ring.sim.invoke(order[0].addr, lambda b, i=i: b.publish({"x": i + 1}))
+    ring.settle(20.0)
+    assert len([g for g in ring.got if g[0] == "s"]) == 5
+    assert far.ring.meter.total == 5  # routed to it by another broker: its load's rate
+    assert order[0].ring.meter.total == 0  # (published here: not counted as routed for others)

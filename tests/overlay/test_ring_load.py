@@ -65,7 +65,7 @@ def test_load_rising_on_one_broker_moves_part_of_its_state_to_a_neighbour() -> N
     busy = order[2]
     before = sorted((k for nd in r.live for k in nd.state), key=repr)
     r.drive_load(_hot, 10.0)
-    assert busy.shares >= 1 and busy.requests == 0
+    assert busy.loads.shares >= 1 and busy.loads.requests == 0
     assert busy.load(r.sim.now) <= 1.0  # 200 events a time unit at first, limit 100
     mine = {k for k in busy.state if k[0] == "hot"}
     assert 0 < len(mine) < 10
@@ -110,5 +110,15 @@ def test_a_ring_broker_counts_the_events_it_routes_for_others() -> None:
         ring.sim.invoke(order[0].addr, lambda b, i=i: b.publish({"x": i + 1}))
     ring.settle(20.0)
     assert len([g for g in ring.got if g[0] == "s"]) == 5
-    assert far.ring.meter.total == 5  # routed to it by another broker: its load's rate
-    assert order[0].ring.meter.total == 0  # (published here: not counted as routed for others)
+    assert far.ring.loads.meter.total == 5  # routed to it by another broker: its load's rate
+    assert order[0].ring.loads.meter.total == 0  # (published here: not counted as routed for others)
+
+
+def test_a_share_that_cannot_be_sent_comes_back() -> None:
+    from flowbus.overlay.ring_messages import ShareState
+
+    r, order = _ring(3, hot=[])
+    nd, to = order[0], order[1]
+    moved = nd.backups.hand_over([("cold", nd.addr, 0), ("cold", nd.addr, 1)])
+    nd.on_send_failed(to.addr, ShareState(nd.me, moved), r.sim.now)  # (the neighbour died)
+    assert {("cold", nd.addr, 0), ("cold", nd.addr, 1)} <= set(nd.state) and len(nd.state) == 10

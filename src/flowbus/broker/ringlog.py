@@ -42,9 +42,10 @@ class RingLog:
     def update(self) -> None:
         """Log the ring's changes since the last call, if any (and if ``log`` shows info)."""
         ring = self.ring
-        if ring.requests != self._requests and ring.last_request is not None:
-            self._requests = ring.requests
-            req = ring.last_request
+        loads = ring.loads
+        if loads.requests != self._requests and loads.last_request is not None:
+            self._requests = loads.requests
+            req = loads.last_request
             self.log.warning(
                 "ring %s over its limit (load %.2f): asks for another broker", self.address, req.load
             )

@@ -163,7 +163,7 @@ def _load_row(r: RingSim, hot: int, step: int) -> dict[str, Any]:
         "hot_load": round(r.nodes[hot].load(now), 3),
         "max_load": round(max(loads), 3),
         "mean_load": round(float(np.mean(loads)), 3),
-        "shares": sum(nd.shares for nd in r.nodes),
+        "shares": sum(nd.loads.shares for nd in r.nodes),
         "requests": len(r.requests),
         "entries_held": len(keys),
         "entries_distinct": len(set(keys)),

@@ -59,7 +59,6 @@ choice is deterministic.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -68,7 +67,7 @@ from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
 from flowbus.overlay.ring_chords import Chords
 from flowbus.overlay.ring_detector import FailureDetector
-from flowbus.overlay.ring_load import LoadMeter, Overloaded, load_of, pick_entries, plan_share
+from flowbus.overlay.ring_load import LoadShare, Overloaded
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,
@@ -143,8 +142,6 @@ class RingNode(Core):
             raise ProtocolError(f"RingNode: the heartbeat period must be > 0, got {heartbeat!r}")
         if load_limit is not None and load_limit < 1:
             raise ProtocolError(f"RingNode: the load limit is >= 1 state entries, got {load_limit!r}")
-        if rate_limit is not None and not rate_limit > 0:
-            raise ProtocolError(f"RingNode: the rate limit must be > 0, got {rate_limit!r}")
         self.addr = addr
         self.id: int | None = None
         self.backup = backup
@@ -166,14 +163,7 @@ class RingNode(Core):
         self._was_side_addr: dict[int, int] = {}  # the same by address
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
         self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
-        self.rate_limit = rate_limit
-        self.meter = LoadMeter(load_window)
-        self.neighbour_load: dict[int, float] = {}  # ring neighbour id -> its last heartbeat's load
-        self.shares = 0  # load shares sent (a takeover's excess not counted)
-        self.requests = 0  # requests for another broker (Overloaded)
-        self.last_request: Overloaded | None = None
-        self.movable = movable
-        self._calm_until = -math.inf  # no judging of our load before (after a share or request)
+        self.loads = LoadShare(rate_limit=rate_limit, window=load_window, movable=movable)
 
     # -- views
 
@@ -339,39 +329,26 @@ class RingNode(Core):
     def routed(self, now: float, n: int = 1, key: Hashable | None = None) -> None:
         """``n`` events were routed by this broker at ``now`` (its load's rate), for the
         state entry ``key`` if the driver names it (then the busiest entries move first)."""
-        self.meter.routed(now, n, key)
+        self.loads.meter.routed(now, n, key)
 
     def load(self, now: float) -> float:
         """The larger of rate / ``rate_limit`` and state entries / ``load_limit`` (1.0: at the limit)."""
-        rate = self.meter.rate(now)
-        return load_of(rate, len(self.state), rate_limit=self.rate_limit, entry_limit=self.load_limit)
+        return self.loads.load(now, len(self.state), self.load_limit)
 
     def check_load(self, now: float) -> list[Effect]:
         """Over the limit: pass part of the state to a ring neighbour with room, or, if
         none has, ask the driver for another broker (section 3.4's steps; ring_load)."""
-        if not self.joined or now < self._calm_until:
-            return []
-        load = self.load(now)
-        if load <= 1.0:
+        if not self.joined:
             return []
         me = self.me
-        near = {p: self.neighbour_load.get(p.id, 1.0) for p in (self.left, self.right) if p and p.id != me.id}
-        self._calm_until = now + self.meter.window
-        plan = plan_share(load, near)
-        if plan is None:
-            self.requests += 1
-            self.last_request = Overloaded(me, load, self.meter.rate(now), len(self.state))
-            return [Deliver(("ring", "overloaded"), self.last_request)]
-        to, fraction = plan
-        movable = self.state if self.movable is None else [k for k in self.state if self.movable(k)]
-        keys = pick_entries(movable, fraction, self.meter.by_key)
-        if not keys:
-            return []  # (a neighbour has room, but nothing here may move: a broker would not help)
-        moved = self.backups.hand_over(keys)
-        self.meter.by_key.clear()
-        self.neighbour_load[to.id] = near[to] + fraction * load  # (until its next heartbeat)
-        self.shares += 1
-        return [Send(to.addr, ShareState(me, moved)), *self._send_backups(force=True)]
+        near = [p for p in (self.left, self.right) if p is not None and p.id != me.id]
+        match self.loads.decide(me, now, self.state, near, self.load_limit):
+            case Overloaded() as request:
+                return [Deliver(("ring", "overloaded"), request)]
+            case (Peer() as to, list(keys)):
+                moved = self.backups.hand_over(keys)
+                return [Send(to.addr, ShareState(me, moved)), *self._send_backups(force=True)]
+        return []
 
     # -- driver entry points
 
@@ -411,6 +388,9 @@ class RingNode(Core):
             return self._probe_expired(self._peer_id(dst))
         if isinstance(msg, TestNeighbour):
             return self._test_expired(msg.suspect.id)
+        if isinstance(msg, ShareState) and msg.sender.addr == self.addr:  # not passed on: ours again
+            self.backups.absorb(msg.entries)
+            out.extend(self._send_backups(force=True))
         if peer is not None:
             out.extend(self._suspect(peer))
         if isinstance(msg, RingRoute | TracedQuery | LinkDown):
@@ -590,7 +570,7 @@ class RingNode(Core):
         too busy to answer a probe in time looks like that), it is up. Were the detour kept,
         the neighbour would never be suspected again, and its death never noticed."""
         self.detector.beat(msg.peer.id, now)
-        self.neighbour_load[msg.peer.id] = msg.load
+        self.loads.neighbours[msg.peer.id] = msg.load
         if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
             del self.detour[msg.peer.id]
         return []

@@ -23,20 +23,23 @@ variation" triggers):
   it, and the next share goes to the newcomer).
 * After a share or a request the broker waits one ``window`` before it judges again: the
   rate it measures still counts the events of the entries it gave away.
+* :class:`LoadShare` is one ring node's side of all this: its meter, its limits, what its
+  neighbours' heartbeats said, and the decision (:meth:`LoadShare.decide`); the ring node
+  sends what it decides.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from flowbus import wire
 from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_messages import Peer
 
-__all__ = ["LoadMeter", "Overloaded", "load_of", "pick_entries", "plan_share"]
+__all__ = ["LoadMeter", "LoadShare", "Overloaded", "load_of", "pick_entries", "plan_share"]
 
 
 @wire.message("ring.overloaded")
@@ -129,3 +132,56 @@ def pick_entries(
             out.append(k)
             budget -= c
     return out or [min(keys, key=lambda k: (counts.get(k, 0), repr(k)))]
+
+
+class LoadShare:
+    """A ring node's load and the decision of section 3.4 (see the module note):
+    ``rate_limit`` events routed per time unit over ``window``; ``movable`` which state
+    entries may be passed on (None: any)."""
+
+    def __init__(
+        self,
+        *,
+        rate_limit: float | None = None,
+        window: float = 1.0,
+        movable: Callable[[Hashable], bool] | None = None,
+    ) -> None:
+        if rate_limit is not None and not rate_limit > 0:
+            raise ProtocolError(f"RingNode: the rate limit must be > 0, got {rate_limit!r}")
+        self.rate_limit = rate_limit
+        self.meter = LoadMeter(window)
+        self.movable = movable
+        self.neighbours: dict[int, float] = {}  # ring neighbour id -> its last heartbeat's load
+        self.shares = 0  # load shares decided (a takeover's excess not counted)
+        self.requests = 0  # requests for another broker
+        self.last_request: Overloaded | None = None
+        self._calm_until = -math.inf  # no judging before (after a share or a request)
+
+    def load(self, now: float, entries: int, entry_limit: int | None) -> float:
+        return load_of(self.meter.rate(now), entries, rate_limit=self.rate_limit, entry_limit=entry_limit)
+
+    def decide(
+        self, me: Peer, now: float, state: Iterable[Hashable], near: Iterable[Peer], entry_limit: int | None
+    ) -> tuple[Peer, list[Hashable]] | Overloaded | None:
+        """What a broker ``me`` holding ``state`` with ring neighbours ``near`` does now:
+        pass entries to a neighbour, ask for a broker, or nothing."""
+        keys = list(state)
+        load = self.load(now, len(keys), entry_limit)
+        if now < self._calm_until or load <= 1.0:
+            return None
+        self._calm_until = now + self.meter.window
+        loads = {p: self.neighbours.get(p.id, 1.0) for p in near}
+        plan = plan_share(load, loads)
+        if plan is None:
+            self.requests += 1
+            self.last_request = Overloaded(me, load, self.meter.rate(now), len(keys))
+            return self.last_request
+        to, fraction = plan
+        movable = keys if self.movable is None else [k for k in keys if self.movable(k)]
+        picked = pick_entries(movable, fraction, self.meter.by_key)
+        if not picked:
+            return None  # (a neighbour has room, but nothing here may move: a broker would not help)
+        self.meter.by_key.clear()
+        self.neighbours[to.id] = loads[to] + fraction * load  # (until its next heartbeat)
+        self.shares += 1
+        return to, picked

@@ -1,8 +1,8 @@
 """The simulator commands: one per experiment of :mod:`flowbus.experiments`.
 
 ``flowbus sim pastry-hops``; the IRBR sweeps ``irbr-faults``, ``irbr-forwards``; the
-chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``; CBDLO's
-``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``.
+chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``,
+``ring-adapt``; CBDLO's ``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``.
 ``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`).
 
 How it works: every command is thin. Its options become the experiment's config (checked

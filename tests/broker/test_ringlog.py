@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from flowbus.broker.ringlog import RingLog
+from flowbus.overlay.ring_load import LoadShare, Overloaded
+from flowbus.overlay.ring_messages import Peer as RingPeer
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Ring:
     taken_over: list[int] = field(default_factory=list)
     watched: int = 0
     suspects: list[int] = field(default_factory=list)
+    loads: LoadShare = field(default_factory=LoadShare)
 
     @property
     def joined(self) -> bool:
@@ -62,3 +65,20 @@ def test_one_line_per_change(caplog: pytest.LogCaptureFixture) -> None:
         ring.taken_over.append(9)
         ringlog.update()
     assert caplog.records == []
+
+
+def test_a_request_for_a_broker_is_logged_and_handed_on_once(caplog: pytest.LogCaptureFixture) -> None:
+    ring = Ring()
+    log = logging.getLogger("flowbus.broker.test")
+    ringlog = RingLog(ring, "127.0.0.1:7001", log)  # type: ignore[arg-type]
+    asked: list[Overloaded] = []
+    ringlog.on_overloaded = asked.append
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        ringlog.update()
+        ring.loads.requests, ring.loads.last_request = 1, Overloaded(RingPeer(7, 1), 1.5, 0.0, 3)
+        ringlog.update()
+        ringlog.update()  # the same request: not again
+    assert asked == [ring.loads.last_request]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ring 127.0.0.1:7001 over its limit (load 1.50): asks for another broker"
+    ]

@@ -30,7 +30,7 @@ from flowbus.net import (
     frame,
     registered,
 )
-from flowbus.overlay import class_router, pastry
+from flowbus.overlay import class_router, pastry, ring_load
 from flowbus.overlay import ring_messages as rm
 from flowbus.overlay.multigraph import LinkClass
 from flowbus.routing import cbr, flows, irbr, irbr_ack, ring_broker, scribe
@@ -62,6 +62,8 @@ CASES: list[object] = [
     rm.ChordReply(level=3, chord=None),
     rm.ChordReply(level=1, chord=P3),
     rm.Heartbeat(peer=P1),
+    rm.Heartbeat(peer=P2, load=1.25),
+    ring_load.Overloaded(peer=P1, load=1.5, rate=150.0, entries=10),
     rm.TestNeighbour(suspect=P2, asker=P1, window=(P1, P3)),
     rm.Probe(asker=P1),
     rm.ProbeAck(peer=P2),
@@ -165,7 +167,10 @@ CASES: list[object] = [
         sent=0.25,
         hops=1,
         fell_back=False,
+        bound=2.5,
     ),
+    class_router.LinkBeat(link=3, sent=1.5),
+    class_router.LinkEcho(link=3, sent=1.5),
     LinkClass.SECURE,
 ]
 

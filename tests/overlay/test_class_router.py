@@ -84,3 +84,35 @@ def test_a_link_found_down_is_routed_around() -> None:
     sim.run()
     assert [e.payload for e in got] == ["p"] and not view.is_live(a.key)
     assert sum(r.violations for r in routers) == 0
+
+
+def test_a_link_that_slows_past_an_express_bound_is_routed_around() -> None:
+    """Heartbeats measure each link's latency; when the cheap link 1-3 slows from 1 to 5,
+    express events bounded by 2 move to 0-2-3, unbounded ones stay."""
+    express = frozenset({NORMAL, EXPRESS})
+    truth = Multigraph(range(4))
+    for x, y, w in ((0, 1, 1.0), (1, 3, 1.0), (0, 2, 2.0), (2, 3, 2.0)):
+        truth.add_link(x, y, weight=w, classes=express, latency=1.0)
+    slow = truth.links_between(1, 3)[0].key
+    view = truth.copy()
+    routers = [ClassRouter(b, view, heartbeat=1.0) for b in view.brokers]
+    got: list[tuple[float, Classed]] = []
+    sim = Simulator(transport=[LinkLatency(truth)])
+    sim.on_deliver = lambda node, sub, event, now: got.append((now, event))
+    for r in routers:
+        sim.add_node(r.broker, r)
+        sim.invoke(r.broker, lambda r: r.start())
+    for t in range(1, 20):
+        sim.invoke(0, lambda r, t=t: r.send(3, ("b", t), EXPRESS, float(t), bound=2.0), at=float(t))
+        sim.invoke(0, lambda r, t=t: r.send(3, ("u", t), EXPRESS, float(t)), at=float(t))
+    sim.schedule(9.5, lambda: truth.measure(slow, 5.0))
+    sim.run(until=25.0)
+    last = {e.payload: e.link for _, e in got}
+    assert all(last[("b", t)] == slow for t in range(1, 10))  # the cheap path while it is fast
+    # (beats unanswered for 5 (t = 10 .. 15) say its latency is 2.5 at least; the echo, 5)
+    assert all(last[("b", t)] != slow for t in range(16, 20))  # round it once measured slow
+    assert all(last[("u", t)] == slow for t in range(1, 20))  # no bound: the cheap path still
+    assert view.link(slow).latency == 5.0 and routers[1].measured + routers[3].measured >= 1
+    assert not any(e.fell_back for _, e in got) and sum(r.violations for r in routers) == 0
+    with pytest.raises(ProtocolError, match="heartbeat"):
+        ClassRouter(0, view, heartbeat=0.0)

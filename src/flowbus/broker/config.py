@@ -16,6 +16,10 @@ A YAML file (``flowbus broker start --config FILE``)::
     linger: 30.0                # seconds a non-durable subscription outlives its connection
     advertising: false          # publishers advertise first; subscriptions are forwarded
                                 # only towards brokers with an overlapping advertisement
+    load_limit: null            # ring state entries (subscriptions...) a broker holds before
+    rate_limit: null            # ... or events a second it routes before it is over its
+                                # limit and asks for another broker (``cluster up
+                                # --max-brokers``; docs/overlay.md, "Load")
 
 Without a file, :data:`DEFAULT` serves the stock-exchange space of the examples and a
 schemaless ``events`` space.
@@ -38,7 +42,7 @@ __all__ = ["DEFAULT", "BrokerConfig", "ConfigError"]
 
 STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})
 
-_LIMITS = ("backup", "heartbeat", "window", "memory", "linger", "advertising")
+_LIMITS = ("backup", "heartbeat", "window", "memory", "linger", "advertising", "load_limit", "rate_limit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +55,18 @@ class BrokerConfig:
     memory: int = 2000
     linger: float = 30.0
     advertising: bool = False
+    load_limit: int | None = None
+    rate_limit: float | None = None
 
     def __post_init__(self) -> None:
+        if self.load_limit is not None and (type(self.load_limit) is not int or self.load_limit < 1):
+            raise ConfigError(f"load_limit: an int >= 1 (state entries) or null, got {self.load_limit!r}")
+        if self.rate_limit is not None and (
+            not isinstance(self.rate_limit, int | float)
+            or isinstance(self.rate_limit, bool)
+            or self.rate_limit <= 0
+        ):
+            raise ConfigError(f"rate_limit: a number > 0 (events a second) or null, got {self.rate_limit!r}")
         if not isinstance(self.advertising, bool):
             raise ConfigError(f"advertising: true or false, got {self.advertising!r}")
         if not self.spaces:

@@ -82,7 +82,14 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
         advertising=config.advertising,
         probe_timeout=2 * config.heartbeat,
         ping_timeout=2 * config.heartbeat,
+        load_limit=config.load_limit,
+        rate_limit=config.rate_limit,
+        movable=_stays,  # (its clients' subscriptions stay: over its limit, it asks for a broker)
     )
+
+
+def _stays(key: Hashable) -> bool:
+    return False
 
 
 def address_text(addr: int) -> str:

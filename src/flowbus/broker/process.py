@@ -9,10 +9,14 @@ from pathlib import Path
 
 from flowbus.errors import FlowbusError
 
-__all__ = ["READY", "start_process", "wait_ready"]
+__all__ = ["OVERLOADED", "READY", "start_process", "wait_ready"]
 
 READY = "flowbus broker ready"
 """The line a broker prints (standard output) once it is a member of the ring."""
+
+OVERLOADED = "flowbus broker overloaded"
+"""The line a broker prints (standard output) when it asks for another broker:
+``flowbus broker overloaded HOST:PORT load X``."""
 
 
 def start_process(

@@ -7,15 +7,22 @@ lengths) with the one it saw last; only when that differs does it build the view
 shows (this broker's window, the brokers it suspects, those it declared dead, those whose
 state it took over) and write a line if the view changed. So a step that changed nothing in
 the ring costs a tuple of six counters.
+
+A ring node over its load limit whose neighbours have no room asks for another broker
+(:mod:`flowbus.overlay.ring_load`): each request is logged (warning) and handed to
+:attr:`RingLog.on_overloaded` if set (``flowbus broker start`` prints it for ``flowbus
+cluster up --max-brokers``, which starts a broker).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from flowbus.broker.overlays import address_text
 from flowbus.overlay.chordal_ring import RingNode
+from flowbus.overlay.ring_load import Overloaded
 
 __all__ = ["RingLog"]
 
@@ -29,10 +36,21 @@ class RingLog:
         self.log = log
         self._seen: tuple[Any, ...] = ()  # what the log last said of the ring
         self._quick: tuple[int, ...] = ()  # (and a cheap signature of it)
+        self._requests = 0  # the ring node's requests for a broker seen so far
+        self.on_overloaded: Callable[[Overloaded], None] | None = None
 
     def update(self) -> None:
         """Log the ring's changes since the last call, if any (and if ``log`` shows info)."""
         ring = self.ring
+        loads = ring.loads
+        if loads.requests != self._requests and loads.last_request is not None:
+            self._requests = loads.requests
+            req = loads.last_request
+            self.log.warning(
+                "ring %s over its limit (load %.2f): asks for another broker", self.address, req.load
+            )
+            if self.on_overloaded is not None:
+                self.on_overloaded(req)
         if not ring.joined or not self.log.isEnabledFor(logging.INFO):
             return
         quick = (

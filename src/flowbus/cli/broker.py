@@ -11,19 +11,18 @@ exits with status 2. ``flowbus bench broker`` is in :mod:`flowbus.cli.bench`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import os
 import signal
-import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from flowbus.broker.process import READY, start_process, wait_ready
+from flowbus.broker.process import OVERLOADED, READY
 from flowbus.cli.common import err, fail, out
 from flowbus.errors import FlowbusError
 
@@ -84,6 +83,10 @@ def broker_start(
     )
 
 
+def _overloaded(address: str, request: Any) -> None:
+    print(f"{OVERLOADED} {address} load {request.load:.2f}", flush=True)
+
+
 async def _serve(**options: Any) -> None:
     from flowbus.broker.server import Broker
 
@@ -103,6 +106,8 @@ async def _serve(**options: Any) -> None:
     for name in sorted(broker.flows.list(), key=lambda f: f["name"]):
         log_flow = f"flow {name['name']} {name['version']} deployed"
         print(log_flow, file=sys.stderr, flush=True)
+    if broker.ring_log is not None:  # (over its limit: a line for cluster up --max-brokers)
+        broker.ring_log.on_overloaded = partial(_overloaded, broker.address)
     print(f"{READY} {broker.address} pid {os.getpid()}", flush=True)
     await stop.wait()
     await broker.close()
@@ -197,34 +202,35 @@ def cluster_up(
     flow: Annotated[
         list[Path] | None, typer.Option(help="A flow spec to deploy once the ring is up (repeatable).")
     ] = None,
+    max_brokers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Start brokers up to this many when one is over its limit (load_limit, rate_limit).",
+        ),
+    ] = None,
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
-    procs: list[subprocess.Popen[str]] = []
+    from flowbus.broker.cluster import Cluster
+
+    if max_brokers is not None and max_brokers < brokers:
+        fail(f"--max-brokers: {max_brokers} is below --brokers {brokers}")
+    cluster = Cluster(port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        for i in range(brokers):
-            procs.append(start_process(
-                f"127.0.0.1:{port + i}", join=[f"127.0.0.1:{port}"] if i else [],
-                data=data / f"broker-{i + 1}" if data else None, config=config,
-            ))  # fmt: skip
-        for proc in procs:
-            address = wait_ready(proc)
+        for proc, address in zip(cluster.procs, cluster.start(brokers), strict=True):
             _say(f"broker {address} (pid {proc.pid})")
         _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
         if flow:
             asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}"))
-        while True:
-            signal.pause()
+        cluster.serve()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, at any point: stop the brokers
         pass
     except FlowbusError as e:
         fail(str(e))
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+        cluster.stop()
 
 
 async def _deploy_all(files: list[Path], broker: str) -> None:

@@ -1,9 +1,9 @@
 """The simulator commands: one per experiment of :mod:`flowbus.experiments`.
 
 ``flowbus sim pastry-hops``; the IRBR sweeps ``irbr-faults``, ``irbr-forwards``; the
-chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``; CBDLO's
-``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``, ``cbdlo-apt``, and
-``cbdlo-churn``.
+chordal ring's ``ring-join``, ``ring-repair``, ``ring-classes``, ``ring-faults``,
+``ring-adapt``; CBDLO's ``cbdlo-cost``, ``cbdlo-hops``, ``cbdlo-scale``, ``cbdlo-matching``,
+``cbdlo-apt``, and ``cbdlo-churn``.
 ``sim_app`` is a typer sub-app (mounted as ``flowbus sim`` by :mod:`flowbus.cli`).
 
 How it works: every command is thin. Its options become the experiment's config (checked
@@ -398,6 +398,24 @@ def ring_faults(
         )
 
     _ring(build, ring.run_faults, out, as_json, f"ring faults: {nodes} brokers, {events} events")
+
+
+@sim_app.command("ring-adapt")
+def ring_adapt(
+    brokers: Annotated[int, typer.Option(help="Brokers on the ring at first.")] = 8,
+    max_brokers: Annotated[int, typer.Option(help="Brokers the ring may grow to.")] = 16,
+    duration: Annotated[float, typer.Option(help="Time units of each part.")] = 60.0,
+    seed: SeedOption = 1,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-adapt"),
+    as_json: JsonOption = False,
+) -> None:
+    """Load rising on one broker (state shared, brokers added) and express links slowing (re-routed)."""
+    from flowbus.experiments import ring_adapt as ra
+
+    def build() -> ra.RingAdapt:
+        return ra.RingAdapt(brokers=brokers, max_brokers=max_brokers, duration=duration, seed=seed)
+
+    _ring(build, ra.run_adapt, out, as_json, f"ring adapt: {brokers} to {max_brokers} brokers")
 
 
 # ------------------------------------------------------------------------ CBDLO (the 004 document)

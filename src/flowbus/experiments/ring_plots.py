@@ -12,7 +12,7 @@ import numpy as np
 
 from flowbus.experiments.output import Result, pyplot, save
 
-__all__ = ["plot_classes", "plot_faults", "plot_join", "plot_repair"]
+__all__ = ["plot_adapt", "plot_classes", "plot_faults", "plot_join", "plot_repair"]
 
 
 def plot_join(result: Result, png: Path) -> None:
@@ -98,4 +98,36 @@ def plot_faults(result: Result, png: Path) -> None:
         ax.legend()
     axes[0].set_title("lost deliveries by crash scenario and backup factor")
     axes[1].set_title("publish-to-delivery delay")
+    save(fig, png)
+
+
+def plot_adapt(result: Result, png: Path) -> None:
+    """Load on the ring over time (the hot broker, the largest, brokers) and express latency
+    over time with the links slowed."""
+    rows, lat = result.rows, result.tables["latency"]
+    cfg = result.config.to_dict()
+    fig, axes = pyplot().subplots(1, 2, figsize=(13, 4))
+    ts = [r["t"] for r in rows]
+    axes[0].plot(ts, [r["hot_load"] for r in rows], label="hot broker's load")
+    axes[0].plot(ts, [r["max_load"] for r in rows], label="largest load")
+    axes[0].plot(ts, [r["mean_load"] for r in rows], label="mean load")
+    axes[0].axhline(1.0, color="grey", linestyle=":", label="limit")
+    twin = axes[0].twinx()
+    twin.step(ts, [r["brokers"] for r in rows], "k--", where="post", label="brokers")
+    twin.set_ylabel("brokers")
+    axes[0].set_xlabel("time")
+    axes[0].set_ylabel("load (1 = limit)")
+    axes[0].set_title("load rising on one broker: shares, then brokers added")
+    axes[0].legend(loc="upper left")
+    axes[0].grid(alpha=0.3)
+    tl = [r["t"] for r in lat]
+    axes[1].plot(tl, [r["latency_mean"] for r in lat], label="mean")
+    axes[1].plot(tl, [r["latency_max"] for r in lat], label="max (fallbacks to normal links too)")
+    axes[1].plot(tl, [r["express_max"] for r in lat], label="max of those kept to express links")
+    axes[1].axvline(cfg["slow_at"], color="grey", linestyle=":", label="links slow")
+    axes[1].set_xlabel("time sent")
+    axes[1].set_ylabel("express delivery latency")
+    axes[1].set_title(f"express events (bound {cfg['bound']:g} a link): a link slowing")
+    axes[1].legend()
+    axes[1].grid(alpha=0.3)
     save(fig, png)

@@ -10,6 +10,10 @@ are on (an acknowledged link reports a dead peer).
   run settles before the next one joins. The messages and distinct brokers each join
   touched are recorded.
 - :meth:`RingSim.refresh_chords` builds every broker's chords.
+- :meth:`RingSim.drive_load` makes the brokers route events: every ``tick`` each broker
+  is told it routed what the state entries it holds then attract (``rate_of(key)`` per
+  time unit), so an entry passed on takes its traffic with it. The requests for another
+  broker the ring nodes make (``Overloaded``) are kept in :attr:`RingSim.requests`.
 - :func:`ring_errors` compares each live broker's pointers and chords with the ring
   computed from global knowledge and lists every difference; a consistent ring gives
   none.
@@ -25,15 +29,16 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from flowbus.core import Core, Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
-from flowbus.overlay.class_router import Classed
+from flowbus.overlay.class_router import Classed, LinkBeat, LinkEcho
 from flowbus.overlay.multigraph import Multigraph
+from flowbus.overlay.ring_load import Overloaded
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import CoordinateLatency, Layer
@@ -61,15 +66,21 @@ class RingSim:
     probe_timeout: float = 10.0
     candidates: int = 3
     layers: Sequence[Layer] = ()
+    node_options: Mapping[str, Any] = field(default_factory=dict)  # more RingNode keywords
     nodes: list[RingNode] = field(default_factory=list)
     joins: list[JoinCost] = field(default_factory=list)
+    requests: list[tuple[float, Overloaded]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         transport = [CoordinateLatency(base=0.5, scale=2.0), *self.layers]  # 0.5 .. 3.3
         self.sim = Simulator(seed=self.seed, transport=transport, failure_notice=self.notice)
         self.rng = random.Random(self.sim.derive("ring/joins"))
         self._receivers: Counter[int] = Counter()
-        self.sim.on_deliver = None
+        self.sim.on_deliver = self._delivered
+
+    def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
+        if sub == ("ring", "overloaded"):
+            self.requests.append((now, event))
 
     @property
     def live(self) -> list[RingNode]:
@@ -93,14 +104,34 @@ class RingSim:
             self.refresh_chords()
         return self
 
-    def _join_one(self) -> None:
+    def drive_load(self, rate_of: Callable[[Hashable], float], span: float, *, tick: float = 0.25) -> None:
+        """For ``span`` time units, every ``tick``: each broker routed what its state's
+        entries attract then (``rate_of(key)`` events per time unit each)."""
+        start = self.sim.now
+        for i in range(1, int(span / tick) + 1):
+            at = start + i * tick
+            for nd in self.live:
+                self.sim.invoke(nd.addr, partial(_route_load, rate_of, tick, at), at=at)
+        self.sim.run(until=start + span)
+
+    def join_through(self, addr: int) -> RingNode:
+        """A new broker joins next to the broker at ``addr`` (a cluster answering its request)."""
+        node = self._new_node()
+        self.call(node.addr, lambda c: c.join([addr]))
+        return node
+
+    def _new_node(self) -> RingNode:
         addr = len(self.nodes)
         node = RingNode(
             addr, backup=self.backup, heartbeat=self.heartbeat, probe_timeout=self.probe_timeout,
-            ping_timeout=self.probe_timeout,
+            ping_timeout=self.probe_timeout, **self.node_options,
         )  # fmt: skip
         self.nodes.append(node)
         self.sim.add_node(addr, _Counting(node, self._receivers))
+        return node
+
+    def _join_one(self) -> None:
+        addr = self._new_node().addr
         self._receivers.clear()
         sent = self.sim.metrics.total_sent
         if addr == 0:
@@ -125,6 +156,12 @@ class RingSim:
     def by_id(self) -> list[RingNode]:
         """The live brokers in ring order."""
         return sorted((n for n in self.live if n.joined), key=lambda n: n.me.id)
+
+
+def _route_load(rate_of: Callable[[Hashable], float], tick: float, at: float, node: RingNode) -> list[Effect]:
+    for key in list(node.state):
+        node.routed(at, round(rate_of(key) * tick), key)
+    return []
 
 
 class _Counting(Core):
@@ -209,8 +246,8 @@ def _join(picks: list[int], broker: RingBroker) -> list[Effect]:
 
 
 class LinkLatency:
-    """A transport layer: a :class:`Classed` message takes its link's latency, or is dropped
-    (reason ``"link"``) if that link is down in ``truth``."""
+    """A transport layer: a :class:`Classed` message (or a link heartbeat) takes its link's
+    latency, or is dropped (reason ``"link"``) if that link is down in ``truth``."""
 
     def __init__(self, truth: Multigraph) -> None:
         self.truth = truth
@@ -219,7 +256,7 @@ class LinkLatency:
         truth = self.truth
 
         def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
-            if not isinstance(msg, Classed):
+            if not isinstance(msg, Classed | LinkBeat | LinkEcho):
                 return 1.0
             if not truth.is_live(msg.link):
                 return "link"

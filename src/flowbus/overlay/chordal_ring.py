@@ -46,6 +46,12 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
 * Link failure off the ring (section 3.4.2 b): when a chord A-B fails, A routes a
   ``TracedQuery`` to B through other links, each hop appending itself. B answers with
   ``LinkDown`` along the reversed trace, and A keeps the trace as its route to B.
+* Load (section 3.4, the three steps of a loaded broker): the driver says what was routed
+  (:meth:`RingNode.routed`, with its ``now``); each heartbeat round the broker weighs its
+  rate and state against ``rate_limit`` and ``load_limit``, passes part of its state to a
+  ring neighbour with room (``ShareState``), or, none having room, hands its driver
+  ``Deliver(("ring", "overloaded"), Overloaded(...))``, a request for another broker
+  (:mod:`flowbus.overlay.ring_load` has the rules).
 
 Addresses are the driver's node ids (``Send.dst``). Randomness is never needed: every
 choice is deterministic.
@@ -61,6 +67,7 @@ from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
 from flowbus.overlay.ring_chords import Chords
 from flowbus.overlay.ring_detector import FailureDetector
+from flowbus.overlay.ring_load import LoadShare, Overloaded
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,
@@ -110,7 +117,10 @@ class RingNode(Core):
     ``heartbeat`` the period of the ring-neighbour heartbeats (None: failures are only
     found through failed sends, the driver's failure notices); ``probe_timeout`` how long
     a tester waits for a probed broker; ``load_limit`` the state entries above which a
-    broker that took a dead one's state over passes the excess on.
+    broker passes some on (after a takeover, or in a heartbeat round); ``rate_limit`` the
+    events routed per time unit (over ``load_window``) above which it does; ``movable``
+    which state entries a load share may pass on (None: any; a broker whose entries are
+    its own clients' subscriptions passes none, and only asks for brokers).
     """
 
     def __init__(
@@ -122,6 +132,9 @@ class RingNode(Core):
         probe_timeout: float = 4.0,
         ping_timeout: float = 4.0,
         load_limit: int | None = None,
+        rate_limit: float | None = None,
+        load_window: float = 1.0,
+        movable: Callable[[Hashable], bool] | None = None,
     ) -> None:
         if not 1 <= backup <= 4:
             raise ProtocolError(f"RingNode: the backup factor is 1..4, got {backup!r}")
@@ -150,6 +163,7 @@ class RingNode(Core):
         self._was_side_addr: dict[int, int] = {}  # the same by address
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
         self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
+        self.loads = LoadShare(rate_limit=rate_limit, window=load_window, movable=movable)
 
     # -- views
 
@@ -312,6 +326,30 @@ class RingNode(Core):
         """Send ``payload`` over the overlay to the broker with id ``target``."""
         return self._on_route(RingRoute(target, payload, 0))
 
+    def routed(self, now: float, n: int = 1, key: Hashable | None = None) -> None:
+        """``n`` events were routed by this broker at ``now`` (its load's rate), for the
+        state entry ``key`` if the driver names it (then the busiest entries move first)."""
+        self.loads.meter.routed(now, n, key)
+
+    def load(self, now: float) -> float:
+        """The larger of rate / ``rate_limit`` and state entries / ``load_limit`` (1.0: at the limit)."""
+        return self.loads.load(now, len(self.state), self.load_limit)
+
+    def check_load(self, now: float) -> list[Effect]:
+        """Over the limit: pass part of the state to a ring neighbour with room, or, if
+        none has, ask the driver for another broker (section 3.4's steps; ring_load)."""
+        if not self.joined:
+            return []
+        me = self.me
+        near = [p for p in (self.left, self.right) if p is not None and p.id != me.id]
+        match self.loads.decide(me, now, self.state, near, self.load_limit):
+            case Overloaded() as request:
+                return [Deliver(("ring", "overloaded"), request)]
+            case (Peer() as to, list(keys)):
+                moved = self.backups.hand_over(keys)
+                return [Send(to.addr, ShareState(me, moved)), *self._send_backups(force=True)]
+        return []
+
     # -- driver entry points
 
     def heard_from(self, addr: int, now: float) -> None:
@@ -350,6 +388,9 @@ class RingNode(Core):
             return self._probe_expired(self._peer_id(dst))
         if isinstance(msg, TestNeighbour):
             return self._test_expired(msg.suspect.id)
+        if isinstance(msg, ShareState) and msg.sender.addr == self.addr:  # not passed on: ours again
+            self.backups.absorb(msg.entries)
+            out.extend(self._send_backups(force=True))
         if peer is not None:
             out.extend(self._suspect(peer))
         if isinstance(msg, RingRoute | TracedQuery | LinkDown):
@@ -511,7 +552,8 @@ class RingNode(Core):
 
     def _heartbeat_round(self, now: float) -> list[Effect]:
         assert self.heartbeat is not None
-        out: list[Effect] = []
+        out: list[Effect] = self.check_load(now)
+        load = self.load(now)
         for p in {self.left, self.right} - {None}:
             assert p is not None
             # (anything from it shows it alive: a busy broker's heartbeats may come late)
@@ -519,7 +561,7 @@ class RingNode(Core):
             if silent and not self.detector.suspected(p.id) and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
-            out.append(Send(p.addr, Heartbeat(self.me)))
+            out.append(Send(p.addr, Heartbeat(self.me, load)))
         out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
         return out
 
@@ -528,6 +570,7 @@ class RingNode(Core):
         too busy to answer a probe in time looks like that), it is up. Were the detour kept,
         the neighbour would never be suspected again, and its death never noticed."""
         self.detector.beat(msg.peer.id, now)
+        self.loads.neighbours[msg.peer.id] = msg.load
         if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
             del self.detour[msg.peer.id]
         return []

@@ -22,6 +22,12 @@ How it works (the adaptive-overlay paper, "weighted multigraph model", section 3
   lexicographically, so every result is reproducible. :meth:`Multigraph.next_hops` is a
   broker's routing table (``Routetab``, 3.3.1), computed by the same single Dijkstra run,
   so it agrees with :meth:`~Multigraph.path` for every destination.
+* Latency bounds (3.3.3: an express link's latency "is guaranteed to be in the range
+  designated as the express range"): routing takes an optional ``bound``, and a link whose
+  latency is known and above it is left out, so an express space with a bound is routed
+  only over links that meet it. :meth:`Multigraph.measure` records a link's measured
+  latency (a :class:`~flowbus.overlay.class_router.ClassRouter` measures it from its
+  heartbeats); a link that slows past a bound bumps the version and the tables change.
 * Failures (3.4, 3.5 "standby links"): :meth:`Multigraph.fail_link` takes a link out of
   routing without forgetting it; :meth:`~Multigraph.restore_link` brings it back. Every
   change bumps :attr:`Multigraph.version`, so callers know when to recompute tables.
@@ -36,7 +42,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from heapq import heappop, heappush
 
@@ -230,6 +236,11 @@ class Multigraph:
         self._check_broker(broker)
         return tuple(sorted({link.other(broker) for link in self._incident(broker, cls)}))
 
+    def incident(self, broker: int) -> list[Link]:
+        """The live links at ``broker``, by key."""
+        self._check_broker(broker)
+        return self._incident(broker, None)
+
     def _incident(self, broker: int, cls: LinkClass | None, *, include_failed: bool = False) -> list[Link]:
         keys = sorted(self._adj[broker]) if include_failed else sorted(self._adj[broker] - self._failed)
         return [self._links[k] for k in keys if cls is None or cls in self._links[k].classes]
@@ -300,6 +311,15 @@ class Multigraph:
         self._version += 1
         return True
 
+    def measure(self, key: int, latency: float) -> bool:
+        """A measured latency for link ``key``; False if it is the one known (nothing changes)."""
+        link = self.link(key)
+        if link.latency == latency:
+            return False
+        self._links[key] = replace(link, latency=latency)  # (checked by Link)
+        self._version += 1
+        return True
+
     def restore_link(self, key: int) -> bool:
         """Bring a failed link back; False if it was live (nothing changes)."""
         self.link(key)
@@ -329,16 +349,18 @@ class Multigraph:
         cls: LinkClass = LinkClass.NORMAL,
         avoid: Collection[int] = frozenset(),
         fallback: bool = False,
+        bound: float | None = None,
     ) -> Path | None:
         """The best path from ``src`` to ``dst`` over live links usable by ``cls``, never
         through a broker of ``avoid`` (None if ``src`` or ``dst`` is in it), or None.
 
         ``fallback=True`` (EXPRESS only) returns the NORMAL path when no express path
-        exists; secure traffic never falls back (OverlayError)."""
+        exists; secure traffic never falls back (OverlayError). With a ``bound``, links of a
+        known latency above it are left out."""
         self._check_broker(dst)
         if fallback and cls is LinkClass.SECURE:
             raise OverlayError("secure traffic never falls back to non-secure links")
-        label = self._dijkstra(src, cls, avoid, target=dst).get(dst)
+        label = self._dijkstra(src, cls, avoid, target=dst, bound=bound).get(dst)
         if label is not None:
             return self._to_path(label, cls)
         if fallback and cls is LinkClass.EXPRESS:
@@ -346,11 +368,16 @@ class Multigraph:
         return None
 
     def next_hops(
-        self, src: int, *, cls: LinkClass = LinkClass.NORMAL, avoid: Collection[int] = frozenset()
+        self,
+        src: int,
+        *,
+        cls: LinkClass = LinkClass.NORMAL,
+        avoid: Collection[int] = frozenset(),
+        bound: float | None = None,
     ) -> dict[int, tuple[int, int]]:
         """``src``'s routing table for ``cls``: {destination: (next broker, link key)} for
         every other broker reachable, from one Dijkstra run (agrees with :meth:`path`)."""
-        settled = self._dijkstra(src, cls, avoid)
+        settled = self._dijkstra(src, cls, avoid, bound=bound)
         return {dst: (label[2][1], label[3][0]) for dst, label in sorted(settled.items()) if dst != src}
 
     def paths_from(
@@ -361,7 +388,13 @@ class Multigraph:
         return {dst: self._to_path(label, cls) for dst, label in sorted(settled.items())}
 
     def _dijkstra(
-        self, src: int, cls: LinkClass, avoid: Collection[int], *, target: int | None = None
+        self,
+        src: int,
+        cls: LinkClass,
+        avoid: Collection[int],
+        *,
+        target: int | None = None,
+        bound: float | None = None,
     ) -> dict[int, _Label]:
         """Settled labels; lexicographic (cost, hops, brokers, keys) is isotone under
         extension by a link (positive weight), so Dijkstra yields the least label."""
@@ -386,6 +419,8 @@ class Multigraph:
                 link = self._links[key]
                 v = link.b if link.a == u else link.a
                 if key in self._failed or v in settled or v in avoid or not _usable(link, cls):
+                    continue
+                if bound is not None and link.latency is not None and link.latency > bound:
                     continue
                 cost, old = label[0] + link.weight, best.get(v)
                 if old is not None and (cost, label[1] + 1) > old[:2]:

@@ -133,6 +133,7 @@ class ChordReply:
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     peer: Peer
+    load: float = 0.0  # the sender's load (1.0: at its limit; see ring_load)
 
 
 @wire.message("ring.test_neighbour")
@@ -248,8 +249,8 @@ class BackupAck:
 @wire.message("ring.share_state")
 @dataclass(frozen=True, slots=True)
 class ShareState:
-    """Part of a dead broker's state, passed on by the broker that took it over and is
-    over its load limit."""
+    """Part of a broker's state passed to a ring neighbour: by a broker over its load
+    limit (what it routes or holds), or by one that took a dead broker's state over."""
 
     sender: Peer
     entries: Mapping[Hashable, Any]

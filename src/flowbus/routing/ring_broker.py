@@ -672,6 +672,7 @@ class RingBroker(Core):
             return []
         if isinstance(msg, cbr.Publish):
             self._open(src, msg.event)  # (from a former neighbour: dropped, confirmed)
+            self.ring.routed(now)  # (the ring's load: events routed a second)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
         if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
             return self._extra(routed, msg.event, src)

@@ -1,0 +1,104 @@
+"""A local ring of broker processes that grows when a broker is over its limit (what
+``flowbus cluster up`` runs).
+
+How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", section 3.4, the
+third step of a loaded broker: "request for another broker to be set up, insert it into
+the ring by setting up new links"):
+
+* :meth:`Cluster.start` starts the first brokers on 127.0.0.1, one process each, on
+  ``port``, ``port + 1``...: the first makes the ring, the others join it through the
+  first.
+* A broker over its limit (``load_limit`` / ``rate_limit`` in its config) whose ring
+  neighbours have no room prints ``flowbus broker overloaded HOST:PORT load X`` on its
+  standard output (:data:`~flowbus.broker.process.OVERLOADED`). One thread per broker
+  reads those lines into a queue.
+* :meth:`Cluster.serve` answers them: while there are fewer than ``max_brokers``, it
+  starts a broker on the next port that joins the ring *through the broker that asked*
+  (the join puts it next to that broker, on the side with more id space), then ignores
+  requests for ``pause`` seconds, time for the ring to take the newcomer in and for the
+  heartbeats to carry its load (0) to its neighbours, which then stop asking.
+* :meth:`Cluster.stop` terminates every broker and waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from flowbus.broker.process import OVERLOADED, start_process, wait_ready
+
+__all__ = ["Cluster"]
+
+
+class Cluster:
+    """Broker processes on 127.0.0.1 from ``port`` on, up to ``max_brokers`` (see the module note)."""
+
+    def __init__(
+        self,
+        *,
+        port: int,
+        max_brokers: int,
+        data: Path | None = None,
+        config: Path | None = None,
+        pause: float = 5.0,
+        say: Callable[[str], None] = lambda text: None,
+    ) -> None:
+        self.port = port
+        self.max_brokers = max_brokers
+        self.data = data
+        self.config = config
+        self.pause = pause
+        self.say = say
+        self.procs: list[subprocess.Popen[str]] = []
+        self._asks: queue.Queue[str] = queue.Queue()  # addresses of brokers asking for one more
+
+    def start(self, brokers: int) -> list[str]:
+        """The first ``brokers`` brokers, each ready (a member of the ring); their addresses."""
+        for i in range(brokers):
+            self.procs.append(self._process(join=[f"127.0.0.1:{self.port}"] if i else []))
+        return [self._ready(proc) for proc in self.procs]
+
+    def serve(self) -> None:
+        """Start a broker for each request, up to ``max_brokers``; until interrupted."""
+        calm_until = 0.0
+        while True:
+            try:
+                asker = self._asks.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if len(self.procs) >= self.max_brokers or time.monotonic() < calm_until:
+                continue
+            proc = self._process(join=[asker])
+            self.procs.append(proc)
+            address = self._ready(proc)
+            self.say(f"broker {address} (pid {proc.pid}) joined: {asker} was over its limit")
+            calm_until = time.monotonic() + self.pause
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+    def _process(self, *, join: list[str]) -> subprocess.Popen[str]:
+        i = len(self.procs)
+        data = self.data / f"broker-{i + 1}" if self.data else None
+        return start_process(f"127.0.0.1:{self.port + i}", join=join, data=data, config=self.config)
+
+    def _ready(self, proc: subprocess.Popen[str]) -> str:
+        """Wait for ``proc``'s ready line, then read its requests in a thread of its own."""
+        address = wait_ready(proc)
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+        return address
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(OVERLOADED):
+                self._asks.put(line.split()[3])

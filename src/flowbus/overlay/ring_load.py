@@ -1,0 +1,187 @@
+"""A ring broker's load: events routed per second over a sliding window and state held,
+and what to do when it is over its limits (sans-IO, used by
+:class:`~flowbus.overlay.chordal_ring.RingNode`).
+
+How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", section 3.4,
+the three steps of a broker under load, and figure 2's "load change" and "publishing rate
+variation" triggers):
+
+* :class:`LoadMeter` counts the events the driver says were routed, with the times it
+  gives (``now`` arguments: no clock), and reports the rate over the last ``window``
+  time units. A broker's *load* is one number, the larger of rate / rate limit and state
+  entries / entry limit (1.0 is at the limit), so neighbours configured alike or not can
+  compare it. Each ring heartbeat carries the sender's load to its Left and Right.
+* :func:`plan_share` is the document's decision. Over the limit (load > 1):
+  (1)-(2) if a ring neighbour (Left or Right) is below its limit, pass it the fraction of
+  the load that brings us back to the limit, or as much as its room takes. Which entries
+  carry how much is known when the driver names the entry an event was routed for
+  (``routed(now, n, key)``; counted since the last share): :func:`pick_entries` takes
+  the busiest entries that fit in that fraction. Without names, entries are taken to
+  carry the load equally;
+  (3) if both neighbours are at or over their limits too, ask for another broker to be
+  set up (the ring node says so to its driver; a cluster starts one, which joins next to
+  it, and the next share goes to the newcomer).
+* After a share or a request the broker waits one ``window`` before it judges again: the
+  rate it measures still counts the events of the entries it gave away.
+* :class:`LoadShare` is one ring node's side of all this: its meter, its limits, what its
+  neighbours' heartbeats said, and the decision (:meth:`LoadShare.decide`); the ring node
+  sends what it decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+from flowbus import wire
+from flowbus.errors import ProtocolError
+from flowbus.overlay.ring_messages import Peer
+
+__all__ = ["LoadMeter", "LoadShare", "Overloaded", "load_of", "pick_entries", "plan_share"]
+
+
+@wire.message("ring.overloaded")
+@dataclass(frozen=True, slots=True)
+class Overloaded:
+    """A broker over its limit whose ring neighbours are too: a request for another broker
+    (what a ring node hands its driver, ``Deliver(("ring", "overloaded"), ...)``)."""
+
+    peer: Peer
+    load: float
+    rate: float
+    entries: int
+
+
+class LoadMeter:
+    """Events routed per time unit over a sliding window of ``window`` time units."""
+
+    def __init__(self, window: float = 1.0) -> None:
+        if not window > 0:
+            raise ProtocolError(f"LoadMeter: the window must be > 0, got {window!r}")
+        self.window = window
+        self.total = 0
+        self._times: deque[tuple[float, int]] = deque()  # (time, events), oldest first
+        self._in_window = 0
+        self.by_key: Counter[Hashable] = Counter()  # events per named entry since the last share
+
+    def routed(self, now: float, n: int = 1, key: Hashable | None = None) -> None:
+        """``n`` events were routed at time ``now`` (for the state entry ``key``, if named)."""
+        if n <= 0:
+            return
+        self.total += n
+        if key is not None:
+            self.by_key[key] += n
+        if self._times and self._times[-1][0] == now:
+            t, m = self._times[-1]
+            self._times[-1] = (t, m + n)
+        else:
+            self._times.append((now, n))
+        self._in_window += n
+
+    def rate(self, now: float) -> float:
+        """Events per time unit over ``(now - window, now]``."""
+        times, start = self._times, now - self.window
+        while times and times[0][0] <= start:
+            self._in_window -= times.popleft()[1]
+        return self._in_window / self.window
+
+
+def load_of(rate: float, entries: int, *, rate_limit: float | None, entry_limit: int | None) -> float:
+    """The larger of rate / rate limit and entries / entry limit (0 with no limits)."""
+    load = 0.0
+    if rate_limit is not None:
+        load = rate / rate_limit
+    if entry_limit is not None:
+        load = max(load, entries / entry_limit)
+    return load
+
+
+def plan_share(load: float, neighbours: dict[Peer, float]) -> tuple[Peer, float] | None:
+    """Whom to pass which fraction of our load to, for a broker of ``load`` (> 1) whose
+    ring neighbours report the loads ``neighbours``; None: nobody has room (step 3, ask
+    for a broker). The least loaded neighbour below 1 gets the fraction that brings us
+    back to the limit, or what its room takes."""
+    if load <= 1.0:
+        return None
+    room = {p: 1.0 - v for p, v in neighbours.items() if v < 1.0}
+    if not room:
+        return None
+    to = max(room, key=lambda p: (room[p], -p.id))
+    return to, min(1.0 - 1.0 / load, room[to] / load)
+
+
+def pick_entries(
+    state: Iterable[Hashable], fraction: float, counts: Mapping[Hashable, int]
+) -> list[Hashable]:
+    """The entries of ``state`` carrying about ``fraction`` of its load, never all of them
+    and at least one: the busiest by ``counts`` that fit, or, with no counts, the last
+    ``ceil(fraction * entries)`` in order of ``repr``."""
+    keys = sorted(state, key=repr)
+    if len(keys) < 2:
+        return []
+    total = sum(counts.get(k, 0) for k in keys)
+    if total == 0:
+        return keys[-max(1, min(math.ceil(fraction * len(keys)), len(keys) - 1)) :]
+    out: list[Hashable] = []
+    budget = fraction * total
+    for k in sorted(keys, key=lambda k: -counts.get(k, 0)):
+        c = counts.get(k, 0)
+        if c and c <= budget and len(out) < len(keys) - 1:
+            out.append(k)
+            budget -= c
+    return out or [min(keys, key=lambda k: (counts.get(k, 0), repr(k)))]
+
+
+class LoadShare:
+    """A ring node's load and the decision of section 3.4 (see the module note):
+    ``rate_limit`` events routed per time unit over ``window``; ``movable`` which state
+    entries may be passed on (None: any)."""
+
+    def __init__(
+        self,
+        *,
+        rate_limit: float | None = None,
+        window: float = 1.0,
+        movable: Callable[[Hashable], bool] | None = None,
+    ) -> None:
+        if rate_limit is not None and not rate_limit > 0:
+            raise ProtocolError(f"RingNode: the rate limit must be > 0, got {rate_limit!r}")
+        self.rate_limit = rate_limit
+        self.meter = LoadMeter(window)
+        self.movable = movable
+        self.neighbours: dict[int, float] = {}  # ring neighbour id -> its last heartbeat's load
+        self.shares = 0  # load shares decided (a takeover's excess not counted)
+        self.requests = 0  # requests for another broker
+        self.last_request: Overloaded | None = None
+        self._calm_until = -math.inf  # no judging before (after a share or a request)
+
+    def load(self, now: float, entries: int, entry_limit: int | None) -> float:
+        return load_of(self.meter.rate(now), entries, rate_limit=self.rate_limit, entry_limit=entry_limit)
+
+    def decide(
+        self, me: Peer, now: float, state: Iterable[Hashable], near: Iterable[Peer], entry_limit: int | None
+    ) -> tuple[Peer, list[Hashable]] | Overloaded | None:
+        """What a broker ``me`` holding ``state`` with ring neighbours ``near`` does now:
+        pass entries to a neighbour, ask for a broker, or nothing."""
+        keys = list(state)
+        load = self.load(now, len(keys), entry_limit)
+        if now < self._calm_until or load <= 1.0:
+            return None
+        self._calm_until = now + self.meter.window
+        loads = {p: self.neighbours.get(p.id, 1.0) for p in near}
+        plan = plan_share(load, loads)
+        if plan is None:
+            self.requests += 1
+            self.last_request = Overloaded(me, load, self.meter.rate(now), len(keys))
+            return self.last_request
+        to, fraction = plan
+        movable = keys if self.movable is None else [k for k in keys if self.movable(k)]
+        picked = pick_entries(movable, fraction, self.meter.by_key)
+        if not picked:
+            return None  # (a neighbour has room, but nothing here may move: a broker would not help)
+        self.meter.by_key.clear()
+        self.neighbours[to.id] = loads[to] + fraction * load  # (until its next heartbeat)
+        self.shares += 1
+        return to, picked

@@ -295,7 +295,7 @@ def run_spark(
     from flowbus.spark.flow import SparkFlow
 
     t0 = time.perf_counter()
-    spark = _session(g.name, target, master=master, remote=remote, live=live)
+    spark = _session(g.name, target, master=master, remote=remote)
     session_s = time.perf_counter() - t0
     summary = _Summary(total)
     flow = SparkFlow(
@@ -316,15 +316,16 @@ def run_spark(
     )  # fmt: skip
 
 
-def _session(name: str, target: Path, *, master: str | None, remote: str | None, live: bool) -> Any:
-    """The session of the run: ``local[*]`` unless ``master`` or ``remote``; the JVM's log in the
-    run's directory while the live table draws."""
+def _session(name: str, target: Path, *, master: str | None, remote: str | None) -> Any:
+    """The session of the run: ``local[*]`` unless ``master`` or ``remote``; the JVM's log (and
+    its Python workers' chatter) in the run's directory, ``_spark.log``, whether or not the live
+    table draws: a terminal, a pipe or a CI log shows flowbus's own output only."""
     from flowbus.spark.session import spark_session
 
     spark = spark_session(
         master=master, remote=remote, app_name=f"flowbus-run-{name}",
         conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
-        jvm_log=(target / "_spark.log").resolve() if live else None,
+        jvm_log=(target / "_spark.log").resolve(),
     )  # fmt: skip
     if remote is None:
         spark.sparkContext.setLogLevel("ERROR")

@@ -7,18 +7,17 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.cli.test_broker import FLOWBUS, flowbus
 from tests.flows.world import canon, reference
 
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.flow.deploy import Deployment
 
-FLOWBUS = [sys.executable, "-m", "flowbus"]
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 
 
@@ -30,10 +29,6 @@ def broker() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(20)
-
-
-def flowbus(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FLOWBUS, *args], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_flow_deployed_at_start_runs_from_generate_to_sub(broker: str) -> None:

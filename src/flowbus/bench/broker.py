@@ -548,15 +548,19 @@ COLUMNS = [
 ]
 
 
+def markdown_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:
+    """``rows`` as the lines of a Markdown table: one column per ``(key, header, format)``
+    (a missing value: ``-``)."""
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = ["-" if r.get(key) is None else fmt.format(r[key]) for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(result: dict[str, Any]) -> str:
     """The rows as a Markdown table."""
-    lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in result["rows"]:
-        cells = []
-        for key, _, fmt in COLUMNS:
-            v = r.get(key)
-            cells.append("-" if v is None else fmt.format(v))
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = markdown_rows(result["rows"], COLUMNS)
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"\nB={r['brokers']} K={r['subscriptions']}: {r['error']}")

@@ -553,10 +553,7 @@ COLUMNS = [
 
 def table(result: dict[str, Any]) -> str:
     """The rows as a Markdown table (rate "-": flat out), then any row's error."""
-    lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in result["rows"]:
-        cells = ["-" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = plain.markdown_rows(result["rows"], COLUMNS)
     for r in result["rows"]:
         for key in ("error", "mismatched"):
             if key in r:

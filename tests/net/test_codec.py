@@ -325,7 +325,7 @@ def test_encode_rejects(value: object) -> None:
 
 def test_encode_rejects_deep_nesting_and_cycles() -> None:
     deep: list[object] = []
-    for _ in range(MAX_DEPTH + 1):
+    for _ in range(2000):
         deep = [deep]
     with pytest.raises(FrameError, match="deeper"):
         encode(deep)
@@ -333,6 +333,31 @@ def test_encode_rejects_deep_nesting_and_cycles() -> None:
     loop.append(loop)
     with pytest.raises(FrameError):
         encode(loop)
+
+
+def _nested(depth: int, wrap: Any) -> object:
+    value: object = 0
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda d: _nested(d, lambda v: [v]),
+        lambda d: _nested(d, lambda v: {"k": v}),
+        lambda d: _nested(d, lambda v: (v, 1)),
+        lambda d: cbr.Publish({"k": _nested(d - 2, lambda v: {"k": v})}),  # a message and its map: 2
+    ],
+    ids=["list", "map", "tuple", "message"],
+)
+def test_decode_refuses_values_nested_past_max_depth(build: Any) -> None:
+    """The decoder counts every container, whichever hook built it, as one level."""
+    fits = build(MAX_DEPTH)
+    assert decode(encode(fits)) == fits
+    with pytest.raises(FrameError, match="deeper"):
+        decode(encode(build(MAX_DEPTH + 1)))
 
 
 def test_wire_tags() -> None:

@@ -45,9 +45,18 @@ A body is exactly one msgpack object (no trailing bytes) built from these forms:
   - the wire tag of an ``Enum``: one element, the member's ``value``.
 
 No other ext types are accepted (msgpack's timestamp, ext -1, included). Forms nest at
-most :data:`MAX_DEPTH` deep. Example: the ring's ``Peer(5, 3)`` (tag ``ring.peer``) is the array
+most :data:`MAX_DEPTH` deep (the decoder refuses deeper ones; the encoder leaves that check
+to the receiver and stops only at a cycle or msgpack's own limit of about 1,000). Example: the ring's ``Peer(5, 3)`` (tag ``ring.peer``) is the array
 ``[ext(2, b"ring.peer"), 5, 3]``. A tag no module of this process declared is a
 :class:`FrameError` naming it.
+
+Speed
+-----
+Both directions run in msgpack's C code but for the forms it has no native type for:
+:func:`encode` packs with a ``default`` hook that returns a message's, tuple's or set's
+tagged array (an event map of plain values is packed without one Python call), and
+:func:`decode` unpacks with hooks that msgpack calls as it completes each array and map,
+children first, so tagged arrays are values before the maps that use them as keys.
 
 Checks
 ------
@@ -62,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import reprlib
 import struct
 import threading
@@ -106,6 +116,16 @@ _FILTER: Final = "filter"
 _BUILTIN_TAGS: Final = frozenset({_TUPLE, _SET, _FROZENSET, _FILTER})
 
 
+def _ext(tag: str) -> msgpack.ExtType:
+    return msgpack.ExtType(_EXT_TAG, tag.encode())
+
+
+_TUPLE_EXT: Final = _ext(_TUPLE)
+_SET_EXT: Final = _ext(_SET)
+_FROZENSET_EXT: Final = _ext(_FROZENSET)
+_FILTER_EXT: Final = _ext(_FILTER)
+
+
 # ------------------------------------------------------------------------------------- registry
 
 _Check = Callable[[object], bool]
@@ -117,6 +137,7 @@ class _Kind:
     tag: str
     fields: tuple[str, ...]  # dataclass init fields; () for an enum
     is_enum: bool
+    ext: msgpack.ExtType  # the tag as msgpack writes it
 
 
 _lock = threading.Lock()
@@ -143,12 +164,12 @@ def _kind(cls: type, tag: str) -> _Kind:
     if tag in _BUILTIN_TAGS:
         raise ProtocolError(f"tag {tag!r} is reserved")
     if issubclass(cls, enum.Enum):
-        kind = _Kind(cls, tag, (), True)
+        kind = _Kind(cls, tag, (), True, _ext(tag))
     else:
         if issubclass(cls, Filter):
             raise ProtocolError("Filter is encoded by its text form; it cannot have a wire tag")
         names = tuple(f.name for f in dataclasses.fields(typing.cast(Any, cls)) if f.init)
-        kind = _Kind(cls, tag, names, False)
+        kind = _Kind(cls, tag, names, False, _ext(tag))
     with _lock:
         _kinds[cls] = kind
     return kind
@@ -268,87 +289,77 @@ def _short(x: object) -> str:
 def encode(msg: object) -> bytes:
     """The msgpack body of ``msg`` (see the module docstring for the format).
 
-    Raises :class:`FrameError` for a value the format cannot carry (an untagged
-    dataclass, an unknown type, nesting deeper than :data:`MAX_DEPTH`, a bad field)."""
-    out: list[bytes] = []
-    packer = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True)
-    _encode(msg, out, packer, 0)
-    return b"".join(out)
+    msgpack writes the native forms itself; :func:`_tagged` gives it the tagged array of
+    anything else. Raises :class:`FrameError` for a value the format cannot carry (an
+    untagged dataclass, an unknown type, a cycle or nesting deeper than msgpack's own
+    limit, a bad field)."""
+    try:
+        body: bytes = msgpack.packb(msg, default=_tagged, use_bin_type=True, strict_types=True)
+    except FrameError:
+        raise
+    except ValueError as e:  # msgpack's recursion limit: a cycle, or values nested too deeply
+        raise FrameError(f"cannot encode: values nest deeper than msgpack allows ({e})") from None
+    except (TypeError, OverflowError) as e:  # (a value :func:`_tagged` turned into another odd one)
+        raise FrameError(f"cannot encode: {type(e).__name__}: {e}") from None
+    return body
 
 
-def _tag_bytes(packer: msgpack.Packer, tag: str, n: int) -> bytes:
-    head: bytes = packer.pack_array_header(n + 1) + packer.pack(msgpack.ExtType(_EXT_TAG, tag.encode()))
-    return head
+def _tagged(x: object) -> object:
+    """What msgpack writes for ``x``, which it has no native form for: the tagged array of a
+    message, enum, tuple, set or filter, an integer's ext 1, a subclass's plain value."""
+    kind = _kinds.get(type(x))
+    if kind is not None:
+        return _tagged_kind(kind, x)
+    t = type(x)
+    if t is tuple:
+        return [_TUPLE_EXT, *typing.cast(tuple[object, ...], x)]
+    if t is int:  # (only one past msgpack's range comes here)
+        return msgpack.ExtType(_EXT_BIGINT, _int_bytes(typing.cast(int, x)))
+    if t is frozenset or t is set:
+        return [_FROZENSET_EXT if t is frozenset else _SET_EXT, *typing.cast(Iterable[object], x)]
+    return _tagged_other(x)
 
 
-def _encode(x: object, out: list[bytes], packer: msgpack.Packer, depth: int) -> None:
-    if x is None or x is True or x is False:
-        out.append(packer.pack(x))
-        return
-    if isinstance(x, enum.Enum):
+def _tagged_kind(kind: _Kind, x: object) -> list[object]:
+    if kind.is_enum:
+        return [kind.ext, typing.cast(enum.Enum, x).value]
+    values = [getattr(x, name) for name in kind.fields]
+    _check_fields(kind, values)
+    return [kind.ext, *values]
+
+
+def _tagged_other(x: object) -> object:
+    """:func:`_tagged` for subclasses, filters and a type's first message."""
+    if isinstance(x, enum.Enum | Filter) or (dataclasses.is_dataclass(x) and not isinstance(x, type)):
+        if isinstance(x, Filter):
+            return [_FILTER_EXT, x.to_text()]
         kind = _kind_for_type(type(x))
-        if kind is None:
-            raise FrameError(f"cannot encode {type(x).__qualname__}: an enum with no wire tag")
-        out.append(_tag_bytes(packer, kind.tag, 1))
-        _encode(x.value, out, packer, depth + 1)
-        return
-    if isinstance(x, int) and not isinstance(x, bool):
+        if kind is None or kind.is_enum is not isinstance(x, enum.Enum):
+            what = "an enum" if isinstance(x, enum.Enum) else "a dataclass"
+            raise FrameError(f"cannot encode {_name(x)}: {what} with no wire tag")
+        return _tagged_kind(kind, x)
+    if isinstance(x, int):  # (bool cannot be subclassed)
         n = int(x)
-        if _MIN_INT <= n <= _MAX_INT:
-            out.append(packer.pack(n))
-        else:
-            out.append(packer.pack(msgpack.ExtType(_EXT_BIGINT, _int_bytes(n))))
-        return
+        return n if _MIN_INT <= n <= _MAX_INT else msgpack.ExtType(_EXT_BIGINT, _int_bytes(n))
     if isinstance(x, float):
-        out.append(packer.pack(float(x)))
-        return
+        return float(x)
     if isinstance(x, str):
-        out.append(packer.pack(str(x)))
-        return
-    if isinstance(x, bytes | bytearray | memoryview):
-        out.append(packer.pack(bytes(x)))
-        return
-    if depth >= MAX_DEPTH:
-        raise FrameError(f"cannot encode: values nest deeper than {MAX_DEPTH}")
-    if isinstance(x, Filter):
-        out.append(_tag_bytes(packer, _FILTER, 1))
-        out.append(packer.pack(x.to_text()))
-        return
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        kind = _kind_for_type(type(x))
-        if kind is None or kind.is_enum:
-            name = f"{type(x).__module__}.{type(x).__qualname__}"
-            raise FrameError(f"cannot encode {name}: a dataclass with no wire tag")
-        values = [getattr(x, name) for name in kind.fields]
-        _check_fields(kind, values)
-        out.append(_tag_bytes(packer, kind.tag, len(values)))
-        for v in values:
-            _encode(v, out, packer, depth + 1)
-        return
+        return str(x)
     if isinstance(x, list):
-        out.append(packer.pack_array_header(len(x)))
-        for v in x:
-            _encode(v, out, packer, depth + 1)
-        return
+        return list(x)
+    if isinstance(x, bytes | bytearray | memoryview):
+        return bytes(x)
     if isinstance(x, tuple):
-        out.append(_tag_bytes(packer, _TUPLE, len(x)))
-        for v in x:
-            _encode(v, out, packer, depth + 1)
-        return
+        return [_TUPLE_EXT, *x]
     if isinstance(x, Mapping):
-        items = list(x.items())
-        out.append(packer.pack_map_header(len(items)))
-        for k, v in items:
-            _encode(k, out, packer, depth + 1)
-            _encode(v, out, packer, depth + 1)
-        return
+        return dict(x.items())
     if isinstance(x, set | frozenset):
-        elems = list(x)
-        out.append(_tag_bytes(packer, _FROZENSET if isinstance(x, frozenset) else _SET, len(elems)))
-        for v in elems:
-            _encode(v, out, packer, depth + 1)
-        return
-    raise FrameError(f"cannot encode a {type(x).__module__}.{type(x).__qualname__}: {_short(x)}")
+        return [_FROZENSET_EXT if isinstance(x, frozenset) else _SET_EXT, *x]
+    raise FrameError(f"cannot encode a {_name(x)}: {_short(x)}")
+
+
+def _name(x: object) -> str:
+    return f"{type(x).__module__}.{type(x).__qualname__}"
 
 
 def _int_bytes(n: int) -> bytes:
@@ -366,11 +377,8 @@ class _Tag:
         self.name = name
 
 
-class _Pairs:
-    __slots__ = ("pairs",)
-
-    def __init__(self, pairs: list[tuple[object, object]]) -> None:
-        self.pairs = pairs
+_STRAY: Final = frozenset({_Tag, msgpack.Timestamp})
+"""What msgpack may hand up that is no value: a tag away from an array's head, ext -1."""
 
 
 def _ext_hook(code: int, data: bytes) -> object:
@@ -392,14 +400,17 @@ def decode(body: bytes) -> object:
 
     Raises :class:`FrameError`, and nothing else, when ``body`` is not exactly one valid
     value: msgpack garbage or trailing bytes, an unknown tag or ext type, a wrong number
-    of fields, a field of the wrong type, a value its constructor rejects."""
+    of fields, a field of the wrong type, a value its constructor rejects, nesting deeper
+    than :data:`MAX_DEPTH`."""
+    reader = _Reader()
     try:
-        raw = msgpack.unpackb(
+        value = msgpack.unpackb(
             body,
             raw=False,
             use_list=True,
             strict_map_key=False,
-            object_pairs_hook=_Pairs,
+            list_hook=reader.array,
+            object_pairs_hook=reader.map,
             ext_hook=_ext_hook,
             timestamp=0,
         )
@@ -407,42 +418,81 @@ def decode(body: bytes) -> object:
         raise
     except Exception as e:  # msgpack's own errors, UnicodeDecodeError, ValueError, ...
         raise FrameError(f"malformed msgpack body: {type(e).__name__}: {e}") from None
-    try:
-        return _decode(raw, 0)
-    except FrameError:
-        raise
-    except RecursionError:
-        raise FrameError("values nest too deeply") from None
-    except Exception as e:  # a safety net: a peer's bytes must never raise anything else
-        raise FrameError(f"cannot decode the body: {type(e).__name__}") from e
+    if type(value) in _STRAY:
+        _stray([value])
+    return value
 
 
-def _decode(x: object, depth: int) -> object:
-    if x is None or isinstance(x, bool | int | float | str | bytes):
-        return x
-    if depth >= MAX_DEPTH:
-        raise FrameError(f"values nest deeper than {MAX_DEPTH}")
-    if isinstance(x, list):
-        if x and isinstance(x[0], _Tag):
-            return _decode_tagged(x[0].name, x, depth + 1)
-        return [_decode(v, depth + 1) for v in x]
-    if isinstance(x, _Pairs):
-        result: dict[object, object] = {}
-        for k, v in x.pairs:
-            key = _decode(k, depth + 1)
-            if not _hashable(key):
-                raise FrameError(f"unhashable map key {_short(key)}")
-            if key in result:
-                raise FrameError(f"duplicate map key {_short(key)}")
-            result[key] = _decode(v, depth + 1)
+class _Reader:
+    """One body's values, built as msgpack completes them: children before their container
+    (its hooks). Each container's depth is one more than its deepest child's, looked up by
+    ``id``: the containers built are kept until the body is done, so no id is reused."""
+
+    __slots__ = ("depth", "keep")
+
+    def __init__(self) -> None:
+        self.depth: dict[int, int] = {}
+        self.keep: list[object] = []
+
+    def _level(self, items: Iterable[object]) -> int:
+        level = 1 + max(map(self.depth.get, map(id, items), _ZEROS), default=0)
+        if level > MAX_DEPTH:
+            raise FrameError(f"values nest deeper than {MAX_DEPTH}")
+        return level
+
+    def _built(self, value: object, level: int) -> object:
+        self.depth[id(value)] = level
+        self.keep.append(value)
+        return value
+
+    def array(self, items: list[object]) -> object:
+        level = self._level(items)
+        if not items or type(items[0]) is not _Tag:
+            if not _STRAY.isdisjoint(map(type, items)):
+                _stray(items)
+            return self._built(items, level)
+        rest = items[1:]
+        if not _STRAY.isdisjoint(map(type, rest)):
+            _stray(rest)
+        return self._built(_from_tagged(items[0].name, rest), level)
+
+    def map(self, pairs: list[tuple[object, object]]) -> dict[object, object]:
+        level = self._level(itertools.chain.from_iterable(pairs))
+        if not _STRAY.isdisjoint(map(type, itertools.chain.from_iterable(pairs))):
+            _stray(list(itertools.chain.from_iterable(pairs)))
+        try:
+            result = dict(pairs)
+        except TypeError:
+            result = {}
+        if len(result) != len(pairs):
+            _bad_keys(pairs)
+        self._built(result, level)
         return result
+
+
+_ZEROS: Final = itertools.repeat(0)
+
+
+def _stray(values: list[object]) -> None:
+    x = next(v for v in values if type(v) in _STRAY)
     if isinstance(x, _Tag):
         raise FrameError(f"type tag {x.name!r} outside the head of an array")
     raise FrameError(f"unexpected msgpack value {_short(x)}")
 
 
-def _decode_tagged(tag: str, x: list[object], depth: int) -> object:
-    items = [_decode(v, depth) for v in x[1:]]
+def _bad_keys(pairs: list[tuple[object, object]]) -> None:
+    """Why ``pairs`` is no map: an unhashable or a duplicate key."""
+    seen: set[object] = set()
+    for key, _ in pairs:
+        if not _hashable(key):
+            raise FrameError(f"unhashable map key {_short(key)}")
+        if key in seen:
+            raise FrameError(f"duplicate map key {_short(key)}")
+        seen.add(key)
+    raise FrameError("a map that is no map")  # (keys equal as dict keys but not as a set's)
+
+
+def _from_tagged(tag: str, items: list[object]) -> object:
     if tag == _TUPLE:
         return tuple(items)
     if tag in (_SET, _FROZENSET):

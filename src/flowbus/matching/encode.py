@@ -91,11 +91,12 @@ def _codes_of(column: list[Any], table: Mapping[Any, int], typed: bool) -> list[
         return out
 
 
-def _numbers(column: list[Any]) -> Numbers:
-    """The numbers of canonical values (NaN for a value that is not one)."""
+def _numbers(column: list[Any]) -> tuple[list[float], list[int] | None]:
+    """The numbers of canonical values (NaN for a value that is not one): doubles, and
+    residuals (None when all are 0)."""
     vals: list[float] = []
     append = vals.append
-    res: np.ndarray | None = None
+    res: list[int] | None = None
     for i, x in enumerate(column):
         if type(x) is float:
             append(x)
@@ -104,9 +105,9 @@ def _numbers(column: list[Any]) -> Numbers:
         append(k)
         if r:
             if res is None:
-                res = np.zeros(len(column), I16)
+                res = [0] * len(column)
             res[i] = r
-    return np.asarray(vals, F64), res
+    return vals, res
 
 
 def encode_mappings(
@@ -116,17 +117,33 @@ def encode_mappings(
     typed: Sequence[bool],
     ranged: Sequence[bool],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(codes, vals, res)`` for events given as mappings."""
+    """``(codes, vals, res)`` for events given as mappings: Python columns, turned into
+    arrays once (what a batch of a few events costs is mostly per call, not per value)."""
     n, a = len(events), len(names)
-    codes = np.empty((n, a), I32)
-    vals = np.full((n, a), np.nan, F64)
-    res: np.ndarray | None = None
+    if a == 0:
+        return np.empty((n, 0), I32), np.empty((n, 0), F64), None
+    no_numbers = [np.nan] * n
+    code_cols: list[list[int]] = []
+    val_cols: list[list[float]] = []
+    res_cols: dict[int, list[int]] = {}
     for j, name in enumerate(names):
         column = _canonical([e.get(name) for e in events])
-        codes[:, j] = _codes_of(column, tables[j], typed[j])
+        code_cols.append(_codes_of(column, tables[j], typed[j]))
         if ranged[j]:
-            res = _put_numbers(vals, res, j, _numbers(column))
-    return codes, vals, res
+            vals, r = _numbers(column)
+            val_cols.append(vals)
+            if r is not None:
+                res_cols[j] = r
+        else:
+            val_cols.append(no_numbers)
+    codes = np.ascontiguousarray(np.array(code_cols, I32).T)
+    values = np.ascontiguousarray(np.array(val_cols, F64).T)
+    res: np.ndarray | None = None
+    if res_cols:
+        res = np.zeros((n, a), I16)
+        for j, r in res_cols.items():
+            res[:, j] = r
+    return codes, values, res
 
 
 def _put_numbers(vals: np.ndarray, res: np.ndarray | None, j: int, numbers: Numbers) -> np.ndarray | None:
@@ -206,7 +223,8 @@ def _arrow_numbers(column: pa.ChunkedArray | pa.Array) -> Numbers:
             res[nulls] = 0
         return k, res
     if pa.types.is_decimal(kind) or pa.types.is_integer(kind):
-        return _numbers(_canonical(column.to_pylist()))
+        vals, r = _numbers(_canonical(column.to_pylist()))
+        return np.asarray(vals, F64), None if r is None else np.asarray(r, I16)
     return np.full(len(column), np.nan, F64), None
 
 

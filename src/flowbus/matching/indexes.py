@@ -103,6 +103,18 @@ def _merge(
     return o_slot, o_aid, o_b, o_r, cuts
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What every match asks of the attributes, worked out once per change of the predicates."""
+
+    names: list[str]
+    tables: list[dict[Any, int]]
+    typed: list[bool]
+    ranged: list[bool]  # carries intervals
+    has_intervals: bool
+    needs_rows: bool  # some string predicates are evaluated on the rows
+
+
 @dataclass(slots=True)
 class _Attr:
     """What the indexes know of one attribute (``index``: its column in the encoded events)."""
@@ -132,6 +144,7 @@ class PredicateIndexes:
         self._code_pool = ListPool()  # value code -> equality-like predicates it satisfies
         self._excl_pool = ListPool()  # value code -> != / not in predicates it falsifies
         self._ne_pool = ListPool()  # attribute -> its != / not in predicates
+        self._shape: _Shape | None = None  # what each match asks of the attributes (None: to work out)
 
     # ------------------------------------------------------------------ predicates
 
@@ -144,6 +157,7 @@ class PredicateIndexes:
         self._index(pid, p, insert=False)
 
     def _index(self, pid: int, p: Predicate, *, insert: bool) -> None:
+        self._shape = None
         attr = self._attr(p.attr)
         values = p.value if isinstance(p.value, tuple) else (p.value,)
         if p.op in CODE_OPS or p.op in _EXCLUDE_OPS:
@@ -202,6 +216,7 @@ class PredicateIndexes:
         attributes of the merged intervals."""
         if which.size == 0:
             return slots[:0], []
+        self._shape = None
         names = sorted({p.attr for p in literals})
         number = {name: i for i, name in enumerate(names)}
         aid = np.asarray([number[p.attr] for p in literals], I64)[which]
@@ -222,6 +237,7 @@ class PredicateIndexes:
 
     def remove_ranges(self, slot: int, names: Iterable[str]) -> None:
         """Take the intervals of the conjunction in ``slot`` out of the attributes ``names``."""
+        self._shape = None
         for name in names:
             iv = self._attrs[name].intervals
             assert iv is not None
@@ -245,21 +261,35 @@ class PredicateIndexes:
 
     # ------------------------------------------------------------------ matching
 
+    def _now(self) -> _Shape:
+        shape = self._shape
+        if shape is None:
+            attrs = self._attr_list
+            ranged = [a.intervals is not None and a.intervals.m > 0 for a in attrs]
+            shape = self._shape = _Shape(
+                names=[a.name for a in attrs],
+                tables=[a.table for a in attrs],
+                typed=[a.typed for a in attrs],
+                ranged=ranged,
+                has_intervals=any(ranged),
+                needs_rows=any(a.strings for a in attrs),
+            )
+        return shape
+
     def has_intervals(self) -> bool:
-        return any(a.intervals is not None and a.intervals.m > 0 for a in self._attr_list)
+        return self._now().has_intervals
 
     def needs_rows(self) -> bool:
         """Are some predicates evaluated on the events as mappings (see :meth:`extras`)?"""
-        return any(a.strings for a in self._attr_list)
+        return self._now().needs_rows
 
     def encode(self, events: Any, *, arrow: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(codes, vals, res)`` of a chunk of events (see :mod:`flowbus.matching.encode`)."""
-        attrs = self._attr_list
-        names, tables, typed = [a.name for a in attrs], [a.table for a in attrs], [a.typed for a in attrs]
-        return (encode_arrow if arrow else encode_mappings)(events, names, tables, typed, self._ranged())
+        sh = self._now()
+        return (encode_arrow if arrow else encode_mappings)(events, sh.names, sh.tables, sh.typed, sh.ranged)
 
     def _ranged(self) -> list[bool]:
-        return [a.intervals is not None and a.intervals.m > 0 for a in self._attr_list]
+        return self._now().ranged
 
     def alive(self, active: np.ndarray, vals: np.ndarray, res: np.ndarray | None) -> np.ndarray | None:
         """Per event, the bitset of live conjunctions ``active`` less those an interval clears (the

@@ -279,7 +279,7 @@ class Matcher:
         extra_ptr, extra_ids = self._indexes.extras(rows, n)
         alive = self._indexes.alive(self._table.slots.active, vals, res)
         ptr, slots = self._run_kernel(epoch0, codes, extra_ptr, extra_ids, alive, scratch)
-        event_of = np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
+        event_of = np.zeros(slots.size, I64) if n == 1 else np.repeat(np.arange(n, dtype=I64), np.diff(ptr))
         if self._table.has_expressions() and slots.size:
             assert rows is not None
             keep = self._table.expressions_hold(slots, event_of, rows, self.functions)

@@ -259,6 +259,8 @@ class SubscriptionIds:
     def answers(self, subs: np.ndarray, event_of: np.ndarray, n: int) -> list[np.ndarray]:
         """Per event ``0..n-1``, the sorted ids of the subscriptions ``subs[i]`` matched by ``event_of[i]``
         (``event_of`` sorted; a subscription several of whose conjunctions matched once)."""
+        if n == 1:
+            return [self._table[self._distinct(subs)]]
         if subs.size > 1:
             key = self._sort_key(subs)
             order = np.lexsort((key, event_of))
@@ -270,6 +272,19 @@ class SubscriptionIds:
         ids = self._table[subs]
         bounds = np.searchsorted(event_of, np.arange(n + 1)).tolist()
         return [ids[bounds[e] : bounds[e + 1]] for e in range(n)]
+
+    def _distinct(self, subs: np.ndarray) -> np.ndarray:
+        """One event's ``subs`` in id order, each once (what :meth:`answers` does for one event)."""
+        if subs.size <= 1:
+            return subs
+        key = self._sort_key(subs)
+        order = np.argsort(key, kind="stable")
+        subs, key = subs[order], key[order]
+        if self._multi:
+            first = np.ones(subs.size, np.bool_)
+            first[1:] = key[1:] != key[:-1]
+            subs = subs[first]
+        return subs
 
     def _sort_key(self, subs: np.ndarray) -> np.ndarray:
         """Integers ordered as the subscription ids of ``subs`` (strings after ints, each by value)."""

@@ -134,6 +134,8 @@ def test_a_late_subscriber_starts_from_the_shortest_sequence_to_the_current_stat
     w.publish(0, events[:800])
     w.settle(100)
     w.subscribe(2, "late", "compressed")
+    company = reference(d, events[:800], ["compressed"])["compressed"][0]["name"]
+    w.subscribe(2, "late-one", "compressed", f'name = "{company}"')  # (a snapshot is checked at the edge)
     w.settle(20)
     first = list(w.received("late"))
     w.publish(0, events[800:])
@@ -144,6 +146,7 @@ def test_a_late_subscriber_starts_from_the_shortest_sequence_to_the_current_stat
     assert len(first) <= 2 * len(mid)  # ... by the shortest way (max then current: two at most)
     assert replay(d, "max_cur", "E4", w.received("late")) == replay(d, "max_cur", "E4", ref)
     assert per_key(w.received("early"), "name") == per_key(ref, "name")
+    assert per_key(w.received("late-one"), "name") == {company: per_key(w.received("late"), "name")[company]}
 
 
 def test_deploys_are_idempotent_and_a_second_version_of_a_name_is_refused() -> None:

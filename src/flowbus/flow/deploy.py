@@ -29,6 +29,9 @@ content-based routing inside the network, all transforms move to the edge"):
   matchers know no flow's functions): the routed filter is then weaker, never stronger. At
   the edge, :meth:`FlowSubscription.deliver` applies, per path from the event's space, ``S``,
   then ``T``, then ``F``: every path that holds delivers (fan-out, as the interpreter does).
+  Where the event's space has one path in and its routed filter left nothing out, the network
+  has decided ``S & F[T]`` already: the edge only transforms (unless the event reached it
+  unrouted, a late subscriber's snapshot: :data:`UNROUTED`).
 * **Stateful groups** (:func:`flowbus.flow.plan.plan`: the collapses reading one space with
   one key) are partitioned over the brokers by a 32-bit hash of the key
   (:func:`hash32`). The broker that takes a publish stamps the event, for each feed of a group
@@ -81,6 +84,7 @@ from flowbus.model import Schema
 __all__ = [
     "HASH_FIELD",
     "SPACE",
+    "UNROUTED",
     "Deployment",
     "FlowSubscription",
     "Group",
@@ -96,6 +100,10 @@ DERIVED = "__x"
 """The prefix of the hidden fields carrying a source event's derived attributes:
 ``__x.<flow>.<space>.<n>`` (``price * vol``, ``NYS(issue)``), stamped by the broker that takes
 the publish so that the routing filters compare them as plain attributes."""
+
+UNROUTED = "__unrouted"
+"""The hidden field of a bus event that reaches a subscription without the network having
+matched it against the subscription's routed filter (a snapshot): the edge checks it all."""
 
 HASH_FIELD = "__h"
 """The prefix of the hidden fields carrying a key's hash: ``__h.<flow>.<group>.<feed>``."""
@@ -159,7 +167,14 @@ class FlowSubscription:
     applies before delivery (see the module note)."""
 
     def __init__(
-        self, flow: str, space: str, filt: Filter, routing: Filter, paths: Sequence[_Path], check: TestFn
+        self,
+        flow: str,
+        space: str,
+        filt: Filter,
+        routing: Filter,
+        paths: Sequence[_Path],
+        check: TestFn,
+        exact: frozenset[str] = frozenset(),
     ) -> None:
         self.flow = flow
         self.space = space
@@ -171,6 +186,7 @@ class FlowSubscription:
         self._check = check
         self._memo = Compiler({}).new_memo()
         self.sources = frozenset(self._by_source)
+        self._routed = frozenset(s for s in exact if len(self._by_source.get(s, ())) == 1)
 
     def deliver(self, event: Event, results: dict[int, Any] | None = None) -> list[dict[str, Any]]:
         """What the subscriber receives for ``event`` (a bus event: its space in ``__space``).
@@ -180,7 +196,10 @@ class FlowSubscription:
         too: read only."""
         out: list[dict[str, Any]] = []
         check, memo = self._check, self._memo
-        for path in self._by_source.get(event.get(SPACE, ""), ()):
+        space = event.get(SPACE, "")
+        if space in self._routed and UNROUTED not in event:
+            check = ALWAYS  # (the network matched S & F[T] of the one path from the space)
+        for path in self._by_source.get(space, ()):
             key = id(path)
             if results is not None and key in results:
                 result = results[key]
@@ -416,11 +435,16 @@ class Deployment:
             )
         check: TestFn = Compiler(self.functions).filter(filt) if filt != Filter.true() else ALWAYS
         routing = Filter.false()
+        loose: set[str] = set()  # sources a path from which is routed by a weaker filter
         for (source, route), _ in self._compiled_paths(space):
             step = filt if route is None else route.select & substitute_filter(filt, dict(route.outputs))
-            routing = routing | self._routable(source, step)
+            routed, exact = self._routable(source, step)
+            routing = routing | routed
+            if not exact:
+                loose.add(source)
         paths = [path for _, path in self._compiled_paths(space)]
-        return FlowSubscription(self.name, space, filt, routing, paths, check)
+        exact_sources = frozenset(p.source for p in paths) - loose
+        return FlowSubscription(self.name, space, filt, routing, paths, check, exact_sources)
 
     def _compiled_paths(self, space: str) -> list[tuple[tuple[str, Route | None], _Path]]:
         """The paths into ``space``, each with its ``[S; T]`` compiled once (the subscriptions
@@ -549,22 +573,26 @@ class Deployment:
             out[source] = (fields, _evaluator(self.functions, fields))
         return out
 
-    def _routable(self, source: str, f: Filter) -> Filter:
+    def _routable(self, source: str, f: Filter) -> tuple[Filter, bool]:
         """``__space = source & f`` as the network routes it: an expression the source's
         derived attributes hold is read from its hidden field (an indexable predicate when it
-        is compared with a constant); a literal that still calls a function is left out."""
+        is compared with a constant); a literal that still calls a function is left out.
+        And whether nothing was left out (the routed filter is then exactly ``f``)."""
         fields = self.derived.get(source, ({}, None))[0]
         in_space = Predicate(SPACE, Op.EQ, source)
         conj = []
+        exact = True
         for c in f.disjuncts:
             kept: list[Predicate | ExprPredicate] = []
             for lit in c.literals:
                 if isinstance(lit, ExprPredicate):
                     lit = _read_derived(lit, fields)
-                if not (isinstance(lit, ExprPredicate) and lit.calls()):
+                if isinstance(lit, ExprPredicate) and lit.calls():
+                    exact = False
+                else:
                     kept.append(lit)
             conj.append(Conjunction((in_space, *kept)))
-        return Filter(tuple(conj))
+        return Filter(tuple(conj)), exact
 
     def stamp(self, event: dict[str, Any]) -> None:
         """Add to ``event`` (a bus event) its derived attributes, and the hash of its key

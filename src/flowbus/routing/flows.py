@@ -45,7 +45,7 @@ from typing import Any
 from flowbus import wire
 from flowbus.errors import UserError
 from flowbus.flow.collapse import Key, Row
-from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription, Group
+from flowbus.flow.deploy import SPACE, UNROUTED, Deployment, FlowSubscription, Group
 
 __all__ = [
     "SEEN",
@@ -349,7 +349,7 @@ class Flows:
         for key in sorted(by_key, key=repr):
             for i, (space, snap) in enumerate(group.snapshot(key, by_key[key])):
                 eid = (f"{sub.flow}/snapshot/{space}/{key!r}", i)
-                out.append({**snap, SPACE: space, "__flowbus_event_id": eid})
+                out.append({**snap, SPACE: space, UNROUTED: True, "__flowbus_event_id": eid})
         still: list[Mapping[str, Any]] = []
         for ev in w.held:
             if ev.get(PARTITION) == msg.owner and _group_of(d, ev) == msg.group:

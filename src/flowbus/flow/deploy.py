@@ -188,7 +188,12 @@ class FlowSubscription:
         self.sources = frozenset(self._by_source)
         self._routed = frozenset(s for s in exact if len(self._by_source.get(s, ())) == 1)
 
-    def deliver(self, event: Event, results: dict[int, Any] | None = None) -> list[dict[str, Any]]:
+    def shares(self, event: Event) -> bool:
+        """Whether what this subscription receives of ``event`` is what every subscription to
+        its space receives: the network routed the event over the one exact path from its space."""
+        return event.get(SPACE, "") in self._routed and UNROUTED not in event
+
+    def deliver(self, event: Event, results: dict[Any, Any] | None = None) -> list[dict[str, Any]]:
         """What the subscriber receives for ``event`` (a bus event: its space in ``__space``).
         ``results`` keeps, for this event, each path's result (None: dropped), shared by the
         subscriptions to the space (their paths are the same objects): the transforms run once
@@ -196,10 +201,9 @@ class FlowSubscription:
         too: read only."""
         out: list[dict[str, Any]] = []
         check, memo = self._check, self._memo
-        space = event.get(SPACE, "")
-        if space in self._routed and UNROUTED not in event:
+        if self.shares(event):
             check = ALWAYS  # (the network matched S & F[T] of the one path from the space)
-        for path in self._by_source.get(space, ()):
+        for path in self._by_source.get(event.get(SPACE, ""), ()):
             key = id(path)
             if results is not None and key in results:
                 result = results[key]
@@ -536,6 +540,11 @@ class Deployment:
         return Group(g.name, self.name, tuple(feeds), tuple(folds))
 
     @cached_property
+    def group_of_state(self) -> dict[str, str]:
+        """State space -> the name of the group that folds into it."""
+        return {f.state: g.name for g in self.groups for f in g.folds}
+
+    @cached_property
     def stamps(self) -> dict[str, list[tuple[Group, Feed]]]:
         """Bus space -> the (group, feed) pairs reading it."""
         out: dict[str, list[tuple[Group, Feed]]] = {}
@@ -543,6 +552,32 @@ class Deployment:
             for f in g.feeds:
                 out.setdefault(f.space, []).append((g, f))
         return out
+
+    @cached_property
+    def _readers(self) -> dict[str, list[tuple[TestFn, Callable[[], Any]]]]:
+        """Derived space -> the selects of what reads it: each path from it into a space one
+        can subscribe to, each feed of a group (``ALWAYS`` when one takes every event)."""
+        out: dict[str, list[tuple[TestFn, Callable[[], Any]]]] = {}
+        derived = {name for name, info in self.spaces.items() if info.derived}
+        for name, info in self.spaces.items():
+            if info.subscribable:
+                for (source, _), path in self._compiled_paths(name):
+                    if source in derived:
+                        out.setdefault(source, []).append((path.select, path.new_memo))
+        for space, pairs in self.stamps.items():
+            if space in derived:
+                out.setdefault(space, []).extend((feed.select, feed.new_memo) for _, feed in pairs)
+        return {space: [] if any(t is ALWAYS for t, _ in tests) else tests for space, tests in out.items()}
+
+    def wanted(self, space: str, event: Event) -> bool:
+        """Whether an owner's ``event`` of derived ``space`` can reach anyone: some path from
+        the space or some group's feed selects it (the pulled-back selects of the 000
+        document's rewrite, applied where the event is made). An event nothing selects is
+        not published: ``drops`` carries the stock flow's every fall, ``alarms`` the few over 20."""
+        tests = self._readers.get(space)
+        if tests is None:
+            return False
+        return not tests or any(test(event, memo()) for test, memo in tests)
 
     @cached_property
     def derived(self) -> dict[str, tuple[dict[Expr, str], Callable[[Event], dict[str, Any]]]]:

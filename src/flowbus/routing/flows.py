@@ -287,6 +287,8 @@ class Flows:
                 version = (prev[0] if prev is not None else 0) + 1
                 changed[k] = (version, new)
                 for i, (space, ev) in enumerate(outs):
+                    if not part.deployment.wanted(space, ev):
+                        continue
                     ev.update(
                         {SPACE: space, PARTITION: owner, KEY: repr(key), VERSION: version, STATE: fold.state}
                     )
@@ -379,8 +381,4 @@ class Flows:
 
 
 def _group_of(d: Deployment, event: Mapping[str, Any]) -> str | None:
-    state = event.get(STATE)
-    for g in d.groups:
-        if any(f.state == state for f in g.folds):
-            return g.name
-    return None
+    return d.group_of_state.get(event.get(STATE, ""))

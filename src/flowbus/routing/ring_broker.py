@@ -473,7 +473,7 @@ class RingBroker(Core):
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
         pending = effects
-        results: dict[int, dict[int, Any]] = {}  # id(event) -> its paths' results (see _edge)
+        results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
         while pending:
             publish: list[dict[str, Any]] = []
             folded: list[_Key] = []  # the custody records of the events folded
@@ -554,13 +554,22 @@ class RingBroker(Core):
         return out, events
 
     def _edge(
-        self, sub_id: Hashable, sub: FlowSubscription, event: Mapping[str, Any], results: dict[int, Any]
+        self, sub_id: Hashable, sub: FlowSubscription, event: Mapping[str, Any], results: dict[Any, Any]
     ) -> list[Effect]:
         """``event`` for flow subscription ``sub_id``: the subscription's transforms applied
-        (``results``: what the paths gave for this event, shared by its subscriptions)."""
-        if not self.flows.admit(sub_id, event):
+        (``results``: what the paths gave for this event, and per space what every routed
+        subscription to it gets: shared by the event's subscriptions)."""
+        if self.flows.waiting and not self.flows.admit(sub_id, event):
             return []
         eid = event.get(EVENT_ID)
+        if sub.shares(event):  # (what every routed subscription to the space gets: made once)
+            got = results.get(sub.space, results)
+            if got is results:
+                found = sub.deliver(event, results)
+                got = results[sub.space] = found[0] if found else None
+                if got is not None:
+                    got[EVENT_ID] = eid
+            return [] if got is None else [Deliver(sub_id, got)]
         out: list[Effect] = []
         for i, result in enumerate(sub.deliver(event, results)):
             if i:  # (a copy: the first result is shared by every subscription it goes to)

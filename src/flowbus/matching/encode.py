@@ -35,6 +35,8 @@ from flowbus.matching._types import F64, I16, I32, I64
 from flowbus.matching.kernels import MISSING, UNKNOWN
 from flowbus.matching.numbers import split, split_int64
 
+_NAN = float("nan")
+
 Numbers = tuple[np.ndarray, np.ndarray | None]
 """A column's numbers: doubles, and residuals (None when all are 0)."""
 
@@ -100,6 +102,9 @@ def _numbers(column: list[Any]) -> tuple[list[float], list[int] | None]:
     for i, x in enumerate(column):
         if type(x) is float:
             append(x)
+            continue
+        if x is None:  # (an event without the attribute: most events, for most of them)
+            append(_NAN)
             continue
         k, r = split(x)
         append(k)

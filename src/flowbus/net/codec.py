@@ -77,7 +77,7 @@ import struct
 import threading
 import types
 import typing
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]  # no stubs, no py.typed
@@ -434,15 +434,17 @@ class _Reader:
         self.depth: dict[int, int] = {}
         self.keep: list[object] = []
 
-    def _level(self, items: Iterable[object]) -> int:
+    def _level(self, items: Sequence[object]) -> int:
         """The depth of a container of ``items``; :class:`FrameError` for a stray item."""
-        deepest = 0
+        if _PLAIN.issuperset(map(type, items)):  # (most containers: one pass in C)
+            return 1
+        deepest = 1
         depth = self.depth
-        for v in items:  # (a plain loop: the fastest way here, most items are plain)
+        for v in items:
             if type(v) not in _PLAIN:
                 if type(v) in _STRAY:
                     _stray([v])
-                d = depth.get(id(v), 0)
+                d = depth.get(id(v), 1)  # (a container not noted holds plain values only)
                 if d > deepest:
                     deepest = d
         if deepest >= MAX_DEPTH:
@@ -450,8 +452,9 @@ class _Reader:
         return deepest + 1
 
     def _built(self, value: object, level: int) -> object:
-        self.depth[id(value)] = level
-        self.keep.append(value)
+        if level > 1:  # (kept alive: no later container can take its id)
+            self.depth[id(value)] = level
+            self.keep.append(value)
         return value
 
     def array(self, items: list[object]) -> object:
@@ -462,7 +465,7 @@ class _Reader:
         return self._built(_from_tagged(items[0].name, rest), level)
 
     def map(self, pairs: list[tuple[object, object]]) -> dict[object, object]:
-        level = self._level(itertools.chain.from_iterable(pairs))
+        level = self._level(list(itertools.chain.from_iterable(pairs)))
         try:
             result = dict(pairs)
         except TypeError:

@@ -40,7 +40,7 @@ the simulator does. A :class:`Directory` says where each address listens.
   dialed in plain text (and remembered as plain).
 * **Link classes.** A link is *secure* when its connection is mutual TLS: ``secure(dst)``
   for the connection we send on, and for what arrives, the connection it came on. A
-  ``link_filter(peer, msgs, secure)`` (the broker's, for spaces that may only cross secure
+  ``link_filter(peer, msgs, secure, outgoing)`` (the broker's, for spaces that may only cross secure
   links) sees each batch going out and each run coming in, and returns what may pass.
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
   core and carries out the effects it returns.
@@ -72,8 +72,8 @@ ClientHook = Callable[
     [Any, asyncio.StreamReader, asyncio.StreamWriter, list[bytes], FrameDecoder], Awaitable[None]
 ]
 """A client connection: its ``Hello``, the streams, frames read after it, the decoder."""
-LinkFilter = Callable[[int, list[Any], bool], list[Any]]
-"""``(peer, messages, secure)`` -> the messages that may cross that link."""
+LinkFilter = Callable[[int, list[Any], bool, bool], list[Any]]
+"""``(peer, messages, secure, outgoing)`` -> the messages that may cross that link."""
 
 log = logging.getLogger("flowbus.net")
 
@@ -274,7 +274,7 @@ class Runtime:
 
     def _write(self, dst: int, writer: asyncio.StreamWriter, msgs: list[Any]) -> None:
         if self.link_filter is not None:
-            msgs = self.link_filter(dst, msgs, self._secure_out.get(dst, False))
+            msgs = self.link_filter(dst, msgs, self._secure_out.get(dst, False), True)
         writer.write(b"".join([frame(encode((self.addr, m))) for m in msgs]))
         self.sent += len(msgs)
 
@@ -343,7 +343,7 @@ class Runtime:
         (a broker matches a batch of events in one pass), a lone one to ``on_message``."""
         src = run[0][0]
         if self.link_filter is not None:
-            kept = self.link_filter(src, [m for _, m in run], secure)
+            kept = self.link_filter(src, [m for _, m in run], secure, False)
             if len(kept) != len(run):
                 run = [(src, m) for m in kept]
                 if not run:

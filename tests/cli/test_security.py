@@ -133,3 +133,15 @@ def test_cluster_up_tls_is_a_mutual_tls_ring(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_bench_broker_tls_runs_brokers_and_clients_in_tls() -> None:
+    """A tiny ``flowbus bench broker --tls`` row: every delivery as counted offline, over TLS."""
+    done = flowbus(
+        "bench", "broker", "--tls", "--brokers", "1", "--subscriptions", "10", "--events", "300",
+        "--clients", "1", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["tls"] is True and "error" not in row, row.get("error")
+    assert row["deliveries_match_offline"] is True and row["deliveries_expected"] > 0

@@ -10,6 +10,9 @@ class router of :mod:`flowbus.overlay.class_router`):
   :class:`~flowbus.overlay.multigraph.Multigraph`, rebuilt when a peer or a class changes,
   and asks a :class:`~flowbus.overlay.class_router.ClassRouter` over it for the hop of a
   ``SECURE`` event: one exists only over secure links, and a secure event never falls back.
+* **Secure spaces** are those matching a ``classes:`` pattern of class ``secure`` in the
+  broker's config, and those a deployed flow declares ``class: secure``
+  (:func:`~flowbus.flow.spec.space_classes`).
 * **Before a publish** (:meth:`SecureLinks.refusal`, the ledger's ``admit``): an event of a
   secure space is routed on paper first (the content router's ``route_batch``, which
   changes nothing); if a broker it would be sent to has no secure hop, the publish is
@@ -30,10 +33,13 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import yaml
+
 from flowbus.broker.config import BrokerConfig
 from flowbus.broker.overlays import address_text
 from flowbus.broker.spaces import SPACE
 from flowbus.core import Send
+from flowbus.flow.spec import space_classes
 from flowbus.overlay.class_router import ClassRouter
 from flowbus.overlay.multigraph import NORMAL_ONLY, LinkClass, Multigraph
 from flowbus.routing import cbr
@@ -57,12 +63,40 @@ class SecureLinks:
         self.violations = 0  # secure events that arrived over a plain link
         self._classes: dict[int, bool] = {}
         self._router = ClassRouter(core.addr, Multigraph([core.addr]))
-        self._spaces: dict[str, bool] = {}  # space -> secure (config patterns, cached)
+        self._spaces: dict[str, bool] = {}  # space -> secure (cached while the flows are the same)
+        self._flows: tuple[str, ...] = ()  # versions of the deployed flows the cache is for
+        self._flow_secure: set[str] = set()  # spaces the deployed flows declare secure
+
+    @property
+    def any_secure(self) -> bool:
+        """Whether any space may be secure (the config's classes, the flows'): else every
+        event may take every link."""
+        self._sync_flows()
+        return bool(self._flow_secure) or any(c == "secure" for c in self.config.classes.values())
+
+    def _sync_flows(self) -> None:
+        """The spaces the deployed flows declare secure, read again when the flows change."""
+        deployments = self.core.flows.deployments
+        if len(deployments) == len(self._flows) and (
+            not deployments or tuple(d.version for d in deployments.values()) == self._flows
+        ):
+            return
+        self._flows = tuple(d.version for d in deployments.values())
+        self._flow_secure = {
+            name
+            for d in deployments.values()
+            for name, cls in space_classes(yaml.safe_load(d.text)).items()
+            if cls == "secure"
+        }
+        self._spaces = {}
 
     def is_secure_space(self, space: Any) -> bool:
+        """Whether ``space`` is secure (call :attr:`any_secure` first: it reads the flows)."""
         known = self._spaces.get(space)
         if known is None:
-            known = self._spaces[space] = isinstance(space, str) and self.config.secure(space)
+            known = self._spaces[space] = isinstance(space, str) and (
+                space in self._flow_secure or self.config.secure(space)
+            )
         return known
 
     def hop(self, dst: int) -> bool:
@@ -75,7 +109,7 @@ class SecureLinks:
 
     def refusal(self, space: str, fields: Mapping[str, Any]) -> str | None:
         """Why an event of ``space`` may not be published here (None: it may)."""
-        if not self.is_secure_space(space):
+        if not self.any_secure or not self.is_secure_space(space):
             return None
         for effect in self.core.router.route_batch([fields], self.core.addr):
             if isinstance(effect, Send) and not self.hop(effect.dst):
@@ -87,7 +121,7 @@ class SecureLinks:
 
     def filter(self, peer: int, msgs: list[Any], secure: bool, outgoing: bool) -> list[Any]:
         """The runtime's ``link_filter``: drop secure events on a link that is not secure."""
-        if secure:
+        if secure or not self.any_secure:
             return msgs
         kept = []
         for msg in msgs:

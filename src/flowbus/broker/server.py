@@ -103,9 +103,7 @@ class Broker:
         self.runtime = runtime
         self.store = store
         ring = core if isinstance(core, RingBroker) else None
-        self.links = (
-            SecureLinks(ring, config, runtime.secure) if ring is not None and config.classes else None
-        )
+        self.links = SecureLinks(ring, config, runtime.secure) if ring is not None else None
         if self.links is not None:
             runtime.link_filter = self.links.filter
         self.spaces = Spaces(config, ring.flows if ring is not None else None)
@@ -157,7 +155,7 @@ class Broker:
         brokers). Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
         check_overlay(overlay, config)
-        if config.classes and overlay != "chordal-ring":
+        if any(c == "secure" for c in config.classes.values()) and overlay != "chordal-ring":
             raise ConfigError(
                 f"classes: the {overlay} overlay has no link classes (use the chordal-ring overlay)"
             )

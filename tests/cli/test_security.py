@@ -145,3 +145,13 @@ def test_bench_broker_tls_runs_brokers_and_clients_in_tls() -> None:
     (row,) = json.loads(done.stdout)["rows"]
     assert row["tls"] is True and "error" not in row, row.get("error")
     assert row["deliveries_match_offline"] is True and row["deliveries_expected"] > 0
+
+
+def test_flow_commands_take_tls_and_deploying_needs_the_right(secured: tuple[Path, str, Path]) -> None:
+    pki, address, _ = secured
+    tls = ["--tls", str(pki), "--user", "alice", "--broker", address]
+    listed = flowbus("flow", "ls", *tls)
+    assert listed.returncode == 0 and "no flow is deployed" in listed.stdout, listed.stderr
+    spec = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
+    refused = flowbus("flow", "deploy", str(spec), *tls)
+    assert refused.returncode == 2 and "identity 'alice' has no deploy right on 'stocks'" in refused.stderr

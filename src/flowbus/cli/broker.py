@@ -26,7 +26,16 @@ from flowbus.broker.process import OVERLOADED, READY
 from flowbus.cli.common import err, fail, out
 from flowbus.errors import FlowbusError
 
-__all__ = ["broker_app", "cluster_app", "pub", "sub"]
+__all__ = [
+    "TlsOption",
+    "TokenOption",
+    "UserOption",
+    "broker_app",
+    "client_options",
+    "cluster_app",
+    "pub",
+    "sub",
+]
 
 TlsOption = Annotated[
     Path | None, typer.Option(help="A flowbus certs init directory: TLS (mutual between brokers).")
@@ -39,7 +48,7 @@ TokenOption = Annotated[
 ]
 
 
-def _client_options(tls: Path | None, user: str | None, token: str | None) -> dict[str, Any]:
+def client_options(tls: Path | None, user: str | None, token: str | None) -> dict[str, Any]:
     """``connect``'s options for ``--tls DIR --user NAME --token TOKEN``."""
     from flowbus.net.tls import client_context
 
@@ -184,7 +193,7 @@ def pub(
     import flowbus
 
     events = _events(event, space)
-    options = _client_options(tls, user, token)
+    options = client_options(tls, user, token)
 
     async def run() -> None:
         async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
@@ -216,7 +225,7 @@ def sub(
     """Print the matching events as JSON lines until Ctrl-C (or --count events)."""
     import flowbus
 
-    options = _client_options(tls, user, token)
+    options = client_options(tls, user, token)
 
     async def run() -> None:
         async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
@@ -262,7 +271,7 @@ def cluster_up(
 
     if max_brokers is not None and max_brokers < brokers:
         fail(f"--max-brokers: {max_brokers} is below --brokers {brokers}")
-    options = _client_options(tls, user, None)  # (for deploying --flow)
+    options = client_options(tls, user, None)  # (for deploying --flow)
     cluster = Cluster(
         port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say, tls=tls
     )

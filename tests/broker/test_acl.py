@@ -113,10 +113,16 @@ def test_a_token_names_the_identity_and_refusals_change_nothing() -> None:
         got = await _serve(
             server,
             p.Hello("c2", token=BOB),
-            [p.Publish("stocks", p.pack_publish([(1, STOCK)])), p.Subscribe(1, "t", "events", "x"), p.Bye()],
+            [
+                p.Publish("stocks", p.pack_publish([(1, STOCK)])),
+                p.Subscribe(1, "t", "events", "x"),
+                p.Advertise(2, "a", "stocks", "price > 0"),
+                p.Bye(),
+            ],
         )
         assert got[0] == p.Nack(1, "identity 'bob' has no publish right on 'stocks'")
         assert got[1] == p.Reply(1, False, "identity 'bob' has no subscribe right on 'events'")
+        assert got[2] == p.Reply(2, False, "identity 'bob' has no publish right on 'stocks'")  # (advertise)
         assert len(core.calls) == calls  # nothing routed, nothing subscribed
         got = await _serve(
             server, p.Hello("c3", token="forged"), [p.Subscribe(1, "u", "stocks", "price > 0"), p.Bye()]

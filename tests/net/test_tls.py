@@ -19,6 +19,7 @@ from flowbus.core import Core, Effect, Send
 from flowbus.errors import ConfigError
 from flowbus.net import certs
 from flowbus.net.admission import Admission
+from flowbus.net.codec import encode, frame, head_tag
 from flowbus.net.runtime import Directory, Runtime
 from flowbus.net.tls import broker_tls, client_context, identity
 
@@ -225,3 +226,33 @@ def test_a_client_context_checks_the_broker_and_carries_the_user(pki: Path) -> N
         "clients",
         "alice",
     )
+
+
+def test_a_ring_peer_may_open_with_a_big_message_a_stranger_may_not(pki: Path) -> None:
+    """A peer this runtime takes may open with a big state transfer; a first frame of the
+    same size that is not a ring message (or a ring message without a broker certificate
+    on a TLS port) is closed before it is buffered."""
+
+    async def main() -> None:
+        directory, echo, echo_tls = Directory(), _Echo(), _Echo()
+        a = Runtime(0, echo, directory)
+        t = Runtime(2, echo_tls, directory, admission=_admission(pki))
+        b = Runtime(1, _Echo(), directory)
+        for rt in (a, t, b):
+            await rt.start()
+        big = "x" * 200_000
+        try:
+            await b.call(lambda _: [Send(0, big)])
+            await _until(lambda: echo.seen == [(1, big)])
+            ctx = client_context(pki, "alice")
+            ctx.check_hostname = False
+            _, w = await asyncio.open_connection("127.0.0.1", t.port, ssl=ctx)
+            w.write(frame(encode((1, big))))
+            await _until(lambda: t.bad_frames + t.refused_peers == 1)
+            assert echo_tls.seen == [] and head_tag(encode((1, big))[:64]) == "tuple"
+            w.close()
+        finally:
+            for rt in (a, t, b):
+                await rt.close()
+
+    asyncio.run(main())

@@ -31,7 +31,9 @@ the simulator does. A :class:`Directory` says where each address listens.
 * **Admission and TLS** (:mod:`flowbus.net.admission`). The listener admits each
   connection through a :class:`~flowbus.net.admission.Gate` (a cap per source address,
   TLS if the runtime has a server context, a handshake deadline). The first frame must come
-  within the deadline and be at most ``pre_auth_frame`` long. With TLS, a connection whose
+  within the deadline and be at most ``pre_auth_frame`` long, unless its first bytes show
+  a ring message from a peer this runtime takes (a broker's certificate; any peer without
+  TLS): a ring peer may open with a big state transfer. With TLS, a connection whose
   first frame is a ring message must have presented a broker's certificate signed by the
   authority (:func:`~flowbus.net.tls.is_broker`), else it is closed (``refused_peers``);
   plain connections are taken from peers only if ``plain_peers`` allows. Outgoing
@@ -62,7 +64,7 @@ from typing import Any
 from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError
 from flowbus.net.admission import Admission, Gate
-from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame
+from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame, head_tag
 from flowbus.net.tls import is_broker
 
 __all__ = ["Directory", "Runtime"]
@@ -364,7 +366,7 @@ class Runtime:
         first = True
         secure = tls and is_broker(writer.get_extra_info("peercert"))
         try:
-            data = await self._first_frame(reader)
+            data = await self._first_frame(reader, self._peer_allowed(tls, secure))
             while not self._closed and data:
                 bodies = frames.feed(data)
                 run: list[Any] = []  # consecutive messages (of one source: one connection)
@@ -399,26 +401,32 @@ class Runtime:
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _first_frame(self, reader: asyncio.StreamReader) -> bytes:
-        """What a new connection sends until its first frame is whole, within the handshake
-        deadline, the frame no longer than ``pre_auth_frame`` (else a :class:`FrameError`)."""
+    async def _first_frame(self, reader: asyncio.StreamReader, peer_allowed: bool) -> bytes:
+        """What a new connection sends until its first frame is whole (or, from a peer this
+        runtime takes, until its head shows a ring message), within the handshake deadline;
+        a first frame over ``pre_auth_frame`` otherwise is a :class:`FrameError`."""
         limit, data = self.admission.pre_auth_frame, b""
         async with asyncio.timeout(self.admission.handshake_timeout):
             while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
-                if len(data) >= 4 and int.from_bytes(data[:4], "big") > limit:
-                    raise FrameError(
-                        f"a first frame of {int.from_bytes(data[:4], 'big')} bytes: over {limit}"
-                    )
+                n = int.from_bytes(data[:4], "big") if len(data) >= 4 else 0
+                if n > limit and len(data) >= 4 + min(n, 64):
+                    if peer_allowed and head_tag(data[4:68]) == "tuple":
+                        return data  # (a ring peer's big frame: the decoder takes the rest)
+                    raise FrameError(f"a first frame of {n} bytes: over {limit}")
                 chunk = await reader.read(65536)
                 if not chunk:
                     return b""
                 data += chunk
         return data
 
+    def _peer_allowed(self, tls: bool, secure: bool) -> bool:
+        """Whether a connection may send ring messages: with TLS, a broker's certificate is
+        needed (or a plain connection, with ``plain_peers``)."""
+        return self.admission.tls is None or secure or (not tls and self.admission.plain_peers)
+
     def _peer_admitted(self, tls: bool, secure: bool, writer: asyncio.StreamWriter) -> bool:
-        """A connection sending ring messages: with TLS, a broker's certificate is needed
-        (or a plain connection, with ``plain_peers``)."""
-        if self.admission.tls is None or secure or (not tls and self.admission.plain_peers):
+        """:meth:`_peer_allowed`, else the connection is counted and logged (to be closed)."""
+        if self._peer_allowed(tls, secure):
             return True
         self.refused_peers += 1
         log.warning(

@@ -72,13 +72,16 @@ class Gate:
         self._spawn(self._accept(sock))
 
     async def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
+        """Stop accepting and end every admitted connection; the socket closes last (the
+        pending accept leaves the event loop with its cancellation, so a new socket that
+        reuses the descriptor's number is not mistaken for it)."""
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._sock is not None:
+            self._sock.close()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

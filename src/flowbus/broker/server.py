@@ -77,6 +77,18 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _admission(config: BrokerConfig, tls: BrokerTls | None) -> Admission:
+    """How the broker's port admits connections: its TLS, the config's ``security``."""
+    sec = config.security
+    return Admission(
+        tls=tls.server if tls else None,
+        peer_tls=tls.peer if tls else None,
+        plain_peers=sec["plain_peers"],
+        handshake_timeout=sec["handshake_timeout"],
+        per_address=sec["per_address"],
+    )
+
+
 class Broker:
     """A broker listening on ``host:port``, serving clients and peers with its parts (see
     the module note). Made by :meth:`start`; stopped by :meth:`close`."""
@@ -181,16 +193,14 @@ class Broker:
         except BaseException:
             sock.close()
             raise
-        sec = config.security
-        admission = Admission(
-            tls=tls.server if tls else None,
-            peer_tls=tls.peer if tls else None,
-            plain_peers=sec["plain_peers"],
-            handshake_timeout=sec["handshake_timeout"],
-            per_address=sec["per_address"],
-        )
         runtime = Runtime(
-            addr, core, Directory(), host=host, port=port, client_hello=p.Hello, admission=admission
+            addr,
+            core,
+            Directory(),
+            host=host,
+            port=port,
+            client_hello=p.Hello,
+            admission=_admission(config, tls),
         )
         broker = cls(
             host=host, port=port, overlay=overlay, config=config, core=core, runtime=runtime, store=store

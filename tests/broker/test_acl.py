@@ -24,7 +24,8 @@ from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.errors import AccessError, ConfigError
 from flowbus.flow.deploy import Deployment
-from flowbus.net.codec import FrameDecoder, decode, encode
+from flowbus.net.admission import PRE_AUTH_FRAME
+from flowbus.net.codec import MAX_FRAME, FrameDecoder, decode, encode
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
 ALICE, _ = new_token()
@@ -59,10 +60,16 @@ def _sessions() -> tuple[Sessions, FakeCore, Acl]:
     return server, core, acl
 
 
-async def _serve(server: Sessions, hello: p.Hello, msgs: list[Any], peercert: Any = None) -> list[Any]:
+async def _serve(
+    server: Sessions,
+    hello: p.Hello,
+    msgs: list[Any],
+    peercert: Any = None,
+    frames: FrameDecoder | None = None,
+) -> list[Any]:
     reader, writer = asyncio.StreamReader(), Writer({"peercert": peercert} if peercert else None)
     reader.feed_eof()
-    await server.serve(hello, reader, writer, [encode(m) for m in msgs], FrameDecoder())
+    await server.serve(hello, reader, writer, [encode(m) for m in msgs], frames or FrameDecoder())
     return [decode(b) for b in FrameDecoder().feed(b"".join(writer.writes))][1:]  # (after Welcome)
 
 
@@ -129,6 +136,10 @@ def test_a_token_names_the_identity_and_refusals_change_nothing() -> None:
         )
         assert got == [p.Reply(1, False, "an unauthenticated client has no subscribe right on 'stocks'")]
         assert len(core.calls) == calls and set(server.queues.subs) == {"s"}
+        for token, limit in ((None, PRE_AUTH_FRAME), (ALICE, MAX_FRAME)):  # (the door gives 64 KiB)
+            frames = FrameDecoder(limit=PRE_AUTH_FRAME)
+            await _serve(server, p.Hello("c4", token=token), [p.Bye()], frames=frames)
+            assert frames.limit == limit
         server.queues.close()
 
     asyncio.run(main())

@@ -279,7 +279,8 @@ def cluster_up(
     try:
         for proc, address in zip(cluster.procs, cluster.start(brokers), strict=True):
             _say(f"broker {address} (pid {proc.pid})")
-        _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
+        hint = f" --tls {tls} --user NAME" if tls is not None else ""
+        _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}{hint}")
         if flow:
             asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}", options))
         cluster.serve()

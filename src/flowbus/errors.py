@@ -26,6 +26,7 @@ could be reached.
     │   ├── SubscriptionError (also a KeyError)
     │   ├── ConfigError
     │   ├── StoreError
+    │   ├── AccessError
     │   ├── OverlayError ── TopologyError
     │   ├── SimError ── TransportError
     │   └── ExperimentError
@@ -37,6 +38,7 @@ could be reached.
 from __future__ import annotations
 
 __all__ = [
+    "AccessError",
     "ClientError",
     "ColumnUnsupported",
     "ConfigError",
@@ -141,6 +143,18 @@ class ConfigError(UserError):
 
 class StoreError(UserError):
     """A refused change to a broker's store (the store is unchanged)."""
+
+
+class AccessError(UserError):
+    """An identity lacks a right on a space (or flow): ``identity`` (None: not
+    authenticated), ``right`` (``publish``, ``subscribe``, ``deploy``), ``space``."""
+
+    def __init__(self, identity: str | None, right: str, space: str) -> None:
+        self.identity = identity
+        self.right = right
+        self.space = space
+        who = "an unauthenticated client" if identity is None else f"identity {identity!r}"
+        super().__init__(f"{who} has no {right} right on {space!r}")
 
 
 class OverlayError(UserError):

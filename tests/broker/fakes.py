@@ -85,12 +85,16 @@ class Recorder:
 class Writer:
     """An ``asyncio.StreamWriter`` that keeps what is written."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: dict[str, Any] | None = None) -> None:
         self.writes: list[bytes] = []
         self.closed = False
+        self.extra = extra or {}  # what get_extra_info gives (a TLS peer's "peercert")
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.extra.get(name, default)
 
     def close(self) -> None:
         self.closed = True

@@ -131,6 +131,7 @@ CASES: list[object] = [
     ring_broker.Synced(),
     # the client protocol
     bp.Hello(client="c1"),
+    bp.Hello(client="c2", token="s3cret"),
     bp.Welcome(broker="127.0.0.1:7001", peers=("127.0.0.1:7002",), spaces={"s": {"x": "int"}, "any": None}),
     bp.Publish(space="s", batch=bp.pack_publish([(1, {"x": 1}), (2, {"x": 2})])),
     bp.PubAck(batch=bp.pack_pubacks([1, 2])),

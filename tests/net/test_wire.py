@@ -40,7 +40,7 @@ PINNED = {
     "client.bye": "Bye()",
     "client.error": "Error(what)",
     "client.events": "Events(batch)",
-    "client.hello": "Hello(client, version)",
+    "client.hello": "Hello(client, version, token)",
     "client.nack": "Nack(pseq, error)",
     "client.pub_ack": "PubAck(batch)",
     "client.publish": "Publish(space, batch)",

@@ -28,6 +28,10 @@ values, ``level`` 0-9, and ``t``, the publisher's clock at publishing):
 * In a ring, ``ring_after_subscribe`` / ``ring_after_publish`` -- the peers each broker names
   in its ``Welcome`` to a fresh connection; ``ring_intact``: every broker names all the others.
 
+With ``tls``, a development authority is made for the run (:mod:`flowbus.net.certs`): the
+brokers serve their clients in TLS and link to each other in mutual TLS, the clients connect
+in TLS (each row says ``tls``); the ratio to a plain run is the cost of TLS.
+
 The publisher and every subscriber run in this process, on one asyncio event loop (on a
 2-core machine, the brokers get the rest). Generating events and filters and the offline count
 are not timed. A row whose run fails carries ``error`` (the traceback) and the sweep goes on.
@@ -41,6 +45,7 @@ import gc
 import os
 import platform
 import select
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -63,7 +68,9 @@ from flowbus.client import protocol as p
 from flowbus.errors import FlowbusError
 from flowbus.filters import parse
 from flowbus.matching import Matcher
+from flowbus.net import certs
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
+from flowbus.net.tls import client_context
 
 Progress = Callable[[str, int, int], None]
 
@@ -146,11 +153,16 @@ def _busy_s() -> float:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _start(listen: str, join: list[str], config: Path, profile: Path | None) -> subprocess.Popen[str]:
+def _start(
+    listen: str, join: list[str], config: Path, profile: Path | None, tls: tuple[Path, str] | None = None
+) -> subprocess.Popen[str]:
     if profile is None:
-        return start_process(listen, join=join, config=config)
+        pki, name = tls if tls is not None else (None, None)
+        return start_process(listen, join=join, config=config, tls=pki, tls_name=name)
     cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "flowbus", "broker", "start"]
     cmd += ["--listen", listen, "--config", str(config)]
+    if tls is not None:
+        cmd += ["--tls", str(tls[0]), "--tls-name", tls[1]]
     for j in join:
         cmd += ["--join", j]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -168,6 +180,10 @@ def _ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
 class Ring:
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
+    pki: Path | None = None  # a certs init directory: TLS (brokers broker-1, broker-2...)
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        return client_context(self.pki) if self.pki is not None else None
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -190,7 +206,8 @@ def start_ring(
     ring = Ring() if ring is None else ring
     for i in range(n):
         prof = profile_dir / f"broker{tag}-{i + 1}.prof" if profile_dir is not None else None
-        ring.procs.append(_start("127.0.0.1:0", ring.addresses[:1], config, prof))
+        tls = (ring.pki, certs.broker_name(i + 1)) if ring.pki is not None else None
+        ring.procs.append(_start("127.0.0.1:0", ring.addresses[:1], config, prof, tls))
         ring.addresses.append(_ready(ring.procs[-1]))
     if n > 1:
         time.sleep(1.0)  # let the ring settle
@@ -238,14 +255,18 @@ async def _sentinel(sub: Subscription, seen: asyncio.Event) -> None:
         seen.set()
 
 
-async def ring_view(addresses: Sequence[str], timeout: float = 10.0) -> dict[str, list[str] | str]:
+async def ring_view(
+    addresses: Sequence[str], timeout: float = 10.0, tls: ssl.SSLContext | None = None
+) -> dict[str, list[str] | str]:
     """The peers each broker names in its ``Welcome`` (its live ring links), from a fresh
     connection: in a healthy ring of n brokers each names the n - 1 others."""
 
     async def one(address: str) -> list[str] | str:
         host, _, port = address.rpartition(":")
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), ssl=tls), timeout
+            )
         except (TimeoutError, OSError) as e:
             return f"unreachable: {e!r}"
         try:
@@ -290,8 +311,12 @@ async def _clients_run(
     conns: list[flowbus.Client] = []
     multi = len(addresses) > 1
     try:
-        subs = [flowbus.connect(addresses[c % len(addresses)], name=f"bench-sub-{c}") for c in range(clients)]
-        pub = flowbus.connect(addresses[0], name="bench-pub", window=window)
+        tls = ring.client_tls()
+        subs = [
+            flowbus.connect(addresses[c % len(addresses)], name=f"bench-sub-{c}", tls=tls)
+            for c in range(clients)
+        ]
+        pub = flowbus.connect(addresses[0], name="bench-pub", window=window, tls=tls)
         conns = [*subs, pub]
         await asyncio.gather(*(c.open() for c in conns))
 
@@ -325,7 +350,7 @@ async def _clients_run(
         while not all(e.is_set() for e in seen):
             if time.perf_counter() - t1 > 120:
                 missing = [subs[i].broker for i, e in enumerate(seen) if not e.is_set()]
-                view = await ring_view(addresses) if multi else {}
+                view = await ring_view(addresses, tls=tls) if multi else {}
                 row["ring_after_subscribe"] = view
                 row["ring_intact"] = _ring_ok(view)
                 raise FlowbusError(
@@ -337,7 +362,7 @@ async def _clients_run(
             await asyncio.sleep(0.02)
         row["routed_s"] = time.perf_counter() - t0
         if multi:
-            row["ring_after_subscribe"] = view = await ring_view(addresses)
+            row["ring_after_subscribe"] = view = await ring_view(addresses, tls=tls)
             row["ring_intact"] = _ring_ok(view)
 
         # -- publish
@@ -385,7 +410,7 @@ async def _clients_run(
             deliveries_match_offline=bool(np.array_equal(tally.counts, expected)),
         )
         if multi:
-            row["ring_after_publish"] = view = await ring_view(addresses)
+            row["ring_after_publish"] = view = await ring_view(addresses, tls=tls)
             row["ring_intact"] = _ring_ok(view)
     finally:
         gc.unfreeze()
@@ -407,7 +432,7 @@ async def _clients_run(
 def _row(
     brokers: int, filters: list[str], events: list[dict[str, Any]], expected: np.ndarray, config: Path, *,
     clients: int, window: int, rate: float, chunk: int, subscribe_timeout: float, progress: Progress | None,
-    profile_dir: Path | None,
+    profile_dir: Path | None, pki: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     k = len(filters)
     row: dict[str, Any] = {
@@ -418,8 +443,9 @@ def _row(
         "deliveries_per_event": float(expected.sum()) / max(1, len(events)),
         "publish_window": window,
         "rate": rate or None,
+        "tls": pki is not None,
     }
-    ring = Ring()
+    ring = Ring(pki=pki)
     try:
         start_ring(brokers, config, profile_dir, tag=f"-b{brokers}-k{k}", ring=ring)
         asyncio.run(
@@ -453,6 +479,7 @@ def run(
     subscribe_timeout: float = 900.0,
     profile_dir: Path | None = None,
     progress: Progress | None = None,
+    tls: bool = False,
 ) -> dict[str, Any]:
     """The sweep over ``brokers`` x ``subscriptions`` (see the module note).
 
@@ -462,7 +489,7 @@ def run(
     broker run only up to ``max_ring_subscriptions`` (the others are rows with ``skipped``);
     a row whose subscribing takes longer than ``subscribe_timeout`` seconds ends with an
     error; ``profile_dir``: run each broker under cProfile, writing
-    ``broker-b<B>-k<K>-<i>.prof`` there."""
+    ``broker-b<B>-k<K>-<i>.prof`` there; ``tls``: brokers and clients in (mutual) TLS."""
     evs = make_events(events, seed)
     rows = []
     total = len(subscriptions) * len(brokers)
@@ -470,6 +497,9 @@ def run(
         config = write_config(
             Path(tmp), window=broker_window, memory=broker_memory, heartbeat=broker_heartbeat
         )
+        pki = Path(tmp) / "pki" if tls else None
+        if pki is not None:
+            certs.init(pki, brokers=max(brokers))
         for k in subscriptions:
             filters = make_filters(k, seed + k)
             t = time.perf_counter()
@@ -488,7 +518,7 @@ def run(
                     row = _row(
                         b, filters, evs, expected, config, clients=clients, window=window, rate=rate,
                         chunk=subscribe_chunk, subscribe_timeout=subscribe_timeout, progress=progress,
-                        profile_dir=profile_dir,
+                        profile_dir=profile_dir, pki=pki,
                     )  # fmt: skip
                     row["offline_matcher_agrees_with_filter_matches"] = agrees
                     row["offline_s"] = offline_s

@@ -17,6 +17,8 @@ the ring by setting up new links"):
   (the join puts it next to that broker, on the side with more id space), then ignores
   requests for ``pause`` seconds, time for the ring to take the newcomer in and for the
   heartbeats to carry its load (0) to its neighbours, which then stop asking.
+* With ``tls`` (a ``flowbus certs init`` directory), broker N serves and dials its peers in
+  mutual TLS with the certificate ``broker-N``.
 * :meth:`Cluster.stop` terminates every broker and waits for it.
 """
 
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flowbus.broker.process import OVERLOADED, start_process, wait_ready
+from flowbus.net.certs import broker_name
 
 __all__ = ["Cluster"]
 
@@ -47,6 +50,7 @@ class Cluster:
         config: Path | None = None,
         pause: float = 5.0,
         say: Callable[[str], None] = lambda text: None,
+        tls: Path | None = None,
     ) -> None:
         self.port = port
         self.max_brokers = max_brokers
@@ -54,6 +58,7 @@ class Cluster:
         self.config = config
         self.pause = pause
         self.say = say
+        self.tls = tls
         self.procs: list[subprocess.Popen[str]] = []
         self._asks: queue.Queue[str] = queue.Queue()  # addresses of brokers asking for one more
 
@@ -89,7 +94,14 @@ class Cluster:
     def _process(self, *, join: list[str]) -> subprocess.Popen[str]:
         i = len(self.procs)
         data = self.data / f"broker-{i + 1}" if self.data else None
-        return start_process(f"127.0.0.1:{self.port + i}", join=join, data=data, config=self.config)
+        return start_process(
+            f"127.0.0.1:{self.port + i}",
+            join=join,
+            data=data,
+            config=self.config,
+            tls=self.tls,
+            tls_name=broker_name(i + 1),
+        )
 
     def _ready(self, proc: subprocess.Popen[str]) -> str:
         """Wait for ``proc``'s ready line, then read its requests in a thread of its own."""

@@ -20,6 +20,14 @@ A YAML file (``flowbus broker start --config FILE``)::
     rate_limit: null            # ... or events a second it routes before it is over its
                                 # limit and asks for another broker (``cluster up
                                 # --max-brokers``; docs/overlay.md, "Load")
+    acl:                        # rights per identity on space patterns (docs/security.md);
+      alice: {publish: [stocks], subscribe: ["*"], deploy: ["*"]}   # none: all may do all
+    tokens: {bob: "sha256:..."} # identities by token: only the hash (flowbus certs token)
+    classes: {vault: secure}    # spaces (patterns) routed only over mutual-TLS links
+    security:                   # the door (net/admission.py)
+      handshake_timeout: 10.0   # seconds for the TLS handshake and the first frame
+      per_address: null         # connections open at once from one source address
+      plain_peers: false        # with --tls, also take plain-text peers (plain links)
 
 Without a file, :data:`DEFAULT` serves the stock-exchange space of the examples and a
 schemaless ``events`` space.
@@ -27,6 +35,7 @@ schemaless ``events`` space.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from flowbus.broker.acl import Acl
 from flowbus.errors import ConfigError, SchemaError
 from flowbus.model import Schema
 
@@ -43,6 +53,8 @@ __all__ = ["DEFAULT", "BrokerConfig", "ConfigError"]
 STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})
 
 _LIMITS = ("backup", "heartbeat", "window", "memory", "linger", "advertising", "load_limit", "rate_limit")
+_SECURITY = {"handshake_timeout": 10.0, "per_address": None, "plain_peers": False}
+CLASSES = ("normal", "secure")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,9 @@ class BrokerConfig:
     advertising: bool = False
     load_limit: int | None = None
     rate_limit: float | None = None
+    acl: Acl = field(default_factory=Acl)
+    classes: Mapping[str, str] = field(default_factory=dict)  # space pattern -> class
+    security: Mapping[str, Any] = field(default_factory=lambda: dict(_SECURITY))
 
     def __post_init__(self) -> None:
         if self.load_limit is not None and (type(self.load_limit) is not int or self.load_limit < 1):
@@ -83,12 +98,14 @@ class BrokerConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> BrokerConfig:
-        unknown = set(data) - {"spaces", "rulesets", *_LIMITS}
+        known = ("spaces", "rulesets", *_LIMITS, "acl", "tokens", "classes", "security")
+        unknown = set(data) - set(known)
         if unknown:
-            raise ConfigError(
-                f"unknown keys {sorted(unknown)} (known: spaces, rulesets, {', '.join(_LIMITS)})"
-            )
+            raise ConfigError(f"unknown keys {sorted(unknown)} (known: {', '.join(known)})")
         kw: dict[str, Any] = {k: data[k] for k in _LIMITS if k in data}
+        kw["acl"] = Acl.from_config(data.get("acl"), data.get("tokens"))
+        kw["classes"] = _classes(data.get("classes"))
+        kw["security"] = _security(data.get("security"))
         if "spaces" in data:
             spaces = data["spaces"]
             if not isinstance(spaces, Mapping):
@@ -119,9 +136,39 @@ class BrokerConfig:
     def with_(self, **changes: Any) -> BrokerConfig:
         return replace(self, **changes)
 
+    def secure(self, space: str) -> bool:
+        """Whether ``space`` is of class ``secure`` (routed over mutual-TLS links only)."""
+        return any(c == "secure" and fnmatch.fnmatchcase(space, p) for p, c in self.classes.items())
+
     def schemas(self) -> dict[str, dict[str, str] | None]:
         """The spaces as the client protocol's ``Welcome`` lists them."""
         return {n: None if s is None else s.to_dict() for n, s in self.spaces.items()}
+
+
+def _classes(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and v in CLASSES for k, v in value.items()
+    ):
+        raise ConfigError(f"classes: a mapping of space pattern -> {' or '.join(CLASSES)}, got {value!r}")
+    return dict(value)
+
+
+def _security(value: Any) -> dict[str, Any]:
+    if value is None:
+        return dict(_SECURITY)
+    if not isinstance(value, Mapping) or set(value) - set(_SECURITY):
+        raise ConfigError(f"security: a mapping with keys among {', '.join(_SECURITY)}, got {value!r}")
+    out = {**_SECURITY, **value}
+    timeout, cap = out["handshake_timeout"], out["per_address"]
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+        raise ConfigError(f"security.handshake_timeout: seconds > 0, got {timeout!r}")
+    if cap is not None and (type(cap) is not int or cap < 1):
+        raise ConfigError(f"security.per_address: an int >= 1 or null, got {cap!r}")
+    if not isinstance(out["plain_peers"], bool):
+        raise ConfigError(f"security.plain_peers: true or false, got {out['plain_peers']!r}")
+    return out
 
 
 DEFAULT = BrokerConfig()

@@ -11,6 +11,10 @@ How it works (flowbus's own exactly-once publishing, on the custody of
   against its client's advertisements (:mod:`flowbus.broker.adverts`); a refused one is
   answered ``Nack`` with the reason. The good ones go to the core in one call
   (``publish_batch``).
+* **Who may publish.** With an ``admit`` hook (the broker's: the identity's ``publish``
+  right on the space, :mod:`flowbus.broker.acl`; a ``secure`` space's route,
+  :mod:`flowbus.broker.links`), an event it refuses is answered ``Nack`` with its reason
+  and never reaches the core.
 * **Custody.** The core keeps each publish in custody until every broker and local
   subscription it went to is done with it; then it lists the id in ``settled``, and the
   ledger sends ``PubAck`` (:meth:`Ledger.settled`). A publish is thus acknowledged once it
@@ -59,8 +63,10 @@ class Ledger:
         store: Store,
         spaces: Spaces,
         adverts: Adverts,
+        admit: Callable[[Session, str, dict[str, Any]], str | None] | None = None,
     ) -> None:
         self.core = core
+        self.admit = admit
         self.apply = apply
         self.store = store
         self.spaces = spaces
@@ -93,6 +99,10 @@ class Ledger:
             fields, error = check(space, event)
             if fields is not None and adverts is not None and not adverts.admits(session, fields):
                 fields, error = None, f"no advertisement of this client matches the event in {space!r}"
+            if fields is not None and self.admit is not None:
+                refusal = self.admit(session, space, fields)
+                if refusal is not None:
+                    fields, error = None, refusal
             if fields is None:
                 session.send(p.Nack(pseq, error))
                 continue

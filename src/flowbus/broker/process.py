@@ -27,9 +27,12 @@ def start_process(
     config: Path | None = None,
     log: Path | None = None,
     flows: list[Path] | tuple[Path, ...] = (),
+    tls: Path | None = None,
+    tls_name: str | None = None,
 ) -> subprocess.Popen[str]:
     """A broker in a process of its own (``flowbus broker start``); its standard error (the
-    log) goes to the file ``log`` if one is given, else to ours."""
+    log) goes to the file ``log`` if one is given, else to ours. With ``tls`` (a ``certs
+    init`` directory), it serves and dials in TLS with the certificate ``tls_name``."""
     cmd = [sys.executable, "-m", "flowbus", "broker", "start", "--listen", listen]
     for j in join:
         cmd += ["--join", j]
@@ -39,6 +42,8 @@ def start_process(
         cmd += ["--config", str(config)]
     for f in flows:
         cmd += ["--flow", str(f)]
+    if tls is not None:
+        cmd += ["--tls", str(tls)] + (["--tls-name", tls_name] if tls_name else [])
     if log is None:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with log.open("a") as stderr:  # (the child has its own copy of the descriptor)

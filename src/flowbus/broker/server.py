@@ -23,6 +23,9 @@ How it works:
   - :mod:`~flowbus.broker.spaces`: the spaces' schemas, the routing filter that keeps them
     apart, the collapse rule sets bound to them;
   - :mod:`~flowbus.broker.ringlog`: the log's line for each change of the ring;
+  - :mod:`~flowbus.broker.acl` and :mod:`~flowbus.broker.links`: who may publish and
+    subscribe where, and the spaces whose events cross only mutual-TLS links
+    (docs/security.md; with ``tls``, the runtime serves and dials in TLS);
   - :mod:`~flowbus.broker.store`: the SQLite database.
 
   The runtime calls three of them: the core's deliveries go to the queues, a client
@@ -45,6 +48,7 @@ from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
+from flowbus.broker.links import SecureLinks
 from flowbus.broker.overlays import BrokerCore, address_text, check_overlay, new_core
 from flowbus.broker.queues import Queues
 from flowbus.broker.ringlog import RingLog
@@ -52,10 +56,12 @@ from flowbus.broker.sessions import Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
-from flowbus.errors import ConfigError, FlowbusError
+from flowbus.errors import AccessError, ConfigError, FlowbusError
 from flowbus.flow.deploy import Deployment
 from flowbus.matching.matcher import warm_up
+from flowbus.net.admission import Admission
 from flowbus.net.runtime import Directory, Runtime, addr_of
+from flowbus.net.tls import BrokerTls
 from flowbus.routing.ring_broker import RingBroker
 
 __all__ = ["Broker", "parse_address"]
@@ -69,6 +75,18 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"an address is HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+def _admission(config: BrokerConfig, tls: BrokerTls | None) -> Admission:
+    """How the broker's port admits connections: its TLS, the config's ``security``."""
+    sec = config.security
+    return Admission(
+        tls=tls.server if tls else None,
+        peer_tls=tls.peer if tls else None,
+        plain_peers=sec["plain_peers"],
+        handshake_timeout=sec["handshake_timeout"],
+        per_address=sec["per_address"],
+    )
 
 
 class Broker:
@@ -97,13 +115,21 @@ class Broker:
         self.runtime = runtime
         self.store = store
         ring = core if isinstance(core, RingBroker) else None
+        self.links = SecureLinks(ring, config, runtime.secure) if ring is not None else None
+        if self.links is not None:
+            runtime.link_filter = self.links.filter
         self.spaces = Spaces(config, ring.flows if ring is not None else None)
         self.flows = BrokerFlows(
             core=ring, overlay=overlay, apply=runtime.apply, store=store, own_spaces=list(config.spaces)
         )
         self.adverts = Adverts(core=core, apply=runtime.apply, spaces=self.spaces, enabled=config.advertising)
         self.ledger = Ledger(
-            core=core, apply=runtime.apply, store=store, spaces=self.spaces, adverts=self.adverts
+            core=core,
+            apply=runtime.apply,
+            store=store,
+            spaces=self.spaces,
+            adverts=self.adverts,
+            admit=self._admit,
         )
         self.queues = Queues(core=core, apply=runtime.apply, store=store, spaces=self.spaces, config=config)
         self.sessions = Sessions(
@@ -112,6 +138,7 @@ class Broker:
             queues=self.queues,
             adverts=self.adverts,
             flows=self.flows,
+            acl=config.acl,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
         self._documents: list[str] = []  # flows to deploy once joined
@@ -130,14 +157,20 @@ class Broker:
         config: BrokerConfig = DEFAULT,
         overlay: str = "chordal-ring",
         flows: tuple[str | Path, ...] | list[str | Path] = (),
+        tls: BrokerTls | None = None,
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
         (a directory; None: in memory, for tests and trials), deploying the flow spec files
         ``flows`` once it has joined (a flow deployed already with the same version is left
-        as it is). Wait for :meth:`joined` before counting on it."""
+        as it is), serving and dialing its peers in TLS with ``tls`` (mutual TLS between
+        brokers). Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
         check_overlay(overlay, config)
+        if any(c == "secure" for c in config.classes.values()) and overlay != "chordal-ring":
+            raise ConfigError(
+                f"classes: the {overlay} overlay has no link classes (use the chordal-ring overlay)"
+            )
         if flows and overlay != "chordal-ring":
             raise ConfigError(f"--flow: the {overlay} overlay runs no flows (use the chordal-ring overlay)")
         documents = [
@@ -160,7 +193,15 @@ class Broker:
         except BaseException:
             sock.close()
             raise
-        runtime = Runtime(addr, core, Directory(), host=host, port=port, client_hello=p.Hello)
+        runtime = Runtime(
+            addr,
+            core,
+            Directory(),
+            host=host,
+            port=port,
+            client_hello=p.Hello,
+            admission=_admission(config, tls),
+        )
         broker = cls(
             host=host, port=port, overlay=overlay, config=config, core=core, runtime=runtime, store=store
         )
@@ -215,7 +256,18 @@ class Broker:
             "spilled": self.queues.spilled,
             "in_custody": core.in_custody(),
             "queued_in_memory": self.queues.in_memory(),
+            "refused_connections": self.runtime.refused,
+            "secure_dropped": self.links.dropped if self.links else 0,
         }
+
+    def _admit(self, session: Any, space: str, fields: dict[str, Any]) -> str | None:
+        """Why ``session`` may not publish this event (the ledger's ``admit``): no
+        ``publish`` right on ``space``, or no secure link on a secure space's route."""
+        try:
+            self.config.acl.check(session.identity, "publish", space)
+        except AccessError as e:
+            return str(e)
+        return self.links.refusal(space, fields) if self.links is not None else None
 
     def _welcome(self) -> p.Welcome:
         """What a new client session is told: this broker, the others, the spaces."""

@@ -6,6 +6,13 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   runtime hands the connection to :meth:`Sessions.serve`, which answers ``Welcome`` (this
   broker, the ring's other brokers for reconnecting, the spaces and their schemas). A client
   that reconnects before its old connection was seen to go replaces it.
+* **Identity and rights** (:mod:`flowbus.broker.acl`). A session's identity is its
+  client certificate's name (TLS) or the one its ``Hello`` token stands for. ``Subscribe``
+  needs the right ``subscribe`` on its space, ``Advertise`` ``publish``, ``Deploy`` and
+  ``Undeploy`` ``deploy`` on the flow's name (each publish is checked by the ledger). A
+  refusal is the request's ``Reply`` with the error naming identity, right and space;
+  nothing changes. Until a client is authenticated (or if no ``acl`` is set), its frames
+  are held to the small limit of the door (64 KiB).
 * **Reading.** Each message goes to the part that handles it, in one ``match``:
   ``Publish`` to the publish ledger (:mod:`flowbus.broker.ledger`); ``Subscribe``,
   ``Unsubscribe`` and ``Ack`` to the subscription queues (:mod:`flowbus.broker.queues`);
@@ -31,9 +38,13 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from flowbus.broker.acl import Acl
 from flowbus.client import protocol as p
-from flowbus.errors import FlowbusError, ProtocolError
-from flowbus.net.codec import FrameDecoder, decode, encode, frame
+from flowbus.errors import AccessError, FlowbusError, ProtocolError
+from flowbus.flow.deploy import Deployment
+from flowbus.net.certs import CLIENTS_OU
+from flowbus.net.codec import MAX_FRAME, FrameDecoder, decode, encode, frame
+from flowbus.net.tls import identity
 
 if TYPE_CHECKING:
     from flowbus.broker.adverts import Adverts
@@ -50,9 +61,10 @@ EVENTS_PER_FRAME = 2000
 class Session:
     """One client connection: what it has attached, and what is to be written to it."""
 
-    def __init__(self, client: str, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, client: str, writer: asyncio.StreamWriter, identity: str | None = None) -> None:
         self.client = client
         self.writer = writer
+        self.identity = identity  # who the client is (certificate or token), None: nobody
         self.subs: set[str] = set()  # the subscriptions attached to this connection
         self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
         self.closed = False
@@ -115,8 +127,10 @@ class Sessions:
         queues: Queues,
         adverts: Adverts,
         flows: BrokerFlows,
+        acl: Acl | None = None,
     ) -> None:
         self.welcome = welcome
+        self.acl = acl or Acl()
         self.ledger = ledger
         self.queues = queues
         self.adverts = adverts
@@ -136,7 +150,9 @@ class Sessions:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
-        session = Session(hello.client, writer)
+        session = Session(hello.client, writer, self._identity(hello, writer))
+        if session.identity is not None or not self.acl.enforced:
+            frames.limit = MAX_FRAME
         old = self.by_client.get(hello.client)
         if old is not None:  # the client reconnected before we saw its old connection go
             self._end(old, bye=False)
@@ -164,6 +180,32 @@ class Sessions:
             if task is not None:
                 self._tasks.discard(task)
 
+    def _identity(self, hello: p.Hello, writer: asyncio.StreamWriter) -> str | None:
+        """The client certificate's name (a client's, not a broker's), else the token's identity."""
+        who = identity(writer.get_extra_info("peercert"))
+        if who is not None and who[0] == CLIENTS_OU:
+            return who[1]
+        return self.acl.identity_of(hello.token)
+
+    def _denied(self, session: Session, req: int, right: str, space: str) -> bool:
+        """Whether ``session`` lacks ``right`` on ``space``: if so, the refusal is sent."""
+        try:
+            self.acl.check(session.identity, right, space)
+        except AccessError as e:
+            session.send(p.Reply(req, False, str(e)))
+            return True
+        return False
+
+    def _deploy_denied(self, session: Session, msg: p.Deploy) -> bool:
+        """Whether ``session`` may not deploy the flow of ``msg`` (its name is read first)."""
+        if not self.acl.enforced:
+            return False
+        ok, error, name = self.flows.answer(lambda: Deployment.from_text(msg.text).name)
+        if not ok:
+            session.send(p.Reply(msg.req, ok, error))
+            return True
+        return self._denied(session, msg.req, "deploy", name)
+
     def _take(self, session: Session, msg: Any) -> bool:
         """Handle one message of ``session``; True for ``Bye``."""
         match msg:
@@ -172,17 +214,21 @@ class Sessions:
             case p.Ack():
                 self.queues.ack(session, msg.items())
             case p.Subscribe():
-                session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
+                if not self._denied(session, msg.req, "subscribe", msg.space):
+                    session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
             case p.Unsubscribe():
                 session.send(p.Reply(msg.req, *self.queues.unsubscribe(session, msg.sub_id)))
             case p.Advertise():
-                session.send(p.Reply(msg.req, *self.adverts.advertise(session, msg)))
+                if not self._denied(session, msg.req, "publish", msg.space):
+                    session.send(p.Reply(msg.req, *self.adverts.advertise(session, msg)))
             case p.Unadvertise():
                 session.send(p.Reply(msg.req, *self.adverts.unadvertise(session, msg.adv_id)))
             case p.Deploy():
-                session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.deploy(msg.text))))
+                if not self._deploy_denied(session, msg):
+                    session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.deploy(msg.text))))
             case p.Undeploy():
-                session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))
+                if not self._denied(session, msg.req, "deploy", msg.name):
+                    session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))
             case p.ListFlows():
                 session.send(p.Reply(msg.req, *self.flows.answer(self.flows.list)))
             case p.Bye():

@@ -7,6 +7,7 @@
 * :mod:`flowbus.cli.sim` -- ``flowbus sim ...`` (the simulator's experiments);
 * :mod:`flowbus.cli.bench` -- ``flowbus bench ...`` (:mod:`flowbus.bench`);
 * :mod:`flowbus.cli.demo` -- ``flowbus demo``;
+* :mod:`flowbus.cli.certs` -- ``flowbus certs init|token`` (TLS certificates, tokens);
 * :mod:`flowbus.cli.common` -- what they share: consoles, ``fail``, ``emit``, the progress bar.
 
 Every benchmark takes ``--json`` and then prints exactly one JSON document on standard
@@ -20,7 +21,7 @@ from __future__ import annotations
 import typer
 
 from flowbus import __version__
-from flowbus.cli import bench, broker, demo, flow, match, run, sim
+from flowbus.cli import bench, broker, certs, demo, flow, match, run, sim
 from flowbus.cli.common import out
 
 __all__ = ["app", "main"]
@@ -50,6 +51,7 @@ app.add_typer(flow.flow_app, name="flow")
 app.add_typer(sim.sim_app, name="sim")
 app.add_typer(broker.broker_app, name="broker")
 app.add_typer(broker.cluster_app, name="cluster")
+app.add_typer(certs.certs_app, name="certs")
 
 
 def main() -> None:

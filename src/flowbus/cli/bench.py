@@ -200,6 +200,7 @@ def bench_broker(
         float, typer.Option(help="Seconds to subscribe; then the row fails.")
     ] = 900.0,
     profile_dir: Annotated[Path | None, typer.Option(help="Run the brokers under cProfile.")] = None,
+    tls: Annotated[bool, typer.Option(help="Brokers and clients in TLS (mutual between brokers).")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Brokers on loopback (one, and a ring): events/s in, deliveries/s, latency, RSS, against ActiveMQ."""
@@ -213,7 +214,7 @@ def bench_broker(
             clients=clients, window=window, rate=rate, broker_window=broker_window,
             broker_memory=broker_memory, broker_heartbeat=broker_heartbeat,
             max_ring_subscriptions=max_ring_subscriptions, subscribe_timeout=subscribe_timeout,
-            profile_dir=profile_dir, progress=progress,
+            profile_dir=profile_dir, progress=progress, tls=tls,
         )  # fmt: skip
     if out_dir is not None:
         _write_broker(result, out_dir)

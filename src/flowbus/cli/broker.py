@@ -26,7 +26,38 @@ from flowbus.broker.process import OVERLOADED, READY
 from flowbus.cli.common import err, fail, out
 from flowbus.errors import FlowbusError
 
-__all__ = ["broker_app", "cluster_app", "pub", "sub"]
+__all__ = [
+    "TlsOption",
+    "TokenOption",
+    "UserOption",
+    "broker_app",
+    "client_options",
+    "cluster_app",
+    "pub",
+    "sub",
+]
+
+TlsOption = Annotated[
+    Path | None, typer.Option(help="A flowbus certs init directory: TLS (mutual between brokers).")
+]
+UserOption = Annotated[
+    str | None, typer.Option(help="With --tls: the client certificate NAME.pem of the directory (identity).")
+]
+TokenOption = Annotated[
+    str | None, typer.Option(help="An identity's token (flowbus certs token), sent to the broker.")
+]
+
+
+def client_options(tls: Path | None, user: str | None, token: str | None) -> dict[str, Any]:
+    """``connect``'s options for ``--tls DIR --user NAME --token TOKEN``."""
+    from flowbus.net.tls import client_context
+
+    if user is not None and tls is None:
+        fail("--user NAME needs --tls DIR (the directory holding NAME.pem)")
+    try:
+        return {"tls": client_context(tls, user) if tls is not None else None, "token": token}
+    except FlowbusError as e:
+        fail(str(e))
 
 
 def _say(text: str, *, stderr: bool = False) -> None:
@@ -54,12 +85,17 @@ def broker_start(
     flow: Annotated[
         list[Path] | None, typer.Option(help="A flow spec to deploy once joined (repeatable).")
     ] = None,
+    tls: TlsOption = None,
+    tls_name: Annotated[
+        str | None, typer.Option(help="This broker's certificate in the --tls directory (broker-1).")
+    ] = None,
 ) -> None:
     """Run a broker until Ctrl-C (or SIGTERM)."""
     import logging
 
     from flowbus.broker.config import DEFAULT, BrokerConfig
     from flowbus.broker.server import parse_address
+    from flowbus.net.tls import broker_tls
 
     level = logging.getLevelNamesMapping().get(log_level.upper())
     if level is None:
@@ -70,6 +106,7 @@ def broker_start(
     try:
         host, port = parse_address(listen)
         cfg = BrokerConfig.load(config) if config is not None else DEFAULT
+        contexts = broker_tls(tls, tls_name) if tls is not None else None
     except FlowbusError as e:
         fail(str(e))
     # A broker holds many long-lived objects (filters, index tables, events in custody) and
@@ -78,7 +115,14 @@ def broker_start(
     gc.set_threshold(50_000, 20, 100)
     asyncio.run(
         _serve(
-            host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay, flows=flow or []
+            host=host,
+            port=port,
+            join=join or [],
+            data=data,
+            config=cfg,
+            overlay=overlay,
+            flows=flow or [],
+            tls=contexts,
         )
     )
 
@@ -141,14 +185,18 @@ def pub(
     ],
     event: Annotated[str | None, typer.Option(help="One event as JSON (else JSON lines from stdin).")] = None,
     broker: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")] = None,
+    tls: TlsOption = None,
+    user: UserOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Publish events (JSON objects) and wait until the brokers acknowledge them."""
     import flowbus
 
     events = _events(event, space)
+    options = client_options(tls, user, token)
 
     async def run() -> None:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
             for s, e in events:
                 await client.publish(s, e)
             await client.flush()
@@ -170,12 +218,17 @@ def sub(
     durable: Annotated[str | None, typer.Option(help="Name of a durable subscription.")] = None,
     collapse: Annotated[str | None, typer.Option(help="A collapse rule set of the brokers.")] = None,
     count: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+    tls: TlsOption = None,
+    user: UserOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Print the matching events as JSON lines until Ctrl-C (or --count events)."""
     import flowbus
 
+    options = client_options(tls, user, token)
+
     async def run() -> None:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
             s = await client.subscribe(space, filter, durable=durable, collapse=collapse)
             n = 0
             async for e in s:
@@ -210,20 +263,26 @@ def cluster_up(
             help="Start brokers up to this many when one is over its limit (load_limit, rate_limit).",
         ),
     ] = None,
+    tls: TlsOption = None,
+    user: UserOption = None,
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
     from flowbus.broker.cluster import Cluster
 
     if max_brokers is not None and max_brokers < brokers:
         fail(f"--max-brokers: {max_brokers} is below --brokers {brokers}")
-    cluster = Cluster(port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say)
+    options = client_options(tls, user, None)  # (for deploying --flow)
+    cluster = Cluster(
+        port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say, tls=tls
+    )
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         for proc, address in zip(cluster.procs, cluster.start(brokers), strict=True):
             _say(f"broker {address} (pid {proc.pid})")
-        _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
+        hint = f" --tls {tls} --user NAME" if tls is not None else ""
+        _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}{hint}")
         if flow:
-            asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}"))
+            asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}", options))
         cluster.serve()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, at any point: stop the brokers
         pass
@@ -233,13 +292,13 @@ def cluster_up(
         cluster.stop()
 
 
-async def _deploy_all(files: list[Path], broker: str) -> None:
+async def _deploy_all(files: list[Path], broker: str, options: dict[str, Any]) -> None:
     """Deploy the flow specs at the first broker, once the ring has settled (the brokers it
     links to then each own a part of the flows' state)."""
     import flowbus
 
     await asyncio.sleep(1.0)
-    async with flowbus.connect(broker) as client:
+    async with flowbus.connect(broker, **options) as client:
         for f in files:
             info = await client.deploy(f)
             spaces = ", ".join(s["name"] for s in info["spaces"] if s["publishable"])

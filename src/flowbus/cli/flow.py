@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from flowbus.cli.broker import TlsOption, TokenOption, UserOption, client_options
 from flowbus.cli.common import JsonOption, SpecArgument, fail
 from flowbus.errors import FlowbusError
 
@@ -174,14 +175,17 @@ def generate(
 BrokerOption = Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")]
 
 
-def _ask(broker: list[str] | None, request: Any) -> Any:
-    """Run ``request(client)`` against the brokers; its result, or a red message and status 2."""
+def _ask(broker: list[str] | None, request: Any, tls: tuple[Path | None, str | None, str | None]) -> Any:
+    """Run ``request(client)`` against the brokers (``tls``: ``--tls``, ``--user``, ``--token``);
+    its result, or a red message and status 2."""
     import asyncio
 
     import flowbus
 
+    options = client_options(*tls)
+
     async def run() -> Any:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"])) as client:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
             return await request(client)
 
     try:
@@ -206,7 +210,14 @@ def _print_flow(info: dict[str, Any]) -> None:
 
 
 @flow_app.command("deploy")
-def deploy(spec: SpecArgument, broker: BrokerOption = None, as_json: JsonOption = False) -> None:
+def deploy(
+    spec: SpecArgument,
+    broker: BrokerOption = None,
+    as_json: JsonOption = False,
+    tls: TlsOption = None,
+    user: UserOption = None,
+    token: TokenOption = None,
+) -> None:
     """Deploy a flow on a running network: its spaces can be published into and subscribed to."""
     from flowbus.flow.deploy import Deployment
 
@@ -214,7 +225,7 @@ def deploy(spec: SpecArgument, broker: BrokerOption = None, as_json: JsonOption 
         text = Deployment.from_file(spec).text  # (a bad spec is refused here, naming the file)
     except FlowbusError as exc:
         fail(str(exc))
-    info = _ask(broker, lambda client: client.deploy(text))
+    info = _ask(broker, lambda client: client.deploy(text), (tls, user, token))
     if as_json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:
@@ -226,9 +237,12 @@ def undeploy(
     name: Annotated[str, typer.Argument(help="The flow's name.")],
     broker: BrokerOption = None,
     as_json: JsonOption = False,
+    tls: TlsOption = None,
+    user: UserOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Withdraw a flow from the network: its state goes, its subscriptions end."""
-    info = _ask(broker, lambda client: client.undeploy(name))
+    info = _ask(broker, lambda client: client.undeploy(name), (tls, user, token))
     if as_json:
         sys.stdout.write(json.dumps(info) + "\n")
     else:
@@ -236,9 +250,15 @@ def undeploy(
 
 
 @flow_app.command("ls")
-def ls(broker: BrokerOption = None, as_json: JsonOption = False) -> None:
+def ls(
+    broker: BrokerOption = None,
+    as_json: JsonOption = False,
+    tls: TlsOption = None,
+    user: UserOption = None,
+    token: TokenOption = None,
+) -> None:
     """The flows deployed on the network, their spaces, which can be published into."""
-    flows = _ask(broker, lambda client: client.flows())
+    flows = _ask(broker, lambda client: client.flows(), (tls, user, token))
     if as_json:
         sys.stdout.write(json.dumps(flows, indent=2) + "\n")
     elif not flows:

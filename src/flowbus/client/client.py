@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import ssl
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -74,9 +75,14 @@ def connect(
     dedup: int = 1_000_000,
     resume_timeout: float = 30.0,
     connect_timeout: float = 30.0,
+    tls: ssl.SSLContext | None = None,
+    token: str | None = None,
 ) -> Client:
     """A client of the brokers at ``addresses`` (``"host:port"``); use it as
-    ``async with connect(...) as client`` (or ``await client.open()`` / ``close()``)."""
+    ``async with connect(...) as client`` (or ``await client.open()`` / ``close()``).
+    ``tls``: connect in TLS with this context (:func:`flowbus.net.tls.client_context`:
+    the ring's authority, and a client certificate naming the identity, if any);
+    ``token``: the identity's token, sent in ``Hello`` (docs/security.md)."""
     return Client(
         addresses,
         name=name,
@@ -84,6 +90,8 @@ def connect(
         dedup=dedup,
         resume_timeout=resume_timeout,
         connect_timeout=connect_timeout,
+        tls=tls,
+        token=token,
     )
 
 
@@ -99,6 +107,8 @@ class Client:
         dedup: int = 1_000_000,
         resume_timeout: float = 30.0,
         connect_timeout: float = 30.0,
+        tls: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
         if not addresses:
             raise ClientError("connect: give at least one broker address (host:port)")
@@ -111,6 +121,9 @@ class Client:
         self.dedup = dedup
         self.resume_timeout = resume_timeout
         self.connect_timeout = connect_timeout
+        self.tls = tls
+        self.token = token
+        self._last_error: str | None = None  # why the last connection attempt failed
         self.spaces: dict[str, Schema | None] = {}
         self.broker: str | None = None  # the broker we are connected to
         self.reconnects = 0
@@ -154,7 +167,8 @@ class Client:
             await asyncio.wait_for(self._up.wait(), self.connect_timeout)
         except TimeoutError:
             await self.close()
-            raise ClientError(f"no broker answered at {', '.join(self._addresses)}") from None
+            why = f" (last: {self._last_error})" if self._last_error else ""
+            raise ClientError(f"no broker answered at {', '.join(self._addresses)}{why}") from None
 
     async def close(self) -> None:
         """Say goodbye (non-durable subscriptions end) and close."""
@@ -390,8 +404,11 @@ class Client:
             self._addresses.rotate(-1)
             try:
                 host, port = _split(address)
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
-            except (TimeoutError, OSError):
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, ssl=self.tls), 5.0
+                )
+            except (TimeoutError, OSError) as e:  # (an ssl.SSLError is an OSError: a bad certificate)
+                self._last_error = str(e) or type(e).__name__
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
@@ -418,7 +435,7 @@ class Client:
                 fut.set_exception(ClientError("the connection to the broker was lost; try again"))
 
     async def _serve(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(frame(encode(p.Hello(self.name))))
+        writer.write(frame(encode(p.Hello(self.name, token=self.token))))
         frames = FrameDecoder()
         welcome: p.Welcome | None = None
         while welcome is None:

@@ -7,7 +7,8 @@ share one port.
 
 Client -> broker:
 
-* :class:`Hello` ``(client)``: a name unique to the client process; the broker answers
+* :class:`Hello` ``(client, version, token)``: a name unique to the client process (and
+  a token naming its identity, if it has one; docs/security.md); the broker answers
   :class:`Welcome` (the ring's brokers, for reconnecting, and the spaces with their schemas).
 * :class:`Publish` ``(space, batch)``: ``(pseq, event)`` pairs, packed in one plain
   msgpack blob (events are plain data; one C call decodes a batch), in ``pseq`` order; an
@@ -83,6 +84,7 @@ def _name(value: object, what: str) -> None:
 class Hello:
     client: str
     version: int = VERSION
+    token: str | None = None  # an identity's token (the broker's config has its hash)
 
     def __post_init__(self) -> None:
         _name(self.client, "Hello.client")

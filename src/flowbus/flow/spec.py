@@ -15,6 +15,8 @@ give the same graph and the same errors, prefixed by the file name. The format
       NYSE: {kind: source, schema: {issue: str, price: float, vol: int}}
       combined: {kind: events, schema: {...}, publish: true, subscribe: true}
       max_cur: {kind: state, schema: {...}, key: [name], initial: {maxP: 0, curP: 0}}
+      alerts: {kind: events, schema: {...}, subscribe: true, class: secure}  # brokers: only
+                                 # over mutual-TLS links (docs/security.md); normal by default
     rulesets:
       max_cur:
         key: {name: name}        # state key component: event expression (or a list of shared names)
@@ -57,7 +59,7 @@ from flowbus.flow.graph import (
 )
 from flowbus.model import Schema, Value
 
-__all__ = ["FlowBuilder", "graph_from_spec", "load_spec", "lookup_table", "read_spec"]
+__all__ = ["FlowBuilder", "graph_from_spec", "load_spec", "lookup_table", "read_spec", "space_classes"]
 
 SchemaLike = Schema | Mapping[str, Any]
 ExprLike = str | Expr | Value
@@ -297,7 +299,8 @@ def load_spec(path: str | Path) -> Graph:
 
 
 _TOP = {"name", "description", "lookups", "spaces", "rulesets", "arcs", "input"}
-_SPACE = {"kind", "schema", "publish", "subscribe", "key", "initial", "description"}
+_SPACE = {"kind", "schema", "publish", "subscribe", "key", "initial", "description", "class"}
+_CLASSES = ("normal", "secure")
 _ARC_KINDS = ("select", "transform", "collapse", "expand")
 
 
@@ -326,6 +329,15 @@ def graph_from_spec(data: object, *, base: Path | None = None) -> Graph:
     return b.build()
 
 
+def space_classes(data: Mapping[str, Any]) -> dict[str, str]:
+    """The spaces of a (valid) parsed spec declared with a ``class``, and their class: the
+    graph does not carry it; the brokers route such spaces by it."""
+    spaces = data.get("spaces")
+    if not isinstance(spaces, Mapping):
+        return {}
+    return {str(n): str(s["class"]) for n, s in spaces.items() if isinstance(s, Mapping) and "class" in s}
+
+
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise FlowError(f"{where} must be a mapping, got {type(value).__name__}")
@@ -336,6 +348,8 @@ def _space(b: FlowBuilder, name: str, spec: object) -> None:
     where = f"space {name!r}"
     spec = _mapping(spec, where)
     _only(spec, _SPACE, where, required=("kind", "schema"))
+    if spec.get("class", "normal") not in _CLASSES:
+        raise FlowError(f"{where}: class is {' or '.join(_CLASSES)}, got {spec['class']!r}")
     kind = spec["kind"]
     extra = {"publish", "subscribe"} if kind == "events" else {"key", "initial"} if kind == "state" else set()
     for key in spec:

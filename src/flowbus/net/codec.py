@@ -94,6 +94,7 @@ __all__ = [
     "decode",
     "encode",
     "frame",
+    "head_tag",
     "registered",
 ]
 
@@ -537,6 +538,25 @@ def _from_tagged(tag: str, items: list[object]) -> object:
 
 
 # ---------------------------------------------------------------------------------------- framing
+
+
+def head_tag(head: bytes) -> str | None:
+    """The tag of the value a frame body holds, from the body's first bytes (64 are enough
+    for any tag): ``"tuple"`` for a peer's ``(source, message)``, a message's wire tag
+    (``"client.hello"``...); None if they do not start a tagged value."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(head) + 1)
+    unpacker.feed(head)
+    try:
+        unpacker.read_array_header()
+        ext = unpacker.unpack()
+    except (ValueError, msgpack.OutOfData, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if not isinstance(ext, msgpack.ExtType) or ext.code != _EXT_TAG:
+        return None
+    try:
+        return str(ext.data.decode())
+    except UnicodeDecodeError:
+        return None
 
 
 def frame(body: bytes, *, limit: int = MAX_FRAME) -> bytes:

@@ -28,6 +28,22 @@ the simulator does. A :class:`Directory` says where each address listens.
 * ``after_step`` is called after every step of the core (a message or the run of messages
   of one read, a timer, a failed send, a local call), for a driver that reads what the step
   changed.
+* **Admission and TLS** (:mod:`flowbus.net.admission`). The listener admits each
+  connection through a :class:`~flowbus.net.admission.Gate` (a cap per source address,
+  TLS if the runtime has a server context, a handshake deadline). The first frame must come
+  within the deadline and be at most ``pre_auth_frame`` long, unless its first bytes show
+  a ring message from a peer this runtime takes (a broker's certificate; any peer without
+  TLS): a ring peer may open with a big state transfer. With TLS, a connection whose
+  first frame is a ring message must have presented a broker's certificate signed by the
+  authority (:func:`~flowbus.net.tls.is_broker`), else it is closed (``refused_peers``);
+  plain connections are taken from peers only if ``plain_peers`` allows. Outgoing
+  connections to peers use TLS with the broker's own certificate (mutual TLS) and accept
+  only a broker's certificate; with ``plain_peers``, a peer that does not speak TLS is
+  dialed in plain text (and remembered as plain).
+* **Link classes.** A link is *secure* when its connection is mutual TLS: ``secure(dst)``
+  for the connection we send on, and for what arrives, the connection it came on. A
+  ``link_filter(peer, msgs, secure, outgoing)`` (the broker's, for spaces that may only cross secure
+  links) sees each batch going out and each run coming in, and returns what may pass.
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
   core and carries out the effects it returns.
 
@@ -39,13 +55,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError
-from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame
+from flowbus.net.admission import Admission, Gate
+from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame, head_tag
+from flowbus.net.tls import is_broker
 
 __all__ = ["Directory", "Runtime"]
 
@@ -54,6 +74,10 @@ ClientHook = Callable[
     [Any, asyncio.StreamReader, asyncio.StreamWriter, list[bytes], FrameDecoder], Awaitable[None]
 ]
 """A client connection: its ``Hello``, the streams, frames read after it, the decoder."""
+LinkFilter = Callable[[int, list[Any], bool, bool], list[Any]]
+"""``(peer, messages, secure, outgoing)`` -> the messages that may cross that link."""
+
+log = logging.getLogger("flowbus.net")
 
 
 class Directory:
@@ -104,6 +128,7 @@ class Runtime:
         on_client: ClientHook | None = None,
         client_hello: type | None = None,
         after_step: Callable[[], object] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.addr = addr
         self.core = core
@@ -114,10 +139,15 @@ class Runtime:
         self.on_client = on_client
         self.client_hello = client_hello
         self.after_step = after_step
+        self.admission = admission or Admission()
+        self.link_filter: LinkFilter | None = None
         self.bad_frames = 0
+        self.refused_peers = 0  # connections sending ring messages without a broker's certificate
         self.sent = 0
         self.received = 0
-        self._server: asyncio.Server | None = None
+        self._gate: Gate | None = None
+        self._secure_out: dict[int, bool] = {}  # dst -> its connection is mutual TLS
+        self._plain: set[int] = set()  # peers that answered TLS with plain text (plain_peers)
         self._out: dict[int, asyncio.StreamWriter] = {}
         self._opening: dict[int, asyncio.Lock] = {}
         self._queued: dict[int, list[Any]] = {}  # dst -> messages waiting for its connection
@@ -130,12 +160,23 @@ class Runtime:
     async def start(self, *, sock: socket.socket | None = None) -> None:
         """Listen (port 0: any free port; or on ``sock``, bound already) and record where
         in the directory."""
-        if sock is not None:
-            self._server = await asyncio.start_server(self._serve, sock=sock)
-        else:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        if sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        self._gate = Gate(self.admission, self._serve)
+        self._gate.start(sock)
+        self.port = sock.getsockname()[1]
         self.directory.set(self.addr, self.host, self.port)
+
+    @property
+    def refused(self) -> int:
+        """Connections closed at the door or as peers without a broker's certificate."""
+        return (self._gate.refused if self._gate is not None else 0) + self.refused_peers
+
+    def secure(self, dst: int) -> bool:
+        """Whether our connection to ``dst`` is mutual TLS (False if none is open)."""
+        return self._secure_out.get(dst, False)
 
     async def close(self) -> None:
         """Stop listening, close every connection, drop every timer."""
@@ -143,9 +184,8 @@ class Runtime:
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._gate is not None:
+            await self._gate.close()
         for writer in self._out.values():
             writer.close()
         self._out.clear()
@@ -218,8 +258,7 @@ class Runtime:
             return
         writer = self._out.get(dst)
         if writer is not None and not writer.is_closing():
-            writer.write(b"".join([frame(encode((self.addr, m))) for m in msgs]))
-            self.sent += len(msgs)
+            self._write(dst, writer, msgs)
             return
         self._queued[dst] = list(msgs)
         self._spawn(self._open_and_send(dst))
@@ -227,15 +266,19 @@ class Runtime:
     async def _open_and_send(self, dst: int) -> None:
         try:
             writer = await self._connection(dst)
-            msgs = self._queued.pop(dst, [])
-            writer.write(b"".join([frame(encode((self.addr, m))) for m in msgs]))
-            self.sent += len(msgs)
+            self._write(dst, writer, self._queued.pop(dst, []))
             await writer.drain()
         except (OSError, ConnectionError, FlowbusError):
             msgs = self._queued.pop(dst, [])
             self._drop(dst)
             for msg in msgs:
                 self._failed(dst, msg)
+
+    def _write(self, dst: int, writer: asyncio.StreamWriter, msgs: list[Any]) -> None:
+        if self.link_filter is not None:
+            msgs = self.link_filter(dst, msgs, self._secure_out.get(dst, False), True)
+        writer.write(b"".join([frame(encode((self.addr, m))) for m in msgs]))
+        self.sent += len(msgs)
 
     def _failed(self, dst: int, msg: Any) -> None:
         if not self._closed:
@@ -253,10 +296,35 @@ class Runtime:
             where = self.directory.get(dst)
             if where is None:
                 raise ConnectionError(f"node {dst} is in no directory")
-            reader, writer = await asyncio.open_connection(*where)
+            reader, writer = await self._dial(dst, *where)
             self._out[dst] = writer
             self._spawn(self._watch(dst, reader, writer))
             return writer
+
+    async def _dial(
+        self, dst: int, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to peer ``dst``: mutual TLS if we have a context (a plain one to a
+        peer that does not speak TLS, with ``plain_peers``)."""
+        ctx, timeout = self.admission.peer_tls, self.admission.handshake_timeout
+        if ctx is not None and dst not in self._plain:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=ctx, ssl_handshake_timeout=timeout
+                )
+            except (ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError, EOFError) as e:
+                if not self.admission.plain_peers:
+                    raise ConnectionError(f"TLS to {host}:{port} failed: {e}") from None
+                log.info("peer %s:%d does not speak TLS: a plain link", host, port)
+                self._plain.add(dst)
+            else:
+                if is_broker(writer.get_extra_info("peercert")):
+                    self._secure_out[dst] = True
+                    return reader, writer
+                writer.close()
+                raise ConnectionError(f"{host}:{port} presented no broker certificate")
+        self._secure_out[dst] = False
+        return await asyncio.open_connection(host, port)
 
     async def _watch(self, dst: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The peer never writes on our outgoing connection: EOF means it closed it."""
@@ -272,27 +340,34 @@ class Runtime:
 
     # -- incoming
 
-    def _take(self, run: list[tuple[int, Any]]) -> None:
+    def _take(self, run: list[tuple[int, Any]], secure: bool) -> None:
         """Messages read together from one source, as one step: to the core's ``on_messages``
         (a broker matches a batch of events in one pass), a lone one to ``on_message``."""
-        self.received += len(run)
         src = run[0][0]
+        if self.link_filter is not None:
+            kept = self.link_filter(src, [m for _, m in run], secure, False)
+            if len(kept) != len(run):
+                run = [(src, m) for m in kept]
+                if not run:
+                    return
+        self.received += len(run)
         if len(run) > 1:
             self._apply(self.core.on_messages(src, [m for _, m in run], self._now()))
         else:
             self._apply(self.core.on_message(src, run[0][1], self._now()))
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tls: bool) -> None:
+        """An admitted connection (:class:`~flowbus.net.admission.Gate`): a client's (handed
+        to ``on_client``) or a peer's, whose runs of messages go to the core."""
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)  # closed with the runtime
         frames = FrameDecoder()
         first = True
+        secure = tls and is_broker(writer.get_extra_info("peercert"))
         try:
-            while not self._closed:
-                data = await reader.read(65536)
-                if not data:
-                    break
+            data = await self._first_frame(reader, self._peer_allowed(tls, secure))
+            while not self._closed and data:
                 bodies = frames.feed(data)
                 run: list[Any] = []  # consecutive messages (of one source: one connection)
                 try:
@@ -302,17 +377,21 @@ class Runtime:
                         if first and hello and on_client and isinstance(obj, hello):
                             if task is not None:
                                 self._tasks.discard(task)  # the client session closes it
+                            frames.limit = self.admission.pre_auth_frame  # (the session raises it)
                             await on_client(obj, reader, writer, bodies[i + 1 :], frames)
+                            return
+                        if first and not self._peer_admitted(tls, secure, writer):
                             return
                         first = False
                         src, msg = _envelope(obj)
                         if run and src != run[0][0]:
-                            self._take(run)
+                            self._take(run, secure)
                             run = []
                         run.append((src, msg))
                 finally:
                     if run:  # (what came before a bad frame is taken)
-                        self._take(run)
+                        self._take(run, secure)
+                data = await reader.read(65536)
         except FlowbusError:  # a malformed frame, or a message the core refuses
             self.bad_frames += 1
         except (OSError, ConnectionError, asyncio.CancelledError):
@@ -321,6 +400,39 @@ class Runtime:
             writer.close()
             if task is not None:
                 self._tasks.discard(task)
+
+    async def _first_frame(self, reader: asyncio.StreamReader, peer_allowed: bool) -> bytes:
+        """What a new connection sends until its first frame is whole (or, from a peer this
+        runtime takes, until its head shows a ring message), within the handshake deadline;
+        a first frame over ``pre_auth_frame`` otherwise is a :class:`FrameError`."""
+        limit, data = self.admission.pre_auth_frame, b""
+        async with asyncio.timeout(self.admission.handshake_timeout):
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                n = int.from_bytes(data[:4], "big") if len(data) >= 4 else 0
+                if n > limit and len(data) >= 4 + min(n, 64):
+                    if peer_allowed and head_tag(data[4:68]) == "tuple":
+                        return data  # (a ring peer's big frame: the decoder takes the rest)
+                    raise FrameError(f"a first frame of {n} bytes: over {limit}")
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return b""
+                data += chunk
+        return data
+
+    def _peer_allowed(self, tls: bool, secure: bool) -> bool:
+        """Whether a connection may send ring messages: with TLS, a broker's certificate is
+        needed (or a plain connection, with ``plain_peers``)."""
+        return self.admission.tls is None or secure or (not tls and self.admission.plain_peers)
+
+    def _peer_admitted(self, tls: bool, secure: bool, writer: asyncio.StreamWriter) -> bool:
+        """:meth:`_peer_allowed`, else the connection is counted and logged (to be closed)."""
+        if self._peer_allowed(tls, secure):
+            return True
+        self.refused_peers += 1
+        log.warning(
+            "ring messages from %s without a broker's certificate: closed", writer.get_extra_info("peername")
+        )
+        return False
 
 
 def _envelope(obj: object) -> tuple[int, Any]:

@@ -1,0 +1,157 @@
+"""Security from the command line: ``flowbus certs init``, a broker process with ``--tls`` and
+an ``acl``, ``pub`` / ``sub`` with ``--tls DIR --user NAME`` and ``--token``, a refusal named on
+standard error, plain text to the TLS port closed without a traceback in the broker's log."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.cli.test_broker import FLOWBUS, flowbus
+
+from flowbus.broker.acl import new_token
+from flowbus.broker.process import start_process, wait_ready
+
+TOKEN, TOKEN_HASH = new_token()
+EVENT = {"symbol": "IBM", "price": 120.0, "quantity": 1, "exchange": "NYSE", "level": 1}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, Path]]:
+    """A ``certs init`` directory, a TLS broker with an acl, its log."""
+    root = tmp_path_factory.mktemp("secured")
+    done = flowbus(
+        "certs", "init", str(root / "pki"), "--brokers", "1", "--clients", "alice", "--clients", "bob"
+    )
+    assert done.returncode == 0, done.stderr
+    config = root / "broker.yaml"
+    acl = {"alice": {"publish": ["stocks"], "subscribe": ["*"]}, "bob": {"subscribe": ["stocks"]}}
+    config.write_text(json.dumps({"acl": acl, "tokens": {"carol": TOKEN_HASH}}))  # (JSON is YAML)
+    log = root / "broker.log"
+    proc = start_process("127.0.0.1:0", join=[], config=config, log=log, tls=root / "pki")
+    try:
+        yield root / "pki", wait_ready(proc), log
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_certs_init_writes_the_authority_and_the_named_certificates(secured: tuple[Path, str, Path]) -> None:
+    pki, _, _ = secured
+    names = {p.name for p in pki.iterdir()}
+    assert {"ca.pem", "broker-1.pem", "broker-1-key.pem", "alice.pem", "bob-key.pem"} <= names
+
+
+def test_pub_and_sub_with_certificates_and_a_refusal_by_name(secured: tuple[Path, str, Path]) -> None:
+    pki, address, _ = secured
+    tls = ["--tls", str(pki), "--broker", address]
+    sub = subprocess.Popen(
+        [*FLOWBUS, "sub", "stocks", "price > 100", "--count", "1", *tls, "--user", "bob"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(20):  # (until the subscriber is subscribed)
+            done = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *tls, "--user", "alice")
+            assert done.returncode == 0, done.stderr
+            try:
+                out, _ = sub.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert json.loads(out) == EVENT
+    finally:
+        sub.kill()
+        sub.wait()
+    refused = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *tls, "--user", "bob")
+    assert refused.returncode == 2
+    assert "identity 'bob' has no publish right on 'stocks'" in refused.stderr
+    refused = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *tls, "--token", TOKEN)
+    assert refused.returncode == 2 and "identity 'carol' has no publish right" in refused.stderr
+
+
+def test_plain_text_to_the_tls_port_is_closed_without_a_traceback(secured: tuple[Path, str, Path]) -> None:
+    _, address, log = secured
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = s.recv(100)
+        except ConnectionResetError:  # (closed with our bytes unread)
+            answer = b""
+        assert answer == b""
+    for _ in range(50):
+        if "plain text from 127.0.0.1 on a TLS port" in log.read_text():
+            break
+        time.sleep(0.1)
+    text = log.read_text()
+    assert "plain text from 127.0.0.1 on a TLS port: closed" in text and "Traceback" not in text
+
+
+def test_cluster_up_tls_is_a_mutual_tls_ring(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert flowbus("certs", "init", str(pki), "--brokers", "2", "--clients", "alice").returncode == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--tls", str(pki)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert "2 broker(s) up" in lines[2], lines
+        # an event published at the second broker reaches a subscriber of the first (over mTLS)
+        tls = ["--tls", str(pki), "--user", "alice"]
+        sub = subprocess.Popen(
+            [*FLOWBUS, "sub", "stocks", "--count", "1", "--broker", f"127.0.0.1:{port}", *tls],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            for _ in range(20):
+                done = flowbus(
+                    "pub", "stocks", "--event", json.dumps(EVENT), "--broker", f"127.0.0.1:{port + 1}", *tls
+                )
+                assert done.returncode == 0, done.stderr
+                try:
+                    out, _ = sub.communicate(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            assert json.loads(out) == EVENT
+        finally:
+            sub.kill()
+            sub.wait()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_bench_broker_tls_runs_brokers_and_clients_in_tls() -> None:
+    """A tiny ``flowbus bench broker --tls`` row: every delivery as counted offline, over TLS."""
+    done = flowbus(
+        "bench", "broker", "--tls", "--brokers", "1", "--subscriptions", "10", "--events", "300",
+        "--clients", "1", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["tls"] is True and "error" not in row, row.get("error")
+    assert row["deliveries_match_offline"] is True and row["deliveries_expected"] > 0
+
+
+def test_flow_commands_take_tls_and_deploying_needs_the_right(secured: tuple[Path, str, Path]) -> None:
+    pki, address, _ = secured
+    tls = ["--tls", str(pki), "--user", "alice", "--broker", address]
+    listed = flowbus("flow", "ls", *tls)
+    assert listed.returncode == 0 and "no flow is deployed" in listed.stdout, listed.stderr
+    spec = Path(__file__).resolve().parents[2] / "examples" / "stocks" / "flow.yaml"
+    refused = flowbus("flow", "deploy", str(spec), *tls)
+    assert refused.returncode == 2 and "identity 'alice' has no deploy right on 'stocks'" in refused.stderr

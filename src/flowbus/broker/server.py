@@ -23,7 +23,9 @@ How it works:
   - :mod:`~flowbus.broker.spaces`: the spaces' schemas, the routing filter that keeps them
     apart, the collapse rule sets bound to them;
   - :mod:`~flowbus.broker.ringlog`: the log's line for each change of the ring;
-  - :mod:`~flowbus.broker.store`: the SQLite database.
+  - :mod:`~flowbus.broker.store`: the SQLite database;
+  - :mod:`~flowbus.broker.console`: the web console and ``/metrics``, if started with
+    ``http`` (``--http HOST:PORT``), in the same event loop.
 
   The runtime calls three of them: the core's deliveries go to the queues, a client
   connection to the sessions, and after each step of the core the broker hands what the
@@ -39,7 +41,7 @@ import asyncio
 import logging
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
@@ -57,6 +59,9 @@ from flowbus.flow.deploy import Deployment
 from flowbus.matching.matcher import warm_up
 from flowbus.net.runtime import Directory, Runtime, addr_of
 from flowbus.routing.ring_broker import RingBroker
+
+if TYPE_CHECKING:
+    from flowbus.broker.console import Console
 
 __all__ = ["Broker", "parse_address"]
 
@@ -115,6 +120,7 @@ class Broker:
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
         self._documents: list[str] = []  # flows to deploy once joined
+        self.console: Console | None = None  # the web console, if started with http
         runtime.on_deliver = self.queues.on_deliver
         runtime.on_client = self.sessions.serve
         runtime.after_step = self._after_step
@@ -130,13 +136,16 @@ class Broker:
         config: BrokerConfig = DEFAULT,
         overlay: str = "chordal-ring",
         flows: tuple[str | Path, ...] | list[str | Path] = (),
+        http: str | None = None,
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
         (a directory; None: in memory, for tests and trials), deploying the flow spec files
         ``flows`` once it has joined (a flow deployed already with the same version is left
-        as it is). Wait for :meth:`joined` before counting on it."""
+        as it is), serving the web console on ``http`` (``"host:port"``; None: no console).
+        Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
+        console_at = parse_address(http) if http is not None else None
         check_overlay(overlay, config)
         if flows and overlay != "chordal-ring":
             raise ConfigError(f"--flow: the {overlay} overlay runs no flows (use the chordal-ring overlay)")
@@ -169,6 +178,10 @@ class Broker:
             broker.flows.restore()
             await runtime.start(sock=sock)
             runtime.apply(core.join([addr_of(h, n) for h, n in peers]) if peers else core.start())
+            if console_at is not None:
+                from flowbus.broker.console import Console  # (its libraries: only for a console)
+
+                broker.console = await Console.start(broker, *console_at)
         except BaseException:
             sock.close()
             await broker.close()
@@ -193,6 +206,8 @@ class Broker:
         self.queues.restore()
 
     async def close(self) -> None:
+        if self.console is not None:
+            await self.console.close()
         self.queues.close()
         self.sessions.close()
         await self.runtime.close()

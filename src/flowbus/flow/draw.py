@@ -268,8 +268,8 @@ def _svg_box(b: Box, place: Place, live: bool) -> str:
     ]
     if live:
         parts.append(
-            f'<text class="live" data-count="{escape(b.name)}" x="{x + w - 6:.1f}" y="{y + 34:.1f}" '
-            f'text-anchor="end" fill="#b91c1c"{BOLD}></text>'
+            f'<text class="live" data-count="{escape(b.name)}" x="{x:.1f}" y="{y - 4:.1f}" '
+            f'fill="#b91c1c"{BOLD}></text>'
         )
     if b.note:
         parts.append(

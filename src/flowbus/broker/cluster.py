@@ -17,6 +17,8 @@ the ring by setting up new links"):
   (the join puts it next to that broker, on the side with more id space), then ignores
   requests for ``pause`` seconds, time for the ring to take the newcomer in and for the
   heartbeats to carry its load (0) to its neighbours, which then stop asking.
+* With ``http`` (``cluster up --http HOST:PORT``) the first broker serves the web console
+  (:mod:`flowbus.broker.console`); its URL is :attr:`Cluster.console_url`.
 * :meth:`Cluster.stop` terminates every broker and waits for it.
 """
 
@@ -30,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flowbus.broker.process import OVERLOADED, start_process, wait_ready
+from flowbus.broker.process import OVERLOADED, console_of, start_process, wait_ready
 
 __all__ = ["Cluster"]
 
@@ -47,6 +49,7 @@ class Cluster:
         config: Path | None = None,
         pause: float = 5.0,
         say: Callable[[str], None] = lambda text: None,
+        http: str | None = None,
     ) -> None:
         self.port = port
         self.max_brokers = max_brokers
@@ -54,6 +57,8 @@ class Cluster:
         self.config = config
         self.pause = pause
         self.say = say
+        self.http = http  # HOST:PORT of the first broker's web console (None: none)
+        self.console_url: str | None = None
         self.procs: list[subprocess.Popen[str]] = []
         self._asks: queue.Queue[str] = queue.Queue()  # addresses of brokers asking for one more
 
@@ -61,7 +66,9 @@ class Cluster:
         """The first ``brokers`` brokers, each ready (a member of the ring); their addresses."""
         for i in range(brokers):
             self.procs.append(self._process(join=[f"127.0.0.1:{self.port}"] if i else []))
-        return [self._ready(proc) for proc in self.procs]
+        addresses = [self._ready(proc) for proc in self.procs]
+        self.console_url = console_of(self.procs[0]) if self.procs else None
+        return addresses
 
     def serve(self) -> None:
         """Start a broker for each request, up to ``max_brokers``; until interrupted."""
@@ -89,7 +96,10 @@ class Cluster:
     def _process(self, *, join: list[str]) -> subprocess.Popen[str]:
         i = len(self.procs)
         data = self.data / f"broker-{i + 1}" if self.data else None
-        return start_process(f"127.0.0.1:{self.port + i}", join=join, data=data, config=self.config)
+        http = self.http if i == 0 else None
+        return start_process(
+            f"127.0.0.1:{self.port + i}", join=join, data=data, config=self.config, http=http
+        )
 
     def _ready(self, proc: subprocess.Popen[str]) -> str:
         """Wait for ``proc``'s ready line, then read its requests in a thread of its own."""

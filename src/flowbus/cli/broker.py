@@ -54,6 +54,9 @@ def broker_start(
     flow: Annotated[
         list[Path] | None, typer.Option(help="A flow spec to deploy once joined (repeatable).")
     ] = None,
+    http: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the web console and /metrics (port 0: any free port).")
+    ] = None,
 ) -> None:
     """Run a broker until Ctrl-C (or SIGTERM)."""
     import logging
@@ -78,7 +81,14 @@ def broker_start(
     gc.set_threshold(50_000, 20, 100)
     asyncio.run(
         _serve(
-            host=host, port=port, join=join or [], data=data, config=cfg, overlay=overlay, flows=flow or []
+            host=host,
+            port=port,
+            join=join or [],
+            data=data,
+            config=cfg,
+            overlay=overlay,
+            flows=flow or [],
+            http=http,
         )
     )
 
@@ -108,7 +118,8 @@ async def _serve(**options: Any) -> None:
         print(log_flow, file=sys.stderr, flush=True)
     if broker.ring_log is not None:  # (over its limit: a line for cluster up --max-brokers)
         broker.ring_log.on_overloaded = partial(_overloaded, broker.address)
-    print(f"{READY} {broker.address} pid {os.getpid()}", flush=True)
+    console = f" console {broker.console.url}" if broker.console is not None else ""
+    print(f"{READY} {broker.address} pid {os.getpid()}{console}", flush=True)
     await stop.wait()
     await broker.close()
 
@@ -210,18 +221,26 @@ def cluster_up(
             help="Start brokers up to this many when one is over its limit (load_limit, rate_limit).",
         ),
     ] = None,
+    http: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT of the first broker's web console (e.g. 127.0.0.1:8080)."),
+    ] = None,
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
     from flowbus.broker.cluster import Cluster
 
     if max_brokers is not None and max_brokers < brokers:
         fail(f"--max-brokers: {max_brokers} is below --brokers {brokers}")
-    cluster = Cluster(port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say)
+    cluster = Cluster(
+        port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say, http=http
+    )
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         for proc, address in zip(cluster.procs, cluster.start(brokers), strict=True):
             _say(f"broker {address} (pid {proc.pid})")
         _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}")
+        if cluster.console_url:
+            _say(f"console: {cluster.console_url}")
         if flow:
             asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}"))
         cluster.serve()

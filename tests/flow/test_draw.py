@@ -34,7 +34,7 @@ def test_the_stock_flow_as_written_has_every_space_by_kind_and_every_arc_with_it
     lines = {line.name: line for line in before.lines}
     assert set(lines) == {a.name for a in g.arcs}
     assert lines["S"].kind == "select" and lines["S"].label == ("cap >= 1000000",)
-    assert lines["T3"].label == ("[com, price, vol] => [com, cap=price * vol]",)
+    assert lines["T3"].label == ("[com, cap=price * vol]",)
     assert (lines["C4"].kind, lines["C4"].label) == ("collapse", ("rule set max_cur",))
     assert lines["E5"].kind == "expand"
     svg = to_svg(before)
@@ -53,7 +53,7 @@ def test_the_rewritten_view_has_one_route_per_path_with_its_select_transform_and
     big = next(line for line in routes if (line.source, line.target) == ("NASDAQ", "big_trades"))
     assert big.label == (
         "S: price * vol >= 1000000",
-        "T: [issue, price, vol] => [com=NAS(issue), cap=price * vol]",
+        "T: [com=NAS(issue), cap=price * vol]",
         "shared: price * vol",
     )
     assert {line.kind for line in after.lines} == {"route", "collapse", "expand"}

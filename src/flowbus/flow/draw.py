@@ -36,6 +36,7 @@ from flowbus.flow.graph import (
     EventSpace,
     Expand,
     Graph,
+    Outputs,
     Route,
     Select,
     Space,
@@ -88,14 +89,18 @@ def _box(g: Graph, s: Space, note: str = "") -> Box:
     return Box(s.name, s.kind, roles, f"[{fields}]", note)
 
 
+def _outputs(outputs: Outputs) -> str:
+    """``[com=NYS(issue), price, vol]``: a transform's outputs (its inputs are its source's fields)."""
+    return outputs_text((), outputs).removeprefix("[] => ")
+
+
 def _label(g: Graph, arc: Arc) -> tuple[str, ...]:
-    inputs = list(g.space(arc.source).schema)
     if isinstance(arc, Select):
         return (arc.filter.to_text(),)
     if isinstance(arc, Transform):
-        return (outputs_text(inputs, arc.outputs),)
+        return (_outputs(arc.outputs),)
     if isinstance(arc, Route):
-        lines = [f"S: {arc.select.to_text()}", f"T: {outputs_text(inputs, arc.outputs)}"]
+        lines = [f"S: {arc.select.to_text()}", f"T: {_outputs(arc.outputs)}"]
         if arc.requires:
             lines.append(f"requires: {', '.join(expr_to_text(e) for e in arc.requires)}")
         path = RoutePath(arc.source, arc.target, arc.via, _step(g, arc))

@@ -137,10 +137,10 @@ def page(browser: Browser) -> Iterator[Page]:
     context.close()
 
 
-def _shot(page: Page, name: str, tmp_path: Path) -> None:
-    """The page as a PNG (and in $FLOWBUS_CONSOLE_SHOTS, if set)."""
+def _shot(page: Page, name: str, tmp_path: Path, *, full: bool = True) -> None:
+    """The page (or what the window shows of it) as a PNG (and in $FLOWBUS_CONSOLE_SHOTS, if set)."""
     path = tmp_path / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     where = os.environ.get("FLOWBUS_CONSOLE_SHOTS")
     if where:
@@ -195,8 +195,13 @@ def test_the_flow_page_draws_every_space_and_one_route_per_pair_and_its_counts_r
         "shared: price * vol",
     ]
     assert label.nth(1).is_visible()
-    first, later = _rises(page, 'figure.before [data-count="NYSE"]', r"in (\d+)")
+    first, later = _rises(page, 'figure.before [data-count="NYSE"]', r"pub (\d+)")
     assert later > first > 0
+    deliveries = _rises(page, 'figure.after [data-count="combined.sub"]', r"del (\d+)")
+    assert deliveries[1] > deliveries[0] > 0
+    assert re.fullmatch(
+        r"1 subs · \d+/s", page.locator('figure.after [data-rate="big_trades"]').text_content() or ""
+    )
     _shot(page, "flow", tmp_path)
 
 
@@ -253,7 +258,7 @@ def test_the_overview_links_to_the_flow_and_metrics_follow_the_traffic(
     assert re.search(
         r'^flowbus_publish_latency_seconds_bucket\{le="0.1",space="NYSE"\} \d', page.inner_text("body"), re.M
     )
-    _shot(page, "metrics", tmp_path)
+    _shot(page, "metrics", tmp_path, full=False)
 
 
 def _raw(port: int, data: bytes, *, slow: bool = False) -> bytes:

@@ -68,8 +68,8 @@ def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float,
     return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
 
 
-def _check_layout(d: Drawing) -> None:
-    at, width, height = _place(d)
+def _check_layout(d: Drawing, live: bool = False) -> None:
+    at, width, height = _place(d, live)
     for line in d.lines:  # space -> its label -> the target space, left to right
         src, label, dst = at[line.source], at["arc:" + line.name], at[line.target]
         assert src[0] + src[2] < label[0] and label[0] + label[2] < dst[0], line
@@ -85,6 +85,7 @@ def test_random_flows_are_laid_out_left_to_right_without_overlaps(seed: int) -> 
     g = random_deployment(seed).graph
     for d in drawings(g):
         _check_layout(d)
+        _check_layout(d, live=True)
         svg = to_svg(d, live=True)
         assert len(_groups(svg, "space")) == len(d.boxes)
         assert {

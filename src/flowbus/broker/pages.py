@@ -20,7 +20,7 @@ from flowbus.flow.html import STYLE, flow_section
 
 __all__ = ["flow_page", "not_found", "overview_page", "ring_page", "spaces_page"]
 
-_SCRIPT = """
+_SCRIPT = r"""
 const shown = n => (n === undefined || n === null) ? "" : String(n);
 let before = null;
 async function tick() {
@@ -46,13 +46,13 @@ async function tick() {
       const [name, key] = e.dataset.spaceRate.split("|");
       e.textContent = rate(name, key).toFixed(1);
     });
-    document.querySelectorAll("[data-count]").forEach(e => {
-      const name = e.dataset.count.replace(/\\.(pub|sub)$/, "");
+    document.querySelectorAll("[data-count], [data-rate]").forEach(e => {
+      const name = (e.dataset.count || e.dataset.rate).replace(/\.(pub|sub)$/, "");
       const sp = spaces[name];
       if (!sp) return;
       const per_s = rate(name, "in") + rate(name, "deliveries");
-      e.textContent = `in ${sp.in} · delivered ${sp.deliveries} · ` +
-        `${sp.subscriptions.length} subs · ${per_s.toFixed(0)}/s`;
+      e.textContent = e.dataset.count !== undefined ? `pub ${sp.in} · del ${sp.deliveries}`
+        : `${sp.subscriptions.length} subs · ${per_s.toFixed(0)}/s`;
     });
     before = {at: now, spaces: spaces};
     at.textContent = "live, " + new Date().toLocaleTimeString();
@@ -113,8 +113,9 @@ def overview_page(state: dict[str, Any]) -> str:
 def flow_page(address: str, d: Deployment, section: str) -> str:
     """A deployed flow: ``section`` is :func:`~flowbus.flow.html.flow_section` of its graph, live."""
     body = (
-        f"<p>Version <code>{escape(d.version)}</code>. Above each space: what this broker counts "
-        "of it (published here, delivered here, subscriptions here, events a second).</p>" + section
+        f"<p>Version <code>{escape(d.version)}</code>. In each space, what this broker counts of it: "
+        "events published here (pub), deliveries here (del), subscriptions here, events a second.</p>"
+        + section
     )
     return _page(f"Flow {d.name}", address, body)
 

@@ -204,10 +204,18 @@ def _texts(line: Line) -> list[str]:
     return [f"{line.name}: {line.kind}", *line.label]
 
 
-def _size(d: Drawing) -> dict[str, tuple[float, float]]:
+def _box_h(live: bool) -> float:
+    """A space's height: two lines of text, and two of counts on a live drawing."""
+    return BOX_H + (2 * LINE_H if live else 0)
+
+
+def _size(d: Drawing, live: bool) -> dict[str, tuple[float, float]]:
     """Width and height of each node of the layered graph: spaces, and arcs as their labels."""
     out: dict[str, tuple[float, float]] = {
-        b.name: (max(len(b.name) + 2, len(_kind_text(b)), 12) * CHAR + 16, BOX_H + (LINE_H if b.note else 0))
+        b.name: (
+            max(len(b.name) + 2, len(_kind_text(b)), 22 if live else 12) * CHAR + 16,
+            _box_h(live) + (LINE_H if b.note else 0),
+        )
         for b in d.boxes
     }
     for line in d.lines:
@@ -240,9 +248,9 @@ def _layers(d: Drawing) -> list[list[str]]:
     return layers
 
 
-def _place(d: Drawing) -> tuple[dict[str, Place], float, float]:
+def _place(d: Drawing, live: bool = False) -> tuple[dict[str, Place], float, float]:
     """Each node's place, and the drawing's width and height."""
-    size = _size(d)
+    size = _size(d, live)
     layers = _layers(d)
     column_h = [sum(size[n][1] for n in layer) + GAP * (len(layer) - 1) for layer in layers]
     height = max(column_h, default=0) + 2 * GAP
@@ -265,20 +273,21 @@ def _svg_box(b: Box, place: Place, live: bool) -> str:
     parts = [
         f'<g class="space space-{b.kind}" data-space="{escape(b.name)}" data-kind="{b.kind}">',
         f"<title>{title}</title>",
-        f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{BOX_H}" '
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{_box_h(live)}" '
         f'rx="{14 if b.kind == "state" else 4}" fill="{_FILLS[b.kind]}" stroke="#334155" '
         f'stroke-width="{3 if b.roles else 1.2}"/>',
         f'<text x="{x + 8:.1f}" y="{y + 17:.1f}"{BOLD}>{escape(b.name)}</text>',
         f'<text x="{x + 8:.1f}" y="{y + 34:.1f}" fill="#475569">{escape(_kind_text(b))}</text>',
     ]
     if live:
-        parts.append(
-            f'<text class="live" data-count="{escape(b.name)}" x="{x:.1f}" y="{y - 4:.1f}" '
-            f'fill="#b91c1c"{BOLD}></text>'
-        )
+        parts += [
+            f'<text class="live" data-{what}="{escape(b.name)}" x="{x + 8:.1f}" '
+            f'y="{y + 34 + LINE_H * k:.1f}" fill="#b91c1c"{BOLD}></text>'
+            for k, what in enumerate(("count", "rate"), 1)
+        ]
     if b.note:
         parts.append(
-            f'<text x="{x:.1f}" y="{y + BOX_H + 11:.1f}" fill="#0f766e">{escape(_cut(b.note))}</text>'
+            f'<text x="{x:.1f}" y="{y + _box_h(live) + 11:.1f}" fill="#0f766e">{escape(_cut(b.note))}</text>'
         )
     return "".join(parts) + "</g>"
 
@@ -288,16 +297,16 @@ def _curve(x1: float, y1: float, x2: float, y2: float) -> str:
     return f"M{x1:.1f},{y1:.1f} C{mx:.1f},{y1:.1f} {mx:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
 
 
-def _svg_line(line: Line, at: dict[str, Place], ident: int) -> str:
+def _svg_line(line: Line, at: dict[str, Place], ident: int, live: bool) -> str:
     sx, sy, sw, _ = at[line.source]
     tx, ty, _, _ = at[line.target]
     lx, ly, lw, lh = at["arc:" + line.name]
     colour = _DOT_COLOURS[line.kind]
     texts = _texts(line)
     path = (
-        _curve(sx + sw, sy + BOX_H / 2, lx, ly + lh / 2)
+        _curve(sx + sw, sy + _box_h(live) / 2, lx, ly + lh / 2)
         + " "
-        + _curve(lx + lw, ly + lh / 2, tx, ty + BOX_H / 2)
+        + _curve(lx + lw, ly + lh / 2, tx, ty + _box_h(live) / 2)
     )
     label = "".join(
         f'<text x="{lx + 4:.1f}" y="{ly + 13 + LINE_H * i:.1f}"{BOLD if i == 0 else ""}>'
@@ -318,13 +327,13 @@ def to_svg(d: Drawing, *, live: bool = False, ident: int = 0) -> str:
     """``d`` as an SVG element (see the module note); ``live`` leaves a place in each box for
     a count the console fills in; ``ident`` keeps the marker ids of several drawings on one
     page apart."""
-    at, width, height = _place(d)
+    at, width, height = _place(d, live)
     markers = "".join(
         f'<marker id="head-{kind}-{ident}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '
         f'markerHeight="8" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
         for kind, colour in _DOT_COLOURS.items()
     )
-    body = [_svg_line(line, at, ident) for line in d.lines]
+    body = [_svg_line(line, at, ident, live) for line in d.lines]
     body += [_svg_box(b, at[b.name], live) for b in d.boxes]
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="flow-drawing" width="{width:.0f}" '

@@ -31,6 +31,7 @@ main { padding: 12px 20px; }
 figure { margin: 0; background: #fff; border: 1px solid #cbd5e1; border-radius: 6px; padding: 8px;
   overflow-x: auto; max-width: 100%; }
 figcaption { font-weight: 600; margin-bottom: 4px; }
+figure svg.flow-drawing { max-width: 100%; height: auto; }
 table { border-collapse: collapse; margin: 8px 0 16px; background: #fff; font-size: 13px; }
 th, td { border: 1px solid #cbd5e1; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #e2e8f0; } td.num { text-align: right; font-variant-numeric: tabular-nums; }

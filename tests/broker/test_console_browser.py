@@ -1,6 +1,7 @@
 """The web console in a real browser: headless Chromium (Debian's ``chromium``, driven by
-Playwright; no browser is downloaded) loads each page of a ring of three broker processes,
-the first started with ``--http``, the stock flow deployed and events flowing, and the tests
+Playwright; no browser is downloaded) loads each page of a ring of three broker processes
+(``flowbus cluster up --http``: the first broker serves the console), the stock flow
+deployed and events flowing, and the tests
 check what a person sees: every space of the flow drawn, one route per publisher-subscriber
 pair in the rewritten view, the three brokers on the ring page, counts that rise. Bad HTTP
 requests to the broker process while events flow leave every delivery and the broker alone.
@@ -11,26 +12,27 @@ tests/broker/test_console_browser.py`` writes them where the README shows them."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
-from tests.broker.conftest import _ready, stop
 
 import flowbus
-from flowbus.broker.process import console_of, start_process
 from flowbus.flow import find_paths
 from flowbus.flow.deploy import Deployment
 
@@ -87,39 +89,72 @@ class Traffic(threading.Thread):
 class Ring:
     console: str  # the first broker's console URL
     addresses: list[str]
-    procs: list[subprocess.Popen[str]]
+    cluster: subprocess.Popen[str]
     traffic: Traffic
-    shots: list[Path] = field(default_factory=list)
+
+
+def _three_free_ports() -> int:
+    """A port p such that p, p + 1 and p + 2 are free on 127.0.0.1 (a moment ago)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + 2 > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in (base, base + 1, base + 2):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError("no three consecutive free ports")
+
+
+def _cluster_lines(proc: subprocess.Popen[str]) -> list[str]:
+    """What ``cluster up`` prints, up to the line saying the flow is deployed."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not any(" deployed; publish into " in line for line in lines):
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"cluster up ended: {lines}")
+        lines.append(line.strip())
+    return lines
 
 
 @pytest.fixture(scope="module")
 def ring3(tmp_path_factory: pytest.TempPathFactory, _matching_compiled: None) -> Iterator[Ring]:
-    logs = tmp_path_factory.mktemp("console-ring")
-    procs: list[subprocess.Popen[str]] = []
+    """``flowbus cluster up --brokers 3 --flow STOCKS --http 127.0.0.1:0``, and traffic."""
+    log = tmp_path_factory.mktemp("console-ring") / "cluster-log.txt"
+    port = _three_free_ports()
+    cmd = [sys.executable, "-m", "flowbus", "cluster", "up", "--brokers", "3", "--port", str(port),
+           "--flow", str(STOCKS), "--http", "127.0.0.1:0"]  # fmt: skip
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "COLUMNS": "200"}
+        )
     try:
-        procs.append(start_process("127.0.0.1:0", join=[], http="127.0.0.1:0", log=logs / "b0.txt"))
-        first = _ready(procs[0], 30)
-        for i in (1, 2):
-            procs.append(start_process("127.0.0.1:0", join=[first], log=logs / f"b{i}.txt"))
-        addresses = [first] + [_ready(p, 30) for p in procs[1:]]
-        url = console_of(procs[0])
-        assert url is not None and url.startswith("http://127.0.0.1:")
-        time.sleep(1.0)  # (the ring settles: each broker links to the other two)
-
-        async def deploy() -> None:
-            async with flowbus.connect(first) as c:
-                await c.deploy(STOCKS)
-
-        asyncio.run(deploy())
-        traffic = Traffic(first)
+        with ThreadPoolExecutor(1) as pool:
+            lines = pool.submit(_cluster_lines, proc).result(90)
+        addresses = [m.group(1) for line in lines if (m := re.match(r"broker (\S+) \(pid \d+\)$", line))]
+        assert addresses == [f"127.0.0.1:{port + i}" for i in range(3)], lines
+        urls = [line.removeprefix("console: ") for line in lines if line.startswith("console: ")]
+        assert len(urls) == 1 and re.fullmatch(r"http://127\.0\.0\.1:\d+/", urls[0]), lines
+        traffic = Traffic(addresses[0])
         traffic.start()
-        yield Ring(url, addresses, procs, traffic)
+        yield Ring(urls[0], addresses, proc, traffic)
         traffic.halt.set()
         traffic.join(10)
         assert traffic.error is None, traffic.error
     finally:
-        for p in procs:
-            stop(p)
+        proc.send_signal(signal.SIGINT)  # (cluster up stops its brokers)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        print(log.read_text(errors="replace")[-5000:])
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +360,10 @@ def test_bad_requests_to_the_broker_process_while_events_flow_lose_no_delivery(r
     assert results["unknown"].startswith(b"HTTP/1.1 404")
     assert results["post"].startswith(b"HTTP/1.1 405")
     assert results["slow"] == b""  # (closed: the request took too long)
-    assert all(p.poll() is None for p in ring3.procs)
+    assert ring3.cluster.poll() is None
+    for address in ring3.addresses:  # (each broker still listens)
+        host, port_text = address.rsplit(":", 1)
+        socket.create_connection((host, int(port_text)), timeout=5).close()
     with urllib.request.urlopen(ring3.console + "metrics", timeout=10) as reply:
         assert reply.status == 200
     assert ring3.traffic.error is None and ring3.traffic.received > 0

@@ -35,6 +35,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 import flowbus
 from flowbus.flow import find_paths
 from flowbus.flow.deploy import Deployment
+from flowbus.flow.html import flow_page
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 CHROMIUM = "/usr/bin/chromium"
@@ -238,6 +239,24 @@ def test_the_flow_page_draws_every_space_and_one_route_per_pair_and_its_counts_r
         r"1 subs · \d+/s", page.locator('figure.after [data-rate="big_trades"]').text_content() or ""
     )
     _shot(page, "flow", tmp_path)
+
+
+def test_the_offline_page_of_flow_explain_draws_both_graphs_with_no_network(
+    browser: Browser, tmp_path: Path
+) -> None:
+    d = Deployment.from_file(STOCKS)
+    out = tmp_path / "stocks.html"
+    out.write_text(flow_page(d.graph))  # (what flowbus flow explain --html writes)
+    context = browser.new_context(viewport={"width": 1600, "height": 1000}, offline=True)
+    try:
+        page = context.new_page()
+        page.goto(out.as_uri())
+        spaces = page.locator("figure.before g.space")
+        assert spaces.count() == len(d.graph.spaces) and spaces.last.is_visible()
+        assert page.locator("figure.after g.arc-route").count() == len(find_paths(d.graph))
+        assert page.locator("table.paths tr").count() == len(find_paths(d.graph)) + 1
+    finally:
+        context.close()
 
 
 def test_the_ring_page_names_the_three_brokers(ring3: Ring, page: Page, tmp_path: Path) -> None:

@@ -13,11 +13,12 @@ information flow graphs and applies the rules of Section 3 to rewrite the graph"
   subscription path, the subexpressions its ``S`` and ``T`` share, and on each publication
   point those that all its routes share, computed once per event).
 * **DOT** (:func:`to_dot`) is the model written for Graphviz, for whoever has it.
-* **SVG** (:func:`to_svg`) needs no program at all: the spaces are put in layers by
-  networkx's topological generations (every arc goes left to right), ordered within a layer
-  by the mean position of their neighbours in the layer before and after (a few sweeps of
-  the barycentre heuristic, to uncross arcs), and the arcs drawn as curves labelled at their
-  middle. Each element carries ``class`` and ``data-*`` attributes naming its space or arc
+* **SVG** (:func:`to_svg`) needs no program at all: the spaces, and each arc's label as a
+  node of its own between its two spaces, are put in layers by networkx's topological
+  generations (so every arc goes left to right and no label sits on another), ordered
+  within a layer by the mean position of their neighbours in the layer before or after (a
+  few sweeps of the barycentre heuristic, to uncross arcs); each arc is drawn as two curves,
+  space to label to space. Each element carries ``class`` and ``data-*`` attributes naming its space or arc
   (the console's live counts and the browser tests find them there), and a ``<title>`` with
   the full text (a long label is cut on the drawing).
 """

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.broker.test_server import eventually, ring, run
 
@@ -18,6 +20,7 @@ import flowbus
 from flowbus.broker import console as console_module
 from flowbus.broker.console import Console
 from flowbus.broker.server import Broker
+from flowbus.errors import ConfigError
 from flowbus.flow.deploy import Deployment
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
@@ -229,5 +232,19 @@ def test_connections_beyond_the_limit_are_closed_at_once(monkeypatch: Any) -> No
             assert (await _get(c, "/ring"))[0] == 200
         finally:
             await b.close()
+
+    run(main())
+
+
+def test_a_console_address_that_is_bad_or_taken_is_refused_naming_it() -> None:
+    async def main() -> None:
+        with pytest.raises(ConfigError, match=r"an address is HOST:PORT, got 'nowhere'"):
+            await Broker.start(http="nowhere")
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with pytest.raises(ConfigError, match=rf"--http 127.0.0.1:{port}: .*address already in use"):
+                await Broker.start(http=f"127.0.0.1:{port}")
 
     run(main())

@@ -32,6 +32,7 @@ import h11
 
 from flowbus.broker import pages, status
 from flowbus.broker.metrics import BrokerMetrics
+from flowbus.errors import ConfigError
 
 if TYPE_CHECKING:
     from flowbus.broker.server import Broker
@@ -65,7 +66,10 @@ class Console:
     async def start(cls, broker: Broker, host: str, port: int) -> Console:
         """Serve the console of ``broker`` on ``host:port`` (0: any free port)."""
         console = cls(broker)
-        console.server = await asyncio.start_server(console._serve, host, port, limit=HEADER_LIMIT)
+        try:
+            console.server = await asyncio.start_server(console._serve, host, port, limit=HEADER_LIMIT)
+        except OSError as e:
+            raise ConfigError(f"--http {host}:{port}: {e.strerror}") from None
         console.host, console.port = console.server.sockets[0].getsockname()[:2]
         console.metrics.attach()
         return console

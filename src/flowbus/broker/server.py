@@ -178,14 +178,18 @@ class Broker:
             broker.flows.restore()
             await runtime.start(sock=sock)
             runtime.apply(core.join([addr_of(h, n) for h, n in peers]) if peers else core.start())
-            if console_at is not None:
-                from flowbus.broker.console import Console  # (its libraries: only for a console)
-
-                broker.console = await Console.start(broker, *console_at)
         except BaseException:
             sock.close()
             await broker.close()
             raise
+        if console_at is not None:
+            from flowbus.broker.console import Console  # (its libraries: only for a console)
+
+            try:
+                broker.console = await Console.start(broker, *console_at)
+            except BaseException:
+                await broker.close()
+                raise
         return broker
 
     @property

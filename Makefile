@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(BIN)/flowbus run examples/stocks/flow.yaml --fresh
 
 test: $(STAMP)
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)  # the console's browser tests
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q

@@ -90,14 +90,17 @@ def test_cluster_up_and_ctrl_c() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port)], stdout=subprocess.PIPE, text=True
+        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--http", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(3)]
+        lines = [proc.stdout.readline() for _ in range(4)]
         assert lines[0].startswith(f"broker 127.0.0.1:{port} ")
         assert lines[1].startswith(f"broker 127.0.0.1:{port + 1} ")
         assert "2 broker(s) up" in lines[2]
+        assert lines[3].startswith("console: http://127.0.0.1:")  # (the first broker's; 8080 unless told)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         for p in (port, port + 1):  # the brokers are gone

@@ -70,7 +70,19 @@ def test_a_loaded_ring_grows_by_one_broker_and_takes_it_in(tmp_path: Path) -> No
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [*FLOWBUS, "cluster", "up", "--brokers", "2", "--max-brokers", "4", "--port", str(port)]
+    cmd = [
+        *FLOWBUS,
+        "cluster",
+        "up",
+        "--brokers",
+        "2",
+        "--max-brokers",
+        "4",
+        "--port",
+        str(port),
+        "--http",
+        "off",
+    ]
     proc = subprocess.Popen([*cmd, "--config", str(cfg)], stdout=subprocess.PIPE, text=True)
     try:
         out = Lines(proc)

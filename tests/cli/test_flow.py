@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,23 @@ def test_python_m_flowbus_flow_expand() -> None:
         timeout=120,
     )
     assert bad.returncode == 2 and "unknown --format" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_explain_html_writes_one_page_with_both_drawings(tmp_path: Path) -> None:
+    out = tmp_path / "stocks.html"
+    result = invoke("flow", "explain", SPEC, "--html", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "" and f"wrote {out}" in result.stderr
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
+    assert 'data-space="max_cur"' in page and 'class="arc arc-route"' in page
+    bad = invoke("flow", "explain", SPEC, "--html", str(tmp_path / "no" / "such" / "dir.html"))
+    assert bad.exit_code == 2 and "No such file or directory" in bad.stderr
+
+
+def test_explain_dot_prints_the_graph_before_and_after() -> None:
+    result = invoke("flow", "explain", SPEC, "--dot")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("digraph ") == 2
+    assert '"capital" -> "big_trades" [label="S: select\\ncap >= 1000000"' in result.stdout
+    assert '"NYSE" -> "big_trades" [label="NYSE->big_trades: route' in result.stdout

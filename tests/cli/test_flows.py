@@ -116,7 +116,19 @@ def test_cluster_up_deploys_its_flows_once_the_ring_is_up() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--flow", str(STOCKS)],
+        [
+            *FLOWBUS,
+            "cluster",
+            "up",
+            "--brokers",
+            "2",
+            "--port",
+            str(port),
+            "--flow",
+            str(STOCKS),
+            "--http",
+            "off",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

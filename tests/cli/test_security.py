@@ -100,7 +100,19 @@ def test_cluster_up_tls_is_a_mutual_tls_ring(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--tls", str(pki)],
+        [
+            *FLOWBUS,
+            "cluster",
+            "up",
+            "--brokers",
+            "2",
+            "--port",
+            str(port),
+            "--tls",
+            str(pki),
+            "--http",
+            "off",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -19,6 +19,8 @@ the ring by setting up new links"):
   heartbeats to carry its load (0) to its neighbours, which then stop asking.
 * With ``tls`` (a ``flowbus certs init`` directory), broker N serves and dials its peers in
   mutual TLS with the certificate ``broker-N``.
+* With ``http`` (``cluster up --http HOST:PORT``) the first broker serves the web console
+  (:mod:`flowbus.broker.console`); its URL is :attr:`Cluster.console_url`.
 * :meth:`Cluster.stop` terminates every broker and waits for it.
 """
 
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flowbus.broker.process import OVERLOADED, start_process, wait_ready
+from flowbus.broker.process import OVERLOADED, console_of, start_process, wait_ready
 from flowbus.net.certs import broker_name
 
 __all__ = ["Cluster"]
@@ -51,6 +53,7 @@ class Cluster:
         pause: float = 5.0,
         say: Callable[[str], None] = lambda text: None,
         tls: Path | None = None,
+        http: str | None = None,
     ) -> None:
         self.port = port
         self.max_brokers = max_brokers
@@ -59,6 +62,8 @@ class Cluster:
         self.pause = pause
         self.say = say
         self.tls = tls
+        self.http = http  # HOST:PORT of the first broker's web console (None: none)
+        self.console_url: str | None = None
         self.procs: list[subprocess.Popen[str]] = []
         self._asks: queue.Queue[str] = queue.Queue()  # addresses of brokers asking for one more
 
@@ -66,7 +71,9 @@ class Cluster:
         """The first ``brokers`` brokers, each ready (a member of the ring); their addresses."""
         for i in range(brokers):
             self.procs.append(self._process(join=[f"127.0.0.1:{self.port}"] if i else []))
-        return [self._ready(proc) for proc in self.procs]
+        addresses = [self._ready(proc) for proc in self.procs]
+        self.console_url = console_of(self.procs[0]) if self.procs else None
+        return addresses
 
     def serve(self) -> None:
         """Start a broker for each request, up to ``max_brokers``; until interrupted."""
@@ -101,6 +108,7 @@ class Cluster:
             config=self.config,
             tls=self.tls,
             tls_name=broker_name(i + 1),
+            http=self.http if i == 0 else None,
         )
 
     def _ready(self, proc: subprocess.Popen[str]) -> str:

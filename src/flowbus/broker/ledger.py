@@ -72,6 +72,9 @@ class Ledger:
         self.spaces = spaces
         self.adverts = adverts
         self.published = 0
+        # (the console's metrics, when it runs: each batch taken, each list of publishes settled)
+        self.on_taken: Callable[[list[tuple[EventId, dict[str, Any]]]], None] | None = None
+        self.on_settled: Callable[[list[Any]], None] | None = None
         self._last: dict[str, int] = {}  # publisher -> the highest pseq taken
         self._in_flight: dict[EventId, None] = {}  # published here, not settled
         self._open: dict[str, list[int]] = {}  # publisher -> heap of its pseqs published here
@@ -109,6 +112,8 @@ class Ledger:
             items.append(((client, pseq), fields))
         if items:
             self._track(client, items)
+            if self.on_taken is not None:
+                self.on_taken(items)
             self.apply(self.core.publish_batch(items))
         if top > last:
             self._last[client] = top
@@ -117,6 +122,8 @@ class Ledger:
     def settled(self, eids: list[Any], sessions: Mapping[str, Session]) -> None:
         """The core settled these publishes: acknowledge them to their clients if connected."""
         in_flight = self._in_flight
+        if self.on_settled is not None:
+            self.on_settled(eids)
         for eid in eids:
             if eid not in in_flight:  # (published by the core itself: a flow's derived event)
                 continue

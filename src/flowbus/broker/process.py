@@ -9,10 +9,11 @@ from pathlib import Path
 
 from flowbus.errors import FlowbusError
 
-__all__ = ["OVERLOADED", "READY", "start_process", "wait_ready"]
+__all__ = ["OVERLOADED", "READY", "console_of", "start_process", "wait_ready"]
 
 READY = "flowbus broker ready"
-"""The line a broker prints (standard output) once it is a member of the ring."""
+"""The line a broker prints (standard output) once it is a member of the ring:
+``flowbus broker ready HOST:PORT pid PID`` (and ``console URL`` with ``--http``)."""
 
 OVERLOADED = "flowbus broker overloaded"
 """The line a broker prints (standard output) when it asks for another broker:
@@ -29,6 +30,7 @@ def start_process(
     flows: list[Path] | tuple[Path, ...] = (),
     tls: Path | None = None,
     tls_name: str | None = None,
+    http: str | None = None,
 ) -> subprocess.Popen[str]:
     """A broker in a process of its own (``flowbus broker start``); its standard error (the
     log) goes to the file ``log`` if one is given, else to ours. With ``tls`` (a ``certs
@@ -44,6 +46,8 @@ def start_process(
         cmd += ["--flow", str(f)]
     if tls is not None:
         cmd += ["--tls", str(tls)] + (["--tls-name", tls_name] if tls_name else [])
+    if http is not None:
+        cmd += ["--http", http]
     if log is None:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with log.open("a") as stderr:  # (the child has its own copy of the descriptor)
@@ -51,9 +55,20 @@ def start_process(
 
 
 def wait_ready(proc: subprocess.Popen[str]) -> str:
-    """Wait for a broker process's ready line; its address."""
+    """Wait for a broker process's ready line; its address (its console's URL is then
+    :func:`console_of` the process)."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith(READY):
         raise FlowbusError(f"broker process {proc.pid} did not start (exit code {proc.poll()})")
-    return line.split()[3]
+    words = line.split()
+    _consoles[proc.pid] = words[words.index("console") + 1] if "console" in words else None
+    return words[3]
+
+
+_consoles: dict[int, str | None] = {}  # process id -> the URL of its console, from its ready line
+
+
+def console_of(proc: subprocess.Popen[str]) -> str | None:
+    """The URL of the web console of a ready broker process (None: it has none)."""
+    return _consoles.get(proc.pid)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -199,6 +199,7 @@ class Queues:
         self.subs: dict[str, Subscription] = {}
         self.delivered = 0
         self.spilled = 0
+        self.sent: Counter[str] = Counter()  # space -> events sent to subscribers' clients
         self.closed = False
         self._spill: list[tuple[str, str, bytes]] = []  # SQLite queue rows of this core step
         self._settling: list[Settle] = []  # (sub id, event id) spilled in this step
@@ -472,6 +473,7 @@ class Queues:
                 break
             first, batch = sub.take(n)
             session.deliver(sub.sub_id, first, batch)
+            self.sent[sub.space] += n
             room -= n
 
     def _load(self, sub: Subscription, n: int) -> None:

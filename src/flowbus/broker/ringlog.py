@@ -6,7 +6,8 @@ Bellur, Govindan, "Chordal Reliability Rings", section 3.4): after every step of
 lengths) with the one it saw last; only when that differs does it build the view the log
 shows (this broker's window, the brokers it suspects, those it declared dead, those whose
 state it took over) and write a line if the view changed. So a step that changed nothing in
-the ring costs a tuple of six counters.
+the ring costs a tuple of six counters. :attr:`RingLog.changes` counts the changes of the
+view (the console's ``flowbus_ring_changes_total``), whatever the log level.
 
 A ring node over its load limit whose neighbours have no room asks for another broker
 (:mod:`flowbus.overlay.ring_load`): each request is logged (warning) and handed to
@@ -38,6 +39,7 @@ class RingLog:
         self._quick: tuple[int, ...] = ()  # (and a cheap signature of it)
         self._requests = 0  # the ring node's requests for a broker seen so far
         self.on_overloaded: Callable[[Overloaded], None] | None = None
+        self.changes = 0  # how many times the view changed (the console's metrics)
 
     def update(self) -> None:
         """Log the ring's changes since the last call, if any (and if ``log`` shows info)."""
@@ -51,7 +53,7 @@ class RingLog:
             )
             if self.on_overloaded is not None:
                 self.on_overloaded(req)
-        if not ring.joined or not self.log.isEnabledFor(logging.INFO):
+        if not ring.joined:
             return
         quick = (
             ring.version,
@@ -72,6 +74,9 @@ class RingLog:
         )
         if seen != self._seen:
             self._seen = seen
+            self.changes += 1
+            if not self.log.isEnabledFor(logging.INFO):
+                return
             window, suspects, dead, taken = seen
             self.log.info(
                 "ring %s (id %d): window %s, suspects %s, dead %s, taken over %s",

@@ -26,7 +26,9 @@ How it works:
   - :mod:`~flowbus.broker.acl` and :mod:`~flowbus.broker.links`: who may publish and
     subscribe where, and the spaces whose events cross only mutual-TLS links
     (docs/security.md; with ``tls``, the runtime serves and dials in TLS);
-  - :mod:`~flowbus.broker.store`: the SQLite database.
+  - :mod:`~flowbus.broker.store`: the SQLite database;
+  - :mod:`~flowbus.broker.console`: the web console and ``/metrics``, if started with
+    ``http`` (``--http HOST:PORT``), in the same event loop.
 
   The runtime calls three of them: the core's deliveries go to the queues, a client
   connection to the sessions, and after each step of the core the broker hands what the
@@ -42,7 +44,7 @@ import asyncio
 import logging
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
@@ -63,6 +65,9 @@ from flowbus.net.admission import Admission
 from flowbus.net.runtime import Directory, Runtime, addr_of
 from flowbus.net.tls import BrokerTls
 from flowbus.routing.ring_broker import RingBroker
+
+if TYPE_CHECKING:
+    from flowbus.broker.console import Console
 
 __all__ = ["Broker", "parse_address"]
 
@@ -142,6 +147,7 @@ class Broker:
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
         self._documents: list[str] = []  # flows to deploy once joined
+        self.console: Console | None = None  # the web console, if started with http
         runtime.on_deliver = self.queues.on_deliver
         runtime.on_client = self.sessions.serve
         runtime.after_step = self._after_step
@@ -158,14 +164,17 @@ class Broker:
         overlay: str = "chordal-ring",
         flows: tuple[str | Path, ...] | list[str | Path] = (),
         tls: BrokerTls | None = None,
+        http: str | None = None,
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
         (a directory; None: in memory, for tests and trials), deploying the flow spec files
         ``flows`` once it has joined (a flow deployed already with the same version is left
         as it is), serving and dialing its peers in TLS with ``tls`` (mutual TLS between
-        brokers). Wait for :meth:`joined` before counting on it."""
+        brokers), serving the web console on ``http`` (``"host:port"``; None: no console).
+        Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
+        console_at = parse_address(http) if http is not None else None
         check_overlay(overlay, config)
         if any(c == "secure" for c in config.classes.values()) and overlay != "chordal-ring":
             raise ConfigError(
@@ -214,6 +223,14 @@ class Broker:
             sock.close()
             await broker.close()
             raise
+        if console_at is not None:
+            from flowbus.broker.console import Console  # (its libraries: only for a console)
+
+            try:
+                broker.console = await Console.start(broker, *console_at)
+            except BaseException:
+                await broker.close()
+                raise
         return broker
 
     @property
@@ -234,6 +251,8 @@ class Broker:
         self.queues.restore()
 
     async def close(self) -> None:
+        if self.console is not None:
+            await self.console.close()
         self.queues.close()
         self.sessions.close()
         await self.runtime.close()

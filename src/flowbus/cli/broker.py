@@ -89,6 +89,9 @@ def broker_start(
     tls_name: Annotated[
         str | None, typer.Option(help="This broker's certificate in the --tls directory (broker-1).")
     ] = None,
+    http: Annotated[
+        str | None, typer.Option(help="HOST:PORT of the web console and /metrics (port 0: any free port).")
+    ] = None,
 ) -> None:
     """Run a broker until Ctrl-C (or SIGTERM)."""
     import logging
@@ -123,6 +126,7 @@ def broker_start(
             overlay=overlay,
             flows=flow or [],
             tls=contexts,
+            http=http,
         )
     )
 
@@ -152,7 +156,8 @@ async def _serve(**options: Any) -> None:
         print(log_flow, file=sys.stderr, flush=True)
     if broker.ring_log is not None:  # (over its limit: a line for cluster up --max-brokers)
         broker.ring_log.on_overloaded = partial(_overloaded, broker.address)
-    print(f"{READY} {broker.address} pid {os.getpid()}", flush=True)
+    console = f" console {broker.console.url}" if broker.console is not None else ""
+    print(f"{READY} {broker.address} pid {os.getpid()}{console}", flush=True)
     await stop.wait()
     await broker.close()
 
@@ -265,6 +270,10 @@ def cluster_up(
     ] = None,
     tls: TlsOption = None,
     user: UserOption = None,
+    http: Annotated[
+        str,
+        typer.Option(help="HOST:PORT of the first broker's web console and /metrics, or off."),
+    ] = "127.0.0.1:8080",
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
     from flowbus.broker.cluster import Cluster
@@ -273,7 +282,13 @@ def cluster_up(
         fail(f"--max-brokers: {max_brokers} is below --brokers {brokers}")
     options = client_options(tls, user, None)  # (for deploying --flow)
     cluster = Cluster(
-        port=port, max_brokers=max_brokers or brokers, data=data, config=config, say=_say, tls=tls
+        port=port,
+        max_brokers=max_brokers or brokers,
+        data=data,
+        config=config,
+        say=_say,
+        tls=tls,
+        http=None if http == "off" else http,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -281,6 +296,8 @@ def cluster_up(
             _say(f"broker {address} (pid {proc.pid})")
         hint = f" --tls {tls} --user NAME" if tls is not None else ""
         _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}{hint}")
+        if cluster.console_url:
+            _say(f"console: {cluster.console_url}")
         if flow:
             asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}", options))
         cluster.serve()

@@ -1,5 +1,9 @@
 """The information flow commands: ``flowbus flow explain|expand|generate|deploy|undeploy|ls``.
 
+``flowbus flow explain FILE --html OUT.html`` writes the flow drawn before and after the
+rewrite as one self-contained page (:mod:`flowbus.flow.html`); ``--dot`` prints both graphs
+in Graphviz DOT (:mod:`flowbus.flow.draw`).
+
 ``flow_app`` is a typer sub-app (mounted as ``flowbus flow`` by :mod:`flowbus.cli`;
 ``flowbus run`` is :mod:`flowbus.cli.run`). As everywhere in the command line, ``--json``
 prints exactly one JSON document on standard output, and a bad input (a spec that does
@@ -47,18 +51,42 @@ def _load(spec: Path) -> Graph:
 
 
 @flow_app.command("explain")
-def explain(spec: SpecArgument, as_json: JsonOption = False) -> None:
+def explain(
+    spec: SpecArgument,
+    as_json: JsonOption = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(help="Write one self-contained HTML page: the graph drawn before and after."),
+    ] = None,
+    dot: Annotated[bool, typer.Option("--dot", help="Print both graphs in Graphviz DOT.")] = False,
+) -> None:
     """Print the graph before and after rewriting, path by path (000 document, section 4.1)."""
     from flowbus.flow.explain import explain_json, explain_text
 
     try:
         g = _load(spec)
-        if as_json:
+        if html is not None:
+            _write_html(g, html)
+        elif dot:
+            from flowbus.flow.draw import drawings, to_dot
+
+            sys.stdout.write("".join(to_dot(d) for d in drawings(g)))
+        elif as_json:
             sys.stdout.write(json.dumps(explain_json(g), indent=2) + "\n")
         else:
             sys.stdout.write(explain_text(g))
     except FlowbusError as exc:
         fail(str(exc))
+
+
+def _write_html(g: Graph, path: Path) -> None:
+    from flowbus.flow.html import flow_page
+
+    try:
+        path.write_text(flow_page(g), encoding="utf-8")
+    except OSError as exc:
+        raise FlowbusError(f"--html {path}: {exc.strerror}") from None
+    sys.stderr.write(f"wrote {path}\n")
 
 
 def _rules_for(g: Graph, state: str, arc: str | None) -> tuple[str, BoundRules]:

@@ -1,0 +1,135 @@
+"""What the console shows of a broker, as plain data read from its live state (read only).
+
+How it works: each function reads the broker's parts through their public attributes --
+the routing core and its ring node, the queues and their subscriptions, the spaces, the
+flows registry, the metrics' counts -- and returns dicts and lists of plain values, which
+the console's pages (:mod:`flowbus.broker.pages`) format and ``/api/state`` sends as JSON.
+Nothing here changes the broker, and each call is a walk over the subscriptions and the
+ring window: cheap enough for a request handler in the broker's own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from flowbus.broker.overlays import address_text
+from flowbus.overlay.chordal_ring import RingNode
+from flowbus.routing.ring_broker import RingBroker
+
+if TYPE_CHECKING:
+    from flowbus.broker.metrics import BrokerMetrics
+    from flowbus.broker.server import Broker
+
+__all__ = ["overview", "ring_view", "spaces_view", "state"]
+
+LINK_CLASS = "normal"  # (the broker's ring has one class of link; express and secure are the simulator's)
+
+
+def overview(b: Broker) -> dict[str, Any]:
+    """The broker in numbers (what ``Broker.stats`` gives, and its flows)."""
+    return {**b.stats(), "flows": [f["name"] for f in b.flows.list()]}
+
+
+def _roles(ring: RingNode) -> dict[int, list[str]]:
+    roles: dict[int, list[str]] = {}
+    for name in ("right", "rightright", "left", "leftleft"):
+        peer = getattr(ring, name)
+        if peer is not None and peer.id != ring.id:
+            roles.setdefault(peer.id, []).append(name)
+    for level, peer in sorted(ring.chords.items()):
+        if peer.id != ring.id:
+            roles.setdefault(peer.id, []).append(f"chord {level}")
+    return roles
+
+
+def ring_view(b: Broker) -> dict[str, Any]:
+    """This broker's view of the ring: itself, the brokers it links to (window and chords),
+    with their roles, link class and last heard load; suspects, dead, takeovers."""
+    core = b.core
+    if not isinstance(core, RingBroker) or not core.ring.joined:
+        return {"joined": False, "brokers": [], "suspects": [], "dead": [], "taken_over": []}
+    ring = core.ring
+    now = asyncio.get_running_loop().time()
+    suspects = set(ring.suspects)
+    brokers = [
+        {
+            "id": ring.id,
+            "address": b.address,
+            "roles": ["this broker"],
+            "link": "",
+            "load": round(ring.load(now), 3),
+            "suspected": False,
+        }
+    ]
+    roles = _roles(ring)
+    for peer in ring.links():
+        brokers.append(
+            {
+                "id": peer.id,
+                "address": address_text(peer.addr),
+                "roles": roles.get(peer.id, []),
+                "link": LINK_CLASS,
+                "load": ring.loads.neighbours.get(peer.id),
+                "suspected": peer.id in suspects,
+            }
+        )
+    return {
+        "joined": True,
+        "brokers": brokers,
+        "suspects": sorted(suspects),
+        "dead": sorted(ring.dead),
+        "taken_over": list(ring.taken_over),
+        "backup": ring.backup,
+        "changes": b.ring_log.changes if b.ring_log is not None else 0,
+    }
+
+
+def _space_kind(b: Broker, name: str) -> tuple[str, str]:
+    """``(flow or "", kind)`` of a space."""
+    flow = b.spaces.flow_of(name)
+    if flow is None:
+        return "", "configured"
+    return flow.name, flow.spaces[name].kind
+
+
+def spaces_view(b: Broker, metrics: BrokerMetrics) -> list[dict[str, Any]]:
+    """Per space (configured, flows' and any with traffic here): its counts and its
+    subscriptions served here (filter, durable, interpretation, queue)."""
+    counts = metrics.counts()
+    names = set(b.spaces.listed()) | set(counts)
+    for d in b.flows.list():
+        names.update(s["name"] for s in d["spaces"])
+    subs: dict[str, list[dict[str, Any]]] = {}
+    for sub in b.queues.subs.values():
+        subs.setdefault(sub.space, []).append(
+            {
+                "id": sub.sub_id,
+                "client": sub.client,
+                "filter": sub.filter or "true",
+                "durable": sub.durable,
+                "interpretation": sub.collapse or "",
+                "attached": sub.session is not None,
+                "queued": len(sub.pending) + len(sub.inflight) + sub.on_disk,
+                "on_disk": sub.on_disk,
+            }
+        )
+    out = []
+    for name in sorted(n for n in names if n):
+        flow, kind = _space_kind(b, name)
+        row = counts.get(name, {})
+        out.append(
+            {
+                "name": name,
+                "flow": flow,
+                "kind": kind,
+                **{k: row.get(k, 0) for k in ("in", "deliveries", "out", "queued", "on_disk")},
+                "subscriptions": subs.get(name, []),
+            }
+        )
+    return out
+
+
+def state(b: Broker, metrics: BrokerMetrics) -> dict[str, Any]:
+    """Everything the pages poll (``/api/state``)."""
+    return {"broker": overview(b), "ring": ring_view(b), "spaces": spaces_view(b, metrics)}

@@ -136,6 +136,16 @@ def output_id(flow: str, space: str, key: Key, version: int, i: int) -> tuple[st
     return (f"{flow}/{space}/{key!r}", version * 1024 + i)
 
 
+def _output(
+    flow: str, owner: int, space: str, state: str, key: str, version: int, i: int, fields: tuple[Any, ...]
+) -> tuple[tuple[str, int], dict[str, Any]]:
+    """The id and bus event of a fold's ``i``-th output, from what the ring state keeps of it
+    (``key`` as its repr: the hidden fields and the id need no more)."""
+    event = dict(fields)
+    event.update({SPACE: space, PARTITION: owner, KEY: key, VERSION: version, STATE: state})
+    return (f"{flow}/{space}/{key}", version * 1024 + i), event
+
+
 @dataclass
 class Partition:
     """A partition served here (own, or taken over)."""
@@ -268,6 +278,7 @@ class Flows:
         name, did, owner = part.sub_id[1], part.sub_id[2], part.owner
         changed: dict[Hashable, Any] = {}
         published: list[tuple[Any, dict[str, Any]]] = []
+        kept: list[tuple[Any, ...]] = []  # what ``published`` is, in the fewest bytes (see outputs_of)
 
         def row_of(st: str, key: Key) -> Row | None:
             k = ("frow", name, did, owner, st, key)
@@ -289,12 +300,16 @@ class Flows:
                 for i, (space, ev) in enumerate(outs):
                     if not part.deployment.wanted(space, ev):
                         continue
-                    ev.update(
-                        {SPACE: space, PARTITION: owner, KEY: repr(key), VERSION: version, STATE: fold.state}
-                    )
-                    published.append((output_id(name, space, key, version, i), ev))
-        changed[("fseen", part.sub_id, eid)] = tuple(published)
+                    kept.append((space, fold.state, repr(key), version, i, tuple(ev.items())))
+                    published.append(_output(name, owner, *kept[-1]))
+        changed[("fseen", part.sub_id, eid)] = tuple(kept)
         return changed, published
+
+    @staticmethod
+    def outputs_of(part: Partition, kept: Sequence[tuple[Any, ...]]) -> list[tuple[Any, dict[str, Any]]]:
+        """What a fold of ``part`` kept as its ``("fseen", ...)`` entry: the ``(id, bus
+        event)`` it published (their derived attributes not stamped)."""
+        return [_output(part.sub_id[1], part.owner, *record) for record in kept]
 
     def snapshot_rows(self, ask: SnapshotAsk, state: Mapping[Hashable, Any]) -> list[SnapshotRows]:
         """The rows of the partitions served here that ``ask`` wants."""

@@ -455,7 +455,9 @@ class RingBroker(Core):
             for key, value in list(state.items()):
                 if isinstance(key, tuple) and key[:2] == ("fseen", sub_id):
                     part.seen.append(key[2])
-                    again.extend({**ev, EVENT_ID: eid} for eid, ev in value)
+                    again.extend({**ev, EVENT_ID: eid} for eid, ev in self.flows.outputs_of(part, value))
+            for event in again:
+                self._stamp(event)
             part.buffer = []
             grace = SetTimer(self.flow_grace, (FLOW_GRACE, sub_id))
             return [grace, *self._route_own(again)] if again else [grace]

@@ -31,6 +31,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from flowbus.broker.pull import Pulls
 from flowbus.client import protocol as p
 from flowbus.errors import FlowbusError, ProtocolError
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
@@ -121,6 +122,7 @@ class Sessions:
         self.queues = queues
         self.adverts = adverts
         self.flows = flows
+        self.pulls = Pulls(queues)
         self.by_client: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -185,6 +187,12 @@ class Sessions:
                 session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))
             case p.ListFlows():
                 session.send(p.Reply(msg.req, *self.flows.answer(self.flows.list)))
+            case p.QueueOpen():
+                session.send(p.Reply(msg.req, *self.pulls.open(session, msg)))
+            case p.QueueRead():
+                session.send(p.Reply(msg.req, *self.pulls.read(session, msg)))
+            case p.QueueAck():
+                session.send(p.Reply(msg.req, *self.pulls.ack(session, msg)))
             case p.Bye():
                 return True
             case _:

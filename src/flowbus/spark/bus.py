@@ -80,9 +80,14 @@ from flowbus.client.pull import PulledSubscription
 from flowbus.errors import ClientError, SchemaError
 from flowbus.model import Schema
 
-__all__ = ["BusOptions", "FlowbusDataSource", "check_sink", "register", "space_schemas"]
+__all__ = ["BusOptions", "FlowbusDataSource", "check_sink", "clash", "declare", "register", "space_schemas"]
 
-_TO_SPARK: Mapping[type, DataType] = {str: StringType(), int: LongType(), float: DoubleType(), bool: BooleanType()}
+_TO_SPARK: Mapping[type, DataType] = {
+    str: StringType(),
+    int: LongType(),
+    float: DoubleType(),
+    bool: BooleanType(),
+}
 _FROM_SPARK: Mapping[type, type] = {
     StringType: str,
     LongType: int,
@@ -342,9 +347,14 @@ def sink_fields(schema: StructType) -> dict[str, type]:
 def check_sink(opts: BusOptions, schema: StructType) -> None:
     """The sink's space exists with the rows' schema, declared now if the bus does not know it;
     a :class:`SchemaError` naming the space and the field that clash."""
+    declare(opts, sink_fields(schema))
+
+
+def declare(opts: BusOptions, fields: Mapping[str, type]) -> None:
+    """The sink's space with ``fields``: declared if the bus does not know it, else checked."""
     if len(opts.spaces) != 1:
         raise ClientError(f'format("flowbus"): a sink writes one space, got {", ".join(opts.spaces)}')
-    _run(_declare(opts, opts.spaces[0], sink_fields(schema)))
+    _run(_declare(opts, opts.spaces[0], fields))
 
 
 async def _declare(opts: BusOptions, space: str, fields: Mapping[str, type]) -> None:
@@ -361,7 +371,9 @@ async def _declare(opts: BusOptions, space: str, fields: Mapping[str, type]) -> 
 def _declaration(space: str, doc: Mapping[str, Any]) -> str:
     import yaml
 
-    return yaml.safe_dump({"name": f"spark_{space}", "spaces": {space: dict(doc)}, "arcs": []}, sort_keys=False)
+    return yaml.safe_dump(
+        {"name": f"spark_{space}", "spaces": {space: dict(doc)}, "arcs": []}, sort_keys=False
+    )
 
 
 def clash(space: str, schema: Schema, fields: Mapping[str, type]) -> None:
@@ -370,7 +382,9 @@ def clash(space: str, schema: Schema, fields: Mapping[str, type]) -> None:
     for name, kind in fields.items():
         have = schema.fields.get(name)
         if have is None:
-            raise SchemaError(f"space {space!r} has no field {name!r} (its fields: {', '.join(schema)})", field=name)
+            raise SchemaError(
+                f"space {space!r} has no field {name!r} (its fields: {', '.join(schema)})", field=name
+            )
         if have is not kind and not (have is float and kind is int):
             raise SchemaError(
                 f"space {space!r}: field {name!r} is {have.__name__} there, {kind.__name__} in the rows",
@@ -408,7 +422,10 @@ def _task_name(prefix: str) -> str:
     if ctx is None:
         raise ClientError("a flowbus sink writes from a Spark task")
     if not prefix:
-        query, batch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
+        query, batch = (
+            ctx.getLocalProperty("sql.streaming.queryId"),
+            ctx.getLocalProperty("streaming.sql.batchId"),
+        )
         if not query or batch is None:
             raise ClientError('a batch write to format("flowbus") needs option("id", ...) (its event ids)')
         prefix = f"spark/{query}/{batch}"

@@ -193,7 +193,7 @@ def _sources(specs: list[str], g: Graph) -> dict[str, Path]:
     for spec in specs:
         point, sep, path = spec.partition("=")
         if not sep or not point or not path:
-            raise FlowError(f"--source takes POINT=DIR or POINT=flowbus://HOST:PORT[/SPACE], got {spec!r}")
+            raise FlowError(f"--source takes POINT=DIR or POINT=flowbus://HOST:PORT/SPACE, got {spec!r}")
         if not g.has_space(point):
             raise FlowError(f"--source {spec!r}: the flow has no space {point!r}")
         if path.startswith("flowbus://"):

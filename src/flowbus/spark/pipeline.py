@@ -70,11 +70,11 @@ class BusEnd:
 def parse_end(url: str, default_space: str | None) -> BusEnd:
     """``flowbus://HOST:PORT[,HOST:PORT...][/SPACE]`` (the space defaults to ``default_space``)."""
     if not url.startswith(SCHEME):
-        raise FlowError(f"a bus address is {SCHEME}HOST:PORT[/SPACE], got {url!r}")
+        raise FlowError(f"a bus address is {SCHEME}HOST:PORT or {SCHEME}HOST:PORT/SPACE, got {url!r}")
     where, _, space = url[len(SCHEME) :].partition("/")
     brokers = tuple(b for b in where.split(",") if b)
     if not brokers or not all(b.rpartition(":")[2].isdigit() for b in brokers):
-        raise FlowError(f"{url!r}: give the brokers as HOST:PORT[,HOST:PORT...]")
+        raise FlowError(f"{url!r}: give the brokers as HOST:PORT, comma-separated")
     space = space or default_space or ""
     if not space:
         raise FlowError(f"{url!r}: name the space ({SCHEME}HOST:PORT/SPACE)")

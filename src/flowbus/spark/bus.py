@@ -115,7 +115,9 @@ def register(spark: SparkSession) -> None:
 class BusOptions:
     """A source's or sink's options: ``brokers`` (``HOST:PORT,...``), ``space`` (a sink: one;
     a source: one or more, comma-separated), ``filter``, ``subscription``, ``timeout``
-    (seconds to find a broker) and, for a batch write, ``id``."""
+    (seconds to find a broker), ``flush_timeout`` (seconds a write task waits for the brokers'
+    acknowledgements: until the subscribers have its events, in memory or on disk) and, for a
+    batch write, ``id``."""
 
     brokers: tuple[str, ...]
     spaces: tuple[str, ...]
@@ -123,6 +125,7 @@ class BusOptions:
     subscription: str
     timeout: float
     id: str
+    flush_timeout: float = 600.0
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> BusOptions:
@@ -140,6 +143,7 @@ class BusOptions:
             name,
             float(options.get("timeout", "30")),
             options.get("id", ""),
+            float(options.get("flush_timeout", "600")),
         )
 
     def sub_id(self, space: str) -> str:
@@ -411,7 +415,7 @@ async def _publish(opts: BusOptions, name: str, batches: Iterator[pa.RecordBatch
             for event in batch.select(keep).to_pylist():
                 await c.publish(space, event)
                 n += 1
-        await c.flush(max(60.0, opts.timeout))
+        await c.flush(opts.flush_timeout)
     return n
 
 

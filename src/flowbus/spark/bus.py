@@ -136,15 +136,12 @@ class BusOptions:
         if not spaces:
             raise ClientError('format("flowbus"): give option("space", NAME)')
         name = options.get("subscription") or f"spark-{'-'.join(spaces)}"
-        return cls(
-            brokers,
-            spaces,
-            options.get("filter", ""),
-            name,
-            float(options.get("timeout", "30")),
-            options.get("id", ""),
-            float(options.get("flush_timeout", "600")),
-        )
+        seconds = {k: options.get(k, d) for k, d in (("timeout", "30"), ("flush_timeout", "600"))}
+        try:
+            timeout, flush = (float(v) for v in seconds.values())
+        except ValueError:
+            raise ClientError(f'format("flowbus"): timeouts are seconds, got {seconds}') from None
+        return cls(brokers, spaces, options.get("filter", ""), name, timeout, options.get("id", ""), flush)
 
     def sub_id(self, space: str) -> str:
         """The pulled subscription that reads ``space``."""

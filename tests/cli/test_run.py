@@ -66,3 +66,10 @@ def test_run_writes_one_jsonl_file_per_subscription_point(tmp_path: Path) -> Non
     assert {k: v["events"] for k, v in again["outputs"].items()} == {
         k: v["events"] for k, v in doc["outputs"].items()
     }
+
+
+def test_the_help_shows_the_bus_options() -> None:
+    result = invoke("run", "--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "flowbus://HOST:PORT" in text and "--sink" in text

@@ -73,7 +73,8 @@ def run(
         list[str] | None,
         typer.Option(
             help="spark: POINT=DIR, JSON lines or Parquet files of a publication point, or "
-            "POINT=flowbus://HOST:PORT[/SPACE], its space on the bus (default: the point's name)."
+            "POINT=flowbus://HOST:PORT or POINT=flowbus://HOST:PORT/SPACE, its space on the bus "
+            "(by default the point's name)."
         ),
     ] = None,
     sink: Annotated[

@@ -24,6 +24,17 @@ from .conftest import SPEC, invoke
         (("run", SPEC, "--source", "NYSE=flowbus://nohost"), "give the brokers as HOST:PORT"),
         (("run", SPEC, "--sink", "nope=flowbus://127.0.0.1:1/x"), "POINT a subscription point (alarms,"),
         (("run", SPEC, "--sink", "alarms=flowbus://127.0.0.1:1"), "name the space"),
+        (
+            (
+                "run",
+                SPEC,
+                "--source",
+                "NYSE=flowbus://127.0.0.1:1/x",
+                "--source",
+                "NASDAQ=flowbus://127.0.0.1:1/x",
+            ),
+            "'NYSE' and 'NASDAQ' read one space, 'x'",
+        ),
         (("run", SPEC, "--format", "csv"), "unknown --format 'csv'"),
         (("run", SPEC, "--engine", "flink"), "unknown engine 'flink'"),
     ],

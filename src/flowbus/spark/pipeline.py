@@ -95,6 +95,10 @@ def run_id(work: Path) -> str:
 def check_ends(g: Graph, sources: Mapping[str, BusEnd], sinks: Mapping[str, BusEnd]) -> None:
     """Every end reachable, its space known (a source's) or declared (a sink's), and of the
     point's schema; an error naming the point, the brokers, the space or the field."""
+    read: dict[str, str] = {}
+    for point, end in sources.items():
+        if read.setdefault(end.space, point) != point:
+            raise FlowError(f"--source: {read[end.space]!r} and {point!r} read one space, {end.space!r}")
     for point, end in sources.items():
         fields = dict(g.event_space(point).schema.fields)
         try:
@@ -126,7 +130,7 @@ class BusIngest:
         register(spark)
         by_brokers: dict[tuple[str, ...], dict[str, str]] = {}  # brokers -> space -> point
         for point, end in self.sources.items():
-            by_brokers.setdefault(end.brokers, {})[end.space] = point
+            by_brokers.setdefault(end.brokers, {})[end.space] = point  # (one point a space: check_ends)
         frames = [self._rows(spark, brokers, points) for brokers, points in by_brokers.items()]
         return reduce(DataFrame.unionByName, frames).coalesce(1)  # (one file per micro-batch: the
         # input log is read a file at a time, and a batch's events are ordered within it)

@@ -128,8 +128,8 @@ def test_the_bus_as_a_streaming_source_and_sink(spark: Any, ring: list[str], tmp
     )
     sink = {"brokers": ring[0], "space": "spark_test_caps"}
     out.write.format("flowbus").options(**sink, id="w1").mode("append").save()
-    with SyncClient(ring[2], name="sink-reader") as c:
-        sub = c.subscribe("spark_test_caps", "", durable="caps")
+    with SyncClient(ring[2], name="sink-reader") as c:  # (durable, away: its events wait on disk)
+        c.subscribe("spark_test_caps", "", durable="caps")
     out.write.format("flowbus").options(**sink, id="w1").mode("append").save()  # (a replay)
     out.where("cap > 30").write.format("flowbus").options(**sink, id="w2").mode("append").save()
     with SyncClient(ring[2], name="sink-reader") as c:

@@ -172,3 +172,30 @@ def test_deploying_needs_the_deploy_right_on_the_flows_name() -> None:
         server.queues.close()
 
     asyncio.run(main())
+
+
+def test_a_pulled_subscription_needs_the_subscribe_right_on_its_space() -> None:
+    async def main() -> None:
+        server, _, _ = _sessions()
+        got = await _serve(
+            server, p.Hello("c1", token=ALICE), [p.QueueOpen(1, "pull", "events", "x > 0"), p.Bye()]
+        )
+        assert got[0].ok
+        got = await _serve(
+            server,
+            p.Hello("c2", token=BOB),
+            [
+                p.QueueOpen(1, "mine", "events", ""),
+                p.QueueRead(2, "pull", 0, 10, 10),
+                p.QueueAck(3, "pull", 10),
+                p.Bye(),
+            ],
+        )
+        refused = "identity 'bob' has no subscribe right on 'events'"
+        assert got == [p.Reply(1, False, refused), p.Reply(2, False, refused), p.Reply(3, False, refused)]
+        assert set(server.queues.subs) == {"pull"}
+        got = await _serve(server, p.Hello("c1", token=ALICE), [p.QueueRead(1, "pull", 0, 10, 10), p.Bye()])
+        assert got[0].ok and got[0].data["rows"] == []
+        server.queues.close()
+
+    asyncio.run(main())

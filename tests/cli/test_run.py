@@ -21,6 +21,20 @@ from .conftest import SPEC, invoke
         (("run", SPEC, "--source", "NYSE"), "POINT=DIR"),
         (("run", SPEC, "--source", "nope=."), "no space 'nope'"),
         (("run", SPEC, "--follow"), "--follow needs --source"),
+        (("run", SPEC, "--source", "NYSE=flowbus://nohost"), "give the brokers as HOST:PORT"),
+        (("run", SPEC, "--sink", "nope=flowbus://127.0.0.1:1/x"), "POINT a subscription point (alarms,"),
+        (("run", SPEC, "--sink", "alarms=flowbus://127.0.0.1:1"), "name the space"),
+        (
+            (
+                "run",
+                SPEC,
+                "--source",
+                "NYSE=flowbus://127.0.0.1:1/x",
+                "--source",
+                "NASDAQ=flowbus://127.0.0.1:1/x",
+            ),
+            "'NYSE' and 'NASDAQ' read one space, 'x'",
+        ),
         (("run", SPEC, "--format", "csv"), "unknown --format 'csv'"),
         (("run", SPEC, "--engine", "flink"), "unknown engine 'flink'"),
     ],
@@ -63,3 +77,10 @@ def test_run_writes_one_jsonl_file_per_subscription_point(tmp_path: Path) -> Non
     assert {k: v["events"] for k, v in again["outputs"].items()} == {
         k: v["events"] for k, v in doc["outputs"].items()
     }
+
+
+def test_the_help_shows_the_bus_options() -> None:
+    result = invoke("run", "--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "flowbus://HOST:PORT" in text and "--sink" in text

@@ -145,6 +145,9 @@ CASES: list[object] = [
     bp.Deploy(req=4, text="name: stocks\nspaces: {}\n"),
     bp.Undeploy(req=5, name="stocks"),
     bp.ListFlows(req=6),
+    bp.QueueOpen(req=7, sub_id="spark/NYSE", space="NYSE", filter="price > 10"),
+    bp.QueueRead(req=8, sub_id="spark/NYSE", after=3, upto=90, limit=2000),
+    bp.QueueAck(req=9, sub_id="spark/NYSE", upto=90),
     rm.BackupAck(holder=rm.Peer(5, 65535), version=12),
     flows.DeployRecord("stocks", "039db452e525333e", "name: stocks\n", (0,), (0, 1)),
     flows.FlowSync(

@@ -17,7 +17,10 @@ Three measurements in one Spark session (``local[2]`` by default), on the stock 
   per point (checked).
 * ``engine`` -- ``flowbus run`` itself (:class:`flowbus.spark.flow.SparkFlow`,
   Structured Streaming, collapse and expand in ``transformWithState``) on the
-  stock flow: events per second from the first micro-batch to the last.
+  stock flow: events per second from the first micro-batch to the last; and the
+  local reference interpreter (:class:`flowbus.flow.local.LocalRun`, one Python
+  thread) over the same events, in the same run. The document's
+  ``run_events_per_s`` and ``local_events_per_s`` are these two rates.
 * ``collapse`` -- the state paths on a flow that is only a collapse and an
   expand (``ticks -> max_cur -> compressed``): ``transformWithState`` (expand
   per event) against Spark's own streaming aggregation (``max``/``max_by``,
@@ -40,6 +43,8 @@ from typing import Any
 from flowbus.bench.workloads import stock_flow_spec
 from flowbus.flow import FlowBuilder, Graph, load_spec
 from flowbus.flow.generators import generate
+from flowbus.flow.local import LocalRun
+from flowbus.flow.rewrite import rewrite
 from flowbus.spark.flow import SparkFlow
 from flowbus.spark.plans import hop_plan, input_frame, rewritten_plan
 
@@ -93,7 +98,8 @@ def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **
         with flow:
             flow.start()
             flow.process_available()
-        seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            profile = _profile(flow)
         delivered = dict(flow.stats.out)
         batches = flow.stats.batches
     finally:
@@ -103,13 +109,48 @@ def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **
         "events_per_s": len(events) / seconds,
         "micro_batches": batches,
         "out": delivered,
+        "profile": profile,
     }
+
+
+def _profile(flow: SparkFlow) -> dict[str, Any]:
+    """Where each query's time went: Spark's own phases (``durationMs`` of its progress
+    reports, summed over the micro-batches, in seconds) and, for the ``foreachBatch``
+    queries, the time in flowbus's batch function."""
+    inside: dict[str, float] = {}
+    for r in flow.stats.reports:
+        inside[r.query] = inside.get(r.query, 0.0) + r.seconds
+    out: dict[str, Any] = {}
+    for name, q in flow.queries.items():
+        phases: dict[str, float] = {}
+        progress = [p for p in q.recentProgress if p.numInputRows > 0]
+        for p in progress:
+            for phase, ms in p.durationMs.items():
+                phases[phase] = phases.get(phase, 0.0) + ms / 1000
+        out[name] = {"batches": len(progress), "phases_s": phases}
+    for query, secs in inside.items():
+        out.setdefault(query.replace(" ", "-"), {})["in_flowbus_s"] = secs
+    return out
 
 
 def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str, Any]:
     g = load_spec(stock_flow_spec())
-    result = _run_flow(spark, g, list(generate(g, events=events, seed=seed)), batch_events=batch_events)
-    return {"events": events, "batch_events": batch_events, **result}
+    published = list(generate(g, events=events, seed=seed))
+    local = LocalRun(rewrite(g))
+    t0 = time.perf_counter()
+    for space, event in published:
+        local.publish(space, event)
+    local_s = time.perf_counter() - t0
+    result = _run_flow(spark, g, published, batch_events=batch_events)
+    return {
+        "events": events,
+        "batch_events": batch_events,
+        **result,
+        "local_seconds": local_s,
+        "local_events_per_s": events / local_s,
+        "local_out": {p: len(evs) for p, evs in local.outputs.items()},
+        "ratio_run_over_local": result["events_per_s"] * local_s / events,
+    }
 
 
 def _ticks_flow() -> Graph:
@@ -152,7 +193,10 @@ def run(
     rounds: int = 3,
     seed: int = 1,
     progress: Progress | None = None,
+    engine_only: bool = False,
 ) -> dict[str, Any]:
+    if engine_only:
+        return _rates({"engine": engine(spark, events=engine_events, batch_events=batch_events, seed=seed)})
     steps = 3
     if progress:
         progress("stock flow: rewritten vs hop by hop", 0, steps)
@@ -165,4 +209,10 @@ def run(
     doc["collapse"] = collapse(spark, events=engine_events, batch_events=batch_events, keys=500, seed=seed)
     if progress:
         progress("stock flow: rewritten vs hop by hop", 3, steps)
-    return doc
+    return _rates(doc)
+
+
+def _rates(doc: dict[str, Any]) -> dict[str, Any]:
+    """The headline: the stock flow on Spark and on the local interpreter, same events, same run."""
+    e = doc["engine"]
+    return {"run_events_per_s": e["events_per_s"], "local_events_per_s": e["local_events_per_s"], **doc}

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.acl import Acl
+from flowbus.broker.pull import Pulls
 from flowbus.client import protocol as p
 from flowbus.errors import AccessError, FlowbusError, ProtocolError
 from flowbus.flow.deploy import Deployment
@@ -135,6 +136,7 @@ class Sessions:
         self.queues = queues
         self.adverts = adverts
         self.flows = flows
+        self.pulls = Pulls(queues)
         self.by_client: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -196,6 +198,12 @@ class Sessions:
             return True
         return False
 
+    def _pull_denied(self, session: Session, req: int, sub_id: str) -> bool:
+        """Whether ``session`` may not read pulled subscription ``sub_id``: it needs the
+        subscribe right on the subscription's space (no such subscription: the pull says so)."""
+        sub = self.queues.subs.get(sub_id)
+        return sub is not None and self._denied(session, req, "subscribe", sub.space)
+
     def _deploy_denied(self, session: Session, msg: p.Deploy) -> bool:
         """Whether ``session`` may not deploy the flow of ``msg`` (its name is read first)."""
         if not self.acl.enforced:
@@ -231,6 +239,15 @@ class Sessions:
                     session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))
             case p.ListFlows():
                 session.send(p.Reply(msg.req, *self.flows.answer(self.flows.list)))
+            case p.QueueOpen():
+                if not self._denied(session, msg.req, "subscribe", msg.space):
+                    session.send(p.Reply(msg.req, *self.pulls.open(session, msg)))
+            case p.QueueRead():
+                if not self._pull_denied(session, msg.req, msg.sub_id):
+                    session.send(p.Reply(msg.req, *self.pulls.read(session, msg)))
+            case p.QueueAck():
+                if not self._pull_denied(session, msg.req, msg.sub_id):
+                    session.send(p.Reply(msg.req, *self.pulls.ack(session, msg)))
             case p.Bye():
                 return True
             case _:

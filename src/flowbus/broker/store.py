@@ -201,6 +201,20 @@ class Store:
     def depth(self, sub_id: str) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM queue WHERE sub_id = ?", (sub_id,)).fetchone()[0])
 
+    def between(self, sub_id: str, after: int, upto: int, limit: int) -> list[QueuedEvent]:
+        """The first ``limit`` queued events of ``sub_id`` at positions in ``(after, upto]``."""
+        rows = self._db.execute(
+            "SELECT seq, event_id, payload FROM queue WHERE sub_id = ? AND seq > ? AND seq <= ? "
+            "ORDER BY seq LIMIT ?",
+            (sub_id, after, upto, limit),
+        )
+        return [QueuedEvent(s, e, bytes(p)) for s, e, p in rows]
+
+    def top(self, sub_id: str) -> int:
+        """The highest position queued for ``sub_id`` (0: none)."""
+        row = self._db.execute("SELECT MAX(seq) FROM queue WHERE sub_id = ?", (sub_id,)).fetchone()
+        return int(row[0] or 0)
+
     # -- publishers
 
     def accept(self, publisher: str, seq: int) -> bool:

@@ -100,6 +100,9 @@ def bench_spark(
     rounds: Annotated[int, typer.Option(min=1, help="Timed runs of each plan (the best counts).")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of the generators.")] = 1,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    engine_only: Annotated[
+        bool, typer.Option(help="Only flowbus run's engine against the local interpreter (--engine-events).")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Spark: the stock flow rewritten vs hop by hop, flowbus run, state paths, bulk matching vs a join."""
@@ -118,9 +121,12 @@ def bench_spark(
             doc.update(
                 spark_flow.run(
                     spark, events=events, engine_events=engine_events, batch_events=batch_events,
-                    rounds=rounds, seed=seed, progress=progress,
+                    rounds=rounds, seed=seed, progress=progress, engine_only=engine_only,
                 )
             )  # fmt: skip
+            if engine_only:
+                emit(doc if as_json else _flat(doc), as_json=as_json, title="bench spark")
+                return
             doc["bulk_match"] = spark_match.run(
                 events=match_events,
                 subscriptions=subscriptions or [100_000, 1_000_000],

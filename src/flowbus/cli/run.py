@@ -63,7 +63,7 @@ def run(
     remote: Annotated[
         str | None, typer.Option(help="spark: a Spark Connect server (sc://HOST:PORT).")
     ] = None,
-    sink: Annotated[
+    sink_format: Annotated[
         str, typer.Option("--format", help="spark: parquet, jsonl or console, per subscription point.")
     ] = "parquet",
     batch_events: Annotated[
@@ -71,7 +71,19 @@ def run(
     ] = 2000,
     source: Annotated[
         list[str] | None,
-        typer.Option(help="spark: POINT=DIR, JSON lines or Parquet files of a publication point."),
+        typer.Option(
+            help="spark: POINT=DIR, JSON lines or Parquet files of a publication point, or "
+            "POINT=flowbus://HOST:PORT or POINT=flowbus://HOST:PORT/SPACE, its space on the bus "
+            "(by default the point's name)."
+        ),
+    ] = None,
+    sink: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sink",
+            help="spark: flowbus://HOST:PORT (every subscription point published into the space of "
+            "its name) or POINT=flowbus://HOST:PORT/SPACE.",
+        ),
     ] = None,
     follow: Annotated[
         bool, typer.Option(help="spark: keep ingesting new files of the sources until Ctrl-C.")
@@ -96,8 +108,8 @@ def run(
         fail(f"unknown graph {graph!r} (expected rewritten or original)")
     if engine == "spark":
         _run_spark_cli(
-            spec, master=master, remote=remote, events=events, seed=seed, out=out, sink=sink,
-            batch_events=batch_events, sources=source or [], follow=follow, timeout=timeout,
+            spec, master=master, remote=remote, events=events, seed=seed, out=out, sink=sink_format,
+            batch_events=batch_events, sources=source or [], sinks=sink or [], follow=follow, timeout=timeout,
             fresh=fresh, collapse=collapse, as_json=as_json,
         )  # fmt: skip
         return
@@ -182,14 +194,42 @@ def _sources(specs: list[str], g: Graph) -> dict[str, Path]:
     for spec in specs:
         point, sep, path = spec.partition("=")
         if not sep or not point or not path:
-            raise FlowError(f"--source takes POINT=DIR, got {spec!r}")
+            raise FlowError(f"--source takes POINT=DIR or POINT=flowbus://HOST:PORT/SPACE, got {spec!r}")
         if not g.has_space(point):
             raise FlowError(f"--source {spec!r}: the flow has no space {point!r}")
+        if path.startswith("flowbus://"):
+            continue
         directory = Path(path)
         if not directory.is_dir():
             raise FlowError(f"--source {spec!r}: {path!r} is not a directory")
         out[point] = directory
     return out
+
+
+def _bus_ends(g: Graph, sources: list[str], sinks: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``--source POINT=flowbus://...`` and ``--sink`` ends (by the rewritten graph's point
+    names), each checked: brokers reachable, spaces known or declared, schemas alike."""
+    bus_sources = [s for s in sources if "=flowbus://" in s]
+    if not bus_sources and not sinks:
+        return {}, {}
+    from flowbus.flow.plan import INPUT, plan
+    from flowbus.flow.rewrite import rewrite
+    from flowbus.spark.pipeline import check_ends, parse_end, sink_points
+
+    rw = rewrite(g)
+    log = plan(rw).log(INPUT)
+    points = {p.removesuffix(".pub"): p for p in log.points} | {p: p for p in log.points}
+    ins = {}
+    for spec in bus_sources:
+        point, _, url = spec.partition("=")
+        if point not in points:
+            raise FlowError(
+                f"--source {spec!r}: {point!r} is not a publication point ({', '.join(log.points)})"
+            )
+        ins[points[point]] = parse_end(url, point)
+    outs = sink_points(rw, plan(rw).recorded, list(sinks))
+    check_ends(rw, ins, outs)
+    return ins, outs
 
 
 def _count_outputs(out: Path, points: list[str], sink: str) -> dict[str, int]:
@@ -271,6 +311,7 @@ def run_spark(
     collapse: str,
     live: bool,
     err_console: Any,
+    sinks: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``spec`` on Spark; the summary as a JSON-able dict."""
     from flowbus.flow.spec import load_spec
@@ -281,15 +322,18 @@ def run_spark(
         raise FlowError(f"unknown --collapse {collapse!r} (state or aggregate)")
     g = load_spec(spec)
     dirs = _sources(sources, g)
-    if follow and not dirs:
-        raise FlowError("--follow needs --source directories to follow")
-    if not dirs and g.input is None:
+    bus_in, bus_out = _bus_ends(g, sources, sinks)
+    if dirs and bus_in:
+        raise FlowError("--source: read directories or the bus in one run, not both")
+    if follow and not dirs and not bus_in:
+        raise FlowError("--follow needs --source directories (or the bus) to follow")
+    if not dirs and not bus_in and g.input is None:
         raise FlowError(f"flow {g.name!r} names no input generator: give --source POINT=DIR")
     target = Path(out) if out is not None else Path("out") / g.name
     if fresh and (target / "_flowbus").is_dir():
         shutil.rmtree(target)
     total = None
-    if not dirs and g.input is not None:
+    if not dirs and not bus_in and g.input is not None:
         total = events if events is not None else g.input.events
 
     from flowbus.spark.flow import SparkFlow
@@ -300,10 +344,15 @@ def run_spark(
     summary = _Summary(total)
     flow = SparkFlow(
         spark, g, target, sink=sink, batch_events=batch_events, collapse=collapse,  # type: ignore[arg-type]
-        on_batch=summary.add,
+        on_batch=summary.add, bus_sources=bus_in, bus_sinks=bus_out,
     )  # fmt: skip
     summary.expect(flow.plan.recorded)
-    published = flow.ingest_dirs(dirs) if dirs else _ingest_generated(flow, spec, g, events=total, seed=seed)
+    if bus_in:
+        published = 0  # (the bus's events come in with the queries)
+    else:
+        published = (
+            flow.ingest_dirs(dirs) if dirs else _ingest_generated(flow, spec, g, events=total, seed=seed)
+        )
     t1 = time.perf_counter()
     stopped_by = _drive(
         flow, dirs, follow=follow, timeout=timeout, summary=summary,
@@ -402,6 +451,10 @@ def _result(
     """The run's summary document (what ``--json`` prints)."""
     points = list(flow.plan.recorded)
     counts = _count_outputs(target, points, sink) if sink != "console" else dict(summary.out)
+    paths = {p: str(target / p) if sink != "console" else None for p in points}
+    for p, end in flow.bus_sinks.items():  # (published: this run's count)
+        counts[p] = summary.out.get(p, 0)
+        paths[p] = f"flowbus://{','.join(end.brokers)}/{end.space}"
     return {
         "engine": "spark",
         "spec": str(spec),
@@ -422,10 +475,7 @@ def _result(
             }
             for grp in flow.plan.groups
         },
-        "outputs": {
-            p: {"events": counts.get(p, 0), "path": str(target / p) if sink != "console" else None}
-            for p in points
-        },
+        "outputs": {p: {"events": counts.get(p, 0), "path": paths[p]} for p in points},
     }
 
 
@@ -440,7 +490,7 @@ def _follow(flow: Any, dirs: Mapping[str, Path], timeout: float | None, summary:
     seen = -1
     while True:
         published = flow.ingest_dirs(dirs)
-        if published != seen:
+        if published != seen or flow.bus_sources:  # (the bus: its queries look themselves)
             seen = published
             flow.process_available()
         flow.check()

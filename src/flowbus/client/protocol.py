@@ -29,6 +29,13 @@ Client -> broker:
   ``(req)``: deploy a flow (its document, :attr:`flowbus.flow.deploy.Deployment.text`) on the
   network, withdraw one, list them; answered by :class:`Reply` whose ``data`` describes the
   flow(s) (name, version, spaces).
+* :class:`QueueOpen` ``(req, sub_id, space, filter)``, :class:`QueueRead` ``(req, sub_id,
+  after, upto, limit)``, :class:`QueueAck` ``(req, sub_id, upto)``: a *pulled* durable
+  subscription (:mod:`flowbus.broker.pull`): no connection is attached to it, so every event
+  it gets waits in its broker's SQLite queue at a position (the queue's increasing key); a
+  reader reads positions ``(after, upto]`` as often as it likes and acknowledges up to a
+  position when it is done with them. Answered by :class:`Reply`, whose ``data`` holds the
+  highest position queued (``top``) and the rows read (``[position, publisher, pseq, event]``).
 * :class:`Bye`: the client closes; its non-durable subscriptions end at once.
 
 Broker -> client:
@@ -63,6 +70,9 @@ __all__ = [
     "Nack",
     "PubAck",
     "Publish",
+    "QueueAck",
+    "QueueOpen",
+    "QueueRead",
     "Reply",
     "Subscribe",
     "Unadvertise",
@@ -295,6 +305,43 @@ def _unpack(batch: bytes, what: str) -> list[Any]:
     if not isinstance(raw, list):
         raise ProtocolError(f"{what}: a batch is a list")
     return raw
+
+
+@wire.message("client.queue_open")
+@dataclass(frozen=True, slots=True)
+class QueueOpen:
+    """Make (or find) the pulled durable subscription ``sub_id`` to ``space`` (``filter``)."""
+
+    req: int
+    sub_id: str
+    space: str
+    filter: str
+
+    def __post_init__(self) -> None:
+        _name(self.sub_id, "QueueOpen.sub_id")
+        _name(self.space, "QueueOpen.space")
+
+
+@wire.message("client.queue_read")
+@dataclass(frozen=True, slots=True)
+class QueueRead:
+    """The first ``limit`` events of ``sub_id``'s queue at positions in ``(after, upto]``."""
+
+    req: int
+    sub_id: str
+    after: int
+    upto: int
+    limit: int
+
+
+@wire.message("client.queue_ack")
+@dataclass(frozen=True, slots=True)
+class QueueAck:
+    """``sub_id``'s events at positions up to ``upto`` are done with: dropped from its queue."""
+
+    req: int
+    sub_id: str
+    upto: int
 
 
 @wire.message("client.bye")

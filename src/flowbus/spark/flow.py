@@ -79,7 +79,9 @@ from flowbus.flow.validate import bind_rules, replays_collapse
 from flowbus.matching import Matcher
 from flowbus.model import Schema
 from flowbus.spark.bulk import Shipped, executor_matcher, ship
+from flowbus.spark.bus import register
 from flowbus.spark.columns import ColumnCompiler
+from flowbus.spark.pipeline import BUS_LEVEL, BusEnd, BusIngest, publish_rows, run_id
 from flowbus.spark.routes import route_columns
 from flowbus.spark.state import Fold, GroupFolder, StateProcessor
 
@@ -204,6 +206,8 @@ class SparkFlow:
         matcher_min: int = 64,
         collapse: CollapseMode = "state",
         on_batch: Callable[[BatchReport], None] | None = None,
+        bus_sources: Mapping[str, BusEnd] | None = None,
+        bus_sinks: Mapping[str, BusEnd] | None = None,
     ) -> None:
         if sink not in ("parquet", "jsonl", "console"):
             raise FlowError(f"unknown sink {sink!r} (parquet, jsonl or console)")
@@ -232,6 +236,9 @@ class SparkFlow:
         self.files_per_batch = files_per_batch
         self.matcher_min = matcher_min
         self.on_batch = on_batch
+        self.bus_sources = dict(bus_sources or {})  # publication point -> the bus (flowbus.spark.pipeline)
+        self.bus_sinks = dict(bus_sinks or {})  # subscription point -> the bus
+        self.run_id = run_id(self.work) if self.bus_sources or self.bus_sinks else ""
         self.functions = self.graph.all_functions
         self.stats = _Stats()
         self.queries: dict[str, StreamingQuery] = {}
@@ -502,6 +509,8 @@ class SparkFlow:
 
     def _write(self, point: str, rows: DataFrame, log: str, batch_id: int) -> int:
         path = self.out / point / f"{log}-{batch_id:06d}"
+        if point in self.bus_sinks:
+            return publish_rows(rows, self.bus_sinks[point], f"{self.run_id}/{point}/{log}-{batch_id}")
         if self.callback is not None:
             rows = rows.persist()
             try:
@@ -702,10 +711,27 @@ class SparkFlow:
             .start()
         )
 
+    def _start_bus_ingest(self) -> StreamingQuery:
+        log = self.plan.log(INPUT)
+        ingest = BusIngest(self.graph, log, log_schema(self.graph, log), self.bus_sources, self.run_id)
+        return (
+            ingest.frame(self._spark())
+            .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-ingest-bus")
+            .format("parquet")
+            .option("path", str(self._log_dir(INPUT)))
+            .option("checkpointLocation", str(self.work / "checkpoints" / "ingest-bus"))
+            .start()
+        )
+
     def start(self) -> None:
         """Start every query (state queries write the logs the next level's delivery queries read)."""
         self._spark().conf.set("spark.sql.streaming.stateStore.providerClass", STATE_STORE)
+        if self.bus_sinks:
+            register(self._spark())
         try:
+            if self.bus_sources:
+                self._starters["ingest-bus"] = self._start_bus_ingest
+                self._query_logs["ingest-bus"] = BUS_LEVEL
             for log in self.plan.logs:
                 self._starters[f"deliver-{log.name}"] = partial(self._start_delivery, log)
                 self._query_logs[f"deliver-{log.name}"] = log.name
@@ -736,7 +762,7 @@ class SparkFlow:
 
     def process_available(self) -> None:
         """Block until every query has processed all the input there is (level by level)."""
-        for level in self.plan.levels():
+        for level in [[BUS_LEVEL], *self.plan.levels()]:
             for name in list(self.queries):
                 if self._query_logs[name] not in level:
                     continue

@@ -18,6 +18,7 @@ import flowbus
 from flowbus.broker.acl import new_token
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.server import Broker
+from flowbus.broker.status import ring_view
 from flowbus.client import ClientError, PublishError, SubscribeError
 from flowbus.errors import FlowbusError
 from flowbus.net import certs
@@ -133,6 +134,9 @@ def test_a_secure_space_never_crosses_a_plain_link_in_a_mixed_ring(pki: Path) ->
             pub, near = next((a, b) for a in tls for b in tls if b.addr in a.core.tree_neighbours())
             assert pub.runtime.secure(near.addr) and near.runtime.secure(pub.addr)
             assert all(not b.runtime.secure(plain.addr) and not plain.runtime.secure(b.addr) for b in tls)
+            classes = {x["address"]: x["link"] for x in ring_view(pub)["brokers"][1:]}  # (the console's)
+            assert classes[near.address] == "secure" and set(classes.values()) <= {"secure", "normal"}
+            assert {x["link"] for x in ring_view(plain)["brokers"][1:]} == {"normal"}
             async with flowbus.connect(near.address) as cn, flowbus.connect(plain.address) as cp:
                 near_sub = await cn.subscribe("vault", "level = 2")
                 plain_sub = await cp.subscribe("vault", "level = 1")

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["overview", "ring_view", "spaces_view", "state"]
 
-LINK_CLASS = "normal"  # (the broker's ring has one class of link; express and secure are the simulator's)
+SECURE, NORMAL = "secure", "normal"
+"""A link's class as the brokers have it: secure when its connection is mutual TLS (docs/security.md),
+else normal (express links are the simulator's, :mod:`flowbus.overlay.class_router`)."""
 
 
 def overview(b: Broker) -> dict[str, Any]:
@@ -45,7 +47,8 @@ def _roles(ring: RingNode) -> dict[int, list[str]]:
 
 def ring_view(b: Broker) -> dict[str, Any]:
     """This broker's view of the ring: itself, the brokers it links to (window and chords),
-    with their roles, link class and last heard load; suspects, dead, takeovers."""
+    with their roles, link class (secure: mutual TLS) and last heard load; suspects, dead,
+    takeovers."""
     core = b.core
     if not isinstance(core, RingBroker) or not core.ring.joined:
         return {"joined": False, "brokers": [], "suspects": [], "dead": [], "taken_over": []}
@@ -69,7 +72,7 @@ def ring_view(b: Broker) -> dict[str, Any]:
                 "id": peer.id,
                 "address": address_text(peer.addr),
                 "roles": roles.get(peer.id, []),
-                "link": LINK_CLASS,
+                "link": SECURE if b.runtime.secure(peer.addr) else NORMAL,
                 "load": ring.loads.neighbours.get(peer.id),
                 "suspected": peer.id in suspects,
             }

@@ -30,17 +30,28 @@ def publish(items: list[tuple[int, Any]], space: str = "events") -> p.Publish:
 def test_a_batch_is_published_once_and_acknowledged_when_settled() -> None:
     led, core = ledger(Store(":memory:"))
     c = Recorder("c")
-    led.publish(c, publish([(1, {"x": 1}), (2, {"x": 2}), (3, {"x": 3})]))
+    led.publish(c, [publish([(1, {"x": 1}), (2, {"x": 2}), (3, {"x": 3})])])
     (batch,) = core.called("publish")
     assert batch[0] == [(("c", n), {"x": n, SPACE: "events"}) for n in (1, 2, 3)]
     assert c.acks == [] and led.published == 3
     led.settled([("c", 1), ("c", 2)], {"c": c})
     assert c.acks == [1, 2]
-    led.publish(c, publish([(1, {"x": 1}), (3, {"x": 3})]))
+    led.publish(c, [publish([(1, {"x": 1}), (3, {"x": 3})])])
     assert c.acks == [1, 2, 1]  # settled: acknowledged again; in flight: when it settles
     assert len(core.called("publish")) == 1  # neither published twice
     led.settled([("c", 3)], {})  # (its client is away: nothing to tell)
     assert c.acks == [1, 2, 1]
+
+
+def test_the_batches_of_one_read_go_to_the_core_in_one_step_as_if_taken_one_by_one() -> None:
+    led, core = ledger(Store(":memory:"))
+    c = Recorder("c")
+    led.publish(c, [publish([(1, {"x": 1}), (2, {"x": 2})]), publish([(2, {"x": 2}), (3, {"x": 3})])])
+    (batch,) = core.called("publish")  # one step of the core for both batches
+    assert [eid for eid, _ in batch[0]] == [("c", 1), ("c", 2), ("c", 3)]  # the re-sent 2 once
+    assert c.acks == []  # (the re-send waits for its first copy to settle)
+    led.settled([("c", 2)], {"c": c})
+    assert c.acks == [2] and led.published == 3
 
 
 def test_refused_events_are_named_and_the_others_published() -> None:
@@ -48,23 +59,23 @@ def test_refused_events_are_named_and_the_others_published() -> None:
     c = Recorder("c")
     good = {"symbol": "IBM", "price": 1.0, "quantity": 1, "exchange": "X", "level": 1}
     items = [(0, good), (1, {**good, "price": "high"}), (2, {"__x": 1}), (3, good)]
-    led.publish(c, publish(items, "stocks"))
+    led.publish(c, [publish(items, "stocks")])
     nacks = [(m.pseq, m.error) for m in c.sent]
     assert nacks[0] == (0, "bad publish sequence number 0")
     assert nacks[1][0] == 1 and "space 'stocks': field 'price' must be float" in nacks[1][1]
     assert nacks[2] == (2, "field names starting with '__' are reserved")
     assert [eid for eid, _ in core.called("publish")[0][0]] == [("c", 3)]
-    led.publish(c, publish([(4, {"x": 1})], "nope"))
+    led.publish(c, [publish([(4, {"x": 1})], "nope")])
     assert c.sent[-1] == p.Nack(4, "unknown space 'nope' (known: events, stocks)")
 
 
 def test_with_advertising_a_publish_needs_a_matching_advertisement() -> None:
     led, core = ledger(Store(":memory:"), DEFAULT.with_(advertising=True))
     c = Recorder("c")
-    led.publish(c, publish([(1, {"x": 1})]))
+    led.publish(c, [publish([(1, {"x": 1})])])
     assert c.sent == [p.Nack(1, "no advertisement of this client matches the event in 'events'")]
     assert led.adverts.advertise(c, p.Advertise(1, "a", "events", "x > 0")) == (True, None)
-    led.publish(c, publish([(2, {"x": 1}), (3, {"x": 0})]))
+    led.publish(c, [publish([(2, {"x": 1}), (3, {"x": 0})])])
     assert [eid for eid, _ in core.called("publish")[0][0]] == [("c", 2)]
     assert c.sent[-1] == p.Nack(3, "no advertisement of this client matches the event in 'events'")
 
@@ -73,13 +84,13 @@ def test_the_mark_in_sqlite_stays_below_the_lowest_publish_not_settled() -> None
     store = Store(":memory:")
     led, _ = ledger(store)
     c = Recorder("c")
-    led.publish(c, publish([(n, {"x": n}) for n in range(1, 6)]))
+    led.publish(c, [publish([(n, {"x": n}) for n in range(1, 6)])])
     assert store.last_seq("c") == 0  # none settled yet
     led.settled([("c", 1), ("c", 2), ("c", 4)], {"c": c})
-    led.publish(c, publish([(6, {"x": 6})]))
+    led.publish(c, [publish([(6, {"x": 6})])])
     assert store.last_seq("c") == 2  # 3 is not settled: the mark stays below it
     again, core = ledger(store)  # the broker restarts on its store
     c = Recorder("c")
-    again.publish(c, publish([(2, {"x": 2}), (3, {"x": 3})]))
+    again.publish(c, [publish([(2, {"x": 2}), (3, {"x": 3})])])
     assert c.acks == [2]  # at or below the mark: acknowledged
     assert [eid for eid, _ in core.called("publish")[0][0]] == [("c", 3)]  # above: again

@@ -80,13 +80,34 @@ class Ledger:
         self._open: dict[str, list[int]] = {}  # publisher -> heap of its pseqs published here
         # (those still in _in_flight are not settled; the others are dropped lazily)
 
-    def publish(self, session: Session, msg: p.Publish) -> None:
-        """Take a client's batch: refuse, acknowledge (re-sends) or publish each event."""
+    def publish(self, session: Session, msgs: Sequence[p.Publish]) -> None:
+        """Take a client's batches (those one read brought): refuse, acknowledge (re-sends) or
+        publish each event, all of them in one step of the core (each batch's events are new
+        past the highest sequence number of the batches before it, as if taken one by one)."""
         client = session.client
         last = self._last_of(client)
+        items: list[tuple[EventId, dict[str, Any]]] = []
+        top = last
+        for msg in msgs:
+            taken = len(items)
+            top = self._take(session, msg, top, items)
+            self._track(client, items[taken:])  # (a re-send in a later batch waits for these)
+        if items:
+            if self.on_taken is not None:
+                self.on_taken(items)
+            self.apply(self.core.publish_batch(items))
+        if top > last:
+            self._last[client] = top
+            self._keep(client, top)
+
+    def _take(
+        self, session: Session, msg: p.Publish, last: int, items: list[tuple[EventId, dict[str, Any]]]
+    ) -> int:
+        """Check one batch's events into ``items`` (``last``: the highest sequence number
+        taken before it); the highest taken after it."""
+        client = session.client
         check = self.spaces.check_event
         adverts = self.adverts if self.adverts.enabled else None
-        items: list[tuple[EventId, dict[str, Any]]] = []
         top = last
         for pseq, event, space in msg.items():
             if type(pseq) is not int or pseq < 1:
@@ -110,14 +131,7 @@ class Ledger:
                 session.send(p.Nack(pseq, error))
                 continue
             items.append(((client, pseq), fields))
-        if items:
-            self._track(client, items)
-            if self.on_taken is not None:
-                self.on_taken(items)
-            self.apply(self.core.publish_batch(items))
-        if top > last:
-            self._last[client] = top
-            self._keep(client, top)
+        return top
 
     def settled(self, eids: list[Any], sessions: Mapping[str, Session]) -> None:
         """The core settled these publishes: acknowledge them to their clients if connected."""

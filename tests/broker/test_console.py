@@ -100,6 +100,8 @@ def test_pages_metrics_and_counts_on_a_ring_of_two_in_one_process() -> None:
                     big = next(s for s in state["spaces"] if s["name"] == "big_trades")
                     assert (big["flow"], big["kind"], big["deliveries"]) == ("stocks", "sink", 40)
                     assert big["subscriptions"][0]["filter"] == "cap > 0"
+                    arcs = state["arcs"]["stocks"]  # (what the subscriber's broker saw as the edge)
+                    assert arcs["NYSE->big_trades"] == arcs["T1"] == arcs["T3"] == arcs["S"] == 40
                     assert {x["address"] for x in state["ring"]["brokers"]} == {
                         b0.address,
                         b1.address,

@@ -235,6 +235,10 @@ def test_the_flow_page_draws_every_space_and_one_route_per_pair_and_its_counts_r
     assert later > first > 0
     deliveries = _rises(page, 'figure.after [data-count="combined.sub"]', r"del (\d+)")
     assert deliveries[1] > deliveries[0] > 0
+    through = _rises(page, 'figure.before [data-arc-count="T1"]', r"(\d+) events")  # an arc
+    assert through[1] > through[0] > 0
+    routed = _rises(page, 'figure.after [data-arc-count="NYSE->combined.sub"]', r"(\d+) events")  # a route
+    assert routed[1] > routed[0] > 0
     assert re.fullmatch(
         r"1 subs · \d+/s", page.locator('figure.after [data-rate="big_trades"]').text_content() or ""
     )

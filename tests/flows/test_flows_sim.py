@@ -14,7 +14,7 @@ from tests.spark.flowgen import random_events
 from flowbus.errors import UserError
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.text import literal_to_text
-from flowbus.flow.deploy import Deployment
+from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.routing.ring_broker import RingBroker
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
@@ -258,3 +258,24 @@ def test_a_filter_over_a_computed_field_stops_unwanted_events_at_the_publishers_
         d.stamp(e)
     routed = sum(d.subscription("big_trades", "cap >= 5000000").routing.matches(e) for e in stamped)
     assert len(want) <= left == routed < len(events) / 10
+
+
+def test_each_broker_counts_the_events_through_the_routes_and_arcs_it_runs() -> None:
+    d = Deployment.from_file(STOCKS)
+    w = FlowWorld(1, seed=3)
+    w.deploy(d)
+    w.subscribe(0, "all", "combined")
+    w.subscribe(0, "big", "big_trades")
+    w.settle()
+    events = list(d.generate(events=300))
+    w.publish(0, events)
+    w.settle(60)
+    counts = w.brokers[0].flows.deployments["stocks"].counts
+    ref = reference(d, events, ["combined", "big_trades", "compressed"])
+    sub = d.subscription("combined")
+    nyse = sum(1 for s, e in events if s == "NYSE" and sub.deliver({**e, SPACE: s}))  # (T1 defined)
+    assert counts["NYSE->combined.sub"] == nyse > 100  # a route: each event once per route
+    assert counts["T1"] == nyse  # T1 is on three routes from NYSE: still once per event
+    assert counts["S"] == len(ref["big_trades"])  # (the events that passed the select)
+    assert counts["C4"] == counts["C5"] == len(ref["combined"])  # every combined event is a tick, folded
+    assert counts["E4"] == len(ref["compressed"])  # what the expand published

@@ -54,7 +54,15 @@ async function tick() {
       e.textContent = e.dataset.count !== undefined ? `pub ${sp.in} · del ${sp.deliveries}`
         : `${sp.subscriptions.length} subs · ${per_s.toFixed(0)}/s`;
     });
-    before = {at: now, spaces: spaces};
+    const drawn = document.querySelector("[data-flow]");
+    const arcs = drawn && s.arcs ? (s.arcs[drawn.dataset.flow] || {}) : {};
+    document.querySelectorAll("[data-arc-count]").forEach(e => {
+      const name = e.dataset.arcCount, n = arcs[name] || 0;
+      const was = before && before.arcs[name] !== undefined ? before.arcs[name] : n;
+      const per_s = before ? (n - was) / Math.max(now - before.at, 0.001) : 0;
+      e.textContent = `${n} events · ${per_s.toFixed(0)}/s`;
+    });
+    before = {at: now, spaces: spaces, arcs: arcs};
     at.textContent = "live, " + new Date().toLocaleTimeString();
   } catch (err) {
     at.textContent = "the broker does not answer";
@@ -114,8 +122,10 @@ def flow_page(address: str, d: Deployment, section: str) -> str:
     """A deployed flow: ``section`` is :func:`~flowbus.flow.html.flow_section` of its graph, live."""
     body = (
         f"<p>Version <code>{escape(d.version)}</code>. In each space, what this broker counts of it: "
-        "events published here (pub), deliveries here (del), subscriptions here, events a second.</p>"
-        + section
+        "events published here (pub), deliveries here (del), subscriptions here, events a second. "
+        "Above each arc and route, the events this broker saw pass it (as the edge of its "
+        "subscribers, as the owner of a part of the flow's states), and how many a second.</p>"
+        + f'<div data-flow="{escape(d.name)}">{section}</div>'
     )
     return _page(f"Flow {d.name}", address, body)
 

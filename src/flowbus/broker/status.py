@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from flowbus.broker.metrics import BrokerMetrics
     from flowbus.broker.server import Broker
 
-__all__ = ["overview", "ring_view", "spaces_view", "state"]
+__all__ = ["arcs_view", "overview", "ring_view", "spaces_view", "state"]
 
 SECURE, NORMAL = "secure", "normal"
 """A link's class as the brokers have it: secure when its connection is mutual TLS (docs/security.md),
@@ -133,6 +133,20 @@ def spaces_view(b: Broker, metrics: BrokerMetrics) -> list[dict[str, Any]]:
     return out
 
 
+def arcs_view(b: Broker) -> dict[str, dict[str, int]]:
+    """Per deployed flow, the events this broker saw through each route of the rewritten graph
+    and each arc of the graph (as an edge, as the owner of a partition): its ``counts``."""
+    core = b.core
+    if not isinstance(core, RingBroker):
+        return {}
+    return {name: dict(d.counts) for name, d in core.flows.deployments.items()}
+
+
 def state(b: Broker, metrics: BrokerMetrics) -> dict[str, Any]:
     """Everything the pages poll (``/api/state``)."""
-    return {"broker": overview(b), "ring": ring_view(b), "spaces": spaces_view(b, metrics)}
+    return {
+        "broker": overview(b),
+        "ring": ring_view(b),
+        "spaces": spaces_view(b, metrics),
+        "arcs": arcs_view(b),
+    }

@@ -150,6 +150,7 @@ class _Path:
     select: TestFn
     transform: TransformFn
     new_memo: Callable[[], Any]
+    arcs: tuple[str, ...] = ()  # its route's name, then the arcs of the graph it stands for
 
     def run(self, event: Event) -> dict[str, Any] | None:
         """The event this path delivers for ``event`` (its hidden fields left out), or None."""
@@ -160,6 +161,23 @@ class _Path:
             return _plain(self.transform(event, m))
         except Undefined:
             return None
+
+
+_COUNTED = ("arcs counted",)  # (a key no space name or path id can be)
+
+
+def count_arcs(counts: dict[str, int], arcs: tuple[str, ...], results: dict[Any, Any] | None) -> None:
+    """One event passed a route (``arcs[0]``) and the arcs of the graph it stands for
+    (``arcs[1:]``): count each of those once per event (``results``: the event's, shared by
+    what this broker does with it; it notes the arcs counted already)."""
+    if not arcs:
+        return
+    counts[arcs[0]] = counts.get(arcs[0], 0) + 1
+    done = results.setdefault(_COUNTED, set()) if results is not None else set()
+    for arc in arcs[1:]:
+        if arc not in done:
+            done.add(arc)
+            counts[arc] = counts.get(arc, 0) + 1
 
 
 class FlowSubscription:
@@ -175,6 +193,7 @@ class FlowSubscription:
         paths: Sequence[_Path],
         check: TestFn,
         exact: frozenset[str] = frozenset(),
+        counts: dict[str, int] | None = None,
     ) -> None:
         self.flow = flow
         self.space = space
@@ -187,6 +206,7 @@ class FlowSubscription:
         self._memo = Compiler({}).new_memo()
         self.sources = frozenset(self._by_source)
         self._routed = frozenset(s for s in exact if len(self._by_source.get(s, ())) == 1)
+        self.counts = counts
 
     def shares(self, event: Event) -> bool:
         """Whether what this subscription receives of ``event`` is what every subscription to
@@ -211,6 +231,8 @@ class FlowSubscription:
                 result = path.run(event)
                 if results is not None:
                     results[key] = result
+                if result is not None and self.counts is not None:
+                    count_arcs(self.counts, path.arcs, results)
             if result is not None and (check is ALWAYS or check(result, memo)):
                 out.append(result)
         return out
@@ -226,6 +248,7 @@ class Feed:
     select: TestFn
     transform: TransformFn
     new_memo: Callable[[], Any]
+    arcs: tuple[str, ...] = ()  # its route's name, then the arcs of the graph it stands for
 
     def input(self, event: Event) -> Mapping[str, Any] | None:
         """The event the group folds for ``event`` (None: the feed's select or transform drops it)."""
@@ -244,6 +267,7 @@ class Output:
 
     deliverer: Deliverer
     space: str  # the bus space it publishes into
+    arc: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +288,7 @@ class Group:
     flow: str
     feeds: tuple[Feed, ...]
     folds: tuple[Fold, ...]
+    counts: dict[str, int] = field(default_factory=dict, compare=False)  # (the deployment's)
 
     def key_of(self, event: Mapping[str, Any]) -> Key | None:
         try:
@@ -277,7 +302,9 @@ class Group:
         """Fold ``event`` (a feed's input) for ``key``: per collapse whose row changed, the
         fold, the old and new row and what its expand arcs publish (space, event)."""
         changes = []
+        counts = self.counts
         for f in self.folds:
+            counts[f.arc] = counts.get(f.arc, 0) + 1
             old = row_of(f.state, key)
             if old is None:
                 old = f.bound.initial
@@ -289,6 +316,7 @@ class Group:
                 d = out.deliverer
                 _, events = d.events(key, d.project(old), old, new, event)
                 published.extend((out.space, dict(ev)) for ev in events)
+                counts[out.arc] = counts.get(out.arc, 0) + len(events)
             changes.append((f, old, new, published))
         return changes
 
@@ -318,6 +346,8 @@ class Deployment:
     version: str
     text: str  # the canonical YAML document (lookups inlined)
     graph: Graph
+    counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """Events through each route and arc of the flow here (see :func:`count_arcs`): the console's."""
     _subs: dict[tuple[str, str], FlowSubscription] = field(default_factory=dict, compare=False, repr=False)
     _paths: dict[str, list[tuple[tuple[str, Route | None], _Path]]] = field(
         default_factory=dict, compare=False, repr=False
@@ -448,7 +478,7 @@ class Deployment:
                 loose.add(source)
         paths = [path for _, path in self._compiled_paths(space)]
         exact_sources = frozenset(p.source for p in paths) - loose
-        return FlowSubscription(self.name, space, filt, routing, paths, check, exact_sources)
+        return FlowSubscription(self.name, space, filt, routing, paths, check, exact_sources, self.counts)
 
     def _compiled_paths(self, space: str) -> list[tuple[tuple[str, Route | None], _Path]]:
         """The paths into ``space``, each with its ``[S; T]`` compiled once (the subscriptions
@@ -469,7 +499,11 @@ class Deployment:
         select = ALWAYS if route.select == Filter.true() else c.filter(route.select)
         inputs = list(self._schema_of(route.source))
         return _Path(
-            source, select, c.transform(route.outputs, route.requires, inputs=inputs), c.memo_factory()
+            source,
+            select,
+            c.transform(route.outputs, route.requires, inputs=inputs),
+            c.memo_factory(),
+            (route.name, *route.via),
         )
 
     def _schema_of(self, node: str) -> Schema:
@@ -528,16 +562,19 @@ class Deployment:
                 transform = c.transform(
                     route.outputs, route.requires, inputs=list(rw.space(route.source).schema)
                 )
-                feeds.append(Feed(i, bus_name(feed.point), field_name, select, transform, c.memo_factory()))
+                feeds.append(
+                    Feed(i, bus_name(feed.point), field_name, select, transform, c.memo_factory(),
+                         (route.name, *route.via))
+                )  # fmt: skip
         folds = []
         for collapse in g.collapses:
             outputs = tuple(
-                Output(Deliverer(rw, e, collapse), bus_name(e.target))
+                Output(Deliverer(rw, e, collapse), bus_name(e.target), e.name)
                 for e in rw.out_arcs(collapse.target)
                 if isinstance(e, Expand)
             )
             folds.append(Fold(collapse.name, collapse.target, bind_rules(rw, collapse), outputs))
-        return Group(g.name, self.name, tuple(feeds), tuple(folds))
+        return Group(g.name, self.name, tuple(feeds), tuple(folds), self.counts)
 
     @cached_property
     def group_of_state(self) -> dict[str, str]:

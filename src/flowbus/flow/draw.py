@@ -314,20 +314,26 @@ def _svg_line(line: Line, at: dict[str, Place], ident: int, live: bool) -> str:
         f"{escape(_cut(t))}</text>"
         for i, t in enumerate(texts)
     )
+    count = (
+        f'<text class="live" data-arc-count="{escape(line.name)}" x="{lx + 4:.1f}" y="{ly - 3:.1f}" '
+        f'fill="{colour}"></text>'
+        if live
+        else ""
+    )
     return (
         f'<g class="arc arc-{line.kind}" data-arc="{escape(line.name)}" data-source="{escape(line.source)}" '
         f'data-target="{escape(line.target)}"><title>{escape(chr(10).join(texts))}</title>'
         f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="1.6" '
         f'marker-end="url(#head-{line.kind}-{ident})"/>'
         f'<rect x="{lx:.1f}" y="{ly:.1f}" width="{lw:.1f}" height="{lh:.1f}" rx="3" fill="#ffffff" '
-        f'stroke="{colour}" stroke-width="0.6"/><g class="label" fill="{colour}">{label}</g></g>'
+        f'stroke="{colour}" stroke-width="0.6"/><g class="label" fill="{colour}">{label}</g>{count}</g>'
     )
 
 
 def to_svg(d: Drawing, *, live: bool = False, ident: int = 0) -> str:
-    """``d`` as an SVG element (see the module note); ``live`` leaves a place in each box for
-    a count the console fills in; ``ident`` keeps the marker ids of several drawings on one
-    page apart."""
+    """``d`` as an SVG element (see the module note); ``live`` leaves a place in each box and
+    above each arc's label for the counts the console fills in; ``ident`` keeps the marker ids
+    of several drawings on one page apart."""
     at, width, height = _place(d, live)
     markers = "".join(
         f'<marker id="head-{kind}-{ident}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '

@@ -45,7 +45,7 @@ from typing import Any
 from flowbus import wire
 from flowbus.errors import UserError
 from flowbus.flow.collapse import Key, Row
-from flowbus.flow.deploy import SPACE, UNROUTED, Deployment, FlowSubscription, Group
+from flowbus.flow.deploy import SPACE, UNROUTED, Deployment, FlowSubscription, Group, count_arcs
 
 __all__ = [
     "SEEN",
@@ -271,10 +271,16 @@ class Flows:
     # -- a partition's folds
 
     def fold(
-        self, part: Partition, eid: Any, event: Mapping[str, Any], state: Mapping[Hashable, Any]
+        self,
+        part: Partition,
+        eid: Any,
+        event: Mapping[str, Any],
+        state: Mapping[Hashable, Any],
+        results: dict[Any, Any] | None = None,
     ) -> tuple[dict[Hashable, Any], list[tuple[Any, dict[str, Any]]]]:
         """Fold ``event`` into ``part``: the ring state entries to set, and the events to
-        publish ``(id, bus event)``."""
+        publish ``(id, bus event)`` (``results``: what this step noted of the event, for
+        :func:`~flowbus.flow.deploy.count_arcs`)."""
         name, did, owner = part.sub_id[1], part.sub_id[2], part.owner
         changed: dict[Hashable, Any] = {}
         published: list[tuple[Any, dict[str, Any]]] = []
@@ -289,6 +295,7 @@ class Flows:
             src = feed.input(event)
             if src is None:
                 continue
+            count_arcs(part.deployment.counts, feed.arcs, results)
             key = part.group.key_of(src)
             if key is None:
                 continue

@@ -488,7 +488,7 @@ class RingBroker(Core):
                             part.buffer.append((e.event, key))
                             self._hold(key, (FLOW_GRACE, e.sub))
                             continue
-                        done, events = self._fold(part, e.event)
+                        done, events = self._fold(part, e.event, results.setdefault(id(e.event), {}))
                         out.extend(done)
                         publish.extend(events)
                         if key is not None:
@@ -536,12 +536,14 @@ class RingBroker(Core):
                 self._release((FLOW_GRACE, sub_id), key[1], only=key)
         return self._out([Deliver(sub_id, event) for event, _ in buffered])
 
-    def _fold(self, part: Partition, event: Mapping[str, Any]) -> tuple[list[Effect], list[dict[str, Any]]]:
+    def _fold(
+        self, part: Partition, event: Mapping[str, Any], results: dict[Any, Any] | None = None
+    ) -> tuple[list[Effect], list[dict[str, Any]]]:
         eid = event.get(EVENT_ID)
         state = self.ring.state
         if ("fseen", part.sub_id, eid) in state:
             return [], []
-        changed, published = self.flows.fold(part, eid, event, state)
+        changed, published = self.flows.fold(part, eid, event, state, results)
         out: list[Effect] = []
         for key, value in changed.items():
             out += self.ring.set_state(key, value)

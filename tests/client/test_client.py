@@ -55,3 +55,32 @@ def test_no_broker_answers() -> None:
         assert client.status is Status.CLOSED
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_batches_hand_over_what_has_come_in_order_and_acknowledge_it() -> None:
+    async def go() -> None:
+        broker = await Broker.start()
+        try:
+            await broker.joined()
+            async with flowbus.connect(broker.address) as c:
+                sub = await c.subscribe("events", "x >= 0")
+                with pytest.raises(ValueError, match="at least 1"):
+                    sub.batches(0)
+                for i in range(500):
+                    await c.publish("events", {"x": i})
+                got: list[list[dict[str, object]]] = []
+
+                async def take() -> None:
+                    async for batch in sub.batches(100):
+                        got.append(batch)
+                        if sum(map(len, got)) == 500:
+                            return
+
+                await asyncio.gather(take(), c.flush(30))  # (flush: every event acknowledged)
+                assert [e["x"] for b in got for e in b] == list(range(500))
+                assert all(1 <= len(b) <= 100 for b in got) and len(got) < 500  # (some batched)
+                assert sub.received == 500 and broker.stats()["in_custody"] == 0
+        finally:
+            await broker.close()
+
+    asyncio.run(asyncio.wait_for(go(), 60))

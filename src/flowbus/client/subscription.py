@@ -4,7 +4,8 @@ How it works: the client hands every delivery to :meth:`Subscription._offer` wit
 an id seen among the last ``dedup`` is a duplicate (a broker re-sent it after a reconnect): it
 is acknowledged again and dropped. An event is acknowledged to the broker when the application
 takes it from the iterator, so a crash of the application before it took an event leaves the
-event with the broker.
+event with the broker. :meth:`Subscription.batches` hands over all the events that have come
+(up to a limit) at each wake-up, acknowledged together: one acknowledgement per batch.
 """
 
 from __future__ import annotations
@@ -62,6 +63,34 @@ class Subscription:
         self.received += 1
         self.client._ack(self.id, epoch, dseq)
         return event
+
+    def batches(self, max_events: int = 10_000) -> AsyncIterator[list[dict[str, Any]]]:
+        """The events in lists: each, once at least one event is there, every event that has
+        come (at most ``max_events``), in order; acknowledged when the list is handed over.
+        Ends when the subscription does."""
+        if max_events < 1:
+            raise ValueError(f"max_events must be at least 1, got {max_events}")
+        return self._batches(max_events)
+
+    async def _batches(self, max_events: int) -> AsyncIterator[list[dict[str, Any]]]:
+        queue = self._queue
+        while True:
+            item = await queue.get()
+            if item is None:
+                queue.put_nowait(None)  # (later calls end too)
+                return
+            batch = [item]
+            while len(batch) < max_events and not queue.empty():
+                item = queue.get_nowait()
+                if item is None:
+                    queue.put_nowait(None)
+                    break
+                batch.append(item)
+            self.received += len(batch)
+            for (epoch, dseq, _), after in zip(batch, [*batch[1:], None], strict=True):
+                if after is None or after[0] != epoch:  # (the last of each connection's run)
+                    self.client._ack(self.id, epoch, dseq)
+            yield [event for _, _, event in batch]
 
     async def get(self, timeout: float | None = None) -> dict[str, Any]:
         """The next event (``asyncio.TimeoutError`` after ``timeout`` seconds)."""

@@ -88,6 +88,11 @@ def origin_of(key: Hashable) -> tuple[int, Hashable]:
 
 
 FLOW_GRACE = "flows.grace"
+DERIVED = ("flows.derived",)
+"""The timer that routes the events the folds of a step derived, unless a publish here took
+them along first (see :meth:`RingBroker._flow_effects`)."""
+DERIVED_WAIT = 0.001
+"""How long derived events wait for a publish to share its matcher pass (seconds)."""
 """The timer key (with a partition's id) that ends a taken-over partition's grace period."""
 
 DEDUP_WINDOW = 100_000
@@ -185,6 +190,7 @@ class RingBroker(Core):
         self.flow_grace = 2.0 * heartbeat if heartbeat is not None else 5.0
         self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
         self._backed_up: list[tuple[int, _Key]] = []  # (backup version, custody record) of folds
+        self._derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED)
 
     @property
     def addr(self) -> int:
@@ -286,6 +292,8 @@ class RingBroker(Core):
         if self.flows.records:
             for event in stamped:
                 self._stamp(event)
+            if self._derived:  # (what earlier folds derived goes first, in the same pass)
+                stamped[:0], self._derived = self._derived, []
         return self._out(self._route_own(stamped))
 
     def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
@@ -505,7 +513,11 @@ class RingBroker(Core):
                 for key in folded:
                     self._hold(key, ("backup", version))
                     self._backed_up.append((version, key))
-            pending = self._route_own(publish) if publish else []
+            pending = []
+            if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
+                if not self._derived:  # matcher pass instead of two for a step of few events)
+                    out.append(SetTimer(DERIVED_WAIT, DERIVED))
+                self._derived.extend(publish)
         return out
 
     def _backups_confirmed(self) -> None:
@@ -657,6 +669,9 @@ class RingBroker(Core):
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
             return self._fold_buffered(key[1])
+        if key == DERIVED:
+            derived, self._derived = self._derived, []
+            return self._out(self._route_own(derived)) if derived else []
         return self._out(self._sync(self.ring.on_timer(key, now)))
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+import typer
+
 from flowbus import __version__
+from flowbus.cli.common import fail
 
 
 def flowbus(*args: str) -> subprocess.CompletedProcess[str]:
@@ -29,3 +33,10 @@ def test_demo_matches_trades() -> None:
 def test_bad_option_is_a_usage_error() -> None:
     proc = flowbus("bench", "match", "--subscriptions", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_an_error_with_brackets_is_printed_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(typer.Exit) as exit_:
+        fail("schema [issue: str, price: float] and [/bold] stay")
+    assert exit_.value.exit_code == 2
+    assert "schema [issue: str, price: float] and [/bold] stay" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -33,7 +34,7 @@ SpecArgument = Annotated[Path, typer.Argument(help="A flow spec (YAML), e.g. exa
 
 def fail(message: str) -> NoReturn:
     """Print ``message`` in red on standard error and exit with status 2."""
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")  # (the message's brackets are text)
     raise typer.Exit(2)
 
 

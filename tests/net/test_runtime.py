@@ -72,7 +72,9 @@ def test_a_ring_over_tcp_joins_routes_and_repairs() -> None:
     asyncio.run(main())
 
 
-class _Echo(Core):
+class Echo(Core):
+    """A core that keeps what it is sent (tests/net/test_tls.py uses it too)."""
+
     def __init__(self) -> None:
         self.seen: list[Any] = []
 
@@ -87,10 +89,10 @@ class _Echo(Core):
 def test_a_malformed_frame_closes_only_its_connection() -> None:
     async def main() -> None:
         directory = Directory()
-        echo = _Echo()
+        echo = Echo()
         rt = Runtime(0, echo, directory)
         await rt.start()
-        peer = Runtime(1, _Echo(), directory)
+        peer = Runtime(1, Echo(), directory)
         await peer.start()
         try:
             where = directory.get(0)
@@ -114,12 +116,12 @@ def test_a_send_to_a_stopped_node_is_a_failure_notice() -> None:
         directory = Directory()
         failed: list[tuple[int, Any]] = []
 
-        class Notified(_Echo):
+        class Notified(Echo):
             def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
                 failed.append((dst, msg))
                 return []
 
-        a, b = Runtime(0, Notified(), directory), Runtime(1, _Echo(), directory)
+        a, b = Runtime(0, Notified(), directory), Runtime(1, Echo(), directory)
         await a.start()
         await b.start()
         await b.close()
@@ -137,7 +139,7 @@ def test_the_messages_of_one_read_are_one_step_of_on_messages() -> None:
         directory = Directory()
         steps: list[tuple[str, list[Any]]] = []
 
-        class Batched(_Echo):
+        class Batched(Echo):
             def on_messages(self, src: int, msgs: Sequence[Any], now: float) -> list[Effect]:
                 steps.append(("run", list(msgs)))
                 return [Deliver("s", m) for m in msgs]
@@ -155,7 +157,7 @@ def test_the_messages_of_one_read_are_one_step_of_on_messages() -> None:
             on_deliver=lambda *d: got.append(d[2]),
             after_step=lambda: after.append(1),
         )
-        peer = Runtime(1, _Echo(), directory)
+        peer = Runtime(1, Echo(), directory)
         await rt.start()
         await peer.start()
         try:

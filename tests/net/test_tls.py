@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from tests.net.test_runtime import Echo
 
-from flowbus.core import Core, Effect, Send
+from flowbus.core import Effect, Send
 from flowbus.errors import ConfigError
 from flowbus.net import certs
 from flowbus.net.admission import Admission
@@ -36,18 +36,6 @@ def rogue(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("rogue")
     certs.init(root, brokers=1)
     return root
-
-
-class _Echo(Core):
-    def __init__(self) -> None:
-        self.seen: list[Any] = []
-
-    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        self.seen.append((src, msg))
-        return []
-
-    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
-        return []
 
 
 async def _until(check: Any, timeout: float = 10.0) -> None:
@@ -85,9 +73,9 @@ def test_certs_init_makes_a_ca_brokers_with_their_address_and_named_clients(pki:
 
 def test_peers_talk_mutual_tls_and_the_link_is_secure(pki: Path) -> None:
     async def main() -> None:
-        directory, echo = Directory(), _Echo()
+        directory, echo = Directory(), Echo()
         a = Runtime(0, echo, directory, admission=_admission(pki, "broker-1"))
-        b = Runtime(1, _Echo(), directory, admission=_admission(pki, "broker-2"))
+        b = Runtime(1, Echo(), directory, admission=_admission(pki, "broker-2"))
         await a.start()
         await b.start()
         try:
@@ -106,12 +94,12 @@ def test_a_peer_without_a_broker_certificate_of_the_authority_is_refused(
     pki: Path, rogue: Path, who: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> None:
-        directory, echo = Directory(), _Echo()
+        directory, echo = Directory(), Echo()
         a = Runtime(0, echo, directory, admission=_admission(pki))
         await a.start()
         failed: list[Any] = []
 
-        class Dialer(_Echo):
+        class Dialer(Echo):
             def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
                 failed.append(msg)
                 return []
@@ -143,9 +131,9 @@ def test_plain_text_silence_and_a_big_first_frame_are_closed_quietly(
     pki: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> None:
-        rt = Runtime(0, _Echo(), Directory(), admission=_admission(pki, handshake_timeout=0.3))
+        rt = Runtime(0, Echo(), Directory(), admission=_admission(pki, handshake_timeout=0.3))
         await rt.start()
-        plain = Runtime(1, _Echo(), Directory(), admission=Admission(handshake_timeout=0.3))
+        plain = Runtime(1, Echo(), Directory(), admission=Admission(handshake_timeout=0.3))
         await plain.start()
         try:
             _, w = await asyncio.open_connection("127.0.0.1", rt.port)
@@ -171,7 +159,7 @@ def test_plain_text_silence_and_a_big_first_frame_are_closed_quietly(
 
 def test_connections_per_source_address_are_capped() -> None:
     async def main() -> None:
-        rt = Runtime(0, _Echo(), Directory(), admission=Admission(per_address=2))
+        rt = Runtime(0, Echo(), Directory(), admission=Admission(per_address=2))
         await rt.start()
         try:
             conns = [await asyncio.open_connection("127.0.0.1", rt.port) for _ in range(3)]
@@ -188,9 +176,9 @@ def test_connections_per_source_address_are_capped() -> None:
 def test_plain_peers_make_plain_links_and_the_link_filter_sees_the_class(pki: Path) -> None:
     async def main() -> None:
         directory = Directory()
-        echo_a, echo_c = _Echo(), _Echo()
+        echo_a, echo_c = Echo(), Echo()
         a = Runtime(0, echo_a, directory, admission=_admission(pki, plain_peers=True))
-        b = Runtime(1, _Echo(), directory, admission=_admission(pki, "broker-2", plain_peers=True))
+        b = Runtime(1, Echo(), directory, admission=_admission(pki, "broker-2", plain_peers=True))
         c = Runtime(2, echo_c, directory)  # no TLS at all
         seen: list[tuple[int, bool, bool]] = []
 
@@ -234,10 +222,10 @@ def test_a_ring_peer_may_open_with_a_big_message_a_stranger_may_not(pki: Path) -
     on a TLS port) is closed before it is buffered."""
 
     async def main() -> None:
-        directory, echo, echo_tls = Directory(), _Echo(), _Echo()
+        directory, echo, echo_tls = Directory(), Echo(), Echo()
         a = Runtime(0, echo, directory)
         t = Runtime(2, echo_tls, directory, admission=_admission(pki))
-        b = Runtime(1, _Echo(), directory)
+        b = Runtime(1, Echo(), directory)
         for rt in (a, t, b):
             await rt.start()
         big = "x" * 200_000

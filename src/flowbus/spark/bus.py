@@ -80,7 +80,17 @@ from flowbus.client.pull import PulledSubscription
 from flowbus.errors import ClientError, SchemaError
 from flowbus.model import Schema
 
-__all__ = ["BusOptions", "FlowbusDataSource", "check_sink", "clash", "declare", "register", "space_schemas"]
+__all__ = [
+    "BusOptions",
+    "FlowbusDataSource",
+    "check_sink",
+    "clash",
+    "declare",
+    "register",
+    "schema_struct",
+    "space_schemas",
+    "spark_type",
+]
 
 _TO_SPARK: Mapping[type, DataType] = {
     str: StringType(),
@@ -177,8 +187,14 @@ def space_schemas(opts: BusOptions) -> dict[str, Schema]:
     return out
 
 
-def _struct(schema: Schema) -> StructType:
-    return StructType([StructField(n, _TO_SPARK[k]) for n, k in schema.fields.items()])
+def spark_type(kind: type) -> DataType:
+    """The Spark type of a flowbus field type (``str``, ``int``, ``float``, ``bool``)."""
+    return _TO_SPARK[kind]
+
+
+def schema_struct(schema: Schema) -> StructType:
+    """A flowbus schema as a Spark struct (every field nullable: a missing one is null)."""
+    return StructType([StructField(n, spark_type(k)) for n, k in schema.fields.items()])
 
 
 def source_schema(schemas: Mapping[str, Schema]) -> StructType:
@@ -186,8 +202,8 @@ def source_schema(schemas: Mapping[str, Schema]) -> StructType:
     struct column per space."""
     if len(schemas) == 1:
         (schema,) = schemas.values()
-        return StructType(_META + list(_struct(schema).fields))
-    return StructType(_META + [StructField(s, _struct(schema)) for s, schema in schemas.items()])
+        return StructType(_META + list(schema_struct(schema).fields))
+    return StructType(_META + [StructField(s, schema_struct(schema)) for s, schema in schemas.items()])
 
 
 class FlowbusDataSource(DataSource):

@@ -57,9 +57,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import (
     ArrayType,
-    BooleanType,
-    DataType,
-    DoubleType,
     LongType,
     StringType,
     StructField,
@@ -77,9 +74,8 @@ from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
 from flowbus.flow.validate import bind_rules, replays_collapse
 from flowbus.matching import Matcher
-from flowbus.model import Schema
 from flowbus.spark.bulk import Shipped, executor_matcher, ship
-from flowbus.spark.bus import register
+from flowbus.spark.bus import register, schema_struct, spark_type
 from flowbus.spark.columns import ColumnCompiler
 from flowbus.spark.pipeline import BUS_LEVEL, BusEnd, BusIngest, publish_rows, run_id
 from flowbus.spark.routes import route_columns
@@ -91,28 +87,14 @@ SinkFormat = Literal["parquet", "jsonl", "console"]
 CollapseMode = Literal["state", "aggregate"]
 Callback = Callable[[str, int, DataFrame], None]
 
-_SPARK_TYPES: Mapping[type, DataType] = {
-    str: StringType(),
-    int: LongType(),
-    float: DoubleType(),
-    bool: BooleanType(),
-}
 _TRANSIENT = ("failed to connect back", "CANNOT_OPEN_SOCKET")
 _MAX_RESTARTS = 3
 STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def spark_type(kind: type) -> DataType:
-    return _SPARK_TYPES[kind]
-
-
-def _struct(schema: Schema) -> StructType:
-    return StructType([StructField(n, spark_type(k)) for n, k in schema.fields.items()])
-
-
 def log_schema(g: Graph, log: Log) -> StructType:
     fields = [StructField("_point", StringType()), StructField("_order", ArrayType(LongType()))]
-    fields += [StructField(log.column(p), _struct(g.event_space(p).schema)) for p in log.points]
+    fields += [StructField(log.column(p), schema_struct(g.event_space(p).schema)) for p in log.points]
     return StructType(fields)
 
 

@@ -1,5 +1,5 @@
 """Stand-ins for the tests of a broker's parts without sockets: a routing core that records
-the local calls made on it, a client session that records what it was given, a writer that
+the local calls made on it, client sessions that keep what they were given, a writer that
 keeps the bytes written."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+from flowbus.broker.sessions import Session
 from flowbus.core import Effect
 from flowbus.filters import Filter
 
@@ -60,6 +61,21 @@ def apply(effects: Sequence[Effect]) -> None:
     assert not effects
 
 
+class Connection(Session):
+    """A client session whose deliveries are read from it, not written (no event loop)."""
+
+    def __init__(self, client: str = "c") -> None:
+        super().__init__(client, Writer())  # type: ignore[arg-type]
+
+    def _due(self) -> None:
+        pass
+
+    @property
+    def rows(self) -> list[tuple[list[str], int, Any, dict[str, Any]]]:
+        """(sub ids, delivery number, event id, event) of each row given, in order."""
+        return [(list(subs), cseq, (who, n), event) for subs, cseq, who, n, event in self._events]
+
+
 class Recorder:
     """A client session that records what the broker gave it."""
 
@@ -70,16 +86,12 @@ class Recorder:
         self.closed = False
         self.sent: list[Any] = []
         self.acks: list[int] = []
-        self.rows: list[tuple[str, int, Any, dict[str, Any]]] = []  # (sub id, dseq, id, event)
 
     def send(self, msg: Any) -> None:
         self.sent.append(msg)
 
     def pub_ack(self, pseq: int) -> None:
         self.acks.append(pseq)
-
-    def deliver(self, sub_id: str, first: int, entries: list[Any]) -> None:
-        self.rows += [(sub_id, d, eid, event) for d, (eid, event, _) in enumerate(entries, first)]
 
 
 class Writer:

@@ -1,13 +1,15 @@
-"""A subscription's queue without sockets: the window, the memory bound and the spill to
-SQLite, in order; acknowledgements settle what was in custody; a lost connection puts the
-deliveries in flight back in front and lets a non-durable subscription linger, then end."""
+"""A broker's subscription queues without sockets: one row per event and connection for all
+its subscriptions there; the window, the memory bound and the spill to SQLite, in order;
+acknowledgements of a connection's deliveries settle what was in custody for each
+subscription; a lost connection puts the deliveries in flight back in front and lets a
+non-durable subscription linger, then end."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from tests.broker.fakes import FakeCore, Recorder, apply
+from tests.broker.fakes import Connection, FakeCore, apply
 
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.queues import Queues, Subscription
@@ -36,21 +38,47 @@ def test_a_subscription_queue_keeps_its_order() -> None:
     sub = Subscription("s", "c", "events", "x > 0", False, None)
     sub.pending.extend((("p", n), {"x": n}, None) for n in range(1, 6))
     sub.in_memory = 5
-    first, batch = sub.take(3)
-    assert first == 1 and [e[0] for e in batch] == [("p", 1), ("p", 2), ("p", 3)]
-    settle, disk, done = sub.acked(2)
-    assert settle == [("s", ("p", 1)), ("s", ("p", 2))] and disk == 0 and done == []
-    assert sub.in_memory == 3
-    sub.detach()  # (3 was in flight: back in front of 4 and 5)
-    assert [e[0] for e in sub.pending] == [("p", 3), ("p", 4), ("p", 5)] and not sub.inflight
+    batch = sub.take(3)
+    assert [e[0] for e in batch] == [("p", 1), ("p", 2), ("p", 3)] and sub.unacked == 3
+    sub.detach(batch[2:])  # (3 was in flight: back in front of 4 and 5)
+    assert [e[0] for e in sub.pending] == [("p", 3), ("p", 4), ("p", 5)] and sub.unacked == 0
     assert sub.in_custody() == [("s", ("p", n)) for n in (3, 4, 5)]
     assert Subscription.from_meta("s", sub.meta()).meta() == sub.meta()  # (what a takeover needs)
+
+
+def test_an_event_goes_to_a_connection_once_for_all_its_subscriptions_there() -> None:
+    async def main() -> None:
+        q, core, _ = queues()
+        c, d = Connection("c"), Connection("d")
+        for i, (who, sub_id) in enumerate([(c, "s1"), (c, "s2"), (d, "s3")], 1):
+            assert q.subscribe(who, p.Subscribe(i, sub_id, "events", "x > 0")) == (True, None)
+        for n in (1, 2):
+            one = event(n)  # (the core hands one event object to each of its deliveries)
+            for sub_id in ("s1", "s2", "s3"):
+                q.on_deliver(0, sub_id, one)
+        q.on_deliver(0, "s2", event(3))
+        assert c.rows == [
+            (["s1", "s2"], 1, ("pub", 1), {"x": 1}),  # (hidden fields stripped)
+            (["s1", "s2"], 2, ("pub", 2), {"x": 2}),
+            (["s2"], 3, ("pub", 3), {"x": 3}),
+        ]
+        assert [(subs, n) for subs, n, _, _ in d.rows] == [(["s3"], 1), (["s3"], 2)]
+        q.ack(c, [(1, 1), (3, 3)])  # (the client took 1 and 3 for every subscription)
+        await turn()
+        assert core.called("settle") == [([("s1", ("pub", 1)), ("s2", ("pub", 1)), ("s2", ("pub", 3))],)]
+        assert list(c.inflight) == [2] and q.subs["s2"].unacked == 1 and q.in_memory() == 4
+        q.ack(c, [(1, 10**9)])  # (numbers acknowledged twice or never sent: nothing more)
+        await turn()
+        assert core.called("settle")[1:] == [([("s1", ("pub", 2)), ("s2", ("pub", 2))],)]
+        assert not c.inflight and q.in_memory() == 2  # (d's two, unacknowledged)
+
+    asyncio.run(main())
 
 
 def test_window_memory_and_spill_keep_the_order() -> None:
     async def main() -> None:
         q, core, store = queues(DEFAULT.with_(window=2, memory=3))
-        c = Recorder("c")
+        c = Connection("c")
         assert q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0")) == (True, None)
         assert core.called("subscribe") == [("s", '__space = "events" & x > 0')]
         for n in range(1, 7):
@@ -60,18 +88,45 @@ def test_window_memory_and_spill_keep_the_order() -> None:
         await turn()
         assert core.called("settle") == [([("s", ("pub", n)) for n in (4, 5, 6)],)]
         assert [(d, eid) for _, d, eid, _ in c.rows] == [(1, ("pub", 1)), (2, ("pub", 2))]  # the window
-        assert c.rows[0][3] == {"x": 1}  # (the hidden fields stripped)
         for upto in (2, 4):
-            q.ack(c, [("s", upto)])
+            q.ack(c, [(1, upto)])
             await turn()
         assert [eid for _, _, eid, _ in c.rows] == [("pub", n) for n in range(1, 7)]  # (4-6 from disk)
+        assert [n for _, n, _, _ in c.rows] == [1, 2, 3, 4, 5, 6]
         assert core.called("settle")[1:] == [
             ([("s", ("pub", 1)), ("s", ("pub", 2))],),
             ([("s", ("pub", 3))],),
         ]
         assert store.depth("s") == 2  # (a spilled event leaves the disk once acknowledged)
-        q.ack(c, [("s", 6)])
+        q.ack(c, [(5, 6)])
         assert store.depth("s") == 0 and q.in_memory() == 0
+
+    asyncio.run(main())
+
+
+def test_a_subscription_moved_to_another_connection_takes_its_deliveries_along() -> None:
+    async def main() -> None:
+        q, core, _ = queues()
+        old = Connection("c")
+        q.subscribe(old, p.Subscribe(1, "a", "events", "x > 0"))
+        q.subscribe(old, p.Subscribe(2, "b", "events", "x > 0"))
+        for n in (1, 2):
+            one = event(n)
+            q.on_deliver(0, "a", one)
+            q.on_deliver(0, "b", one)
+        new = Connection("c")  # (the client came back before its old connection was seen to go)
+        assert q.subscribe(new, p.Subscribe(3, "a", "events", "x > 0", resume=True)) == (True, None)
+        await turn()
+        assert [(subs, n, eid) for subs, n, eid, _ in new.rows] == [
+            (["a"], 1, ("pub", 1)),
+            (["a"], 2, ("pub", 2)),
+        ]
+        assert [subs for _, _, subs, _ in old.inflight.values()] == [[q.subs["b"]], [q.subs["b"]]]
+        q.ack(old, [(1, 2)])
+        await turn()
+        assert core.called("settle") == [([("b", ("pub", 1)), ("b", ("pub", 2))],)]
+        q.session_ended(new, bye=True)  # ("a" ends, what it had in flight settled)
+        assert core.called("settle")[1:] == [([("a", ("pub", 1)), ("a", ("pub", 2))],)]
 
     asyncio.run(main())
 
@@ -79,15 +134,14 @@ def test_window_memory_and_spill_keep_the_order() -> None:
 def test_a_lost_connection_puts_deliveries_back_and_lingers() -> None:
     async def main() -> None:
         q, core, _ = queues(DEFAULT.with_(linger=0.05))
-        c = Recorder("c")
+        c = Connection("c")
         q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0"))
         q.subscribe(c, p.Subscribe(2, "d", "events", "x > 0", durable=True))
         q.on_deliver(0, "s", event(1))
-        await turn()
         assert len(c.rows) == 1
         q.session_ended(c, bye=False)  # (the connection was lost)
         assert [e[0] for e in q.subs["s"].pending] == [("pub", 1)] and c.subs == set()
-        back = Recorder("c")
+        back = Connection("c")
         assert q.subscribe(back, p.Subscribe(3, "s", "events", "x > 0", resume=True)) == (True, None)
         await turn()
         assert [(d, eid) for _, d, eid, _ in back.rows] == [(1, ("pub", 1))]  # numbered anew
@@ -103,10 +157,10 @@ def test_a_lost_connection_puts_deliveries_back_and_lingers() -> None:
 def test_bye_ends_the_subscriptions_that_are_not_durable() -> None:
     async def main() -> None:
         q, _, store = queues()
-        c = Recorder("c")
+        c = Connection("c")
         q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0"))
         q.subscribe(c, p.Subscribe(2, "d", "events", "x > 0", durable=True))
-        assert q.subscribe(Recorder("other"), p.Subscribe(3, "d", "events", "x > 0")) == (
+        assert q.subscribe(Connection("other"), p.Subscribe(3, "d", "events", "x > 0")) == (
             False,
             "subscription 'd' is attached to another client",
         )

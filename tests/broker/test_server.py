@@ -143,7 +143,7 @@ def test_bad_input_is_refused_by_name_and_changes_nothing() -> None:
         (b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1", "malformed"),  # msgpack's one reserved byte
         (struct.pack(">I", 1 << 30), "over the limit"),  # a frame far over the size limit
         (frame(encode(p.Events(p.pack_events([])))), "may not send Events"),  # a message only brokers send
-        (frame(encode(p.Ack(msgpack.packb([1, 2, 3])))), "Ack: each item is [sub_id, dseq]"),
+        (frame(encode(p.Ack(msgpack.packb([1, 2, 3])))), "Ack: each item is [first, last]"),
     ],
     ids=["malformed", "oversized", "wrong-direction", "bad-ack"],
 )

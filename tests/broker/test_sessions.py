@@ -13,7 +13,7 @@ from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT
 from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
-from flowbus.broker.queues import Queues
+from flowbus.broker.queues import Queues, Subscription
 from flowbus.broker.sessions import Session, Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
@@ -53,14 +53,15 @@ def test_a_turn_of_the_loop_goes_out_in_one_write() -> None:
         session.send(p.Reply(1, True))
         session.pub_ack(1)
         session.pub_ack(2)
-        session.deliver("s", 1, [(("p", n), {"x": n}, None) for n in range(1, 2501)])
+        sub = Subscription("s", "c", "events", "x > 0", False, None)
+        session.deliver(sub, [(("p", n), {"x": n}, None) for n in range(1, 2501)])
         assert writer.writes == []
         await asyncio.sleep(0)
         assert len(writer.writes) == 1
         reply, acks, first, second = written(writer)
         assert reply == p.Reply(1, True) and acks.pseqs == [1, 2]
         assert [len(first.items()), len(second.items())] == [2000, 500]
-        assert second.items()[-1] == ("s", 2500, ("p", 2500), {"x": 2500})
+        assert second.items()[-1] == (["s"], 2500, ("p", 2500), {"x": 2500})
 
     asyncio.run(main())
 

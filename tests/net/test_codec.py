@@ -157,8 +157,8 @@ CASES: list[object] = [
     ),
     flows.SnapshotAsk(sub="s-1", reply_to=7, flow="stocks", deploy_id=(0, 17), groups=("g0",)),
     flows.SnapshotRows(sub=("c", 1), group="g0", owner=65535, rows=(("max_cur", ("IBM",), 4, (12.5, 11.0)),)),
-    bp.Ack(batch=bp.pack_acks([("c1/a", 4)])),
-    bp.Events(batch=bp.pack_events([("c1/a", 1, ("c2", 5), {"x": 3})])),
+    bp.Ack(batch=bp.pack_acks([(1, 4), (6, 6)])),
+    bp.Events(batch=bp.pack_events([(["c1/a", "c1/b"], 1, ("c2", 5), {"x": 3})])),
     bp.Bye(),
     bp.Error(what="frame too large"),
     # class_router

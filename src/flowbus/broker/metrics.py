@@ -134,7 +134,7 @@ class BrokerMetrics:
         for sub in queues.subs.values():
             r = row(sub.space)
             r["subscriptions"] += 1
-            r["queued"] += len(sub.pending) + len(sub.inflight) + sub.on_disk
+            r["queued"] += len(sub.pending) + sub.unacked + sub.on_disk
             r["on_disk"] += sub.on_disk
         return out
 

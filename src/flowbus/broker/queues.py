@@ -5,9 +5,11 @@ How it works (flowbus's own delivery guarantees, on the custody of
 :mod:`flowbus.routing.ring_broker`):
 
 * **One queue per subscription** (:class:`Subscription`), oldest first: ``pending`` (to
-  send) and ``inflight`` (sent, numbered ``dseq`` from 1 on each connection).
+  send); what is sent waits in its connection's ``inflight``
+  (:class:`~flowbus.broker.sessions.Session`).
   - At most ``window`` deliveries are in flight to its client, unacknowledged. The client
-    acknowledges a prefix (``Ack``), and the core is told those deliveries are settled.
+    acknowledges deliveries of its connection (``Ack``), and the core is told those
+    deliveries are settled.
   - At most ``memory`` deliveries (those in flight included) are held in memory, still in
     the sender's custody. Beyond that, events are *spilled* to the SQLite queue and settled
     at once: the disk has them.
@@ -17,13 +19,17 @@ How it works (flowbus's own delivery guarantees, on the custody of
     publisher's acknowledgements up for at most ``memory`` events (keep it below the
     clients' publish window): the rest wait on disk. Once anything is on disk, later
     events go there too, until the disk part is drained, so the order is kept.
-* **The hot path.** The core's deliveries come one by one (:meth:`Queues.on_deliver`, the
-  runtime's ``on_deliver``): an event's fields are stripped of the hidden ones (its id, its
-  space) once for all its deliveries, and nothing else is allocated per delivery but its
-  queue entry. The spilled rows and their settles of one core step go to SQLite in one
-  transaction and to the core in one call, after the step (:meth:`Queues.after_step`).
-  Subscriptions with something new are pumped once per turn of the event loop, one
-  ``Events`` batch each (:class:`~flowbus.broker.sessions.Session`).
+* **The hot path: one delivery per event and connection.** The core's deliveries come one
+  by one (:meth:`Queues.on_deliver`, the runtime's ``on_deliver``): an event's fields are
+  stripped of the hidden ones (its id, its space) once for all its deliveries. A delivery to
+  a subscription with nothing queued before it and room in its window goes straight to its
+  connection, where the event's deliveries to that connection's subscriptions share one
+  ``Events`` row (the ids of the subscriptions, one delivery number): the event is packed,
+  sent, unpacked and acknowledged once per connection, not once per subscription. The
+  others wait in their subscription's queue: subscriptions with something queued are
+  pumped once per turn of the event loop, a row per delivery, as their windows allow. The
+  spilled rows and their settles of one core step go to SQLite in one transaction and to
+  the core in one call, after the step (:meth:`Queues.after_step`).
 * **Connections.** A subscription is attached to at most one client connection. When it
   ends, the deliveries in flight go back to the front of the queue, for the next one. A
   non-durable subscription ends with a ``Bye``, or ``linger`` seconds after a lost
@@ -92,8 +98,7 @@ class Subscription:
     collapse: str | None
     session: Session | None = None  # the connection it is attached to; None: its client is away
     pending: deque[Entry] = field(default_factory=deque)  # to send, oldest first
-    inflight: deque[tuple[int, Entry]] = field(default_factory=deque)  # (dseq, entry), sent
-    dseq: int = 0  # the last delivery number on the current session
+    unacked: int = 0  # deliveries in flight on its connection (kept there: Session.inflight)
     on_disk: int = 0  # events in the SQLite queue not loaded into pending
     disk_pos: int = 0  # the queue position of the last event loaded from disk
     in_memory: int = 0  # entries in pending/inflight still in custody
@@ -117,46 +122,26 @@ class Subscription:
             "collapse": self.collapse,
         }
 
-    def take(self, n: int) -> tuple[int, list[Entry]]:
-        """The next ``n`` pending entries, now in flight, and the delivery number of the first."""
-        first = self.dseq + 1
-        self.dseq += n
+    def take(self, n: int) -> list[Entry]:
+        """The next ``n`` pending entries, now in flight."""
         pending = self.pending
-        batch = [pending.popleft() for _ in range(n)]
-        self.inflight.extend(zip(range(first, first + n), batch, strict=True))
-        return first, batch
+        self.unacked += n
+        return [pending.popleft() for _ in range(n)]
 
-    def acked(self, upto: int) -> tuple[list[Settle], int, list[dict[str, Any]]]:
-        """The deliveries numbered up to ``upto`` are taken: out of flight. Those still in
-        custody (to settle), the highest SQLite queue position among them (0: none), and their
-        events if the subscription has a collapse rule set (to fold)."""
-        settle: list[Settle] = []
-        disk = 0
-        done: list[dict[str, Any]] = []
-        inflight = self.inflight
-        while inflight and inflight[0][0] <= upto:
-            _, (eid, event, where) = inflight.popleft()
-            if where is None:
-                settle.append((self.sub_id, eid))
-            elif where > 0:
-                disk = max(disk, where)
-            if self.collapse is not None:
-                done.append(event)
-        self.in_memory -= len(settle)
-        return settle, disk, done
-
-    def detach(self) -> None:
-        """Its connection ended: deliveries in flight go back to the front of the queue."""
-        if self.session is not None:
-            self.session.subs.discard(self.sub_id)
-        self.session = None
-        self.pending.extendleft(entry for _, entry in reversed(self.inflight))
-        self.inflight.clear()
+    def detach(self, returned: list[Entry] | None = None) -> None:
+        """Its connection ended: deliveries in flight on it (``returned``, in order; None:
+        taken back from the connection here) go back to the front of the queue."""
+        session, self.session = self.session, None
+        if session is not None:
+            session.subs.discard(self.sub_id)
+            if returned is None:
+                returned = session.take_back(self)
+        self.pending.extendleft(reversed(returned or ()))
+        self.unacked = 0
 
     def in_custody(self) -> list[Settle]:
-        """The queued deliveries still in the sender's custody."""
-        settle = [(self.sub_id, eid) for eid, _, where in self.pending if where is None]
-        return settle + [(self.sub_id, eid) for _, (eid, _, where) in self.inflight if where is None]
+        """The queued deliveries still in the sender's custody (call when detached)."""
+        return [(self.sub_id, eid) for eid, _, where in self.pending if where is None]
 
     def loaded(self, rows: list[QueuedEvent]) -> None:
         """Events of its SQLite queue, next in order, now pending."""
@@ -234,25 +219,53 @@ class Queues:
         sub = self.subs.get(sub_id)
         if sub is None or (sub.session is not None and sub.session is not session):
             return False, f"no subscription {sub_id!r} of this client here"
-        session.subs.discard(sub.sub_id)
         self._remove(sub)
         return True, None
 
-    def ack(self, session: Session, items: Iterable[tuple[str, int]]) -> None:
-        """``session``'s client took each subscription's deliveries up to a number."""
-        for sub_id, upto in items:
-            sub = self.subs.get(sub_id)
-            if sub is not None and sub.session is session:
-                self._ack(sub, upto)
+    def ack(self, session: Session, ranges: Iterable[tuple[int, int]]) -> None:
+        """``session``'s client took the deliveries numbered in ``ranges``, each by every
+        subscription it was for: settled in the core (those in custody), acknowledged in
+        SQLite (those from disk), folded (subscriptions with a collapse rule set)."""
+        settle: list[Settle] = []
+        disk: dict[Subscription, int] = {}
+        done: dict[Subscription, list[dict[str, Any]]] = {}
+        touched: set[Subscription] = set()
+        for eid, event, subs, where in session.acked(ranges):
+            for sub in subs:
+                if sub.session is not session:
+                    continue
+                sub.unacked -= 1
+                touched.add(sub)
+                if where is None:
+                    settle.append((sub.sub_id, eid))
+                    sub.in_memory -= 1
+                elif where > 0:
+                    disk[sub] = max(disk.get(sub, 0), where)
+                if sub.collapse is not None:
+                    done.setdefault(sub, []).append(event)
+        for sub, where in disk.items():
+            self.store.ack(sub.sub_id, where)
+        for sub, events in done.items():
+            self._fold(sub, events)
+        if settle:
+            self._settle(settle)
+        for sub in touched:
+            if sub.pending or sub.on_disk:
+                self._pump_soon(sub)
 
     def session_ended(self, session: Session, *, bye: bool) -> None:
-        """Detach ``session``'s subscriptions; end the non-durable ones (``bye``) or let
-        them linger (a lost connection)."""
+        """Detach ``session``'s subscriptions (what was in flight on it back to the front of
+        their queues); end the non-durable ones (``bye``) or let them linger (a lost
+        connection)."""
+        returned: dict[Subscription, list[Entry]] = {}
+        for eid, event, sent_to, where in session.take_all_back():
+            for one in sent_to:
+                returned.setdefault(one, []).append((eid, event, where))
         for sub_id in list(session.subs):
             sub = self.subs.get(sub_id)
             if sub is None or sub.session is not session:
                 continue
-            sub.detach()
+            sub.detach(returned.get(sub, []))
             if not sub.durable:
                 if bye:
                     self._remove(sub)
@@ -303,18 +316,26 @@ class Queues:
             self._plain = {k: v for k, v in event.items() if k not in _HIDDEN}
         plain = self._plain
         self.delivered += 1
-        if sub.on_disk or sub.session is None or sub.in_memory >= self.memory:
+        session = sub.session
+        if sub.on_disk or session is None or sub.in_memory >= self.memory:
             self._spill.append((sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))))
             sub.on_disk += 1
             self._settling.append((sub.sub_id, eid))
+            if session is None:
+                return
+        elif not sub.pending and sub.unacked < self.window:  # (the hot path: straight on)
+            session.offer(sub, eid, plain)
+            sub.unacked += 1
+            sub.in_memory += 1
+            self.sent[sub.space] += 1
+            return
         else:
             sub.pending.append((eid, plain, None))
             sub.in_memory += 1
-        if sub.session is not None:  # (_pump_soon, inlined: once per delivery)
-            self._pumps.add(sub)
-            if not self._pump_due:
-                self._pump_due = True
-                asyncio.get_running_loop().call_soon(self._pump_all)
+        self._pumps.add(sub)  # (_pump_soon, inlined)
+        if not self._pump_due:
+            self._pump_due = True
+            asyncio.get_running_loop().call_soon(self._pump_all)
 
     def after_step(self) -> None:
         """After a step of the core: what it spilled to SQLite, and settled in the core
@@ -374,8 +395,7 @@ class Queues:
         for sub_id in sub_ids:
             sub = self.subs.pop(sub_id, None) if isinstance(sub_id, str) else None
             if sub is not None:
-                if sub.session is not None:
-                    sub.session.subs.discard(sub.sub_id)
+                sub.detach()
                 with contextlib.suppress(FlowbusError):
                     self.store.remove_subscription(sub.sub_id)
 
@@ -407,7 +427,6 @@ class Queues:
             sub.linger.cancel()
             sub.linger = None
         sub.session = session
-        sub.dseq = 0
         session.subs.add(sub.sub_id)
         if sub.collapse is not None and (sub.pending or sub.on_disk):
             self._catch_up(sub)
@@ -427,6 +446,7 @@ class Queues:
 
     def _remove(self, sub: Subscription) -> None:
         self.subs.pop(sub.sub_id, None)
+        sub.detach()  # (what was in flight to it: back in its queue, settled below)
         if sub.linger is not None:
             sub.linger.cancel()
         settle = sub.in_custody()
@@ -464,30 +484,19 @@ class Queues:
         session = sub.session
         if session is None or session.closed:
             return
-        room = self.window - len(sub.inflight)
+        room = self.window - sub.unacked
         while room > 0:
             if not sub.pending and sub.on_disk:
                 self._load(sub, room)
             n = min(room, len(sub.pending))
             if not n:
                 break
-            first, batch = sub.take(n)
-            session.deliver(sub.sub_id, first, batch)
+            session.deliver(sub, sub.take(n))
             self.sent[sub.space] += n
             room -= n
 
     def _load(self, sub: Subscription, n: int) -> None:
         sub.loaded(self.store.pending(sub.sub_id, limit=max(n, 256), after=sub.disk_pos))
-
-    def _ack(self, sub: Subscription, upto: int) -> None:
-        settle, disk, done = sub.acked(upto)
-        if disk:
-            self.store.ack(sub.sub_id, disk)
-        if done:
-            self._fold(sub, done)
-        if settle:
-            self._settle(settle)
-        self._pump_soon(sub)
 
     # -- collapse rule sets
 

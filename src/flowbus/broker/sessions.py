@@ -25,6 +25,11 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   client (replies, deliveries, publish acknowledgements) and writes it once, at the end of
   the step: the acknowledgements in one ``PubAck``, the deliveries in ``Events`` frames of at
   most 2,000 rows.
+* **Deliveries per connection.** An event goes to a connection once, in one row naming
+  every subscription of the connection it is for, numbered on the connection (``cseq``).
+  The row waits in ``inflight`` until the client acknowledges its number (``Ack``: ranges
+  of numbers every subscription took), then the queues settle it for each of them
+  (:meth:`~flowbus.broker.queues.Queues.ack`).
 * **The end.** When a session ends, the deliveries in flight to it go back to the front of
   their queues. A ``Bye`` ends its non-durable subscriptions and withdraws its advertisements
   at once; a lost connection keeps both for a while (the subscriptions ``linger``; the client
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.acl import Acl
@@ -51,7 +56,11 @@ if TYPE_CHECKING:
     from flowbus.broker.adverts import Adverts
     from flowbus.broker.flows import BrokerFlows
     from flowbus.broker.ledger import Ledger
-    from flowbus.broker.queues import Entry, Queues
+    from flowbus.broker.queues import Entry, Queues, Subscription
+
+    Sent = tuple[Any, dict[str, Any], list[Subscription], int | None]
+    """A delivery in flight on a connection: (event id, event, the subscriptions it is for,
+    where it is kept: see :data:`~flowbus.broker.queues.Entry`)."""
 
 __all__ = ["EVENTS_PER_FRAME", "Session", "Sessions"]
 
@@ -69,8 +78,11 @@ class Session:
         self.subs: set[str] = set()  # the subscriptions attached to this connection
         self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
         self.closed = False
+        self.cseq = 0  # the last delivery number on this connection
+        self.inflight: dict[int, Sent] = {}  # delivery number -> what is sent, unacknowledged
         self._out: list[Any] = []
-        self._events: list[list[Any]] = []  # [sub id, delivery number, publisher, pseq, event]
+        self._events: list[list[Any]] = []  # [sub ids, delivery number, publisher, pseq, event]
+        self._last: Any = None  # the event of the last row (offer adds to its sub ids)
         self._acks: list[int] = []
         self._flush_due = False
 
@@ -78,12 +90,60 @@ class Session:
         self._out.append(msg)
         self._due()
 
-    def deliver(self, sub_id: str, first: int, entries: list[Entry]) -> None:
-        """Send ``entries`` of ``sub_id``, numbered from ``first``."""
-        self._events.extend(
-            [sub_id, dseq, eid[0], eid[1], event] for dseq, (eid, event, _) in enumerate(entries, first)
-        )
+    def offer(self, sub: Subscription, eid: Any, event: dict[str, Any]) -> None:
+        """Send ``event`` (in custody) to ``sub``: in the last row if it is the same event's."""
+        if event is self._last:
+            self._events[-1][0].append(sub.sub_id)
+            self.inflight[self.cseq][2].append(sub)
+            return
+        self._last = event
+        self.cseq += 1
+        self.inflight[self.cseq] = (eid, event, [sub], None)
+        self._events.append([[sub.sub_id], self.cseq, eid[0], eid[1], event])
+        if not self._flush_due:
+            self._due()
+
+    def deliver(self, sub: Subscription, entries: list[Entry]) -> None:
+        """Send queued ``entries`` of ``sub``, a row each."""
+        self._last = None
+        sub_ids, inflight, rows = [sub.sub_id], self.inflight, self._events
+        for eid, event, where in entries:
+            self.cseq += 1
+            inflight[self.cseq] = (eid, event, [sub], where)
+            rows.append([sub_ids, self.cseq, eid[0], eid[1], event])
         self._due()
+
+    def acked(self, ranges: Iterable[tuple[int, int]]) -> list[Sent]:
+        """The deliveries numbered in ``ranges`` (first, last), now out of flight."""
+        inflight = self.inflight
+        out = []
+        for first, last in ranges:
+            if last - first >= len(inflight):  # (a wide range: what is in flight, in order)
+                numbers: Iterable[int] = [n for n in inflight if first <= n <= last]
+            else:
+                numbers = range(first, last + 1)
+            for cseq in numbers:
+                sent = inflight.pop(cseq, None)
+                if sent is not None:
+                    out.append(sent)
+        return out
+
+    def take_back(self, sub: Subscription) -> list[Entry]:
+        """What is in flight to ``sub`` here, in order, no longer (it is detached)."""
+        out: list[Entry] = []
+        for cseq, (eid, event, subs, where) in list(self.inflight.items()):
+            if sub in subs:
+                subs.remove(sub)
+                out.append((eid, event, where))
+                if not subs:
+                    del self.inflight[cseq]
+        return out
+
+    def take_all_back(self) -> list[Sent]:
+        """Everything in flight here, in order (the connection ended)."""
+        out = list(self.inflight.values())
+        self.inflight.clear()
+        return out
 
     def pub_ack(self, pseq: int) -> None:
         self._acks.append(pseq)
@@ -104,7 +164,7 @@ class Session:
             msgs.append(p.PubAck(p.pack_pubacks(self._acks)))
         for i in range(0, len(self._events), EVENTS_PER_FRAME):
             msgs.append(p.Events(p.pack_event_rows(self._events[i : i + EVENTS_PER_FRAME])))
-        self._out, self._acks, self._events = [], [], []
+        self._out, self._acks, self._events, self._last = [], [], [], None
         if msgs:
             self.writer.write(b"".join(frame(encode(m)) for m in msgs))
 
@@ -235,7 +295,7 @@ class Sessions:
             case p.Publish():
                 self.ledger.publish(session, [msg])
             case p.Ack():
-                self.queues.ack(session, msg.items())
+                self.queues.ack(session, msg.ranges())
             case p.Subscribe():
                 if not self._denied(session, msg.req, "subscribe", msg.space):
                     session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))

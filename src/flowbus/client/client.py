@@ -138,7 +138,8 @@ class Client:
         self._replies: dict[int, asyncio.Future[p.Reply]] = {}
         self._req = itertools.count(1)
         self._names = itertools.count(1)
-        self._acks: dict[str, int] = {}
+        self._held: dict[int, int] = {}  # delivery number -> its subscriptions still to take it
+        self._taken: list[int] = []  # delivery numbers every subscription took: to acknowledge
         self._writer: asyncio.StreamWriter | None = None
         self._epoch = 0
         self._up = asyncio.Event()
@@ -353,10 +354,18 @@ class Client:
         finally:
             self._replies.pop(req, None)
 
-    def _ack(self, sub_id: str, epoch: int, dseq: int) -> None:
+    def _ack(self, epoch: int, cseq: int) -> None:
+        """One subscription took delivery ``cseq`` of connection ``epoch``: acknowledged once
+        every subscription it was for took it."""
         if epoch == self._epoch:
-            self._acks[sub_id] = max(self._acks.get(sub_id, 0), dseq)
-            self._flush_soon()
+            held = self._held
+            left = held.pop(cseq, 1) - 1
+            if left:
+                held[cseq] = left
+            else:
+                self._taken.append(cseq)
+                if not self._flush_due:
+                    self._flush_soon()
 
     # -- the wire
 
@@ -390,9 +399,9 @@ class Client:
                 mixed = any(s != where[0] for s in where)
                 batch = p.pack_publish(chunk, where if mixed else ())
                 out.append(frame(encode(p.Publish(where[0], batch))))
-        if self._acks:
-            out.append(frame(encode(p.Ack(p.pack_acks(self._acks.items())))))
-            self._acks = {}
+        if self._taken:
+            out.append(frame(encode(p.Ack(p.pack_acks(_ranges(self._taken))))))
+            self._taken = []
         if out:
             self._writer.write(b"".join(out))
 
@@ -429,7 +438,7 @@ class Client:
         self._up.clear()
         self._writer = None
         self.broker = None
-        self._acks = {}
+        self._held, self._taken = {}, []
         for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(ClientError("the connection to the broker was lost; try again"))
@@ -534,11 +543,7 @@ class Client:
     def _on_message(self, msg: Any) -> None:
         match msg:
             case p.Events():
-                epoch = self._epoch
-                for sub_id, dseq, eid, event in msg.items():
-                    sub = self._subs.get(sub_id)
-                    if sub is not None:
-                        sub._offer(epoch, dseq, eid, event)
+                self._deliveries(msg.items())
             case p.PubAck():
                 for pseq in msg.pseqs:
                     self._unacked.pop(pseq, None)
@@ -555,6 +560,36 @@ class Client:
                 raise ClientError(f"the broker closed the connection: {msg.what}")
             case _:
                 raise ProtocolError(f"client {self.name}: unexpected {type(msg).__name__} from the broker")
+
+    def _deliveries(self, items: list[tuple[list[str], int, tuple[str, int], dict[str, Any]]]) -> None:
+        """Hand each delivery to the subscriptions it is for (the second and later get a
+        copy of the event), counting those that must take it before it is acknowledged."""
+        epoch, subs, held = self._epoch, self._subs, self._held
+        for sub_ids, cseq, eid, event in items:
+            waiting = 0
+            for sub_id in sub_ids:
+                sub = subs.get(sub_id)
+                if sub is not None and sub._offer(epoch, cseq, eid, event if not waiting else dict(event)):
+                    waiting += 1
+            if waiting:
+                held[cseq] = waiting
+            else:  # (no subscription of ours wants it any more, or it was a duplicate)
+                self._taken.append(cseq)
+                self._flush_soon()
+
+
+def _ranges(numbers: list[int]) -> list[tuple[int, int]]:
+    """``numbers`` as sorted ranges ``(first, last)`` of consecutive numbers."""
+    numbers.sort()
+    out: list[tuple[int, int]] = []
+    first = last = numbers[0]
+    for n in numbers[1:]:
+        if n != last + 1:
+            out.append((first, last))
+            first = n
+        last = n
+    out.append((first, last))
+    return out
 
 
 def _split(address: str) -> tuple[str, int]:

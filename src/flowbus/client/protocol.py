@@ -23,8 +23,9 @@ Client -> broker:
   client made before (on this broker or on the one that took over from a dead broker);
   a broker that does not serve it answers ``error="not here"``.
 * :class:`Unsubscribe` ``(req, sub_id)`` -> :class:`Reply`.
-* :class:`Ack` ``(items)``: ``(sub_id, upto)``: the client has taken every delivery of that
-  subscription numbered up to ``upto``.
+* :class:`Ack` ``(batch)``: ranges ``[first, last]`` of this connection's delivery numbers:
+  every subscription those deliveries were for has taken them (the client counts, per
+  delivery, the subscriptions still to take it).
 * :class:`Deploy` ``(req, text)``, :class:`Undeploy` ``(req, name)``, :class:`ListFlows`
   ``(req)``: deploy a flow (its document, :attr:`flowbus.flow.deploy.Deployment.text`) on the
   network, withdraw one, list them; answered by :class:`Reply` whose ``data`` describes the
@@ -40,9 +41,10 @@ Client -> broker:
 
 Broker -> client:
 
-* :class:`Events` ``(batch)``: ``(sub_id, dseq, event_id, event)`` deliveries, packed
-  like ``Publish``'s; ``dseq``
-  numbers one subscription's deliveries on one connection from 1 up, in order.
+* :class:`Events` ``(batch)``: ``(sub_ids, cseq, event_id, event)`` deliveries, packed
+  like ``Publish``'s: an event goes to a connection once, with the ids of every
+  subscription of that connection it is for; ``cseq`` numbers the connection's deliveries
+  from 1 up. Each subscription's events come in order.
 * :class:`Error` ``(what)``: the connection broke the protocol (a bad frame): the broker
   closes it after this. Nothing else changed.
 """
@@ -235,40 +237,43 @@ class ListFlows:
 @wire.message("client.ack")
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """``batch``: plain msgpack of ``[[sub_id, dseq], ...]``: each subscription's deliveries
-    up to ``dseq`` are taken (:func:`pack_acks`)."""
+    """``batch``: plain msgpack of ``[[first, last], ...]``: the deliveries of this connection
+    numbered ``first`` to ``last`` (both in) are taken by every subscription they were for
+    (:func:`pack_acks`)."""
 
     batch: bytes
 
-    def items(self) -> list[tuple[str, int]]:
+    def ranges(self) -> list[tuple[int, int]]:
         raw = _unpack(self.batch, "Ack")
         try:
-            out = [(s, n) for s, n in raw]
+            out = [(a, b) for a, b in raw]
         except (TypeError, ValueError):
-            raise ProtocolError("Ack: each item is [sub_id, dseq]") from None
-        if not all(type(s) is str and type(n) is int for s, n in out):
-            raise ProtocolError("Ack: each item is [sub_id, dseq]")
+            raise ProtocolError("Ack: each item is [first, last]") from None
+        if not all(type(a) is int and type(b) is int and 0 < a <= b for a, b in out):
+            raise ProtocolError("Ack: each item is [first, last], delivery numbers with 0 < first <= last")
         return out
 
 
 @wire.message("client.events")
 @dataclass(frozen=True, slots=True)
 class Events:
-    """``batch``: plain msgpack of ``[[sub_id, dseq, publisher, pseq, event], ...]``
-    (:func:`pack_events`); ``(publisher, pseq)`` is the event's id."""
+    """``batch``: plain msgpack of ``[[sub_ids, cseq, publisher, pseq, event], ...]``
+    (:func:`pack_events`): one row per event and connection, for every subscription of the
+    connection it goes to (``sub_ids``), numbered ``cseq`` on the connection from 1;
+    ``(publisher, pseq)`` is the event's id."""
 
     batch: bytes
 
-    def items(self) -> list[tuple[str, int, tuple[str, int], dict[str, Any]]]:
+    def items(self) -> list[tuple[list[str], int, tuple[str, int], dict[str, Any]]]:
         raw = _unpack(self.batch, "Events")
         try:
             return [(s, d, (who, n), e) for s, d, who, n, e in raw]
         except (TypeError, ValueError):
-            raise ProtocolError("Events: each item is [sub_id, dseq, publisher, pseq, event]") from None
+            raise ProtocolError("Events: each item is [sub_ids, cseq, publisher, pseq, event]") from None
 
 
-def pack_acks(items: Iterable[tuple[str, int]]) -> bytes:
-    return msgpack.packb([[s, n] for s, n in items], use_bin_type=True)  # type: ignore[no-any-return]
+def pack_acks(ranges: Iterable[tuple[int, int]]) -> bytes:
+    return msgpack.packb([[a, b] for a, b in ranges], use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def pack_pubacks(pseqs: Iterable[int]) -> bytes:
@@ -288,12 +293,12 @@ def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]], spaces: Sequenc
     return msgpack.packb(rows, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def pack_events(items: Sequence[tuple[str, int, tuple[str, int], Mapping[str, Any]]]) -> bytes:
+def pack_events(items: Sequence[tuple[list[str], int, tuple[str, int], Mapping[str, Any]]]) -> bytes:
     return pack_event_rows([[s, d, eid[0], eid[1], e] for s, d, eid, e in items])
 
 
 def pack_event_rows(rows: Sequence[list[Any]]) -> bytes:
-    """An ``Events`` batch of rows ``[subscription, delivery number, publisher, pseq, event]``."""
+    """An ``Events`` batch of rows ``[subscriptions, delivery number, publisher, pseq, event]``."""
     return msgpack.packb(rows, use_bin_type=True)  # type: ignore[no-any-return]
 
 

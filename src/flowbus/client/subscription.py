@@ -2,10 +2,11 @@
 
 How it works: the client hands every delivery to :meth:`Subscription._offer` with its event id;
 an id seen among the last ``dedup`` is a duplicate (a broker re-sent it after a reconnect): it
-is acknowledged again and dropped. An event is acknowledged to the broker when the application
-takes it from the iterator, so a crash of the application before it took an event leaves the
-event with the broker. :meth:`Subscription.batches` hands over all the events that have come
-(up to a limit) at each wake-up, acknowledged together: one acknowledgement per batch.
+is dropped (and acknowledged, once the connection's other subscriptions it was for took it).
+An event is acknowledged to the broker when every subscription of the connection it came for
+has taken it from its iterator (:meth:`Client._ack` counts), so a crash of the application
+before it took an event leaves the event with the broker. :meth:`Subscription.batches` hands
+over all the events that have come (up to a limit) at each wake-up, acknowledged together.
 """
 
 from __future__ import annotations
@@ -36,16 +37,17 @@ class Subscription:
         self.received = 0
         self.duplicates = 0
 
-    def _offer(self, epoch: int, dseq: int, eid: Any, event: dict[str, Any]) -> None:
+    def _offer(self, epoch: int, cseq: int, eid: Any, event: dict[str, Any]) -> bool:
+        """Queue delivery ``cseq`` of connection ``epoch``; False for a duplicate (dropped)."""
         key = tuple(eid) if isinstance(eid, list) else eid
         if key in self._seen:
             self.duplicates += 1
-            self.client._ack(self.id, epoch, dseq)
-            return
+            return False
         self._seen[key] = None
         if len(self._seen) > self.client.dedup:
             self._seen.popitem(last=False)
-        self._queue.put_nowait((epoch, dseq, event))
+        self._queue.put_nowait((epoch, cseq, event))
+        return True
 
     def _end(self) -> None:
         self._ended = True
@@ -59,9 +61,9 @@ class Subscription:
         if item is None:
             self._queue.put_nowait(None)  # later calls end too
             raise StopAsyncIteration
-        epoch, dseq, event = item
+        epoch, cseq, event = item
         self.received += 1
-        self.client._ack(self.id, epoch, dseq)
+        self.client._ack(epoch, cseq)
         return event
 
     def batches(self, max_events: int = 10_000) -> AsyncIterator[list[dict[str, Any]]]:
@@ -87,9 +89,9 @@ class Subscription:
                     break
                 batch.append(item)
             self.received += len(batch)
-            for (epoch, dseq, _), after in zip(batch, [*batch[1:], None], strict=True):
-                if after is None or after[0] != epoch:  # (the last of each connection's run)
-                    self.client._ack(self.id, epoch, dseq)
+            ack = self.client._ack
+            for epoch, cseq, _ in batch:
+                ack(epoch, cseq)
             yield [event for _, _, event in batch]
 
     async def get(self, timeout: float | None = None) -> dict[str, Any]:

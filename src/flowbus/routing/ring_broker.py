@@ -41,11 +41,12 @@ How it works: one core joins two protocols.
   when its own part is done: every neighbour it sent the event on has confirmed, and, with
   ``local_ack=True``, every local subscription it delivered to has been settled by the
   driver (:meth:`RingBroker.settle`, called when the subscriber's client acknowledged it or
-  it was queued on disk). When a neighbour dies, every event it had not confirmed goes the
-  way of a failed send (above): so the events a dead broker held in transit, or had not
-  yet handed to its clients, are not lost, and two adjacent crashes lose nothing the
-  ring's repair reaches. An event published here and confirmed by all is *settled*: its
-  id is listed in :attr:`RingBroker.settled` (the driver acknowledges the publisher).
+  it was queued on disk; the record counts the deliveries not settled yet). When a neighbour
+  dies, every event it had not confirmed goes the way of a failed send (above): so the
+  events a dead broker held in transit, or had not yet handed to its clients, are not lost,
+  and two adjacent crashes lose nothing the ring's repair reaches. An event published here
+  and confirmed by all is *settled*: its id is listed in :attr:`RingBroker.settled` (the
+  driver acknowledges the publisher).
   Delivery stays at least once across a crash; each broker drops the duplicates it can see
   (the ``DEDUP_WINDOW``), the client library the rest, by event id.
 
@@ -130,12 +131,13 @@ class Confirm:
 class _Custody:
     """An event this broker is responsible for until everyone it handed it to is done."""
 
-    __slots__ = ("event", "retries", "src", "waiting")
+    __slots__ = ("event", "local", "retries", "src", "waiting")
 
     def __init__(self, event: Mapping[str, Any], src: int | None) -> None:
         self.event = event
         self.src = src  # the broker it came from; None: published here
-        self.waiting: set[Hashable] = set()  # neighbour addrs, ("sub", sub id)
+        self.waiting: set[Hashable] = set()  # neighbour addrs it was handed to
+        self.local = 0  # deliveries to subscriptions here not settled by the driver yet
         self.retries = 0  # kept for the broker that takes a dead one's place
 
 
@@ -314,12 +316,18 @@ class RingBroker(Core):
 
     def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
         """:meth:`settle` for many ``(subscription, event id)`` pairs, in one step."""
-        aliases = self._aliases
-        for sub_id, event_id in pairs:
+        aliases, by_id, custody = self._aliases, self._by_id, self._custody
+        for _, event_id in pairs:
             if aliases and event_id in aliases:
                 aliases.pop(event_id)  # (the event's first delivery settles it)
                 continue
-            self._release(("sub", sub_id), event_id)
+            for src in by_id.get(event_id, ()):
+                rec = custody[(src, event_id)]
+                if rec.local:
+                    rec.local -= 1
+                    if not rec.local:
+                        self._maybe_done((src, event_id))
+                    break
         return self._out([])
 
     def in_custody(self) -> int:
@@ -744,7 +752,7 @@ class RingBroker(Core):
                     held = step.get(eid)
                     rec = custody.get(held) if held is not None else None
                     if rec is not None:
-                        rec.waiting.add(("sub", e.sub))
+                        rec.local += 1
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
             elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver):
@@ -800,7 +808,7 @@ class RingBroker(Core):
 
     def _maybe_done(self, key: _Key) -> None:
         rec = self._custody.get(key)
-        if rec is None or rec.waiting or rec.retries:
+        if rec is None or rec.waiting or rec.local or rec.retries:
             return
         del self._custody[key]
         src, eid = key

@@ -14,6 +14,9 @@ runs between brokers. Node ids are ints; messages are frozen dataclasses with a 
   or drop it if ``dst`` has failed).
 * :class:`Deliver` -- hand ``event`` to the local subscriber ``sub`` (what the
   metrics count as a delivery).
+* :class:`DeliverAll` -- hand ``event`` to each of the local subscribers ``subs``: one
+  ``Deliver`` each, in one effect (a core that routes for a broker's driver gives an
+  event's local deliveries together, so the driver hands them on per client connection).
 * :class:`SetTimer` -- call ``on_timer(key, ...)`` after ``delay`` time units
   (setting a key again replaces the earlier timer).
 * :class:`CancelTimer` -- forget the timer ``key``.
@@ -30,7 +33,7 @@ from typing import Any, Protocol
 
 from flowbus.errors import ProtocolError
 
-__all__ = ["CancelTimer", "Core", "Deliver", "Effect", "Send", "SetTimer"]
+__all__ = ["CancelTimer", "Core", "Deliver", "DeliverAll", "Effect", "Send", "SetTimer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,12 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
+class DeliverAll:
+    subs: tuple[Hashable, ...]
+    event: Any
+
+
+@dataclass(frozen=True, slots=True)
 class SetTimer:
     delay: float
     key: Hashable
@@ -64,7 +73,7 @@ class CancelTimer:
     key: Hashable
 
 
-Effect = Send | Deliver | SetTimer | CancelTimer
+Effect = Send | Deliver | DeliverAll | SetTimer | CancelTimer
 
 
 class Core(Protocol):

@@ -47,8 +47,8 @@ class FakeCore:
         self.calls.append(("publish", [(eid, dict(fields)) for eid, fields in items]))
         return []
 
-    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
-        self.calls.append(("settle", list(pairs)))
+    def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
+        self.calls.append(("settle", list(counts)))
         return []
 
     def called(self, name: str) -> list[tuple[Any, ...]]:

@@ -41,7 +41,7 @@ from prometheus_client.registry import Collector
 
 from flowbus.broker.ledger import EventId
 from flowbus.broker.spaces import SPACE
-from flowbus.net.runtime import DeliverHook
+from flowbus.net.runtime import DeliverAllHook, DeliverHook
 from flowbus.routing.ring_broker import RingBroker
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class BrokerMetrics:
         b.ledger.on_taken = self._taken_batch
         b.ledger.on_settled = self._settled
         b.runtime.on_deliver = self._counting(b.runtime.on_deliver)
+        b.runtime.on_deliver_all = self._counting_all(b.runtime.on_deliver_all)
 
     def _counting(self, deliver: DeliverHook | None) -> DeliverHook:
         counts = self.deliveries
@@ -90,6 +91,16 @@ class BrokerMetrics:
                 deliver(addr, sub_id, event)
 
         return on_deliver
+
+    def _counting_all(self, deliver: DeliverAllHook | None) -> DeliverAllHook:
+        counts = self.deliveries
+
+        def on_deliver_all(addr: int, sub_ids: tuple[Hashable, ...], event: Any) -> None:
+            counts[event.get(SPACE)] += len(sub_ids)  # (an event's plain subscriptions: its space's)
+            if deliver is not None:
+                deliver(addr, sub_ids, event)
+
+        return on_deliver_all
 
     def _taken_batch(self, items: list[tuple[EventId, dict[str, Any]]]) -> None:
         now = time.monotonic()

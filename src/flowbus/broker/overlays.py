@@ -57,7 +57,7 @@ class BrokerCore(Core, Protocol):
     def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]: ...
     def unadvertise(self, adv_id: Hashable) -> list[Effect]: ...
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]: ...
-    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]: ...
+    def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]: ...
 
 
 def check_overlay(overlay: str, config: BrokerConfig) -> None:
@@ -79,6 +79,7 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
         heartbeat=config.heartbeat,
         custody=True,
         local_ack=True,
+        grouped=True,  # (an event's local deliveries in one effect: see broker/queues.py)
         advertising=config.advertising,
         probe_timeout=2 * config.heartbeat,
         ping_timeout=2 * config.heartbeat,

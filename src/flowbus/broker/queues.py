@@ -79,7 +79,7 @@ Entry = tuple[Any, dict[str, Any], int | None]
 """A queued delivery: (event id, event, where it is kept: None = in custody, settled when the
 client acknowledges it; n > 0 = SQLite queue position; 0 = nowhere, a catch-up event)."""
 
-Settle = tuple[str, Any]
+Settle = tuple[Any, int]
 """A delivery the core may forget: (subscription id, event id)."""
 
 _HIDDEN = (EVENT_ID, SPACE)
@@ -141,7 +141,7 @@ class Subscription:
 
     def in_custody(self) -> list[Settle]:
         """The queued deliveries still in the sender's custody (call when detached)."""
-        return [(self.sub_id, eid) for eid, _, where in self.pending if where is None]
+        return [(eid, 1) for eid, _, where in self.pending if where is None]
 
     def loaded(self, rows: list[QueuedEvent]) -> None:
         """Events of its SQLite queue, next in order, now pending."""
@@ -154,7 +154,7 @@ class Subscription:
     def caught_up(self, events: list[dict[str, Any]]) -> tuple[list[Settle], int]:
         """The pending backlog is replaced by ``events`` (kept nowhere). The backlog's
         deliveries still in custody (to settle) and its highest SQLite queue position (0: none)."""
-        settle = [(self.sub_id, eid) for eid, _, where in self.pending if where is None]
+        settle = [(eid, 1) for eid, _, where in self.pending if where is None]
         disk = max((where for _, _, where in self.pending if where), default=0)
         self.in_memory -= len(settle)
         tag = next(_catch_ups)
@@ -187,7 +187,7 @@ class Queues:
         self.sent: Counter[str] = Counter()  # space -> events sent to subscribers' clients
         self.closed = False
         self._spill: list[tuple[str, str, bytes]] = []  # SQLite queue rows of this core step
-        self._settling: list[Settle] = []  # (sub id, event id) spilled in this step
+        self._settling: list[Settle] = []  # (event id, 1): deliveries spilled in this step
         self._pumps: set[Subscription] = set()  # to pump at the end of this turn of the loop
         self._pump_due = False
         self._plain_of: Any = None  # the last event delivered, and its fields without the
@@ -229,29 +229,32 @@ class Queues:
         settle: list[Settle] = []
         disk: dict[Subscription, int] = {}
         done: dict[Subscription, list[dict[str, Any]]] = {}
-        touched: set[Subscription] = set()
+        more: set[Subscription] = set()  # (with more to send)
         for eid, event, subs, where in session.acked(ranges):
+            n = 0
             for sub in subs:
                 if sub.session is not session:
                     continue
+                n += 1
                 sub.unacked -= 1
-                touched.add(sub)
                 if where is None:
-                    settle.append((sub.sub_id, eid))
                     sub.in_memory -= 1
                 elif where > 0:
                     disk[sub] = max(disk.get(sub, 0), where)
                 if sub.collapse is not None:
                     done.setdefault(sub, []).append(event)
+                if sub.pending or sub.on_disk:
+                    more.add(sub)
+            if where is None and n:
+                settle.append((eid, n))
         for sub, where in disk.items():
             self.store.ack(sub.sub_id, where)
         for sub, events in done.items():
             self._fold(sub, events)
         if settle:
             self._settle(settle)
-        for sub in touched:
-            if sub.pending or sub.on_disk:
-                self._pump_soon(sub)
+        for sub in more:
+            self._pump_soon(sub)
 
     def session_ended(self, session: Session, *, bye: bool) -> None:
         """Detach ``session``'s subscriptions (what was in flight on it back to the front of
@@ -314,28 +317,74 @@ class Queues:
         if event is not self._plain_of:  # (an event's deliveries come one after the other)
             self._plain_of = event
             self._plain = {k: v for k, v in event.items() if k not in _HIDDEN}
-        plain = self._plain
         self.delivered += 1
         session = sub.session
-        if sub.on_disk or session is None or sub.in_memory >= self.memory:
+        if session is not None and self._straight_on(sub):
+            session.offer([sub], eid, self._plain)
+            self._sent(sub)
+        else:
+            self._queue(sub, eid, self._plain)
+
+    def on_deliver_all(self, addr: int, sub_ids: tuple[Hashable, ...], event: Any) -> None:
+        """The core delivers ``event`` to each of ``sub_ids`` (its local deliveries, at once):
+        one row per connection for the subscriptions that take it straight on."""
+        eid = event[EVENT_ID]
+        plain = {k: v for k, v in event.items() if k not in _HIDDEN}
+        rows: dict[Session, list[Subscription]] = {}
+        subs: dict[Any, Subscription] = self.subs  # (ids of other kinds: not ours)
+        window, memory, straight = self.window, self.memory, 0
+        for sub_id in sub_ids:
+            sub = subs.get(sub_id)
+            if sub is None:
+                self.on_deliver(addr, sub_id, event)  # (taken over: see _adopt)
+                continue
+            self.delivered += 1
+            session = sub.session  # (_straight_on and _sent, inlined: the hot path)
+            if (
+                session is not None
+                and not sub.pending
+                and not sub.on_disk
+                and sub.unacked < window
+                and sub.in_memory < memory
+            ):
+                sub.unacked += 1
+                sub.in_memory += 1
+                straight += 1
+                row = rows.get(session)
+                if row is None:
+                    rows[session] = [sub]
+                else:
+                    row.append(sub)
+            else:
+                self._queue(sub, eid, plain)
+        for session, row in rows.items():
+            session.offer(row, eid, plain)
+        if straight:  # (the subscriptions of one event's DeliverAll are in its space)
+            self.sent[event.get(SPACE)] += straight
+
+    def _straight_on(self, sub: Subscription) -> bool:
+        """Whether a delivery to ``sub`` (attached) goes to its connection now: nothing
+        queued before it, room in its window and in memory."""
+        return (
+            not sub.pending and not sub.on_disk and sub.unacked < self.window and sub.in_memory < self.memory
+        )
+
+    def _sent(self, sub: Subscription) -> None:
+        sub.unacked += 1
+        sub.in_memory += 1
+        self.sent[sub.space] += 1
+
+    def _queue(self, sub: Subscription, eid: Any, plain: dict[str, Any]) -> None:
+        """A delivery to ``sub`` that waits: in its queue, or on disk (past ``memory``, or
+        its client away: settled after the step)."""
+        if sub.on_disk or sub.session is None or sub.in_memory >= self.memory:
             self._spill.append((sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))))
             sub.on_disk += 1
-            self._settling.append((sub.sub_id, eid))
-            if session is None:
-                return
-        elif not sub.pending and sub.unacked < self.window:  # (the hot path: straight on)
-            session.offer(sub, eid, plain)
-            sub.unacked += 1
-            sub.in_memory += 1
-            self.sent[sub.space] += 1
-            return
+            self._settling.append((eid, 1))
         else:
             sub.pending.append((eid, plain, None))
             sub.in_memory += 1
-        self._pumps.add(sub)  # (_pump_soon, inlined)
-        if not self._pump_due:
-            self._pump_due = True
-            asyncio.get_running_loop().call_soon(self._pump_all)
+        self._pump_soon(sub)
 
     def after_step(self) -> None:
         """After a step of the core: what it spilled to SQLite, and settled in the core

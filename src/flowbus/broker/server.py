@@ -149,6 +149,7 @@ class Broker:
         self._documents: list[str] = []  # flows to deploy once joined
         self.console: Console | None = None  # the web console, if started with http
         runtime.on_deliver = self.queues.on_deliver
+        runtime.on_deliver_all = self.queues.on_deliver_all
         runtime.on_client = self.sessions.serve
         runtime.after_step = self._after_step
 

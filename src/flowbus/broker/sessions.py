@@ -90,16 +90,17 @@ class Session:
         self._out.append(msg)
         self._due()
 
-    def offer(self, sub: Subscription, eid: Any, event: dict[str, Any]) -> None:
-        """Send ``event`` (in custody) to ``sub``: in the last row if it is the same event's."""
+    def offer(self, subs: list[Subscription], eid: Any, event: dict[str, Any]) -> None:
+        """Send ``event`` (in custody) to ``subs``: in one row (the last one, if it is the
+        same event's)."""
         if event is self._last:
-            self._events[-1][0].append(sub.sub_id)
-            self.inflight[self.cseq][2].append(sub)
+            self._events[-1][0].extend([sub.sub_id for sub in subs])
+            self.inflight[self.cseq][2].extend(subs)
             return
         self._last = event
         self.cseq += 1
-        self.inflight[self.cseq] = (eid, event, [sub], None)
-        self._events.append([[sub.sub_id], self.cseq, eid[0], eid[1], event])
+        self.inflight[self.cseq] = (eid, event, subs, None)
+        self._events.append([[sub.sub_id for sub in subs], self.cseq, eid[0], eid[1], event])
         if not self._flush_due:
             self._due()
 

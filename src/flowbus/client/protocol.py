@@ -11,9 +11,9 @@ Client -> broker:
   a token naming its identity, if it has one; docs/security.md); the broker answers
   :class:`Welcome` (the ring's brokers, for reconnecting, and the spaces with their schemas).
 * :class:`Publish` ``(space, batch)``: ``(pseq, event)`` pairs, packed in one plain
-  msgpack blob (events are plain data; one C call decodes a batch), in ``pseq`` order; an
-  item into another space than the frame's is ``(pseq, event, space)``, so that one
-  publisher's events into several spaces keep their order. ``pseq`` numbers the client's
+  msgpack blob (events are plain data; one C call of msgspec packs or unpacks a batch), in
+  ``pseq`` order; an item into another space than the frame's is ``(pseq, event, space)``,
+  so that one publisher's events into several spaces keep their order. ``pseq`` numbers the client's
   publishes from 1 up; ``(client, pseq)`` is the event's id everywhere. The broker answers
   :class:`PubAck` once every broker and every subscriber that needed the event has it (see
   the broker's custody), or :class:`Nack` for an event it refused (unknown space, schema).
@@ -55,7 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgspec
 
 from flowbus import wire
 from flowbus.errors import ProtocolError
@@ -84,6 +84,9 @@ __all__ = [
 ]
 
 VERSION = 1
+
+_ENCODE = msgspec.msgpack.Encoder().encode  # (plain msgpack: the batches are plain data)
+_DECODE = msgspec.msgpack.Decoder().decode
 
 
 def _name(value: object, what: str) -> None:
@@ -273,24 +276,24 @@ class Events:
 
 
 def pack_acks(ranges: Iterable[tuple[int, int]]) -> bytes:
-    return msgpack.packb([[a, b] for a, b in ranges], use_bin_type=True)  # type: ignore[no-any-return]
+    return _ENCODE([[a, b] for a, b in ranges])
 
 
 def pack_pubacks(pseqs: Iterable[int]) -> bytes:
-    return msgpack.packb(list(pseqs), use_bin_type=True)  # type: ignore[no-any-return]
+    return _ENCODE(list(pseqs))
 
 
 def pack_publish(items: Sequence[tuple[int, Mapping[str, Any]]], spaces: Sequence[str] = ()) -> bytes:
     """``(pseq, event)`` items; with ``spaces``, each item's space, written for the items not
     in the first item's (the frame's) space."""
     if not spaces:
-        return msgpack.packb([[pseq, dict(event)] for pseq, event in items], use_bin_type=True)  # type: ignore[no-any-return]
+        return _ENCODE([[pseq, dict(event)] for pseq, event in items])
     first = spaces[0]
     rows = [
         [pseq, dict(event)] if space == first else [pseq, dict(event), space]
         for (pseq, event), space in zip(items, spaces, strict=True)
     ]
-    return msgpack.packb(rows, use_bin_type=True)  # type: ignore[no-any-return]
+    return _ENCODE(rows)
 
 
 def pack_events(items: Sequence[tuple[list[str], int, tuple[str, int], Mapping[str, Any]]]) -> bytes:
@@ -299,13 +302,13 @@ def pack_events(items: Sequence[tuple[list[str], int, tuple[str, int], Mapping[s
 
 def pack_event_rows(rows: Sequence[list[Any]]) -> bytes:
     """An ``Events`` batch of rows ``[subscriptions, delivery number, publisher, pseq, event]``."""
-    return msgpack.packb(rows, use_bin_type=True)  # type: ignore[no-any-return]
+    return _ENCODE(rows)
 
 
 def _unpack(batch: bytes, what: str) -> list[Any]:
     try:
-        raw = msgpack.unpackb(batch, raw=False, strict_map_key=True, use_list=True)
-    except Exception as e:  # msgpack's own errors, ValueError, ...
+        raw = _DECODE(batch)
+    except Exception as e:  # msgspec's own errors, ValueError, ...
         raise ProtocolError(f"{what}: a malformed batch ({type(e).__name__})") from None
     if not isinstance(raw, list):
         raise ProtocolError(f"{what}: a batch is a list")

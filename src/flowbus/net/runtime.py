@@ -20,7 +20,8 @@ the simulator does. A :class:`Directory` says where each address listens.
   (counted in ``bad_frames``) and changes nothing else.
 * ``SetTimer`` / ``CancelTimer`` map to ``loop.call_later`` handles, keyed as in the
   simulator: setting a key again replaces its timer.
-* ``Deliver(sub, event)`` goes to the ``on_deliver`` callback.
+* ``Deliver(sub, event)`` goes to the ``on_deliver`` callback, ``DeliverAll(subs, event)``
+  to ``on_deliver_all`` (without it, to ``on_deliver`` once per subscription).
 * ``now`` is the event loop's clock.
 * **Clients on the same port.** If the first frame of an incoming connection is of the
   type ``client_hello`` (a broker passes the client protocol's ``Hello``,
@@ -61,7 +62,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
-from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import FlowbusError
 from flowbus.net.admission import Admission, Gate
 from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame, head_tag
@@ -70,6 +71,7 @@ from flowbus.net.tls import is_broker
 __all__ = ["Directory", "Runtime"]
 
 DeliverHook = Callable[[int, Hashable, Any], object]
+DeliverAllHook = Callable[[int, tuple[Hashable, ...], Any], object]
 ClientHook = Callable[
     [Any, asyncio.StreamReader, asyncio.StreamWriter, list[bytes], FrameDecoder], Awaitable[None]
 ]
@@ -125,6 +127,7 @@ class Runtime:
         host: str = "127.0.0.1",
         port: int = 0,
         on_deliver: DeliverHook | None = None,
+        on_deliver_all: DeliverAllHook | None = None,
         on_client: ClientHook | None = None,
         client_hello: type | None = None,
         after_step: Callable[[], object] | None = None,
@@ -136,6 +139,7 @@ class Runtime:
         self.host = host
         self.port = port
         self.on_deliver = on_deliver
+        self.on_deliver_all = on_deliver_all
         self.on_client = on_client
         self.client_hello = client_hello
         self.after_step = after_step
@@ -220,7 +224,13 @@ class Runtime:
         loop = asyncio.get_running_loop()
         sends: dict[int, list[Any]] = {}
         for e in effects:
-            if isinstance(e, Deliver):
+            if type(e) is DeliverAll:
+                if self.on_deliver_all is not None:
+                    self.on_deliver_all(self.addr, e.subs, e.event)
+                elif self.on_deliver is not None:
+                    for sub in e.subs:
+                        self.on_deliver(self.addr, sub, e.event)
+            elif isinstance(e, Deliver):
                 if self.on_deliver is not None:
                     self.on_deliver(self.addr, e.sub, e.event)
             elif isinstance(e, Send):

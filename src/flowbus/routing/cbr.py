@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Core, Deliver, Effect, Send
+from flowbus.core import Core, Deliver, DeliverAll, Effect, Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.filters.covering import overlaps
@@ -211,8 +211,9 @@ def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
 class ContentRouter(Core):
     """The content-based routing layer of one broker of a tree of brokers (sans-IO).
 
-    ``Send.dst`` is a neighbour broker id; local subscribers get ``Deliver(sub_id, event)``.
-    The direction of local subscriptions is the broker's own id.
+    ``Send.dst`` is a neighbour broker id; local subscribers get ``Deliver(sub_id, event)``
+    (with ``grouped``, one ``DeliverAll(sub_ids, event)`` per event). The direction of local
+    subscriptions is the broker's own id.
     """
 
     __slots__ = (
@@ -235,16 +236,24 @@ class ContentRouter(Core):
         "broker",
         "covering",
         "dropped",
+        "grouped",
     )
 
     def __init__(
-        self, broker: int, neighbours: Iterable[int], *, covering: bool = True, advertising: bool = False
+        self,
+        broker: int,
+        neighbours: Iterable[int],
+        *,
+        covering: bool = True,
+        advertising: bool = False,
+        grouped: bool = False,
     ) -> None:
         if type(broker) is not int:
             raise ProtocolError(f"ContentRouter: a broker id is an int, got {broker!r}")
         self.broker = broker
         self.covering = covering
         self.advertising = advertising
+        self.grouped = grouped
         self.dropped = 0  # messages from former neighbours, ignored
         self._neighbours: set[int] = set()
         self._former: set[int] = set()
@@ -314,8 +323,9 @@ class ContentRouter(Core):
         here): the effects of routing each in turn, with one matching pass per direction.
 
         Per event: ``Deliver`` to each matching local subscription (in the order they were
-        subscribed here), then one ``Send`` of the same ``Publish`` to each neighbour other
-        than ``src`` with a matching filter, in ascending neighbour order."""
+        subscribed here; with ``grouped``, one ``DeliverAll`` for them), then one ``Send`` of the
+        same ``Publish`` to each neighbour other than ``src`` with a matching filter, in ascending
+        neighbour order."""
         if src != self.broker and src not in self._neighbours:
             raise ProtocolError(f"broker {self.broker}: events from {src}, not a neighbour")
         if not isinstance(events, list):
@@ -331,9 +341,13 @@ class ContentRouter(Core):
             if m != src and self._table[m]
         ]
         out: list[Effect] = []
+        grouped = self.grouped
         for i, event in enumerate(events):
             if local is not None and local[i]:
-                out += [Deliver(o[1], event) for o in local[i]]
+                if grouped:
+                    out.append(DeliverAll(tuple([o[1] for o in local[i]]), event))
+                else:
+                    out += [Deliver(o[1], event) for o in local[i]]
             if sends:
                 msg: Publish | None = None
                 for m, hit in sends:

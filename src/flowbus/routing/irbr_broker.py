@@ -121,7 +121,7 @@ class IrbrBroker(Core):
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         return []
 
-    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
+    def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
         return []
 
     # -- the driver's entry points

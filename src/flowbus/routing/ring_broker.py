@@ -57,12 +57,12 @@ events wait until the link is back).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Core, Deliver, Effect, Send, SetTimer
+from flowbus.core import Core, Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError, UserError
 from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
@@ -97,7 +97,10 @@ DERIVED_WAIT = 0.001
 """The timer key (with a partition's id) that ends a taken-over partition's grace period."""
 
 DEDUP_WINDOW = 100_000
-"""How many recent (subscription, event id) deliveries a broker remembers."""
+"""How many recent (subscription, event id) deliveries a broker remembers (IRBR's)."""
+
+DEDUP_EVENTS = 50_000
+"""How many recent events a ring broker remembers the local deliveries of."""
 
 EVENT_ID = "__flowbus_event_id"
 """The field an event carries between brokers: (publishing broker, sequence number)."""
@@ -159,10 +162,13 @@ class RingBroker(Core):
         custody: bool = False,
         local_ack: bool = False,
         advertising: bool = False,
+        grouped: bool = False,
         **ring: Any,
     ) -> None:
         if local_ack and not custody:
             raise ProtocolError("local_ack needs custody=True")
+        if grouped and not local_ack:
+            raise ProtocolError("grouped needs local_ack=True")
         self.custody = custody
         self.local_ack = local_ack
         self._custody: dict[_Key, _Custody] = {}  # (src, event id) -> record
@@ -171,7 +177,7 @@ class RingBroker(Core):
         self._by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
-        self.router = cbr.ContentRouter(addr, (), advertising=advertising)
+        self.router = cbr.ContentRouter(addr, (), advertising=advertising, grouped=grouped)
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
         self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
@@ -183,7 +189,7 @@ class RingBroker(Core):
         self._orphan_side: dict[int, int] = {}
         self._adopted: dict[Hashable, tuple[int, Hashable]] = {}  # taken-over sub -> its origin
         self._seq = 0
-        self._delivered: OrderedDict[tuple[Hashable, Any], None] = OrderedDict()  # (sub, event id)
+        self._delivered: OrderedDict[Any, Any] = OrderedDict()  # event id -> its subs (tuple, set)
         self._taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
@@ -312,21 +318,24 @@ class RingBroker(Core):
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         """The driver is done with the delivery of ``event_id`` to ``sub_id`` (its client
         acknowledged it, or it was queued on disk): part of custody with ``local_ack``."""
-        return self.settle_many([(sub_id, event_id)])
+        return self.settle_many([(event_id, 1)])
 
-    def settle_many(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Effect]:
-        """:meth:`settle` for many ``(subscription, event id)`` pairs, in one step."""
+    def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
+        """:meth:`settle` in one step for ``(event id, n)``: ``n`` of its local deliveries."""
         aliases, by_id, custody = self._aliases, self._by_id, self._custody
-        for _, event_id in pairs:
+        for event_id, n in counts:
             if aliases and event_id in aliases:
                 aliases.pop(event_id)  # (the event's first delivery settles it)
                 continue
-            for src in by_id.get(event_id, ()):
+            for src in list(by_id.get(event_id, ())):
                 rec = custody[(src, event_id)]
-                if rec.local:
-                    rec.local -= 1
+                took = min(n, rec.local)
+                if took:
+                    rec.local -= took
+                    n -= took
                     if not rec.local:
                         self._maybe_done((src, event_id))
+                if not n:
                     break
         return self._out([])
 
@@ -490,7 +499,7 @@ class RingBroker(Core):
         before anything else of this step is relied on), to flow subscriptions transformed."""
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
-        pending = effects
+        pending = _ungrouped(effects, (parts.keys(), subs.keys()))
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
         while pending:
             publish: list[dict[str, Any]] = []
@@ -727,27 +736,49 @@ class RingBroker(Core):
 
     def _out(self, effects: list[Effect]) -> list[Effect]:
         """Deliveries de-duplicated, each (subscription, event) once: a kept event re-sent
-        after a repair may meet one that went round (the last ``DEDUP_WINDOW`` deliveries
-        are remembered). With custody, what this step handed on is recorded against the
-        events' custody records, and the confirmations that are due go out."""
+        after a repair may meet one that went round (the subscriptions of the last
+        ``DEDUP_EVENTS`` events delivered are remembered). With custody, what this step
+        handed on is recorded against the events' custody records (a count of the local
+        deliveries), and the confirmations that are due go out."""
         if self.flows.parts or self.flows.subs:
             effects = self._flow_effects(effects)
         out: list[Effect] = []
         step = self._step
         delivered, custody, local_ack = self._delivered, self._custody, self.local_ack
         for e in effects:
-            if type(e) is Deliver:  # (the hot path: about 20 deliveries per event)
+            if type(e) is DeliverAll:  # (the hot path: an event's ~20 local deliveries)
+                eid = e.event[EVENT_ID]
+                subs = e.subs
+                seen = delivered.get(eid)
+                if seen is None:
+                    delivered[eid] = subs
+                    if len(delivered) > DEDUP_EVENTS:
+                        delivered.popitem(last=False)
+                else:
+                    subs = tuple([s for s in subs if s not in seen])
+                    if not subs:
+                        continue
+                    _remember(delivered, eid, seen, subs)
+                    e = DeliverAll(subs, e.event)
+                held = step.get(eid)
+                rec = custody.get(held) if held is not None else None
+                if rec is not None:
+                    rec.local += len(subs)
+            elif type(e) is Deliver:
                 event = e.event
                 if (event.__class__ is not dict and not isinstance(event, Mapping)) or EVENT_ID not in event:
                     out.append(e)
                     continue
                 eid = event[EVENT_ID]
-                key = (e.sub, eid)
-                if key in delivered:
+                seen = delivered.get(eid)
+                if seen is None:
+                    delivered[eid] = {e.sub}
+                    if len(delivered) > DEDUP_EVENTS:
+                        delivered.popitem(last=False)
+                elif e.sub in seen:
                     continue
-                delivered[key] = None
-                if len(delivered) > DEDUP_WINDOW:
-                    delivered.popitem(last=False)
+                else:
+                    _remember(delivered, eid, seen, (e.sub,))
                 if local_ack:
                     held = step.get(eid)
                     rec = custody.get(held) if held is not None else None
@@ -1007,3 +1038,33 @@ class RingBroker(Core):
                     index.setdefault(d, []).append((sub, compiled(filt)))
             self._taken_by_dead = index
         return self._taken_by_dead
+
+
+def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple[Hashable, ...]) -> None:
+    """``subs`` got event ``eid`` too (it had gone to ``seen``: a tuple, or a set to add to)."""
+    if type(seen) is set:
+        seen.update(subs)
+    else:
+        delivered[eid] = {*seen, *subs}
+
+
+def _ungrouped(effects: list[Effect], singles: tuple[KeysView[Any], ...]) -> list[Effect]:
+    """``effects`` with the subscriptions in ``singles`` (a flow's partitions and
+    subscriptions) taken out of each ``DeliverAll``, a ``Deliver`` each, after the rest."""
+
+    def mixed(e: Effect) -> bool:
+        return type(e) is DeliverAll and not all(keys.isdisjoint(e.subs) for keys in singles)
+
+    if not any(mixed(e) for e in effects):
+        return effects
+    out: list[Effect] = []
+    for e in effects:
+        if not mixed(e):
+            out.append(e)
+            continue
+        assert isinstance(e, DeliverAll)  # (what mixed picks)
+        one = [s for s in e.subs if any(s in keys for keys in singles)]
+        if len(one) < len(e.subs):
+            out.append(DeliverAll(tuple([s for s in e.subs if s not in one]), e.event))
+        out.extend(Deliver(s, e.event) for s in one)
+    return out

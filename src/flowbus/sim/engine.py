@@ -11,7 +11,8 @@ event advances the clock and hands it to the node's core (``on_message`` or
   (a drop is counted as a loss with its reason, otherwise the message is pushed
   at ``now + delay``);
 * ``Deliver`` -- counted by :class:`~flowbus.sim.metrics.Metrics` (duplicates
-  detected) and passed to the optional ``on_deliver`` callback;
+  detected) and passed to the optional ``on_deliver`` callback (``DeliverAll``: the same
+  for each of its subscriptions);
 * ``SetTimer`` / ``CancelTimer`` -- each node maps a timer key to the ``seq`` of
   its live heap entry; setting a key again or cancelling it makes the old entry
   stale, and a stale entry is skipped when popped.
@@ -39,7 +40,7 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
-from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError, SimError
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import Chain, Layer
@@ -282,6 +283,11 @@ class Simulator:
                 metrics.deliver(node, e.sub, e.event, now)  # type: ignore[union-attr]
                 if self.on_deliver is not None:
                     self.on_deliver(node, e.sub, e.event, now)  # type: ignore[union-attr]
+            elif c is DeliverAll:
+                for sub in e.subs:  # type: ignore[union-attr]
+                    metrics.deliver(node, sub, e.event, now)  # type: ignore[union-attr]
+                    if self.on_deliver is not None:
+                        self.on_deliver(node, sub, e.event, now)  # type: ignore[union-attr]
             elif c is SetTimer:
                 self._set_timer(node, e.key, now + e.delay)  # type: ignore[union-attr]
             elif c is CancelTimer:

@@ -1,6 +1,7 @@
 """Custody on the ring (``RingBroker(custody=True, local_ack=True)``): a publish is settled
 only when every subscriber has taken the event, and the events a broker held when it died
-are re-sent to the broker that took its place."""
+are re-sent to the broker that took its place; the same with an event's local deliveries
+given as one ``DeliverAll`` (``grouped=True``, the brokers' own)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from flowbus.sim import CoordinateLatency, Simulator
 class World:
     """Ring brokers in custody mode; the 'clients' settle each delivery ``ack_delay`` later."""
 
-    def __init__(self, n: int, seed: int, ack_delay: float = 3.0) -> None:
+    def __init__(self, n: int, seed: int, ack_delay: float = 3.0, grouped: bool = False) -> None:
         self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
         self.got: list[tuple[int, Hashable, Any]] = []
         self.ack_delay = ack_delay
@@ -35,6 +36,7 @@ class World:
                 ping_timeout=10.0,
                 custody=True,
                 local_ack=True,
+                grouped=grouped,
             )
             self.brokers.append(b)
             self.sim.add_node(a, b)
@@ -50,23 +52,25 @@ class World:
         return sorted(self.brokers, key=lambda b: b.ring.me.id)
 
 
-def test_a_publish_settles_only_when_every_subscriber_took_it() -> None:
-    w = World(6, seed=3, ack_delay=20.0)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_publish_settles_only_when_every_subscriber_took_it(grouped: bool) -> None:
+    w = World(6, seed=3, ack_delay=20.0, grouped=grouped)
     ends = w.order()
     w.sim.invoke(ends[-1].addr, lambda c: c.subscribe("far", parse("x > 1")))
+    w.sim.invoke(ends[-1].addr, lambda c: c.subscribe("near", parse("x > 2")))
     w.sim.run(until=w.sim.now + 60)
     w.sim.invoke(ends[0].addr, lambda c: c.publish({"x": 5}, event_id=("p", 1)))
     w.sim.run(until=w.sim.now + 15)  # delivered (the path is a few hops), not yet settled
-    assert [g[1:] for g in w.got] == [("far", ("p", 1))]
+    assert [g[1:] for g in w.got] == [("far", ("p", 1)), ("near", ("p", 1))]
     assert ends[0].settled == [] and ends[0].in_custody() == 1
     w.sim.run(until=w.sim.now + 60)
     assert ends[0].settled == [("p", 1)]
     assert all(b.in_custody() == 0 for b in w.brokers)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_events_held_by_a_dead_broker_are_re_sent(seed: int) -> None:
-    w = World(8, seed=seed, ack_delay=3.0)
+@pytest.mark.parametrize(("seed", "grouped"), [(1, False), (2, False), (3, False), (1, True), (2, True)])
+def test_events_held_by_a_dead_broker_are_re_sent(seed: int, grouped: bool) -> None:
+    w = World(8, seed=seed, ack_delay=3.0, grouped=grouped)
     order = w.order()
     rng = random.Random(seed)
     subs = {}

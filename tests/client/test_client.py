@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 import flowbus
 from flowbus.broker.server import Broker
-from flowbus.client import ClientError, Status
+from flowbus.client import ClientError, Status, Subscription
 
 
 async def _eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -84,3 +84,50 @@ def test_batches_hand_over_what_has_come_in_order_and_acknowledge_it() -> None:
             await broker.close()
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_merged_subscriptions_hand_over_their_events_together_each_with_its_subscription() -> None:
+    async def go() -> None:
+        broker = await Broker.start()
+        try:
+            await broker.joined()
+            async with flowbus.connect(broker.address) as c:
+                low = await c.subscribe("events", "x < 300", merged=True)
+                even = await c.subscribe("events", "x >= 0 & x < 1000", merged=True)
+                alone = await c.subscribe("events", "x >= 400")  # (its own queue)
+                with pytest.raises(ClientError, match="merged"):
+                    low.batches()
+                for i in range(500):
+                    await c.publish("events", {"x": i})
+                got: list[tuple[str, int]] = []
+
+                async def take() -> None:
+                    async for batch in c.merged(200):
+                        assert len(batch) <= 200
+                        got.extend((sub.id, e["x"]) for sub, e in batch)
+                        if len(got) == 800:
+                            return
+
+                async def take_alone() -> list[int]:
+                    return [e["x"] async for e in _first(alone, 100)]
+
+                _, rest, _ = await asyncio.gather(take(), take_alone(), c.flush(30))
+                assert [x for s, x in got if s == low.id] == list(range(300))
+                assert [x for s, x in got if s == even.id] == list(range(500))
+                assert rest == list(range(400, 500))
+                # (an event for two subscriptions of the connection: one row, acknowledged once
+                # both took it; nothing left in custody)
+                assert low.received == 300 and even.received == 500
+                assert broker.stats()["in_custody"] == 0
+        finally:
+            await broker.close()
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+async def _first(sub: Subscription, n: int) -> AsyncIterator[dict[str, object]]:
+    async for event in sub:
+        yield event
+        n -= 1
+        if not n:
+            return

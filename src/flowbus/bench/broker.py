@@ -239,13 +239,15 @@ class _Tally:
             self.done.set()
 
 
-async def _consume(sub: Subscription, idx: int, tally: _Tally) -> None:
-    """Take ``sub``'s events as they come, all that have come at each wake-up (``batches``)."""
-    lat = tally.latency
-    async for batch in sub.batches():
+async def _consume(conn: flowbus.Client, index: dict[str, int], tally: _Tally) -> None:
+    """Take the events of ``conn``'s (merged) subscriptions as they come, all that have come
+    at each wake-up; ``index``: a subscription's number among the filters."""
+    lat, counts = tally.latency, tally.counts
+    async for batch in conn.merged():
         now = time.time()
-        lat.extend([now - event["t"] for event in batch])
-        tally.counts[idx] += len(batch)
+        lat.extend([now - event["t"] for _, event in batch])
+        for sub, _ in batch:
+            counts[index[sub.id]] += 1
         tally.total += len(batch)
         tally.last = time.perf_counter()
         if tally.total >= tally.expected:
@@ -323,13 +325,16 @@ async def _clients_run(
         await asyncio.gather(*(c.open() for c in conns))
 
         # -- subscribe, pipelined
+        index: dict[str, int] = {}
+        tasks.extend(asyncio.create_task(_consume(c, index, tally)) for c in subs)
+
         async def subscribe_all() -> None:
             for lo in range(0, k, chunk):
                 idx = range(lo, min(k, lo + chunk))
-                got = await asyncio.gather(*(subs[i % clients].subscribe(SPACE, filters[i]) for i in idx))
-                tasks.extend(
-                    asyncio.create_task(_consume(s, i, tally)) for s, i in zip(got, idx, strict=True)
+                got = await asyncio.gather(
+                    *(subs[i % clients].subscribe(SPACE, filters[i], merged=True) for i in idx)
                 )
+                index.update((s.id, i) for s, i in zip(got, idx, strict=True))
                 if progress:
                     progress(f"{label}: subscribe", idx.stop, k)
 
@@ -337,9 +342,9 @@ async def _clients_run(
         try:
             await asyncio.wait_for(subscribe_all(), subscribe_timeout)
         except TimeoutError:
-            row["subscribed"] = len(tasks)
+            row["subscribed"] = len(index)
             raise FlowbusError(
-                f"subscribing: only {len(tasks):,} of {k:,} subscriptions done in {subscribe_timeout:.0f} s"
+                f"subscribing: only {len(index):,} of {k:,} subscriptions done in {subscribe_timeout:.0f} s"
             ) from None
         row["subscribe_s"] = time.perf_counter() - t0
         # -- until the publisher's broker routes to every subscriber connection

@@ -41,12 +41,12 @@ import itertools
 import ssl
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from flowbus.client import protocol as p
-from flowbus.client.subscription import Subscription
+from flowbus.client.subscription import Item, Subscription, take_batches
 from flowbus.errors import ClientError, FlowbusError, ProtocolError, PublishError, SchemaError, SubscribeError
 from flowbus.model import Schema
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
@@ -134,6 +134,7 @@ class Client:
         self._errors: list[PublishError] = []
         self._acked = asyncio.Event()
         self._subs: dict[str, Subscription] = {}
+        self._merged: asyncio.Queue[Item | None] | None = None  # (merged subscriptions' events)
         self._adverts: dict[str, tuple[str, str]] = {}  # advertisement name -> (space, filter)
         self._replies: dict[int, asyncio.Future[p.Reply]] = {}
         self._req = itertools.count(1)
@@ -186,6 +187,8 @@ class Client:
                 await self._task
         for sub in self._subs.values():
             sub._end()
+        if self._merged is not None:
+            self._merged.put_nowait(None)
         for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(ClientError("the client is closed"))
@@ -251,19 +254,23 @@ class Client:
         *,
         durable: str | None = None,
         collapse: str | None = None,
+        merged: bool = False,
     ) -> Subscription:
         """Subscribe to the events of ``space`` that match ``filter`` (``None`` or ``""``: all
         of them). ``durable`` names a subscription that outlives this client (its events wait
         for it while it is away); ``collapse`` names a collapse rule set of the brokers: after
         a disconnect, the subscription gets the shortest equivalent of what it missed, not all
-        of it."""
+        of it. ``merged``: its events come through :meth:`merged`, with those of the client's
+        other merged subscriptions (for many subscriptions: one wake-up a frame)."""
         if self.closed:
             raise ClientError("the client is closed")
         text = filter or ALL_EVENTS
         sub_id = durable or f"{self.name}/{next(self._names)}"
         if sub_id in self._subs:
             raise SubscribeError(f"subscription {sub_id!r} is open in this client already")
-        sub = Subscription(self, sub_id, space, text, durable=durable is not None, collapse=collapse)
+        sub = Subscription(
+            self, sub_id, space, text, merged=merged, durable=durable is not None, collapse=collapse
+        )
         self._subs[sub_id] = sub
         try:
             reply = await self._request(
@@ -276,6 +283,26 @@ class Client:
             self._subs.pop(sub_id, None)
             raise SubscribeError(f"subscribe {text!r} to {space!r}: {reply.error}")
         return sub
+
+    def merged(self, max_events: int = 10_000) -> AsyncIterator[list[tuple[Subscription, dict[str, Any]]]]:
+        """The events of the merged subscriptions (``subscribe(..., merged=True)``), each with
+        its subscription, in lists: once at least one is there, every one that has come (at
+        most ``max_events``), each subscription's in order; acknowledged when the list is
+        handed over. Ends when the client closes."""
+        return self._merged_batches(take_batches(self, self._merged_queue(), max_events))
+
+    async def _merged_batches(
+        self, batches: AsyncIterator[list[Item]]
+    ) -> AsyncIterator[list[tuple[Subscription, dict[str, Any]]]]:
+        async for batch in batches:
+            for _, _, _, sub in batch:
+                sub.received += 1
+            yield [(sub, event) for _, _, event, sub in batch]
+
+    def _merged_queue(self) -> asyncio.Queue[Item | None]:
+        if self._merged is None:
+            self._merged = asyncio.Queue()
+        return self._merged
 
     # -- flows
 

@@ -101,6 +101,8 @@ PINNED = {
     "ring.traced_query": "TracedQuery(origin, target, trace)",
     "ringbroker.confirm": "Confirm(ids)",
     "ringbroker.handed_over": "HandedOver(event, dead)",
+    "ringbroker.link_classes": "LinkClasses(broker, version, links)",
+    "ringbroker.refused": "Refused(items)",
     "ringbroker.synced": "Synced()",
     "scribe.heartbeat": "Heartbeat()",
     "scribe.join_tree": "JoinTree(epoch)",

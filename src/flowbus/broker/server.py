@@ -120,7 +120,11 @@ class Broker:
         self.runtime = runtime
         self.store = store
         ring = core if isinstance(core, RingBroker) else None
-        self.links = SecureLinks(ring, config, runtime.secure) if ring is not None else None
+        self.links = (
+            SecureLinks(ring, config, runtime.secure, known=runtime.link_known, apply=runtime.apply)
+            if ring is not None
+            else None
+        )
         if self.links is not None:
             runtime.link_filter = self.links.filter
         self.spaces = Spaces(config, ring.flows if ring is not None else None)
@@ -307,3 +311,8 @@ class Broker:
         if core.settled:
             settled, core.settled = core.settled, []
             self.ledger.settled(settled, self.sessions.by_client)
+        if isinstance(core, RingBroker) and core.refused:  # (secure spaces: refused on the way)
+            refused, core.refused = core.refused, []
+            self.ledger.refused(refused, self.sessions.by_client)
+        if self.links is not None:
+            self.links.after_step()

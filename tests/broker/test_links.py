@@ -17,8 +17,8 @@ from flowbus.broker.config import BrokerConfig
 from flowbus.broker.links import SecureLinks
 from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import FlowError
-from flowbus.flow.deploy import Deployment
 from flowbus.filters import Filter, parse
+from flowbus.flow.deploy import Deployment
 from flowbus.routing import cbr
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.ring_broker import EVENT_ID, HandedOver

@@ -181,7 +181,7 @@ def test_a_secure_space_never_crosses_a_plain_link_in_a_mixed_ring(pki: Path) ->
                     await c.publish("vault", {"level": 1, "n": 4})
                     assert (await cover.get(5))["n"] == 4  # (delivered before the plain link)
                     with pytest.raises(
-                        PublishError, match="'vault' is secure and the link from broker .* is plain"
+                        PublishError, match=r"'vault' is secure and the link from broker .* is plain"
                     ):
                         await asyncio.wait_for(c.flush(), 5.0)
                     assert pub.ledger.published == published + 1 and pub.core.in_custody() == 0

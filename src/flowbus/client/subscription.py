@@ -5,7 +5,9 @@ an id seen among the last ``dedup`` is a duplicate (a broker re-sent it after a 
 is acknowledged again and dropped. An event is acknowledged to the broker when the application
 takes it from the iterator, so a crash of the application before it took an event leaves the
 event with the broker. :meth:`Subscription.batches` hands over all the events that have come
-(up to a limit) at each wake-up, acknowledged together: one acknowledgement per batch.
+(up to a limit) at each wake-up, acknowledged together: one acknowledgement per batch. A
+subscription the broker ended (its client's identity lost the right) ends its iteration with
+the broker's :class:`~flowbus.errors.SubscribeError` once the events before it are taken.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
+
+from flowbus.errors import SubscribeError
 
 if TYPE_CHECKING:
     from flowbus.client.client import Client
@@ -33,6 +37,7 @@ class Subscription:
         self._queue: asyncio.Queue[tuple[int, int, dict[str, Any]] | None] = asyncio.Queue()
         self._seen: OrderedDict[Any, None] = OrderedDict()
         self._ended = False
+        self.error: SubscribeError | None = None  # why the broker ended it, if it did
         self.received = 0
         self.duplicates = 0
 
@@ -47,9 +52,16 @@ class Subscription:
             self._seen.popitem(last=False)
         self._queue.put_nowait((epoch, dseq, event))
 
-    def _end(self) -> None:
+    def _end(self, error: SubscribeError | None = None) -> None:
         self._ended = True
+        self.error = error
         self._queue.put_nowait(None)
+
+    def _stop(self) -> None:
+        """The end of the events: later calls end too; the broker's error if it ended it."""
+        self._queue.put_nowait(None)
+        if self.error is not None:
+            raise self.error
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self
@@ -57,7 +69,7 @@ class Subscription:
     async def __anext__(self) -> dict[str, Any]:
         item = await self._queue.get()
         if item is None:
-            self._queue.put_nowait(None)  # later calls end too
+            self._stop()
             raise StopAsyncIteration
         epoch, dseq, event = item
         self.received += 1
@@ -77,7 +89,7 @@ class Subscription:
         while True:
             item = await queue.get()
             if item is None:
-                queue.put_nowait(None)  # (later calls end too)
+                self._stop()
                 return
             batch = [item]
             while len(batch) < max_events and not queue.empty():

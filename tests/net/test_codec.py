@@ -165,6 +165,8 @@ CASES: list[object] = [
     bp.Events(batch=bp.pack_events([("c1/a", 1, ("c2", 5), {"x": 3})])),
     bp.Bye(),
     bp.Error(what="frame too large"),
+    bp.ReloadAcl(req=4),
+    bp.SubEnded(sub_id="c-1", error="identity 'alice' has no subscribe right on 'vault'"),
     # class_router
     class_router.Classed(
         origin=1,

@@ -48,6 +48,8 @@ PINNED = {
     "client.queue_open": "QueueOpen(req, sub_id, space, filter)",
     "client.queue_read": "QueueRead(req, sub_id, after, upto, limit)",
     "client.reply": "Reply(req, ok, error, data)",
+    "client.reload_acl": "ReloadAcl(req)",
+    "client.sub_ended": "SubEnded(sub_id, error)",
     "client.deploy": "Deploy(req, text)",
     "client.undeploy": "Undeploy(req, name)",
     "client.list_flows": "ListFlows(req)",

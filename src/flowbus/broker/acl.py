@@ -144,8 +144,8 @@ class Acl:
 
 
 def _serial(text: str) -> str:
-    """A certificate serial number as compared: hex digits, upper case, no colons."""
-    return text.replace(":", "").upper()
+    """A certificate serial number as compared: hex digits, upper case, no colons or leading 0."""
+    return text.replace(":", "").upper().lstrip("0")
 
 
 def _patterns(key: str, value: Any) -> tuple[str, ...]:

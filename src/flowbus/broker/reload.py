@@ -11,9 +11,9 @@ How it works:
   ``tokens``, ``revoked``); other settings need a restart.
 * **Identities.** A session's identity came from its client certificate or from its token. A
   session whose certificate is now revoked (its name or serial listed), or whose identity's
-  token line was removed or replaced, is ended: its subscriptions end, its advertisements
-  are withdrawn, and it is sent ``Error`` with the reason and closed. A revoked certificate
-  then opens no new session either (:meth:`Acl.revocation
+  token line was removed or replaced, is ended: its subscriptions end (``SubEnded`` with the
+  reason), its advertisements are withdrawn, and it is sent ``Error`` and closed. A revoked
+  certificate then opens no new session either (:meth:`Acl.revocation
   <flowbus.broker.acl.Acl.revocation>`, at ``Hello``).
 * **Rights.** In every other session, each subscription whose space its identity may no
   longer subscribe to is ended: unsubscribed here, and the client is told ``SubEnded`` with
@@ -112,9 +112,11 @@ class AclReload:
         return {"identities": sorted(new.rights or {}), "closed": closed, "ended": ended}
 
     def _close(self, session: Session, why: str) -> None:
-        """End ``session``: its subscriptions and advertisements go, ``Error``, closed."""
+        """End ``session``: its subscriptions (each told ``SubEnded``) and advertisements
+        go, then ``Error`` and the connection is closed."""
         for sub_id in sorted(session.subs):
             self.queues.unsubscribe(session, sub_id)
+            session.send(p.SubEnded(sub_id, why))
         self.adverts.withdraw_all(session)
         session.send(p.Error(why))
         session.close()

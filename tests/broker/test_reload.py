@@ -76,42 +76,45 @@ def test_lost_rights_end_subscriptions_and_refuse_publishes_an_invalid_file_chan
 ) -> None:
     async def main() -> None:
         file = tmp_path / "broker.yaml"
-        async with _broker(pki, file) as b:
-            async with _as(b, pki, "alice") as alice, _as(b, pki, token=BOB_TOKEN) as bob:
-                vault = await alice.subscribe("vault", "n > 0")
-                stocks = await alice.subscribe("stocks", "price > 0")
-                await asyncio.sleep(0.2)
-                await alice.publish("vault", {"n": 1})
-                assert (await vault.get(5))["n"] == 1
-                with pytest.raises(ClientError, match="identity 'bob' has no admin right on 'acl'"):
-                    await bob.reload_acl()
-                acl = _settings()["acl"]
-                acl["alice"]["subscribe"] = ["stocks"]
-                acl["bob"]["publish"] = []
-                file.write_text(json.dumps(_settings(acl=acl)))
-                async with _as(b, pki, token=ROOT_TOKEN) as root:
-                    done = await root.reload_acl()
-                    assert [e["subscription"] for e in done["ended"]] == [vault.id] and done["closed"] == []
-                    with pytest.raises(
-                        SubscribeError, match="identity 'alice' has no subscribe right on 'vault'"
-                    ):
-                        await vault.get(5)
-                    await bob.publish("stocks", trade(1))
-                    with pytest.raises(PublishError, match="identity 'bob' has no publish right on 'stocks'"):
-                        await bob.flush()
-                    await alice.publish("stocks", trade(2))
-                    assert [e["quantity"] for e in await take(stocks, 1)] == [2]  # (still allowed)
-                    file.write_text(json.dumps(_settings(acl={"alice": {"publish": 3}})))
-                    before = b.config.acl
-                    with pytest.raises(ClientError, match=r"acl.alice: a mapping|acl.alice.publish"):
-                        await root.reload_acl()
-                    assert b.config.acl is before and b.sessions.acl is before  # (nothing changed)
-                    file.write_text("acl: [")
-                    with pytest.raises(ConfigError, match="broker.yaml"):
-                        b.reload_acl()
-                    await alice.publish("stocks", trade(3))  # (the old rights hold)
-                    assert [e["quantity"] for e in await take(stocks, 1)] == [3]
-                    await alice.flush()
+        async with (
+            _broker(pki, file) as b,
+            _as(b, pki, "alice") as alice,
+            _as(b, pki, token=BOB_TOKEN) as bob,
+        ):
+            vault = await alice.subscribe("vault", "n > 0")
+            stocks = await alice.subscribe("stocks", "price > 0")
+            await asyncio.sleep(0.2)
+            await alice.publish("vault", {"n": 1})
+            assert (await vault.get(5))["n"] == 1
+            with pytest.raises(ClientError, match="identity 'bob' has no admin right on 'acl'"):
+                await bob.reload_acl()
+            acl = _settings()["acl"]
+            acl["alice"]["subscribe"] = ["stocks"]
+            acl["bob"]["publish"] = []
+            file.write_text(json.dumps(_settings(acl=acl)))
+            async with _as(b, pki, token=ROOT_TOKEN) as root:
+                done = await root.reload_acl()
+                assert [e["subscription"] for e in done["ended"]] == [vault.id] and done["closed"] == []
+                with pytest.raises(
+                    SubscribeError, match="identity 'alice' has no subscribe right on 'vault'"
+                ):
+                    await vault.get(5)
+                await bob.publish("stocks", trade(1))
+                with pytest.raises(PublishError, match="identity 'bob' has no publish right on 'stocks'"):
+                    await bob.flush()
+                await alice.publish("stocks", trade(2))
+                assert [e["quantity"] for e in await take(stocks, 1)] == [2]  # (still allowed)
+                file.write_text(json.dumps(_settings(acl={"alice": {"publish": 3}})))
+                before = b.config.acl
+                with pytest.raises(ClientError, match=r"acl.alice: a mapping|acl.alice.publish"):
+                    await root.reload_acl()
+                assert b.config.acl is before and b.sessions.acl is before  # (nothing changed)
+                file.write_text("acl: [")
+                with pytest.raises(ConfigError, match=r"broker\.yaml"):
+                    b.reload_acl()
+                await alice.publish("stocks", trade(3))  # (the old rights hold)
+                assert [e["quantity"] for e in await take(stocks, 1)] == [3]
+                await alice.flush()
 
     run(main())
 

@@ -531,10 +531,10 @@ class Client:
                         sub = reqs.pop(got.req)
                         if got.ok:
                             pending.pop(sub.id, None)
-                        elif got.error != p.NOT_HERE:  # refused for good
+                        elif got.error != p.NOT_HERE:  # refused for good (a right lost, say)
                             pending.pop(sub.id, None)
                             self._subs.pop(sub.id, None)
-                            sub._end()
+                            sub._end(SubscribeError(f"subscription {sub.id!r} ended: {got.error}"))
                     else:
                         self._on_message(got)
             if pending:

@@ -18,7 +18,7 @@ class router of :mod:`flowbus.overlay.class_router`):
   ``announce_links``, :mod:`flowbus.routing.link_classes`): only links whose connection is
   open (their class known), stamped with the wall clock so a restarted broker's news wins.
   Every broker so holds the tree's links and their classes (``core.link_book``), and builds
-  a second view from them, the *ring view*, with its own class router.
+  a second view from them, the *ring view* (:class:`RingView`), with its own class router.
 * **Before a publish** (:meth:`SecureLinks.refusal`, the ledger's ``admit``): an event of a
   secure space is routed on paper first (the content router's ``route_batch``, which
   changes nothing). If a broker it would be sent to has no secure hop from here, or if a
@@ -62,7 +62,7 @@ from flowbus.routing.link_classes import Refused
 from flowbus.routing.memo import compiled
 from flowbus.routing.ring_broker import EVENT_ID, HandedOver, RingBroker
 
-__all__ = ["SecureLinks"]
+__all__ = ["RingView", "SecureLinks"]
 
 log = logging.getLogger("flowbus.broker")
 
@@ -95,8 +95,7 @@ class SecureLinks:
         self._flow_secure: set[str] = set()  # spaces the deployed flows declare secure
         self._announced: tuple[tuple[int, bool], ...] | None = None  # our tree links, as last told
         self._version = 0  # of our last announcement
-        self._ring_seen: tuple[tuple[int, int], ...] = ()  # (broker, version) the ring view is of
-        self._ring = ClassRouter(core.addr, Multigraph([core.addr]))  # over the ring view
+        self.ring = RingView(core)
 
     @property
     def any_secure(self) -> bool:
@@ -151,7 +150,7 @@ class SecureLinks:
                     "has no secure (mutual TLS) link from here: refused, not sent in clear"
                 )
             for home in self._homes(effect.dst, fields):
-                plain = self._plain_link(home)
+                plain = self.ring.plain_link(home)
                 if plain is not None:
                     return (
                         f"space {space!r} is secure and broker {address_text(home)} on its route is "
@@ -164,37 +163,6 @@ class SecureLinks:
         """The brokers beyond ``direction`` whose subscriptions (as seen from here) want ``fields``."""
         received = self.core.router.received_from(direction)
         return {origin[0] for origin, filt in received.items() if compiled(filt)(fields)} - {self.core.addr}
-
-    def _plain_link(self, home: int) -> tuple[int, int] | None:
-        """The first plain link on the ring view's path to ``home`` if it has no secure one
-        (None: a secure path, or none known at all: the brokers on the way then decide)."""
-        router = self._ring_router()
-        if home not in router.view or router.send(home, None, LinkClass.SECURE, 0.0):
-            return None
-        path = router.view.path(self.core.addr, home)
-        if path is None:
-            return None
-        for a, b, key in zip(path.brokers, path.brokers[1:], path.links, strict=False):
-            if LinkClass.SECURE not in router.view.link(key).classes:
-                return a, b
-        return None
-
-    def _ring_router(self) -> ClassRouter:
-        """The class router over the tree links every broker announced (a link is secure if
-        each end that told says so), built again when an announcement changed."""
-        known = self.core.link_book.known
-        seen = tuple((b, msg.version) for b, msg in known.items())
-        if seen != self._ring_seen:
-            edges: dict[tuple[int, int], bool] = {}
-            for msg in known.values():
-                for peer, secure in msg.links:
-                    edge = (min(msg.broker, peer), max(msg.broker, peer))
-                    edges[edge] = edges.get(edge, True) and secure
-            view = Multigraph({self.core.addr, *(b for edge in edges for b in edge)})
-            for (a, b), secure in sorted(edges.items()):
-                view.add_link(a, b, weight=1.0, classes=_SECURE if secure else NORMAL_ONLY)
-            self._ring, self._ring_seen = ClassRouter(self.core.addr, view), seen
-        return self._ring
 
     def after_step(self) -> None:
         """Announce our tree links to the tree if their classes changed (the broker's
@@ -267,3 +235,44 @@ class SecureLinks:
         for peer, secure in classes.items():
             view.add_link(self.core.addr, peer, weight=1.0, classes=_SECURE if secure else NORMAL_ONLY)
         self._router = ClassRouter(self.core.addr, view)
+
+
+class RingView:
+    """The tree's links as every broker announced them, and a class router over them (the
+    ring view of the module note)."""
+
+    def __init__(self, core: RingBroker) -> None:
+        self.core = core
+        self._seen: tuple[tuple[int, int], ...] = ()  # (broker, version) the view is of
+        self._ring = ClassRouter(core.addr, Multigraph([core.addr]))
+
+    def plain_link(self, home: int) -> tuple[int, int] | None:
+        """The first plain link on the ring view's path to ``home`` if it has no secure one
+        (None: a secure path, or none known at all: the brokers on the way then decide)."""
+        router = self._router()
+        if home not in router.view or router.send(home, None, LinkClass.SECURE, 0.0):
+            return None
+        path = router.view.path(self.core.addr, home)
+        if path is None:
+            return None
+        for a, b, key in zip(path.brokers, path.brokers[1:], path.links, strict=False):
+            if LinkClass.SECURE not in router.view.link(key).classes:
+                return a, b
+        return None
+
+    def _router(self) -> ClassRouter:
+        """The class router over the tree links every broker announced (a link is secure if
+        each end that told says so), built again when an announcement changed."""
+        known = self.core.link_book.known
+        seen = tuple((b, msg.version) for b, msg in known.items())
+        if seen != self._seen:
+            edges: dict[tuple[int, int], bool] = {}
+            for msg in known.values():
+                for peer, secure in msg.links:
+                    edge = (min(msg.broker, peer), max(msg.broker, peer))
+                    edges[edge] = edges.get(edge, True) and secure
+            view = Multigraph({self.core.addr, *(b for edge in edges for b in edge)})
+            for (a, b), secure in sorted(edges.items()):
+                view.add_link(a, b, weight=1.0, classes=_SECURE if secure else NORMAL_ONLY)
+            self._ring, self._seen = ClassRouter(self.core.addr, view), seen
+        return self._ring

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -149,20 +149,25 @@ class SecureLinks:
                     f"space {space!r} is secure and broker {address_text(effect.dst)} on its route "
                     "has no secure (mutual TLS) link from here: refused, not sent in clear"
                 )
-            for home in self._homes(effect.dst, fields):
-                plain = self.ring.plain_link(home)
-                if plain is not None:
-                    return (
-                        f"space {space!r} is secure and broker {address_text(home)} on its route is "
-                        f"unreachable over secure links: the link {address_text(plain[0])} - "
-                        f"{address_text(plain[1])} is plain (no mutual TLS): refused, not sent in clear"
-                    )
+            for home, plain in self._plain_homes(effect.dst, fields):
+                return (
+                    f"space {space!r} is secure and broker {address_text(home)} on its route is "
+                    f"unreachable over secure links: the link {address_text(plain[0])} - "
+                    f"{address_text(plain[1])} is plain (no mutual TLS): refused, not sent in clear"
+                )
         return None
 
-    def _homes(self, direction: int, fields: Mapping[str, Any]) -> set[int]:
-        """The brokers beyond ``direction`` whose subscriptions (as seen from here) want ``fields``."""
-        received = self.core.router.received_from(direction)
-        return {origin[0] for origin, filt in received.items() if compiled(filt)(fields)} - {self.core.addr}
+    def _plain_homes(
+        self, direction: int, fields: Mapping[str, Any]
+    ) -> Iterator[tuple[int, tuple[int, int]]]:
+        """The brokers beyond ``direction`` whose subscriptions (as seen from here) want
+        ``fields`` and that have no secure path from here, each with the plain link on the
+        way (a filter is tested only when its broker has no secure path)."""
+        plain_link, me = self.ring.plain_links(), self.core.addr
+        for (home, _), filt in self.core.router.received_from(direction).items():
+            plain = plain_link(home) if home != me else None
+            if plain is not None and compiled(filt)(fields):
+                yield home, plain
 
     def after_step(self) -> None:
         """Announce our tree links to the tree if their classes changed (the broker's
@@ -245,11 +250,22 @@ class RingView:
         self.core = core
         self._seen: tuple[tuple[int, int], ...] = ()  # (broker, version) the view is of
         self._ring = ClassRouter(core.addr, Multigraph([core.addr]))
+        self._plain: dict[int, tuple[int, int] | None] = {}  # home -> plain_link, for this view
 
-    def plain_link(self, home: int) -> tuple[int, int] | None:
-        """The first plain link on the ring view's path to ``home`` if it has no secure one
-        (None: a secure path, or none known at all: the brokers on the way then decide)."""
-        router = self._router()
+    def plain_links(self) -> Callable[[int], tuple[int, int] | None]:
+        """For the view as it is now: broker -> the first plain link on the view's path to it
+        if it has no secure one (None: a secure path, or none known at all: the brokers on
+        the way then decide); each broker's answer remembered until the view changes."""
+        router, known = self._router(), self._plain
+
+        def plain_link(home: int) -> tuple[int, int] | None:
+            if home not in known:
+                known[home] = self._find(router, home)
+            return known[home]
+
+        return plain_link
+
+    def _find(self, router: ClassRouter, home: int) -> tuple[int, int] | None:
         if home not in router.view or router.send(home, None, LinkClass.SECURE, 0.0):
             return None
         path = router.view.path(self.core.addr, home)
@@ -274,5 +290,5 @@ class RingView:
             view = Multigraph({self.core.addr, *(b for edge in edges for b in edge)})
             for (a, b), secure in sorted(edges.items()):
                 view.add_link(a, b, weight=1.0, classes=_SECURE if secure else NORMAL_ONLY)
-            self._ring, self._seen = ClassRouter(self.core.addr, view), seen
+            self._ring, self._seen, self._plain = ClassRouter(self.core.addr, view), seen, {}
         return self._ring

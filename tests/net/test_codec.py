@@ -33,7 +33,7 @@ from flowbus.net import (
 from flowbus.overlay import class_router, pastry, ring_load
 from flowbus.overlay import ring_messages as rm
 from flowbus.overlay.multigraph import LinkClass
-from flowbus.routing import cbr, flows, irbr, irbr_ack, ring_broker, scribe
+from flowbus.routing import cbr, flows, irbr, irbr_ack, link_classes, ring_broker, scribe
 from strategies import canonical_filters
 
 BIG = 2**127 + 5
@@ -128,6 +128,10 @@ CASES: list[object] = [
     # ring_broker
     ring_broker.HandedOver(event=EVENT, dead=42),
     ring_broker.Confirm(ids=(("client-1", 7), (3, 9))),
+    link_classes.LinkClasses(
+        broker=2130706433 << 16 | 7001, version=1_700_000_000_000_000_000, links=((5, True), (6, False))
+    ),
+    link_classes.Refused(items=((("client-1", 7), "space 'vault' is secure: refused"),)),
     ring_broker.Synced(),
     # the client protocol
     bp.Hello(client="c1"),
@@ -161,6 +165,8 @@ CASES: list[object] = [
     bp.Events(batch=bp.pack_events([(["c1/a", "c1/b"], 1, ("c2", 5), {"x": 3})])),
     bp.Bye(),
     bp.Error(what="frame too large"),
+    bp.ReloadAcl(req=4),
+    bp.SubEnded(sub_id="c-1", error="identity 'alice' has no subscribe right on 'vault'"),
     # class_router
     class_router.Classed(
         origin=1,

@@ -20,6 +20,14 @@ How it works:
   source spaces still need ``publish`` from whoever publishes into them). With no ``acl``
   every client may do everything (the broker as it was); with one, an identity not listed
   (or no identity) has no rights.
+  ``admin`` (patterns of what may be administered; ``acl`` is the one there is) lets an
+  identity have the broker read its rights again (``flowbus acl reload``,
+  :mod:`flowbus.broker.reload`).
+* **Revoked certificates.** ``revoked: [NAME or SERIAL, ...]``: a client certificate whose
+  CN or serial number (hex, colons and case ignored) is listed opens no session
+  (:meth:`Acl.revocation`, at the client's ``Hello``), and the sessions open under it are
+  closed when the list is read again. A token is revoked by removing (or replacing) its
+  line in ``tokens``.
 * A refusal is an :class:`~flowbus.errors.AccessError` naming the identity, the right and
   the space, raised before anything changes.
 """
@@ -35,10 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowbus.errors import AccessError, ConfigError
+from flowbus.net.certs import CLIENTS_OU
+from flowbus.net.tls import identity
 
 __all__ = ["RIGHTS", "Acl", "new_token", "token_hash"]
 
-RIGHTS = ("publish", "subscribe", "deploy")
+RIGHTS = ("publish", "subscribe", "deploy", "admin")
 _PREFIX = "sha256:"
 
 
@@ -59,10 +69,22 @@ class Acl:
 
     rights: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None
     tokens: Mapping[str, str] = field(default_factory=dict)
+    revoked: frozenset[str] = frozenset()  # client certificates' names and (normalized) serials
 
     @classmethod
-    def from_config(cls, acl: Any, tokens: Any) -> Acl:
-        """From the config's ``acl`` and ``tokens`` values (a :class:`ConfigError` naming the key)."""
+    def from_config(cls, acl: Any, tokens: Any, revoked: Any = None) -> Acl:
+        """From the config's ``acl``, ``tokens`` and ``revoked`` values (a :class:`ConfigError`
+        naming the key)."""
+        made = cls._from_config(acl, tokens)
+        if revoked is None:
+            return made
+        if not isinstance(revoked, list) or not all(isinstance(r, str | int) and str(r) for r in revoked):
+            raise ConfigError("revoked: a list of client certificate names or serial numbers (hex)")
+        names = {str(r) for r in revoked} | {_serial(str(r)) for r in revoked}
+        return cls(made.rights, made.tokens, frozenset(names))
+
+    @classmethod
+    def _from_config(cls, acl: Any, tokens: Any) -> Acl:
         if tokens is None:
             tokens = {}
         if not isinstance(tokens, Mapping):
@@ -99,6 +121,16 @@ class Acl:
         if grants is None or not any(fnmatch.fnmatchcase(space, p) for p in grants[right]):
             raise AccessError(identity, right, space)
 
+    def revocation(self, peercert: Mapping[str, Any] | None) -> str | None:
+        """Why a client certificate is refused (its name or serial is revoked); None: it is not."""
+        who = identity(dict(peercert) if peercert else None)
+        if not self.revoked or who is None or who[0] != CLIENTS_OU or peercert is None:
+            return None
+        serial = _serial(str(peercert.get("serialNumber", "")))
+        if who[1] in self.revoked or serial in self.revoked:
+            return f"the certificate of {who[1]!r} (serial {serial}) is revoked"
+        return None
+
     def identity_of(self, token: str | None) -> str | None:
         """The identity ``token`` stands for (None if none does)."""
         if not token:
@@ -109,6 +141,11 @@ class Acl:
             if hmac.compare_digest(digest, stored):
                 found = name
         return found
+
+
+def _serial(text: str) -> str:
+    """A certificate serial number as compared: hex digits, upper case, no colons or leading 0."""
+    return text.replace(":", "").upper().lstrip("0")
 
 
 def _patterns(key: str, value: Any) -> tuple[str, ...]:

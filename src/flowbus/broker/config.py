@@ -23,6 +23,7 @@ A YAML file (``flowbus broker start --config FILE``)::
     acl:                        # rights per identity on space patterns (docs/security.md);
       alice: {publish: [stocks], subscribe: ["*"], deploy: ["*"]}   # none: all may do all
     tokens: {bob: "sha256:..."} # identities by token: only the hash (flowbus certs token)
+    revoked: [mallory]          # client certificates (names or serials) refused
     classes: {vault: secure}    # spaces (patterns) routed only over mutual-TLS links
     security:                   # the door (net/admission.py)
       handshake_timeout: 10.0   # seconds for the TLS handshake and the first frame
@@ -98,12 +99,12 @@ class BrokerConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> BrokerConfig:
-        known = ("spaces", "rulesets", *_LIMITS, "acl", "tokens", "classes", "security")
+        known = ("spaces", "rulesets", *_LIMITS, "acl", "tokens", "revoked", "classes", "security")
         unknown = set(data) - set(known)
         if unknown:
             raise ConfigError(f"unknown keys {sorted(unknown)} (known: {', '.join(known)})")
         kw: dict[str, Any] = {k: data[k] for k in _LIMITS if k in data}
-        kw["acl"] = Acl.from_config(data.get("acl"), data.get("tokens"))
+        kw["acl"] = Acl.from_config(data.get("acl"), data.get("tokens"), data.get("revoked"))
         kw["classes"] = _classes(data.get("classes"))
         kw["security"] = _security(data.get("security"))
         if "spaces" in data:

@@ -19,7 +19,9 @@ How it works (flowbus's own exactly-once publishing, on the custody of
   subscription it went to is done with it; then it lists the id in ``settled``, and the
   ledger sends ``PubAck`` (:meth:`Ledger.settled`). A publish is thus acknowledged once it
   is where every matching subscriber will get it: with its subscriber's client, or in the
-  queue on that subscriber's broker's disk.
+  queue on that subscriber's broker's disk. One that a broker on the way refused to carry
+  (a secure space's event before a plain link) comes back refused: ``Nack`` with the
+  reason (:meth:`Ledger.refused`).
 * **Re-sends.** A re-sent publish (same ``(client, pseq)``, at or below the highest taken)
   is not published twice: it is acknowledged at once if it is settled, and when it settles
   if it is still in flight.
@@ -147,6 +149,19 @@ class Ledger:
                 if session is not None:
                     session.pub_ack(eid[1])
                 self._lowest_open(eid[0])  # (drops what is settled from the heap)
+
+    def refused(self, items: list[tuple[Any, str]], sessions: Mapping[str, Session]) -> None:
+        """The core gave these publishes up on the way (``(id, reason)``: a broker further on
+        could not carry a secure space's event over a secure link): each is answered ``Nack``."""
+        in_flight = self._in_flight
+        for eid, why in items:
+            if eid not in in_flight:
+                continue
+            del in_flight[eid]
+            session = sessions.get(eid[0])
+            if session is not None:
+                session.send(p.Nack(eid[1], why))
+            self._lowest_open(eid[0])
 
     def _last_of(self, client: str) -> int:
         last = self._last.get(client)

@@ -26,6 +26,8 @@ How it works:
   - :mod:`~flowbus.broker.acl` and :mod:`~flowbus.broker.links`: who may publish and
     subscribe where, and the spaces whose events cross only mutual-TLS links
     (docs/security.md; with ``tls``, the runtime serves and dials in TLS);
+    :mod:`~flowbus.broker.reload`: the rights read again from the config file while it
+    runs (:meth:`Broker.reload_acl`: ``SIGHUP``, or a client's ``ReloadAcl``);
   - :mod:`~flowbus.broker.store`: the SQLite database;
   - :mod:`~flowbus.broker.console`: the web console and ``/metrics``, if started with
     ``http`` (``--http HOST:PORT``), in the same event loop.
@@ -46,6 +48,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowbus.broker.acl import Acl
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.flows import BrokerFlows
@@ -53,6 +56,7 @@ from flowbus.broker.ledger import Ledger
 from flowbus.broker.links import SecureLinks
 from flowbus.broker.overlays import BrokerCore, address_text, check_overlay, new_core
 from flowbus.broker.queues import Queues
+from flowbus.broker.reload import AclReload
 from flowbus.broker.ringlog import RingLog
 from flowbus.broker.sessions import Sessions
 from flowbus.broker.spaces import Spaces
@@ -120,7 +124,11 @@ class Broker:
         self.runtime = runtime
         self.store = store
         ring = core if isinstance(core, RingBroker) else None
-        self.links = SecureLinks(ring, config, runtime.secure) if ring is not None else None
+        self.links = (
+            SecureLinks(ring, config, runtime.secure, known=runtime.link_known, apply=runtime.apply)
+            if ring is not None
+            else None
+        )
         if self.links is not None:
             runtime.link_filter = self.links.filter
         self.spaces = Spaces(config, ring.flows if ring is not None else None)
@@ -146,6 +154,10 @@ class Broker:
             acl=config.acl,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
+        self.acl_reload = AclReload(
+            path=None, sessions=self.sessions, queues=self.queues, adverts=self.adverts, install=self._install
+        )
+        self.sessions.reload = self._reload_reply
         self._documents: list[str] = []  # flows to deploy once joined
         self.console: Console | None = None  # the web console, if started with http
         runtime.on_deliver = self.queues.on_deliver
@@ -166,14 +178,16 @@ class Broker:
         flows: tuple[str | Path, ...] | list[str | Path] = (),
         tls: BrokerTls | None = None,
         http: str | None = None,
+        config_file: Path | str | None = None,
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
         (a directory; None: in memory, for tests and trials), deploying the flow spec files
         ``flows`` once it has joined (a flow deployed already with the same version is left
         as it is), serving and dialing its peers in TLS with ``tls`` (mutual TLS between
-        brokers), serving the web console on ``http`` (``"host:port"``; None: no console).
-        Wait for :meth:`joined` before counting on it."""
+        brokers), serving the web console on ``http`` (``"host:port"``; None: no console),
+        reading its rights again from ``config_file`` on :meth:`reload_acl` (the file
+        ``config`` was read from). Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
         console_at = parse_address(http) if http is not None else None
         check_overlay(overlay, config)
@@ -216,6 +230,7 @@ class Broker:
             host=host, port=port, overlay=overlay, config=config, core=core, runtime=runtime, store=store
         )
         broker._documents = documents
+        broker.acl_reload.path = Path(config_file) if config_file is not None else None
         try:
             broker.flows.restore()
             await runtime.start(sock=sock)
@@ -289,6 +304,23 @@ class Broker:
             return str(e)
         return self.links.refusal(space, fields) if self.links is not None else None
 
+    def reload_acl(self) -> dict[str, Any]:
+        """Read the rights of the config file again and apply them to the sessions
+        (:mod:`flowbus.broker.reload`): what changed. A :class:`ConfigError` if the file is
+        missing or not valid: nothing changed, the old rights stay."""
+        return self.acl_reload.reload()
+
+    def _install(self, acl: Acl) -> None:
+        self.config = self.config.with_(acl=acl)
+        self.sessions.acl = acl
+
+    def _reload_reply(self) -> tuple[bool, str | None, Any]:
+        """A client's ``ReloadAcl``, answered: (ok, error, what changed)."""
+        try:
+            return True, None, self.reload_acl()
+        except ConfigError as e:
+            return False, str(e), None
+
     def _welcome(self) -> p.Welcome:
         """What a new client session is told: this broker, the others, the spaces."""
         peers = tuple(address_text(a) for a in self.peers())
@@ -308,3 +340,8 @@ class Broker:
         if core.settled:
             settled, core.settled = core.settled, []
             self.ledger.settled(settled, self.sessions.by_client)
+        if isinstance(core, RingBroker) and core.refused:  # (secure spaces: refused on the way)
+            refused, core.refused = core.refused, []
+            self.ledger.refused(refused, self.sessions.by_client)
+        if self.links is not None:
+            self.links.after_step()

@@ -9,10 +9,12 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
 * **Identity and rights** (:mod:`flowbus.broker.acl`). A session's identity is its
   client certificate's name (TLS) or the one its ``Hello`` token stands for. ``Subscribe``
   needs the right ``subscribe`` on its space, ``Advertise`` ``publish``, ``Deploy`` and
-  ``Undeploy`` ``deploy`` on the flow's name (each publish is checked by the ledger). A
-  refusal is the request's ``Reply`` with the error naming identity, right and space;
-  nothing changes. Until a client is authenticated (or if no ``acl`` is set), its frames
-  are held to the small limit of the door (64 KiB).
+  ``Undeploy`` ``deploy`` on the flow's name (each publish is checked by the ledger),
+  ``ReloadAcl`` ``admin`` on ``acl`` (:mod:`flowbus.broker.reload` applies the new rights to
+  the sessions). A refusal is the request's ``Reply`` with the error naming identity, right
+  and space; nothing changes. A revoked client certificate opens no session: ``Error``.
+  Until a client is authenticated (or if no ``acl`` is set), its frames are held to the
+  small limit of the door (64 KiB).
 * **Reading.** Each message goes to the part that handles it, in one ``match``:
   ``Publish`` to the publish ledger (:mod:`flowbus.broker.ledger`); ``Subscribe``,
   ``Unsubscribe`` and ``Ack`` to the subscription queues (:mod:`flowbus.broker.queues`);
@@ -200,6 +202,8 @@ class Sessions:
         self.pulls = Pulls(queues)
         self.by_client: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # reads the rights again (the broker's; ReloadAcl): (ok, error, what changed)
+        self.reload: Callable[[], tuple[bool, str | None, Any]] = lambda: (False, "nothing to reload", None)
 
     async def serve(
         self,
@@ -210,6 +214,11 @@ class Sessions:
         frames: FrameDecoder,
     ) -> None:
         """Serve a client connection until it ends (the runtime's ``on_client``)."""
+        revoked = self.acl.revocation(writer.get_extra_info("peercert"))
+        if revoked is not None:
+            writer.write(frame(encode(p.Error(revoked))))
+            writer.close()
+            return
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -313,6 +322,9 @@ class Sessions:
             case p.Undeploy():
                 if not self._denied(session, msg.req, "deploy", msg.name):
                     session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))
+            case p.ReloadAcl():
+                if not self._denied(session, msg.req, "admin", "acl"):
+                    session.send(p.Reply(msg.req, *self.reload()))
             case p.ListFlows():
                 session.send(p.Reply(msg.req, *self.flows.answer(self.flows.list)))
             case p.QueueOpen():

@@ -8,6 +8,7 @@
 * :mod:`flowbus.cli.bench` -- ``flowbus bench ...`` (:mod:`flowbus.bench`);
 * :mod:`flowbus.cli.demo` -- ``flowbus demo``;
 * :mod:`flowbus.cli.certs` -- ``flowbus certs init|token`` (TLS certificates, tokens);
+* :mod:`flowbus.cli.acl` -- ``flowbus acl reload`` (a running broker's rights read again);
 * :mod:`flowbus.cli.common` -- what they share: consoles, ``fail``, ``emit``, the progress bar.
 
 Every benchmark takes ``--json`` and then prints exactly one JSON document on standard
@@ -21,7 +22,7 @@ from __future__ import annotations
 import typer
 
 from flowbus import __version__
-from flowbus.cli import bench, broker, certs, demo, flow, match, run, sim
+from flowbus.cli import acl, bench, broker, certs, demo, flow, match, run, sim
 from flowbus.cli.common import out
 
 __all__ = ["app", "main"]
@@ -52,6 +53,7 @@ app.add_typer(sim.sim_app, name="sim")
 app.add_typer(broker.broker_app, name="broker")
 app.add_typer(broker.cluster_app, name="cluster")
 app.add_typer(certs.certs_app, name="certs")
+app.add_typer(acl.acl_app, name="acl")
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ exits with status 2. ``flowbus bench broker`` is in :mod:`flowbus.cli.bench`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -93,7 +94,7 @@ def broker_start(
         str | None, typer.Option(help="HOST:PORT of the web console and /metrics (port 0: any free port).")
     ] = None,
 ) -> None:
-    """Run a broker until Ctrl-C (or SIGTERM)."""
+    """Run a broker until Ctrl-C (or SIGTERM); SIGHUP reads the rights of --config again."""
     import logging
 
     from flowbus.broker.config import DEFAULT, BrokerConfig
@@ -127,8 +128,15 @@ def broker_start(
             flows=flow or [],
             tls=contexts,
             http=http,
+            config_file=config,
         )
     )
+
+
+def _reload_acl(broker: Any) -> None:
+    """SIGHUP: the rights of the config file again (a bad file is logged; the old rights stay)."""
+    with contextlib.suppress(FlowbusError):
+        broker.reload_acl()
 
 
 def _overloaded(address: str, request: Any) -> None:
@@ -146,6 +154,7 @@ async def _serve(**options: Any) -> None:
         broker = await Broker.start(**options)
     except FlowbusError as e:
         fail(str(e))
+    loop.add_signal_handler(signal.SIGHUP, partial(_reload_acl, broker))
     try:
         await broker.joined(timeout=30.0)
     except FlowbusError as e:

@@ -329,6 +329,14 @@ class Client:
             raise ClientError(f"undeploy: {reply.error}")
         return dict(reply.data)
 
+    async def reload_acl(self) -> dict[str, Any]:
+        """Have the broker read the rights of its config file again (the ``admin`` right on
+        ``acl``): what changed. A :class:`ClientError` with the broker's reason if refused."""
+        reply = await self._request(lambda req: p.ReloadAcl(req))
+        if not reply.ok:
+            raise ClientError(f"acl reload: {reply.error}")
+        return dict(reply.data)
+
     async def flows(self) -> list[dict[str, Any]]:
         """The flows deployed on the network: name, version, spaces."""
         reply = await self._request(lambda req: p.ListFlows(req))
@@ -448,16 +456,19 @@ class Client:
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
-            delay = 0.05
+            delay, pause = 0.05, 0.0
             try:
                 await self._serve(address, reader, writer)
-            except (OSError, ConnectionError, FlowbusError, asyncio.IncompleteReadError):
+            except FlowbusError as e:  # (refused, or the protocol broken: not again at once)
+                self._last_error, pause = str(e), 0.5
+            except (OSError, ConnectionError, asyncio.IncompleteReadError):
                 pass
             finally:
                 self._down()
                 writer.close()
             if not self.closed:
                 self.reconnects += 1
+                await asyncio.sleep(pause)
 
     def _down(self) -> None:
         if self.status is Status.CONNECTED:
@@ -481,6 +492,8 @@ class Client:
             bodies = frames.feed(data)
             if bodies:
                 first = decode(bodies[0])
+                if isinstance(first, p.Error):
+                    raise ClientError(f"{address} refused the connection: {first.what}")
                 if not isinstance(first, p.Welcome):
                     raise ClientError(f"{address} is not a flowbus broker (it said {type(first).__name__})")
                 welcome = first
@@ -554,10 +567,10 @@ class Client:
                         sub = reqs.pop(got.req)
                         if got.ok:
                             pending.pop(sub.id, None)
-                        elif got.error != p.NOT_HERE:  # refused for good
+                        elif got.error != p.NOT_HERE:  # refused for good (a right lost, say)
                             pending.pop(sub.id, None)
                             self._subs.pop(sub.id, None)
-                            sub._end()
+                            sub._end(SubscribeError(f"subscription {sub.id!r} ended: {got.error}"))
                     else:
                         self._on_message(got)
             if pending:
@@ -583,6 +596,10 @@ class Client:
                 fut = self._replies.get(msg.req)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+            case p.SubEnded():
+                sub = self._subs.pop(msg.sub_id, None)
+                if sub is not None:
+                    sub._end(SubscribeError(f"subscription {msg.sub_id!r} ended: {msg.error}"))
             case p.Error():
                 raise ClientError(f"the broker closed the connection: {msg.what}")
             case _:

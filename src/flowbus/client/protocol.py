@@ -37,6 +37,9 @@ Client -> broker:
   reader reads positions ``(after, upto]`` as often as it likes and acknowledges up to a
   position when it is done with them. Answered by :class:`Reply`, whose ``data`` holds the
   highest position queued (``top``) and the rows read (``[position, publisher, pseq, event]``).
+* :class:`ReloadAcl` ``(req)``: the broker reads the rights of its config file again
+  (needs the ``admin`` right on ``acl``); answered by :class:`Reply` whose ``data`` says what
+  changed (docs/security.md).
 * :class:`Bye`: the client closes; its non-durable subscriptions end at once.
 
 Broker -> client:
@@ -45,8 +48,10 @@ Broker -> client:
   like ``Publish``'s: an event goes to a connection once, with the ids of every
   subscription of that connection it is for; ``cseq`` numbers the connection's deliveries
   from 1 up. Each subscription's events come in order.
-* :class:`Error` ``(what)``: the connection broke the protocol (a bad frame): the broker
-  closes it after this. Nothing else changed.
+* :class:`Error` ``(what)``: the connection broke the protocol (a bad frame), or its
+  identity was revoked: the broker closes it after this.
+* :class:`SubEnded` ``(sub_id, error)``: the broker ended the subscription (its client's
+  identity lost the right to it): no more events come for it.
 """
 
 from __future__ import annotations
@@ -75,7 +80,9 @@ __all__ = [
     "QueueAck",
     "QueueOpen",
     "QueueRead",
+    "ReloadAcl",
     "Reply",
+    "SubEnded",
     "Subscribe",
     "Unadvertise",
     "Undeploy",
@@ -362,6 +369,19 @@ class Bye:
 @dataclass(frozen=True, slots=True)
 class Error:
     what: str
+
+
+@wire.message("client.reload_acl")
+@dataclass(frozen=True, slots=True)
+class ReloadAcl:
+    req: int
+
+
+@wire.message("client.sub_ended")
+@dataclass(frozen=True, slots=True)
+class SubEnded:
+    sub_id: str
+    error: str
 
 
 NOT_HERE = "not here"

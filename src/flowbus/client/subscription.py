@@ -6,7 +6,9 @@ is dropped (and acknowledged, once the connection's other subscriptions it was f
 An event is acknowledged to the broker when every subscription of the connection it came for
 has taken it from its iterator (:meth:`Client._ack` counts), so a crash of the application
 before it took an event leaves the event with the broker. :meth:`Subscription.batches` hands
-over all the events that have come (up to a limit) at each wake-up, acknowledged together.
+over all the events that have come (up to a limit) at each wake-up, acknowledged together. A
+subscription the broker ended (its client's identity lost the right) ends its iteration with
+the broker's :class:`~flowbus.errors.SubscribeError` once the events before it are taken.
 
 A *merged* subscription (``Client.subscribe(..., merged=True)``) has no queue of its own: its
 events wait in the client's one queue with those of the client's other merged subscriptions,
@@ -22,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from flowbus.errors import ClientError
+from flowbus.errors import ClientError, SubscribeError
 
 if TYPE_CHECKING:
     from flowbus.client.client import Client
@@ -48,6 +50,7 @@ class Subscription:
         self._queue: asyncio.Queue[Item | None] = client._merged_queue() if merged else asyncio.Queue()
         self._seen: OrderedDict[Any, None] = OrderedDict()
         self._ended = False
+        self.error: SubscribeError | None = None  # why the broker ended it, if it did
         self.received = 0
         self.duplicates = 0
 
@@ -63,10 +66,17 @@ class Subscription:
         self._queue.put_nowait((epoch, cseq, event, self))
         return True
 
-    def _end(self) -> None:
+    def _end(self, error: SubscribeError | None = None) -> None:
         self._ended = True
+        self.error = error
         if not self.merged:  # (the client's merged queue ends with the client)
             self._queue.put_nowait(None)
+
+    def _stop(self) -> None:
+        """The end of the events: later calls end too; the broker's error if it ended it."""
+        self._queue.put_nowait(None)
+        if self.error is not None:
+            raise self.error
 
     def _own(self) -> asyncio.Queue[Item | None]:
         if self.merged:
@@ -80,7 +90,7 @@ class Subscription:
         queue = self._own()
         item = await queue.get()
         if item is None:
-            queue.put_nowait(None)  # later calls end too
+            self._stop()
             raise StopAsyncIteration
         epoch, cseq, event, _ = item
         self.received += 1
@@ -98,6 +108,8 @@ class Subscription:
         async for batch in batches:
             self.received += len(batch)
             yield [event for _, _, event, _ in batch]
+        if self.error is not None:
+            raise self.error
 
     async def get(self, timeout: float | None = None) -> dict[str, Any]:
         """The next event (``asyncio.TimeoutError`` after ``timeout`` seconds)."""

@@ -182,6 +182,10 @@ class Runtime:
         """Whether our connection to ``dst`` is mutual TLS (False if none is open)."""
         return self._secure_out.get(dst, False)
 
+    def link_known(self, dst: int) -> bool:
+        """Whether a connection to ``dst`` was opened (so :meth:`secure` says its class)."""
+        return dst in self._secure_out
+
     async def close(self) -> None:
         """Stop listening, close every connection, drop every timer."""
         self._closed = True

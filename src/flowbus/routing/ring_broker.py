@@ -49,6 +49,11 @@ How it works: one core joins two protocols.
   driver acknowledges the publisher).
   Delivery stays at least once across a crash; each broker drops the duplicates it can see
   (the ``DEDUP_WINDOW``), the client library the rest, by event id.
+* **Secure spaces** (:mod:`flowbus.routing.link_classes`). Each broker announces the class
+  of its tree links to the whole tree (``announce_links``); an event its driver would not
+  send over a plain link is released as *refused* (:meth:`RingBroker.refuse`), and a record
+  with a refusal answers ``Refused`` upstream instead of ``Confirm``: the publisher's broker
+  lists the publish in :attr:`RingBroker.refused`, not ``settled``.
 
 What is not done here: a link failure whose broker is alive (the tree keeps the link; its
 events wait until the link is back).
@@ -70,6 +75,7 @@ from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing import cbr
 from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
+from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
 
 __all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
@@ -134,7 +140,7 @@ class Confirm:
 class _Custody:
     """An event this broker is responsible for until everyone it handed it to is done."""
 
-    __slots__ = ("event", "local", "retries", "src", "waiting")
+    __slots__ = ("event", "local", "refused", "retries", "src", "waiting")
 
     def __init__(self, event: Mapping[str, Any], src: int | None) -> None:
         self.event = event
@@ -142,6 +148,7 @@ class _Custody:
         self.waiting: set[Hashable] = set()  # neighbour addrs it was handed to
         self.local = 0  # deliveries to subscriptions here not settled by the driver yet
         self.retries = 0  # kept for the broker that takes a dead one's place
+        self.refused: str | None = None  # why a broker further on did not carry it (secure spaces)
 
 
 _Key = tuple[int | None, Any]
@@ -176,6 +183,9 @@ class RingBroker(Core):
         self._confirms: dict[int, list[Any]] = {}  # confirmations due, per upstream broker
         self._by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
+        self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
+        self._refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
+        self.link_book = LinkBook()  # the classes of every broker's tree links (link_classes.py)
         self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
         self.router = cbr.ContentRouter(addr, (), advertising=advertising, grouped=grouped)
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
@@ -655,6 +665,12 @@ class RingBroker(Core):
             case HandedOver():
                 self._open(src, msg.event)
                 return self._out(self._on_handed_over(msg))
+            case Refused(items=items):
+                return self.refuse(src, [(eid, why) for eid, why in items])
+            case LinkClasses():
+                return (
+                    self.link_book.flood(msg, self.tree_neighbours(), src) if self.link_book.take(msg) else []
+                )
             case FlowSync():
                 return self._out(self._on_flow_sync(src, msg))
             case SnapshotAsk():
@@ -799,6 +815,9 @@ class RingBroker(Core):
         if self._confirms:
             out.extend(Send(dst, Confirm(tuple(ids))) for dst, ids in sorted(self._confirms.items()))
             self._confirms = {}
+        if self._refusals:
+            out.extend(Send(dst, Refused(tuple(items))) for dst, items in sorted(self._refusals.items()))
+            self._refusals = {}
         return out
 
     # -- custody
@@ -847,7 +866,12 @@ class RingBroker(Core):
         srcs.discard(src)
         if not srcs:
             del self._by_id[eid]
-        if src is None:
+        if rec.refused is not None:
+            if src is None:
+                self.refused.append((eid, rec.refused))
+            else:
+                self._refusals.setdefault(src, []).append((eid, rec.refused))
+        elif src is None:
             self.settled.append(eid)
         else:
             self._confirms.setdefault(src, []).append(eid)
@@ -890,6 +914,24 @@ class RingBroker(Core):
                 else:
                     self._release(dead, key[1], only=key)
         return out
+
+    # -- secure spaces: link classes ring-wide, refusals upstream (routing/link_classes.py)
+
+    def announce_links(self, version: int, links: tuple[tuple[int, bool], ...]) -> list[Effect]:
+        """The driver's view of this broker's tree links (``(neighbour, secure)``), as of
+        ``version`` (growing), to every broker of the tree."""
+        msg = LinkClasses(self.addr, version, links)
+        return self.link_book.flood(msg, self.tree_neighbours(), None) if self.link_book.take(msg) else []
+
+    def refuse(self, dst: int, items: Sequence[tuple[Any, str]]) -> list[Effect]:
+        """Broker ``dst`` is done with these events (``(event id, reason)``) without carrying
+        them on: the driver did not send them to it (a secure space's events on a plain
+        link), or ``dst`` answered :class:`Refused`. Their publishes are refused upstream."""
+        for eid, why in items:
+            for key in self._waiting_on(dst, eid) if self.custody else ():
+                self._custody[key].refused = why
+                self._release(dst, eid, only=key)
+        return self._out([])
 
     # -- keeping the router in step with the ring
 
@@ -945,6 +987,7 @@ class RingBroker(Core):
                     tuple(self.flows.records.values()), tuple(sorted(self.flows.withdrawn)), False
                 )
                 out.extend(Send(a, sync) for a in sorted(added))
+            out.extend(self.link_book.welcome(added))
             out.extend(Send(a, Synced()) for a in sorted(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):

@@ -196,11 +196,13 @@ class _Inbox:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-async def _take(sub: Subscription, box: list[tuple[float, Event]], inbox: _Inbox) -> None:
-    async for event in sub:
+async def _take(conn: flowbus.Client, boxes: dict[str, list[tuple[float, Event]]], inbox: _Inbox) -> None:
+    """What ``conn``'s merged subscriptions receive, into their boxes (by subscription id)."""
+    async for batch in conn.merged():
         inbox.last = now = time.perf_counter()
-        box.append((now, event))
-        inbox.total += 1
+        for sub, event in batch:
+            boxes[sub.id].append((now, event))
+        inbox.total += len(batch)
         if inbox.total >= inbox.expected:
             inbox.done.set()
 
@@ -254,14 +256,19 @@ async def _subscribe(
     """Every subscription, then a sentinel per connection; probes until each sentinel has one."""
     subs, pub = conns[:-1], conns[-1]
     todo = setup.subscriptions
+    boxes: dict[str, list[tuple[float, Event]]] = {}
+    tasks.extend(asyncio.create_task(_take(c, boxes, inbox)) for c in subs)
     for lo in range(0, len(todo), 200):
         chunk = todo[lo : lo + 200]
         got = await asyncio.gather(
-            *(subs[(lo + n) % len(subs)].subscribe(s, setup.filters[s][i]) for n, (s, i) in enumerate(chunk))
+            *(
+                subs[(lo + n) % len(subs)].subscribe(s, setup.filters[s][i], merged=True)
+                for n, (s, i) in enumerate(chunk)
+            )
         )
         for sub in got:
             inbox.got.append([])
-            tasks.append(asyncio.create_task(_take(sub, inbox.got[-1], inbox)))
+            boxes[sub.id] = inbox.got[-1]
     seen = [asyncio.Event() for _ in subs]
     for c, ev in zip(subs, seen, strict=True):
         tasks.append(asyncio.create_task(_sentinel(await c.subscribe("combined", f'com = "{PROBE}"'), ev)))

@@ -62,7 +62,7 @@ events wait until the link is back).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, KeysView, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,14 +337,17 @@ class RingBroker(Core):
             if aliases and event_id in aliases:
                 aliases.pop(event_id)  # (the event's first delivery settles it)
                 continue
-            for src in list(by_id.get(event_id, ())):
+            srcs = by_id.get(event_id)
+            if not srcs:
+                continue
+            for src in (next(iter(srcs)),) if len(srcs) == 1 else list(srcs):
                 rec = custody[(src, event_id)]
                 took = min(n, rec.local)
                 if took:
                     rec.local -= took
                     n -= took
                     if not rec.local:
-                        self._maybe_done((src, event_id))
+                        self._maybe_done((src, event_id))  # (may change srcs: iterated on a copy)
                 if not n:
                     break
         return self._out([])
@@ -509,7 +512,7 @@ class RingBroker(Core):
         before anything else of this step is relied on), to flow subscriptions transformed."""
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
-        pending = _ungrouped(effects, (parts.keys(), subs.keys()))
+        pending = _ungrouped(effects, parts, subs)
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
         while pending:
             publish: list[dict[str, Any]] = []
@@ -1091,23 +1094,19 @@ def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple
         delivered[eid] = {*seen, *subs}
 
 
-def _ungrouped(effects: list[Effect], singles: tuple[KeysView[Any], ...]) -> list[Effect]:
-    """``effects`` with the subscriptions in ``singles`` (a flow's partitions and
-    subscriptions) taken out of each ``DeliverAll``, a ``Deliver`` each, after the rest."""
-
-    def mixed(e: Effect) -> bool:
-        return type(e) is DeliverAll and not all(keys.isdisjoint(e.subs) for keys in singles)
-
-    if not any(mixed(e) for e in effects):
+def _ungrouped(effects: list[Effect], parts: Mapping[Any, Any], subs: Mapping[Any, Any]) -> list[Effect]:
+    """``effects`` with a flow's partitions and subscriptions (``parts``, ``subs``) taken out
+    of each ``DeliverAll``, a ``Deliver`` each, after the rest (still grouped)."""
+    if not any(type(e) is DeliverAll for e in effects):
         return effects
     out: list[Effect] = []
     for e in effects:
-        if not mixed(e):
+        if type(e) is not DeliverAll or (parts.keys().isdisjoint(e.subs) and subs.keys().isdisjoint(e.subs)):
             out.append(e)
             continue
-        assert isinstance(e, DeliverAll)  # (what mixed picks)
-        one = [s for s in e.subs if any(s in keys for keys in singles)]
-        if len(one) < len(e.subs):
-            out.append(DeliverAll(tuple([s for s in e.subs if s not in one]), e.event))
-        out.extend(Deliver(s, e.event) for s in one)
+        rest = tuple([s for s in e.subs if s not in parts and s not in subs])
+        if rest:
+            out.append(DeliverAll(rest, e.event))
+        event = e.event
+        out.extend([Deliver(s, event) for s in e.subs if s in parts or s in subs])
     return out

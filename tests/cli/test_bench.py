@@ -71,19 +71,21 @@ def test_bench_broker_passes_every_option_to_the_benchmark(monkeypatch: pytest.M
     monkeypatch.setattr(broker, "run", run)
     result = invoke(
         "bench", "broker", "--brokers", "1", "--subscriptions", "1_000,10000", "--rate", "500",
-        "--window", "64", "--broker-heartbeat", "2.5", "--clients", "2", "--json",
+        "--window", "64", "--broker-heartbeat", "2.5", "--clients", "2", "--baseline", "activemq", "--json",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {"rows": []}
     assert seen["brokers"] == [1] and seen["subscriptions"] == [1_000, 10_000]
     assert (seen["rate"], seen["window"], seen["broker_heartbeat"], seen["clients"]) == (500.0, 64, 2.5, 2)
     assert seen["subscribe_timeout"] == 900.0 and seen["profile_dir"] is None
+    assert seen["baseline"] == "activemq"
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("bench", "broker", "--brokers", "1,x"), "a comma-separated list of integers is expected"),
+        (("bench", "broker", "--baseline", "rabbitmq"), "unknown baseline 'rabbitmq'"),
         (("bench", "cbr", "--cbr", "nope.py"), "'nope.py' is not a file"),
         (("bench", "cbr-adverts", "--brokers", "3", "--publishers", "4"), "more than --brokers 3"),
         (("bench", "plot", "broker", "nope.json", "x.png"), "cannot read 'nope.json'"),

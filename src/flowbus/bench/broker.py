@@ -65,7 +65,7 @@ from flowbus.bench.workloads import stock_events, stock_filters
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.client import Subscription
 from flowbus.client import protocol as p
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, UserError
 from flowbus.filters import parse
 from flowbus.matching import Matcher
 from flowbus.net import certs
@@ -487,6 +487,7 @@ def run(
     profile_dir: Path | None = None,
     progress: Progress | None = None,
     tls: bool = False,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     """The sweep over ``brokers`` x ``subscriptions`` (see the module note).
 
@@ -496,7 +497,10 @@ def run(
     broker run only up to ``max_ring_subscriptions`` (the others are rows with ``skipped``);
     a row whose subscribing takes longer than ``subscribe_timeout`` seconds ends with an
     error; ``profile_dir``: run each broker under cProfile, writing
-    ``broker-b<B>-k<K>-<i>.prof`` there; ``tls``: brokers and clients in (mutual) TLS."""
+    ``broker-b<B>-k<K>-<i>.prof`` there; ``tls``: brokers and clients in (mutual) TLS;
+    ``baseline``: one of ``BASELINES``, run on the same workload after each K's rows, beside them
+    (:mod:`flowbus.bench.activemq`)."""
+    add_baseline = _baseline(baseline)
     evs = make_events(events, seed)
     rows = []
     total = len(subscriptions) * len(brokers)
@@ -532,6 +536,10 @@ def run(
                 rows.append(row)
                 if progress:
                     progress("rows", len(rows), total)
+            if add_baseline is not None:
+                add_baseline(
+                    rows[-len(brokers) :], filters, evs, expected, clients=clients, progress=progress
+                )
     return {
         "benchmark": "broker",
         "rows": rows,
@@ -547,6 +555,7 @@ def run(
             "note": "None: the broker's default",
         },
         "seed": seed,
+        "baseline": baseline,
         "machine": {
             "cpu_count": os.cpu_count(),
             "cpu": _cpu_model(),
@@ -554,6 +563,24 @@ def run(
             "platform": platform.platform(),
         },
     }
+
+
+BASELINES = ("activemq",)
+
+
+def _baseline(name: str | None) -> Callable[..., None] | None:
+    """What runs the baseline ``name`` on a K's workload and adds its columns to the K's rows (None:
+    no baseline); a :class:`UserError` for an unknown name or a missing ``bench`` extra."""
+    if name is None:
+        return None
+    if name not in BASELINES:
+        raise UserError(f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})")
+    try:
+        from flowbus.bench import activemq
+    except ImportError as exc:
+        raise UserError(f"--baseline {name} needs pip install 'flowbus[bench]' ({exc})") from None
+    activemq.ensure_installed()
+    return activemq.add_to_rows
 
 
 def _cpu_model() -> str | None:
@@ -595,9 +622,16 @@ def markdown_rows(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]
     return lines
 
 
+BASELINE_COLUMNS = [
+    ("activemq_events_per_s_in", "ActiveMQ events/s in", "{:,.0f}"),
+    ("ratio_to_activemq", "ratio", "{:.2f}"),
+]
+
+
 def table(result: dict[str, Any]) -> str:
-    """The rows as a Markdown table."""
-    lines = markdown_rows(result["rows"], COLUMNS)
+    """The rows as a Markdown table (with the baseline's columns when it ran)."""
+    beside = any("activemq_events_per_s_in" in r for r in result["rows"])
+    lines = markdown_rows(result["rows"], COLUMNS + BASELINE_COLUMNS if beside else COLUMNS)
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"\nB={r['brokers']} K={r['subscriptions']}: {r['error']}")

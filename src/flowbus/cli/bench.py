@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from flowbus.cli.common import JsonOption, emit, fail, out, progress_bar
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, UserError
 
 if TYPE_CHECKING:
     from flowbus.bench.workloads import WorkloadName
@@ -207,6 +207,9 @@ def bench_broker(
     ] = 900.0,
     profile_dir: Annotated[Path | None, typer.Option(help="Run the brokers under cProfile.")] = None,
     tls: Annotated[bool, typer.Option(help="Brokers and clients in TLS (mutual between brokers).")] = False,
+    baseline: Annotated[
+        str | None, typer.Option(help="Also run this broker on each K's workload: activemq.")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Brokers on loopback (one, and a ring): events/s in, deliveries/s, latency, RSS, against ActiveMQ."""
@@ -214,14 +217,17 @@ def bench_broker(
 
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
-    with progress_bar(True) as progress:
-        result = run(
-            brokers=_ints(brokers), subscriptions=_ints(subscriptions), events=events, seed=seed,
-            clients=clients, window=window, rate=rate, broker_window=broker_window,
-            broker_memory=broker_memory, broker_heartbeat=broker_heartbeat,
-            max_ring_subscriptions=max_ring_subscriptions, subscribe_timeout=subscribe_timeout,
-            profile_dir=profile_dir, progress=progress, tls=tls,
-        )  # fmt: skip
+    try:
+        with progress_bar(True) as progress:
+            result = run(
+                brokers=_ints(brokers), subscriptions=_ints(subscriptions), events=events, seed=seed,
+                clients=clients, window=window, rate=rate, broker_window=broker_window,
+                broker_memory=broker_memory, broker_heartbeat=broker_heartbeat,
+                max_ring_subscriptions=max_ring_subscriptions, subscribe_timeout=subscribe_timeout,
+                profile_dir=profile_dir, progress=progress, tls=tls, baseline=baseline,
+            )  # fmt: skip
+    except UserError as exc:  # an unknown --baseline, or one that cannot run here
+        fail(str(exc))
     if out_dir is not None:
         _write_broker(result, out_dir)
     if as_json:

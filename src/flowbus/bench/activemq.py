@@ -1,0 +1,488 @@
+"""ActiveMQ beside flowbus in one run: ``flowbus bench broker --baseline activemq`` (issue 18).
+
+How it works:
+
+* **The broker.** Debian's ``activemq`` package (5.17; :func:`ensure_installed` runs
+  ``apt-get install -y activemq`` when it is missing and this process is root, else names the
+  command). :class:`ActiveMQ` runs its JVM directly (``java -jar /usr/share/activemq/bin/activemq.jar
+  start xbean:file:...``) in a temporary directory of its own: its own ``activemq.xml``
+  (``persistent="false"``, ``useJmx="false"``, no advisory topics, one STOMP transport connector on
+  ``127.0.0.1`` port 0, nothing else), its own data and tmp directories, log4j to a file there.
+  The port it got is read from its log (``Listening for connections at: stomp://...:PORT``).
+  Nothing under ``/etc`` is read or changed and no system service is started. It runs in a
+  process group of its own, stopped (``SIGTERM``, then ``SIGKILL``) when the ``with`` block ends,
+  also on an error or Ctrl-C, and its directory is removed.
+* **The selectors.** :func:`jms_selector` translates a flowbus filter (its canonical form) into
+  JMS selector syntax: ``AND``/``OR``, ``=``, ``<>``, ordering, ``IN``, ``LIKE`` for prefix /
+  suffix / contains, ``IS NOT NULL`` for ``exists``; a negated literal is ``(a IS NULL OR NOT
+  (...))`` (flowbus: a negation holds on a missing attribute; JMS: unknown); in a conjunction
+  equalities come first, then sets (ActiveMQ stops an AND at its first false). What JMS cannot say
+  raises :class:`~flowbus.errors.FilterError`: expressions over attributes (``price * qty``),
+  ordering of strings, integers beyond 2**53 (see below), names JMS or STOMP reserve.
+* **Typed properties through STOMP.** Every STOMP header reaches ActiveMQ as a *string*
+  property. ActiveMQ's STOMP transport parses every selector in its ``convert_string_expressions``
+  mode (``ProtocolConverter`` prefixes it; adding the prefix again is a syntax error): a string
+  property compared with a number literal is converted to the *literal's* type
+  (``Long.valueOf`` for ``300``, ``Double.valueOf`` for ``300.0``). ``Long.valueOf("24.42")``
+  fails and the comparison is false, so every number literal is written as a double (``300.0``):
+  exact for integers up to 2**53, larger ones are refused. (The ``transformation`` header and its
+  ``jms-map-json`` / ``jms-object-xml`` forms put the values in the *body* of a MapMessage or an
+  ObjectMessage, where selectors do not look.) Events go out as headers: strings as they are,
+  numbers as Python writes them (``24.42``, ``1e-05``: both ``Double.valueOf`` text), booleans
+  ``true`` / ``false``.
+* **The run** (:func:`run`): the same events and filters as the flowbus rows, ``clients``
+  subscriber connections (stomp.py, ``Connection12``), subscription ``i`` on connection
+  ``i % clients`` (non-durable, ``ack: auto``, id ``i``), pipelined, a receipt on each
+  connection's last one; then one publisher connection sends the events to one topic
+  (``persistent: false``, the publisher's clock in header ``t``), a receipt on the last.
+  ``events_per_s_in`` is N / (first send .. the later of that receipt and the last expected
+  delivery): flowbus's figure ends when every matching subscriber's client has taken every
+  event, and so does this one. ``deliveries_match_offline``: the deliveries each subscription
+  got equal the offline evaluation the flowbus rows are checked against. stomp.py runs a thread
+  per connection in this process (the flowbus rows' clients share one event loop here too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import traceback
+from array import array
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import stomp
+
+from flowbus.bench import broker as fb
+from flowbus.errors import FilterError, FlowbusError, UserError
+from flowbus.filters import parse
+from flowbus.filters.ast import Conjunction, ExprPredicate, Filter, Op, Predicate
+
+Progress = Callable[[str, int, int], None]
+
+HOME = Path("/usr/share/activemq")
+JAR = HOME / "bin" / "activemq.jar"
+TOPIC = "/topic/flowbus.bench"
+HEAP = "1g"
+SYSTEM = "ActiveMQ 5.17 (Debian's package), STOMP, stomp.py clients"
+
+# ------------------------------------------------------------------------------ selectors
+
+_IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+_JMS_WORDS = frozenset({"NULL", "TRUE", "FALSE", "NOT", "AND", "OR", "BETWEEN", "LIKE", "IN", "IS", "ESCAPE"})
+_STOMP_HEADERS = frozenset(
+    {
+        "destination", "receipt", "transaction", "persistent", "priority", "expires", "type",
+        "timestamp", "redelivered", "transformation", "subscription", "selector", "ack", "id", "host",
+        "login", "passcode", "version", "session", "server", "message",
+        "t",  # the publisher's clock, added to every event here
+    }
+)  # fmt: skip
+_ORDERING = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">="}
+_LIKE = {Op.PREFIX: "{}%", Op.SUFFIX: "%{}", Op.CONTAINS: "%{}%"}
+_EXACT = 2**53
+_FIRST = {Op.EQ: 0, Op.IN: 1}  # the order of a conjunction's literals (the others after them)
+
+
+def jms_selector(f: Filter | str) -> str:
+    """``f`` (a filter or its text) as a JMS selector ActiveMQ evaluates as flowbus does on events
+    sent by :func:`event_headers` (see the module note); a :class:`FilterError` naming the part
+    JMS cannot say."""
+    flt = parse(f) if isinstance(f, str) else f
+    if not flt.disjuncts:
+        return "FALSE"
+    parts = [_conjunction(c) for c in flt.disjuncts]
+    return parts[0] if len(parts) == 1 else " OR ".join(f"({p})" for p in parts)
+
+
+def _conjunction(c: Conjunction) -> str:
+    """The literals joined by AND, equalities first, then sets: ActiveMQ evaluates an AND from the
+    left and stops at the first false, and ``symbol = 'S1'`` is the cheapest and most selective."""
+    if not c.literals:
+        return "TRUE"
+    first = sorted(c.literals, key=lambda lit: _FIRST.get(lit.op, len(_FIRST)) + lit.negated * len(_FIRST))
+    return " AND ".join(_literal(lit) for lit in first)
+
+
+def _literal(lit: Predicate | ExprPredicate) -> str:
+    if isinstance(lit, ExprPredicate):
+        raise FilterError(
+            f"JMS selectors cannot say {lit!r}: through STOMP every property is text, and ActiveMQ "
+            "converts text to a number only where it is compared with a literal"
+        )
+    name = _name(lit.attr)
+    if lit.op is Op.EXISTS:
+        return f"{name} IS NULL" if lit.negated else f"{name} IS NOT NULL"
+    text = _predicate(name, lit)
+    return f"({name} IS NULL OR NOT ({text}))" if lit.negated else text
+
+
+def _predicate(name: str, lit: Predicate) -> str:
+    op, value = lit.op, lit.value
+    if op is Op.EQ or op is Op.NE:
+        return f"{name} {'=' if op is Op.EQ else '<>'} {_constant(value, lit)}"
+    if op in _ORDERING:
+        if isinstance(value, str):
+            raise FilterError(f"JMS selectors order numbers only, not strings: {lit.attr} {op} {value!r}")
+        return f"{name} {_ORDERING[op]} {_constant(value, lit)}"
+    if op in _LIKE:
+        assert isinstance(value, str)  # (the canonical form checks it)
+        pattern = _LIKE[op].format(re.sub(r"([!%_])", r"!\1", value))
+        return f"{name} LIKE {_constant(pattern, lit)} ESCAPE '!'"
+    assert op is Op.IN or op is Op.NOT_IN, op
+    members = value if isinstance(value, tuple) else (value,)
+    if not members:
+        raise FilterError(f"JMS selectors have no empty set: {lit.attr} {op} {{}}")
+    listed = ", ".join(_constant(m, lit) for m in members)
+    if all(isinstance(m, str) for m in members):  # JMS's IN takes strings only
+        return f"{name} {'IN' if op is Op.IN else 'NOT IN'} ({listed})"
+    join, cmp = (" OR ", "=") if op is Op.IN else (" AND ", "<>")
+    return "(" + join.join(f"{name} {cmp} {_constant(m, lit)}" for m in members) + ")"
+
+
+def _name(attr: str) -> str:
+    if (
+        not _IDENTIFIER.fullmatch(attr)
+        or attr.upper() in _JMS_WORDS
+        or attr.upper().startswith("JMS")
+        or attr in _STOMP_HEADERS
+    ):
+        raise FilterError(
+            f"attribute {attr!r} cannot be a JMS selector's property sent as a STOMP header "
+            "(a Java identifier, not a JMS word, not JMS*, not a STOMP header)"
+        )
+    return attr
+
+
+def _constant(value: object, lit: Predicate) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int) and abs(value) > _EXACT:
+        raise FilterError(f"{lit.attr}: {value} is beyond 2**53: ActiveMQ compares it as a double")
+    if isinstance(value, int | float):
+        text = repr(float(value)).upper()  # a double literal: '300.0', '1E-05', '1E+16'
+        mantissa, e, exponent = text.partition("E")
+        return (mantissa if "." in mantissa else mantissa + ".0") + e + exponent
+    raise FilterError(f"{lit.attr}: constant {value!r} has no JMS literal")
+
+
+def event_headers(event: dict[str, Any]) -> dict[str, str]:
+    """``event`` as STOMP headers (see the module note; a missing value is no header)."""
+    out = {}
+    for key, value in event.items():
+        if value is None:
+            continue
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return out
+
+
+# ------------------------------------------------------------------------------ the broker
+
+
+def ensure_installed() -> Path:
+    """The package's ``activemq.jar``; installs Debian's ``activemq`` with apt-get when it is
+    missing and this process is root (a :class:`UserError` naming the command otherwise)."""
+    if JAR.is_file():
+        return JAR
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise UserError(
+            f"ActiveMQ is not installed ({JAR} is missing): run `apt-get install -y activemq` as root "
+            "(Debian's package; `make test` does it)"
+        )
+    done = _apt("install", "-y", "activemq")
+    if done.returncode != 0:  # stale package lists?
+        _apt("update")
+        done = _apt("install", "-y", "activemq")
+    if done.returncode != 0 or not JAR.is_file():
+        raise UserError(f"`apt-get install -y activemq` failed ({done.returncode}): {done.stderr[-2000:]}")
+    return JAR
+
+
+def _apt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["apt-get", *args], capture_output=True, text=True, check=False)
+
+
+_CONFIG = """<beans xmlns="http://www.springframework.org/schema/beans"
+  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+  xsi:schemaLocation="http://www.springframework.org/schema/beans
+    http://www.springframework.org/schema/beans/spring-beans.xsd
+    http://activemq.apache.org/schema/core http://activemq.apache.org/schema/core/activemq-core.xsd">
+  <broker xmlns="http://activemq.apache.org/schema/core" brokerName="flowbus-bench"
+          persistent="false" useJmx="false" advisorySupport="false" dataDirectory="{data}">
+    <transportConnectors>
+      <transportConnector name="stomp" uri="stomp://127.0.0.1:0"/>
+    </transportConnectors>
+  </broker>
+</beans>
+"""
+_LOG4J = """log4j.rootLogger=WARN, file
+log4j.logger.org.apache.activemq.broker.BrokerService=INFO
+log4j.logger.org.apache.activemq.transport.TransportServerThreadSupport=INFO
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File={log}
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=%d %p %c{{1}} %m%n
+"""
+_LISTENING = re.compile(r"Listening for connections at: stomp://[^:/\s]+:(\d+)")
+
+
+class ActiveMQ:
+    """One ActiveMQ broker of our own (see the module note): ``with ActiveMQ() as amq:`` serves
+    STOMP on ``127.0.0.1:amq.port`` inside the block."""
+
+    def __init__(self, startup_timeout: float = 60.0) -> None:
+        self.startup_timeout = startup_timeout
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.dir: Path | None = None
+
+    def __enter__(self) -> ActiveMQ:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        jar = ensure_installed()
+        java = shutil.which("java")
+        if java is None:
+            raise UserError("`java` is not on PATH (Debian's activemq package depends on a JRE)")
+        d = self.dir = Path(tempfile.mkdtemp(prefix="flowbus-activemq-"))
+        for sub in ("conf", "data", "tmp"):
+            (d / sub).mkdir()
+        (d / "conf" / "activemq.xml").write_text(_CONFIG.format(data=d / "data"))
+        log4j = d / "conf" / "log4j.properties"
+        log4j.write_text(_LOG4J.format(log=d / "activemq.log"))
+        cmd = [
+            java, f"-Xms{HEAP}", f"-Xmx{HEAP}", f"-Dlog4j.configuration=file:{log4j}",
+            f"-Dactivemq.home={HOME}", f"-Dactivemq.base={d}", f"-Dactivemq.conf={d / 'conf'}",
+            f"-Dactivemq.data={d / 'data'}", f"-Djava.io.tmpdir={d / 'tmp'}",
+            "-jar", str(jar), "start", f"xbean:file:{d / 'conf' / 'activemq.xml'}",
+        ]  # fmt: skip
+        with open(d / "stdout.log", "wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.port = self._wait_listening(d / "activemq.log")
+
+    def _wait_listening(self, log: Path) -> int:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            port = _LISTENING.search(text)
+            if port and ") started" in text:
+                return int(port.group(1))
+            if self.proc.poll() is not None:
+                raise FlowbusError(
+                    f"ActiveMQ exited ({self.proc.returncode}) while starting: {self.log_tail()}"
+                )
+            time.sleep(0.1)
+        raise FlowbusError(f"ActiveMQ not listening after {self.startup_timeout:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the broker's log and its standard output."""
+        if self.dir is None:
+            return ""
+        texts = [(self.dir / n).read_text(errors="replace") for n in ("activemq.log", "stdout.log")]
+        return " | ".join(t[-chars:] for t in texts if t)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        """Stop the JVM's process group (SIGTERM, SIGKILL after 20 s) and remove the directory."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+class _Listener:
+    """What one STOMP connection received (its own thread writes, the main thread reads).
+
+    stomp.py looks a listener's ``on_<frame>`` callbacks up on the instance; they are bound
+    there, because flowbus keeps methods named ``on_message`` for its cores (tests/test_cores.py)."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self.counts = counts  # per subscription id: each connection writes only its own ids
+        self.latency = array("d")
+        self.total = 0
+        self.last = 0.0  # perf_counter of the latest delivery
+        self.receipts: dict[str, float] = {}
+        self.errors: list[str] = []
+        self.on_message, self.on_receipt, self.on_error = self._delivered, self._receipt, self._error
+
+    def _delivered(self, frame: Any) -> None:
+        headers = frame.headers
+        self.latency.append(time.time() - float(headers["t"]))
+        self.counts[int(headers["subscription"])] += 1
+        self.total += 1
+        self.last = time.perf_counter()
+
+    def _receipt(self, frame: Any) -> None:
+        self.receipts[frame.headers["receipt-id"]] = time.perf_counter()
+
+    def _error(self, frame: Any) -> None:
+        self.errors.append(f"{frame.headers.get('message', '')}: {str(frame.body).splitlines()[:1]}")
+
+
+def _connect(port: int, listener: _Listener) -> Any:
+    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
+    conn.set_listener("bench", listener)
+    conn.connect(wait=True)
+    return conn
+
+
+def _wait(done: Callable[[], bool], listeners: Sequence[_Listener], timeout: float, what: str) -> None:
+    """Until ``done()``; a :class:`FlowbusError` on an ERROR frame or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        errors = [e for lis in listeners for e in lis.errors]
+        if errors:
+            raise FlowbusError(f"ActiveMQ refused something while {what}: {errors[0]}")
+        if time.monotonic() > deadline:
+            raise FlowbusError(f"ActiveMQ: {what} not done after {timeout:.0f} s")
+        time.sleep(0.002)
+
+
+def _drain(listeners: Sequence[_Listener], want: int, stall_s: float) -> int:
+    """The deliveries once ``want`` have come, or once none came for ``stall_s`` seconds."""
+    got, since = -1, time.monotonic()
+    while (now := sum(lis.total for lis in listeners)) < want:
+        if now != got:
+            got, since = now, time.monotonic()
+        elif time.monotonic() - since > stall_s:
+            break
+        time.sleep(0.002)
+    return now
+
+
+def run(
+    filters: Sequence[str], events: Sequence[dict[str, Any]], expected: np.ndarray, *, clients: int = 4,
+    progress: Progress | None = None, stall_s: float = 30.0,
+) -> dict[str, Any]:  # fmt: skip
+    """The same workload through a fresh ActiveMQ (see the module note): its figures, or what was
+    measured and ``error`` (the traceback) when it failed."""
+    out: dict[str, Any] = {"system": SYSTEM, "subscriber_connections": clients}
+    try:
+        selectors = [jms_selector(f) for f in filters]  # (what JMS cannot say fails before a JVM starts)
+        with ActiveMQ() as amq:
+            _measure(
+                amq, selectors, events, expected, out, clients=clients, progress=progress, stall_s=stall_s
+            )
+    except Exception:
+        out["error"] = traceback.format_exc()
+        out["deliveries_match_offline"] = False
+    return out
+
+
+def _measure(
+    amq: ActiveMQ, selectors: list[str], events: Sequence[dict[str, Any]], expected: np.ndarray,
+    out: dict[str, Any], *, clients: int, progress: Progress | None, stall_s: float,
+) -> None:  # fmt: skip
+    k = len(selectors)
+    counts = np.zeros(k, np.int64)
+    subs = [_Listener(counts) for _ in range(clients)]
+    pub = _Listener(counts)
+    conns: list[Any] = []
+    try:
+        conns = [_connect(amq.port, lis) for lis in [*subs, pub]]
+        t0 = time.perf_counter()
+        for i, selector in enumerate(selectors):
+            headers = {"selector": selector} | ({"receipt": f"sub-{i}"} if i >= k - clients else {})
+            conns[i % clients].subscribe(TOPIC, id=str(i), ack="auto", headers=headers)
+            if progress and (i + 1) % 1000 == 0:
+                progress("ActiveMQ: subscribe", i + 1, k)
+        receipts = [f"sub-{i}" for i in range(max(0, k - clients), k)]
+        _wait(lambda: all(any(r in s.receipts for s in subs) for r in receipts), subs, 900, "subscribing")
+        out["subscribe_s"] = time.perf_counter() - t0
+        _publish(amq, conns[-1], events, expected, out, [*subs, pub], progress, stall_s)
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+    if errors := [e for lis in [*subs, pub] for e in lis.errors]:
+        out["stomp_errors"] = errors[:10]
+    lat_ms = np.frombuffer(b"".join(s.latency.tobytes() for s in subs) or bytes(8)) * 1000.0
+    out.update(
+        deliveries=int(counts.sum()),
+        latency_p50_ms=float(np.percentile(lat_ms, 50)),
+        latency_p99_ms=float(np.percentile(lat_ms, 99)),
+        deliveries_match_offline=bool(np.array_equal(counts, expected)),
+    )
+
+
+def _publish(
+    amq: ActiveMQ, conn: Any, events: Sequence[dict[str, Any]], expected: np.ndarray, out: dict[str, Any],
+    listeners: list[_Listener], progress: Progress | None, stall_s: float,
+) -> None:  # fmt: skip
+    """Send the events, then wait for the last one's receipt and every expected delivery (or
+    ``stall_s`` seconds without one)."""
+    pub, want = listeners[-1], int(expected.sum())
+    cpu0, jvm0, busy0 = time.process_time(), fb._cpu_s(amq.pid), fb._busy_s()
+    t0 = time.perf_counter()
+    for n, event in enumerate(events, 1):
+        headers = event_headers(event) | {"t": repr(time.time()), "persistent": "false"}
+        if n == len(events):
+            headers["receipt"] = "published"
+        conn.send(TOPIC, "", headers=headers)
+        if progress and n % 1000 == 0:
+            progress("ActiveMQ: publish", n, len(events))
+    _wait(lambda: "published" in pub.receipts, listeners, max(120.0, len(events) / 50), "publishing")
+    got = _drain(listeners, want, stall_s)
+    last = max(lis.last for lis in listeners)
+    t_in = max(pub.receipts["published"], last) - t0
+    jvm = fb._cpu_s(amq.pid) - jvm0
+    client = time.process_time() - cpu0
+    out.update(
+        publish_s=t_in,
+        events_per_s_in=len(events) / t_in,
+        deliveries_per_s=got / (last - t0) if got else 0.0,
+        activemq_cpu_s=jvm,
+        client_cpu_s=client,
+        other_cpu_s=max(0.0, fb._busy_s() - busy0 - jvm - client),
+    )
+
+
+def add_to_rows(
+    rows: list[dict[str, Any]], filters: Sequence[str], events: Sequence[dict[str, Any]],
+    expected: np.ndarray, *, clients: int, progress: Progress | None = None,
+) -> None:  # fmt: skip
+    """:func:`run` on a K's workload, beside each of the K's flowbus ``rows``: ``activemq_events_per_s_in``,
+    ``ratio_to_activemq`` (the row's events/s in over ActiveMQ's) and ``activemq``, its figures."""
+    baseline = run(filters, events, expected, clients=clients, progress=progress)
+    theirs = baseline.get("events_per_s_in")
+    for row in rows:
+        ours = row.get("events_per_s_in")
+        row["activemq_events_per_s_in"] = theirs
+        row["ratio_to_activemq"] = ours / theirs if ours and theirs else None
+        row["activemq"] = baseline

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from flowbus.client import protocol as p
-from flowbus.client.subscription import Item, Subscription, take_batches
+from flowbus.client.subscription import Inbox, Item, Subscription, take_batches
 from flowbus.errors import ClientError, FlowbusError, ProtocolError, PublishError, SchemaError, SubscribeError
 from flowbus.model import Schema
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
@@ -134,7 +134,7 @@ class Client:
         self._errors: list[PublishError] = []
         self._acked = asyncio.Event()
         self._subs: dict[str, Subscription] = {}
-        self._merged: asyncio.Queue[Item | None] | None = None  # (merged subscriptions' events)
+        self._merged: Inbox | None = None  # (the merged subscriptions' events)
         self._adverts: dict[str, tuple[str, str]] = {}  # advertisement name -> (space, filter)
         self._replies: dict[int, asyncio.Future[p.Reply]] = {}
         self._req = itertools.count(1)
@@ -188,7 +188,7 @@ class Client:
         for sub in self._subs.values():
             sub._end()
         if self._merged is not None:
-            self._merged.put_nowait(None)
+            self._merged.end()
         for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(ClientError("the client is closed"))
@@ -289,7 +289,7 @@ class Client:
         its subscription, in lists: once at least one is there, every one that has come (at
         most ``max_events``), each subscription's in order; acknowledged when the list is
         handed over. Ends when the client closes."""
-        return self._merged_batches(take_batches(self, self._merged_queue(), max_events))
+        return self._merged_batches(take_batches(self, self._merged_inbox(), max_events))
 
     async def _merged_batches(
         self, batches: AsyncIterator[list[Item]]
@@ -299,9 +299,9 @@ class Client:
                 sub.received += 1
             yield [(sub, event) for _, _, event, sub in batch]
 
-    def _merged_queue(self) -> asyncio.Queue[Item | None]:
+    def _merged_inbox(self) -> Inbox:
         if self._merged is None:
-            self._merged = asyncio.Queue()
+            self._merged = Inbox()
         return self._merged
 
     # -- flows

@@ -20,7 +20,7 @@ wake-up, not one per subscription.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +29,48 @@ from flowbus.errors import ClientError, SubscribeError
 if TYPE_CHECKING:
     from flowbus.client.client import Client
 
-__all__ = ["Item", "Subscription", "take_batches"]
+__all__ = ["Inbox", "Item", "Subscription", "take_batches"]
 
 Item = tuple[int, int, dict[str, Any], "Subscription"]
 """A delivery waiting to be taken: (connection epoch, delivery number, event, subscription)."""
+
+
+class Inbox:
+    """Deliveries waiting to be taken, oldest first, and the readers waiting for some (a
+    deque and futures: a delivery costs an append and a pop, not an ``asyncio.Queue``'s
+    bookkeeping); ended once nothing more will come."""
+
+    __slots__ = ("_waiters", "ended", "items")
+
+    def __init__(self) -> None:
+        self.items: deque[Item] = deque()
+        self.ended = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def put(self, item: Item) -> None:
+        self.items.append(item)
+        if self._waiters:
+            self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def ready(self) -> bool:
+        """Once there is something to take: True; False if it ended with nothing left."""
+        while not self.items:
+            if self.ended:
+                return False
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+        return True
 
 
 class Subscription:
@@ -47,7 +85,7 @@ class Subscription:
         self.filter = filter
         self.merged = merged
         self.options = options
-        self._queue: asyncio.Queue[Item | None] = client._merged_queue() if merged else asyncio.Queue()
+        self._inbox = client._merged_inbox() if merged else Inbox()
         self._seen: OrderedDict[Any, None] = OrderedDict()
         self._ended = False
         self.error: SubscribeError | None = None  # why the broker ended it, if it did
@@ -63,36 +101,30 @@ class Subscription:
         self._seen[key] = None
         if len(self._seen) > self.client.dedup:
             self._seen.popitem(last=False)
-        self._queue.put_nowait((epoch, cseq, event, self))
+        self._inbox.put((epoch, cseq, event, self))
         return True
 
     def _end(self, error: SubscribeError | None = None) -> None:
         self._ended = True
         self.error = error
-        if not self.merged:  # (the client's merged queue ends with the client)
-            self._queue.put_nowait(None)
+        if not self.merged:  # (the client's merged inbox ends with the client)
+            self._inbox.end()
 
-    def _stop(self) -> None:
-        """The end of the events: later calls end too; the broker's error if it ended it."""
-        self._queue.put_nowait(None)
-        if self.error is not None:
-            raise self.error
-
-    def _own(self) -> asyncio.Queue[Item | None]:
+    def _own(self) -> Inbox:
         if self.merged:
             raise ClientError(f"subscription {self.id!r} is merged: its events come through Client.merged()")
-        return self._queue
+        return self._inbox
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self
 
     async def __anext__(self) -> dict[str, Any]:
-        queue = self._own()
-        item = await queue.get()
-        if item is None:
-            self._stop()
+        inbox = self._own()
+        if not await inbox.ready():
+            if self.error is not None:  # (the broker ended it)
+                raise self.error
             raise StopAsyncIteration
-        epoch, cseq, event, _ = item
+        epoch, cseq, event, _ = inbox.items.popleft()
         self.received += 1
         self.client._ack(epoch, cseq)
         return event
@@ -101,8 +133,7 @@ class Subscription:
         """The events in lists: each, once at least one event is there, every event that has
         come (at most ``max_events``), in order; acknowledged when the list is handed over.
         Ends when the subscription does."""
-        queue = self._own()
-        return self._batches(take_batches(self.client, queue, max_events))
+        return self._batches(take_batches(self.client, self._own(), max_events))
 
     async def _batches(self, batches: AsyncIterator[list[Item]]) -> AsyncIterator[list[dict[str, Any]]]:
         async for batch in batches:
@@ -119,31 +150,23 @@ class Subscription:
         await self.client._unsubscribe(self)
 
 
-Queue = asyncio.Queue[Item | None]
-
-
-def take_batches(client: Client, queue: Queue, max_events: int) -> AsyncIterator[list[Item]]:
-    """What ``queue`` holds in lists: once at least one delivery is there, every one that has
+def take_batches(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
+    """What ``inbox`` holds in lists: once at least one delivery is there, every one that has
     come (at most ``max_events``), in order, acknowledged to ``client`` when handed over; ends
-    at the queue's end (None, left there for later readers)."""
+    with the inbox."""
     if max_events < 1:
         raise ValueError(f"max_events must be at least 1, got {max_events}")
-    return _take(client, queue, max_events)
+    return _take(client, inbox, max_events)
 
 
-async def _take(client: Client, queue: Queue, max_events: int) -> AsyncIterator[list[Item]]:
-    while True:
-        item = await queue.get()
-        if item is None:
-            queue.put_nowait(None)  # (later calls end too)
-            return
-        batch = [item]
-        while len(batch) < max_events and not queue.empty():
-            item = queue.get_nowait()
-            if item is None:
-                queue.put_nowait(None)
-                break
-            batch.append(item)
+async def _take(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
+    items = inbox.items
+    while await inbox.ready():
+        if len(items) <= max_events:
+            batch = list(items)
+            items.clear()
+        else:
+            batch = [items.popleft() for _ in range(max_events)]
         ack = client._ack
         for epoch, cseq, _, _ in batch:
             ack(epoch, cseq)

@@ -246,8 +246,7 @@ async def _consume(conn: flowbus.Client, index: dict[str, int], tally: _Tally) -
     async for batch in conn.merged():
         now = time.time()
         lat.extend([now - event["t"] for _, event in batch])
-        for sub, _ in batch:
-            counts[index[sub.id]] += 1
+        np.add.at(counts, [index[sub.id] for sub, _ in batch], 1)
         tally.total += len(batch)
         tally.last = time.perf_counter()
         if tally.total >= tally.expected:

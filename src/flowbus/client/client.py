@@ -25,7 +25,7 @@ How it works (the client protocol is in :mod:`flowbus.client.protocol`):
   re-sends its unacknowledged publishes. The broker that took over a dead broker's
   subscriptions serves them (a broker that does not answers "not here", and the client
   tries the next one). Every delivery carries its event's id; the client drops an id it
-  has handed to the application already (the last ``dedup`` ids per subscription), so the
+  has handed to the application already (at least the last ``dedup`` ids per subscription), so the
   application sees every event exactly once.
 * **Status.** :attr:`Client.status` is one :class:`Status`: ``NEW`` until :meth:`Client.open`,
   ``CONNECTING`` while it looks for a broker (at first and after a drop), ``CONNECTED`` once a

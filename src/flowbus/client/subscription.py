@@ -1,7 +1,8 @@
 """A subscription's events, in order and each once, as an async iterator.
 
 How it works: the client hands every delivery to :meth:`Subscription._offer` with its event id;
-an id seen among the last ``dedup`` is a duplicate (a broker re-sent it after a reconnect): it
+an id seen among the last ``dedup`` (at least; two sets of ``dedup`` ids, the older one dropped
+when the newer is full) is a duplicate (a broker re-sent it after a reconnect): it
 is dropped (and acknowledged, once the connection's other subscriptions it was for took it).
 An event is acknowledged to the broker when every subscription of the connection it came for
 has taken it from its iterator (:meth:`Client._ack` counts), so a crash of the application
@@ -20,7 +21,7 @@ wake-up, not one per subscription.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,8 @@ class Subscription:
         self.merged = merged
         self.options = options
         self._inbox = client._merged_inbox() if merged else Inbox()
-        self._seen: OrderedDict[Any, None] = OrderedDict()
+        self._seen: set[Any] = set()  # the ids taken lately (see the module note)
+        self._seen_before: set[Any] = set()
         self._ended = False
         self.error: SubscribeError | None = None  # why the broker ended it, if it did
         self.received = 0
@@ -95,12 +97,13 @@ class Subscription:
     def _offer(self, epoch: int, cseq: int, eid: Any, event: dict[str, Any]) -> bool:
         """Queue delivery ``cseq`` of connection ``epoch``; False for a duplicate (dropped)."""
         key = tuple(eid) if isinstance(eid, list) else eid
-        if key in self._seen:
+        seen = self._seen
+        if key in seen or key in self._seen_before:
             self.duplicates += 1
             return False
-        self._seen[key] = None
-        if len(self._seen) > self.client.dedup:
-            self._seen.popitem(last=False)
+        seen.add(key)
+        if len(seen) >= self.client.dedup:
+            self._seen_before, self._seen = seen, set()
         self._inbox.put((epoch, cseq, event, self))
         return True
 

@@ -1,6 +1,7 @@
 """Plot ``flowbus bench broker --json``: events/s taken
 in and p99 publish-to-delivery latency against the number of subscriptions, one line per
-broker count, with the ActiveMQ reference points and the goal.
+broker count, with ActiveMQ's (measured in the same run with ``--baseline activemq``, else
+the reference points) and the goal.
 
 flowbus bench plot broker broker.json broker.png (and ``flowbus bench broker --out DIR``)
 """
@@ -42,11 +43,16 @@ def plot(result: dict[str, Any], out: Path) -> None:
             rate.axvline(k, color=f"C{i}", lw=0.8, ls=(0, (2, 3)), alpha=0.6)
         if failed:
             rate.plot([], [], color=f"C{i}", lw=0.8, ls=(0, (2, 3)), label=f"{label}: failed or skipped")
-    ref = result.get("reference", {}).get("events_per_s_in", {})
-    xs = [int(k) for k, vs in ref.items() for _ in vs]
-    ys = [v for vs in ref.values() for v in vs]
-    if xs:
-        rate.plot(xs, ys, "kx", ms=9, mew=2, label="ActiveMQ 5.17 (reference)")
+    amq = "activemq_events_per_s_in"
+    measured = {r["subscriptions"]: r[amq] for r in rows if r.get(amq) is not None}
+    if measured:  # (--baseline activemq: ActiveMQ in the same run)
+        rate.plot(list(measured), list(measured.values()), "kx", ms=9, mew=2, label="ActiveMQ 5.17, same run")
+    else:
+        ref = result.get("reference", {}).get("events_per_s_in", {})
+        xs = [int(k) for k, vs in ref.items() for _ in vs]
+        ys = [v for vs in ref.values() for v in vs]
+        if xs:
+            rate.plot(xs, ys, "kx", ms=9, mew=2, label="ActiveMQ 5.17 (reference)")
     goal = result.get("goal")
     if goal:
         rate.plot([goal["subscriptions"]], [goal["events_per_s_in"]], "r*", ms=13, label="goal (at least)")

@@ -94,9 +94,12 @@ class BrokerMetrics:
 
     def _counting_all(self, deliver: DeliverAllHook | None) -> DeliverAllHook:
         counts = self.deliveries
+        subs = self.broker.queues.subs
 
         def on_deliver_all(addr: int, sub_ids: tuple[Hashable, ...], event: Any) -> None:
-            counts[event.get(SPACE)] += len(sub_ids)  # (an event's plain subscriptions: its space's)
+            sub = subs.get(sub_ids[0]) if isinstance(sub_ids[0], str) else None
+            if sub is not None:  # (a DeliverAll's subscriptions are all to one space)
+                counts[sub.space] += len(sub_ids)
             if deliver is not None:
                 deliver(addr, sub_ids, event)
 

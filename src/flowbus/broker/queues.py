@@ -359,8 +359,8 @@ class Queues:
                 self._queue(sub, eid, plain)
         for session, row in rows.items():
             session.offer(row, eid, plain)
-        if straight:  # (the subscriptions of one event's DeliverAll are in its space)
-            self.sent[event.get(SPACE)] += straight
+        if straight:  # (a DeliverAll's subscriptions are all to one space: the event's own,
+            self.sent[next(iter(rows.values()))[0].space] += straight  # or a flow's derived one)
 
     def _straight_on(self, sub: Subscription) -> bool:
         """Whether a delivery to ``sub`` (attached) goes to its connection now: nothing

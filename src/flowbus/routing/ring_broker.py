@@ -512,6 +512,7 @@ class RingBroker(Core):
         before anything else of this step is relied on), to flow subscriptions transformed."""
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
+        grouped = self.router.grouped
         pending = _ungrouped(effects, parts, subs)
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
         while pending:
@@ -534,7 +535,11 @@ class RingBroker(Core):
                         continue
                     sub = subs.get(e.sub)
                     if sub is not None:
-                        out.extend(self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {})))
+                        edge = self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {}))
+                        if grouped and len(edge) == 1 and out and _same_event(out[-1], edge[0]):
+                            out[-1] = _joined(out[-1], edge[0])  # (one result shared: one effect)
+                        else:
+                            out.extend(edge)
                         continue
                 out.append(e)
             if folded:  # the folds' backup goes before what they publish; the events they
@@ -1110,3 +1115,15 @@ def _ungrouped(effects: list[Effect], parts: Mapping[Any, Any], subs: Mapping[An
         event = e.event
         out.extend([Deliver(s, event) for s in e.subs if s in parts or s in subs])
     return out
+
+
+def _same_event(a: Effect, b: Effect) -> bool:
+    """Whether ``a`` and ``b`` deliver the same event object (``b`` a ``Deliver``)."""
+    return type(b) is Deliver and type(a) in (Deliver, DeliverAll) and a.event is b.event  # type: ignore[union-attr]
+
+
+def _joined(a: Effect, b: Effect) -> DeliverAll:
+    """``a`` (a ``Deliver`` or ``DeliverAll``) and the ``Deliver`` ``b`` of the same event, as one."""
+    assert isinstance(a, Deliver | DeliverAll) and isinstance(b, Deliver)  # (see _same_event)
+    subs = a.subs if isinstance(a, DeliverAll) else (a.sub,)
+    return DeliverAll((*subs, b.sub), b.event)

@@ -16,14 +16,14 @@ Three measurements in one Spark session (``local[2]`` by default), on the stock 
   the best of ``rounds`` runs counts. Both deliver the same number of events
   per point (checked).
 * ``engine`` -- ``flowbus run`` itself (:class:`flowbus.spark.flow.SparkFlow`,
-  Structured Streaming, collapse and expand in ``transformWithState``) on the
+  Structured Streaming, collapse and expand folded per key over Arrow) on the
   stock flow: events per second from the first micro-batch to the last; and the
   local reference interpreter (:class:`flowbus.flow.local.LocalRun`, one Python
   thread) over the same events, in the same run. The document's
   ``run_events_per_s`` and ``local_events_per_s`` are these two rates.
 * ``collapse`` -- the state paths on a flow that is only a collapse and an
-  expand (``ticks -> max_cur -> compressed``): ``transformWithState`` (expand
-  per event) against Spark's own streaming aggregation (``max``/``max_by``,
+  expand (``ticks -> max_cur -> compressed``): the per-key fold (expand per
+  event) against Spark's own streaming aggregation (``max``/``max_by``,
   expand per micro-batch), events per second of each run.
 
 ``spark`` is a session from :func:`flowbus.spark.session.spark_session` (typed ``Any``
@@ -184,29 +184,38 @@ def collapse(spark: Any, *, events: int, batch_events: int, keys: int, seed: int
     }
 
 
+def batch_size(events: int) -> int:
+    """The default micro-batch: a quarter of the run, at least 5,000 events, at most 500,000
+    (Spark's fixed cost per micro-batch and query is a second or two)."""
+    return max(5_000, min(500_000, -(-events // 4)))
+
+
 def run(
     spark: Any,
     *,
     events: int = 100_000,
-    engine_events: int = 20_000,
-    batch_events: int = 5_000,
+    engine_events: int | None = None,
+    batch_events: int | None = None,
     rounds: int = 3,
     seed: int = 1,
     progress: Progress | None = None,
     engine_only: bool = False,
 ) -> dict[str, Any]:
+    """``engine_events`` defaults to ``events``, ``batch_events`` to :func:`batch_size` of it."""
+    n = engine_events or events
+    batch = batch_events or batch_size(n)
     if engine_only:
-        return _rates({"engine": engine(spark, events=engine_events, batch_events=batch_events, seed=seed)})
+        return _rates({"engine": engine(spark, events=n, batch_events=batch, seed=seed)})
     steps = 3
     if progress:
         progress("stock flow: rewritten vs hop by hop", 0, steps)
     doc: dict[str, Any] = {"plans": plans(spark, events=events, seed=seed, rounds=rounds)}
     if progress:
         progress("stock flow: rewritten vs hop by hop", 1, steps)
-    doc["engine"] = engine(spark, events=engine_events, batch_events=batch_events, seed=seed)
+    doc["engine"] = engine(spark, events=n, batch_events=batch, seed=seed)
     if progress:
         progress("stock flow: rewritten vs hop by hop", 2, steps)
-    doc["collapse"] = collapse(spark, events=engine_events, batch_events=batch_events, keys=500, seed=seed)
+    doc["collapse"] = collapse(spark, events=n, batch_events=batch, keys=500, seed=seed)
     if progress:
         progress("stock flow: rewritten vs hop by hop", 3, steps)
     return _rates(doc)

@@ -15,15 +15,19 @@ subscription path) and planned into event logs and stateful groups
   broadcast and applied in ``mapInArrow`` -- never one giant OR -- and
   :meth:`SparkFlow.replace_routes` swaps its routes while the query runs (the
   next micro-batch uses a new broadcast).
-* per stateful group, a *state query* streams the group's input log, applies
-  the routes into the collapsed space, groups by the collapse key and folds
-  each key's events, in ``_order``, with ``transformWithState`` (RocksDB state
-  store): the state of each collapse and the row each expand arc last
-  delivered are the key's state; every change sends the expand arc's
-  subscriber the shortest equivalent sequence (the cause itself, or A*), as
-  the reference interpreter does. Its output, the derived events, goes to the
-  group's log through Spark's file sink (exactly once), which the next
-  level's queries stream.
+* per stateful group, a *state query* streams the group's input log and, in
+  ``foreachBatch``, applies the routes into the collapsed space and hands the
+  rows, with their key columns, to the group's runner
+  (:mod:`flowbus.spark.groups`): by default each key's events are folded in
+  ``_order`` on the Python workers over Arrow (``groupBy(key).cogroup(state)
+  .applyInArrow``; plain aggregates with numpy, :mod:`flowbus.spark.vectorfold`),
+  the state of each collapse and the row each expand arc last delivered kept
+  per key in a state table versioned per micro-batch; every change sends the
+  expand arc's subscriber the shortest equivalent sequence (the cause itself,
+  or A*), as the reference interpreter does. With ``collapse="aggregate"``
+  Spark's own aggregation folds plain aggregates. The derived events go to the
+  group's log, one file per micro-batch (a replay rewrites the same file), which
+  the next level's queries stream.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
   to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")`` -- a replayed
   micro-batch rewrites its own directory, so with the checkpoints output is
@@ -446,26 +450,24 @@ class SparkFlow:
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
         self._session(df)
-        df = df.persist()
-        try:
-            rows_in = df.count()
-            targets: dict[str, list[DataFrame]] = {}
-            matched: list[tuple[str, DataFrame]] = []
-            for point, routes in self._compiled[log.name]:
-                pdf = self._point_rows(df, log, point)
-                if point in self.plan.recorded:
-                    targets.setdefault(point, []).append(pdf)
-                if point in self._matched:
-                    matched.extend((point, m) for m in self._matched_rows(point, pdf))
-                for _pos, route, cond, columns in routes:
-                    targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
-            counts: dict[str, int] = {}
-            for target, frames in targets.items():
-                counts[target] = self._write(target, _union(frames), log.name, batch_id)
-            for point, frame in matched:
-                counts.update(self._write_matched(point, frame, log.name, batch_id))
-        finally:
-            df.unpersist()
+        # not cached: each write reads the micro-batch's Parquet file again (only the columns it
+        # needs), which costs less than building the cache (measured); the count reads the footers
+        rows_in = df.count()
+        targets: dict[str, list[DataFrame]] = {}
+        matched: list[tuple[str, DataFrame]] = []
+        for point, routes in self._compiled[log.name]:
+            pdf = self._point_rows(df, log, point)
+            if point in self.plan.recorded:
+                targets.setdefault(point, []).append(pdf)
+            if point in self._matched:
+                matched.extend((point, m) for m in self._matched_rows(point, pdf))
+            for _pos, route, cond, columns in routes:
+                targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
+        counts: dict[str, int] = {}
+        for target, frames in targets.items():
+            counts[target] = self._write(target, _union(frames), log.name, batch_id)
+        for point, frame in matched:
+            counts.update(self._write_matched(point, frame, log.name, batch_id))
         self._report(BatchReport(f"deliver {log.name}", batch_id, rows_in, counts, time.perf_counter() - t0))
 
     def _report(self, report: BatchReport) -> None:

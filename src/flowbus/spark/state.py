@@ -16,6 +16,7 @@ slowly on a busy machine misses the JVM's connect-back deadline.
 
 from __future__ import annotations
 
+import heapq
 import pickle
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import bind_rules
+from flowbus.spark.vectorfold import VectorFold
 
 __all__ = ["ArrowFold", "Fold", "GroupFolder"]
 
@@ -54,17 +56,20 @@ class Fold:
 
 
 class GroupFolder:
-    """The per-key fold of a stateful group: what ``transformWithState`` runs for each key.
+    """The per-key fold of a stateful group: what :class:`ArrowFold` runs for each key.
 
     :meth:`fold` takes the key's stored state (the rows of its collapses, the
     rows its expand arcs last delivered), the key's new events and returns the
-    new state and the derived events, each ``(target index, _order, event)``.
-    Pure Python: the state processor wraps it, and tests call it directly.
+    new state and the derived events, each ``(target index, _order, event)``,
+    in ``_order``. A collapse of plain aggregates is folded over all the events
+    at once (:class:`~flowbus.spark.vectorfold.VectorFold`), the others event by
+    event. Pure Python and numpy: :class:`ArrowFold` wraps it, tests call it directly.
     """
 
     def __init__(self, g: Graph, group: StatefulGroup) -> None:
         self.fields = list(g.event_space(group.space).schema.fields)
         self.folds = [Fold(g, arc, group.targets) for arc in group.collapses]
+        self.vectors = [VectorFold.of(f.name, f.bound, f.deliverers, i) for i, f in enumerate(self.folds)]
 
     def fold(
         self,
@@ -72,9 +77,30 @@ class GroupFolder:
         events: Iterable[tuple[list[int], dict[str, Any]]],
     ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, list[int], dict[str, Any]]]]:
         rows, last = stored if stored is not None else ({}, {})
+        ordered = sorted(events, key=lambda oe: oe[0])
+        outs: list[list[tuple[int, list[int], dict[str, Any]]]] = []
+        one_by_one: list[tuple[int, Fold]] = []
+        for position, (fold, vector) in enumerate(zip(self.folds, self.vectors, strict=True)):
+            got = vector.run(fold.bound.key_of, rows, last, ordered, fold.bound.initial) if vector else None
+            if got is None:
+                one_by_one.append((position, fold))
+            else:
+                outs.append(got)
+        if one_by_one:
+            outs.append(self._one_by_one(one_by_one, rows, last, ordered))
+        out = outs[0] if len(outs) == 1 else list(heapq.merge(*outs, key=lambda d: d[1]))
+        return (rows, last), out
+
+    @staticmethod
+    def _one_by_one(
+        folds: list[tuple[int, Fold]],
+        rows: dict[str, StateRow],
+        last: dict[str, StateRow],
+        events: list[tuple[list[int], dict[str, Any]]],
+    ) -> list[tuple[int, list[int], dict[str, Any]]]:
         out: list[tuple[int, list[int], dict[str, Any]]] = []
-        for order, ev in sorted(events, key=lambda oe: oe[0]):
-            for position, fold in enumerate(self.folds):
+        for order, ev in events:
+            for position, fold in folds:
                 bound = fold.bound
                 try:
                     key: Key = bound.key_of(ev)
@@ -99,7 +125,7 @@ class GroupFolder:
                         }
                         out.append((target, [*order, position, k], fixed))
                         k += 1
-        return (rows, last), out
+        return out
 
 
 class ArrowFold:

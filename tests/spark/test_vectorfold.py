@@ -49,10 +49,8 @@ def _same_over_batches(g: Graph, batches: list[list[tuple[list[int], dict[str, A
 
 def test_the_stock_groups_max_cur_is_folded_with_numpy_and_trend_event_by_event() -> None:
     vector, _ = _folders(load_spec(STOCKS))
-    assert [v is not None for v in vector.vectors] == [
-        True,
-        False,
-    ]  # max_cur: max and last; trend: no aggregate
+    # max_cur is max and last; trend is no aggregate
+    assert [v is not None for v in vector.vectors] == [True, False]
     rng = random.Random(5)
     # prices on a coarse grid: ties (no change of maxP, curP unchanged) happen often
     batches = _batches(rng, 4, 400, lambda r: {"name": "IBM", "price": round(r.uniform(50, 52), 1)})

@@ -20,7 +20,10 @@ Three measurements in one Spark session (``local[2]`` by default), on the stock 
   stock flow: events per second from the first micro-batch to the last; and the
   local reference interpreter (:class:`flowbus.flow.local.LocalRun`, one Python
   thread) over the same events, in the same run. The document's
-  ``run_events_per_s`` and ``local_events_per_s`` are these two rates.
+  ``run_events_per_s`` and ``local_events_per_s`` are these two rates. On a
+  shared machine the steadier figures are per CPU-second: ``cpu_s`` is what the
+  run's process tree (driver, JVM, Python workers) spent, read from ``/proc``,
+  with the 1-minute load average at its start and end.
 * ``collapse`` -- the state paths on a flow that is only a collapse and an
   expand (``ticks -> max_cur -> compressed``): the per-key fold (expand per
   event) against Spark's own streaming aggregation (``max``/``max_by``,
@@ -32,6 +35,7 @@ here: only ``flowbus.spark`` imports pyspark).
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -89,24 +93,57 @@ def plans(spark: Any, *, events: int, seed: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def _tree_cpu_s() -> float | None:
+    """CPU seconds (user + system) of this process and every process under it -- the JVM, its
+    Python workers, and the children they reaped -- read from ``/proc`` (None elsewhere)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(d.name)] = int(fields[1])
+        ticks[int(d.name)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in mine} - mine
+        grew = bool(more)
+        mine |= more
+    return sum(ticks.get(pid, 0) for pid in mine) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **kw: Any) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="flowbus-bench-run-"))
     try:
         flow = SparkFlow(spark, g, out, **kw)
         flow.ingest_generator(events, fingerprint="bench")
+        load = os.getloadavg()[0]
+        cpu0 = _tree_cpu_s()
         t0 = time.perf_counter()
         with flow:
             flow.start()
             flow.process_available()
             seconds = time.perf_counter() - t0
+            cpu1 = _tree_cpu_s()
             profile = _profile(flow)
         delivered = dict(flow.stats.out)
         batches = flow.stats.batches
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     return {
         "seconds": seconds,
         "events_per_s": len(events) / seconds,
+        "cpu_s": cpu,
+        "events_per_cpu_s": len(events) / cpu if cpu else None,
+        "load_average_1m": [load, os.getloadavg()[0]],
         "micro_batches": batches,
         "out": delivered,
         "profile": profile,
@@ -137,10 +174,10 @@ def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str
     g = load_spec(stock_flow_spec())
     published = list(generate(g, events=events, seed=seed))
     local = LocalRun(rewrite(g))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for space, event in published:
         local.publish(space, event)
-    local_s = time.perf_counter() - t0
+    local_s, local_cpu = time.perf_counter() - t0, time.process_time() - c0
     result = _run_flow(spark, g, published, batch_events=batch_events)
     return {
         "events": events,
@@ -148,6 +185,7 @@ def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str
         **result,
         "local_seconds": local_s,
         "local_events_per_s": events / local_s,
+        "local_events_per_cpu_s": events / local_cpu,
         "local_out": {p: len(evs) for p, evs in local.outputs.items()},
         "ratio_run_over_local": result["events_per_s"] * local_s / events,
     }

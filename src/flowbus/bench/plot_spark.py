@@ -23,10 +23,10 @@ def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(
         {"what": "stock flow plan", "variant": "hop by hop", "value": plans["hop_by_hop_events_per_s"]}
     )
-    out.append({"what": "flowbus run (stock flow)", "variant": "per-key fold",
+    out.append({"what": "flowbus run (stock flow)", "variant": "transformWithState",
                 "value": doc["engine"]["events_per_s"]})  # fmt: skip
     col = doc["collapse"]
-    out.append({"what": "collapse+expand", "variant": "per-key fold",
+    out.append({"what": "collapse+expand", "variant": "transformWithState",
                 "value": col["transform_with_state"]["events_per_s"]})  # fmt: skip
     out.append({"what": "collapse+expand", "variant": "aggregate", "value": col["aggregate"]["events_per_s"]})
     for r in out:
@@ -51,7 +51,7 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     ax.set_ylabel("events/s")
     col = doc["collapse"]
     ax = axes[1]
-    ax.bar(["per-key fold\n(expand per event)", "aggregate\n(expand per batch)"],
+    ax.bar(["transformWithState\n(expand per event)", "aggregate\n(expand per batch)"],
            [col["transform_with_state"]["events_per_s"], col["aggregate"]["events_per_s"]],
            color=["tab:blue", "tab:orange"])  # fmt: skip
     ax.set_title(f"collapse + expand, {col['events']:,} ticks, {col['keys']} keys")

@@ -126,6 +126,7 @@ class FoldBatches:
             state = spark.read.schema(state_schema).parquet(str(before))
         out = StructType(log_schema(self.graph, self.log).fields + state_schema.fields)
         fold = ArrowFold(self.graph, self.group, self.log, to_arrow_schema(out), keys)
+        # a function of (key, events, stored): PySpark counts a callable object's ``self`` as an argument
         table = (
             rows.groupBy(*keys)
             .cogroup(state.groupBy(*keys))

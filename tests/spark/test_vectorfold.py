@@ -68,7 +68,7 @@ def _counted() -> Graph:
     return b.collapse("C", "ticks", "st", "st").expand("E", "st", "out", "st").build()
 
 
-def test_count_and_min_agree_and_a_nan_or_missing_field_falls_back_to_the_event_fold() -> None:
+def test_count_and_min_agree_and_a_nan_or_a_missing_field_falls_back_to_the_event_fold() -> None:
     g = _counted()
     vector, _ = _folders(g)
     assert vector.vectors[0] is not None
@@ -80,6 +80,8 @@ def test_count_and_min_agree_and_a_nan_or_missing_field_falls_back_to_the_event_
             return {"name": "A", "price": math.nan}
         if roll < 0.02:
             return {"name": "A"}  # no price: the rules' guard is undefined
+        if roll < 0.03:
+            return {"price": 95.0}  # no key: the event is skipped
         return {"name": "A", "price": round(r.uniform(90, 110), 0)}
 
     clean = _batches(rng, 3, 300, lambda r: {"name": "A", "price": round(r.uniform(90, 110), 0)})

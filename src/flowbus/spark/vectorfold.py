@@ -53,7 +53,8 @@ class VectorFold:
         self.deliverers = deliverers
         self.position = position
         self.reads = sorted({a.arg.name for a in aggregates.components if isinstance(a.arg, Field)})
-        self.fields = sorted({n for _, _, names, _ in deliverers for n in names} | set(self.reads))
+        keys = {f.name for _, f in aggregates.key}  # an event without them is skipped, one by one
+        self.fields = sorted({n for _, _, names, _ in deliverers for n in names} | set(self.reads) | keys)
 
     @staticmethod
     def of(

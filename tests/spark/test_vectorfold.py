@@ -80,10 +80,13 @@ def test_count_and_min_agree_and_a_nan_or_a_missing_field_falls_back_to_the_even
             return {"name": "A", "price": math.nan}
         if roll < 0.02:
             return {"name": "A"}  # no price: the rules' guard is undefined
-        if roll < 0.03:
-            return {"price": 95.0}  # no key: the event is skipped
         return {"name": "A", "price": round(r.uniform(90, 110), 0)}
 
+    def keyless(r: random.Random) -> dict[str, Any]:
+        return {"price": 95.0} if r.random() < 0.02 else {"name": "A", "price": round(r.uniform(90, 110), 0)}
+
     clean = _batches(rng, 3, 300, lambda r: {"name": "A", "price": round(r.uniform(90, 110), 0)})
-    # batches folded event by event (a NaN, a missing price), then with numpy from the state they left
-    assert _same_over_batches(g, _batches(rng, 2, 300, tick) + clean) > 0
+    # batches folded event by event (a NaN, a missing price, an event without its key: skipped),
+    # then with numpy from the state they left
+    batches = _batches(rng, 2, 300, tick) + _batches(rng, 1, 300, keyless) + clean
+    assert _same_over_batches(g, batches) > 0

@@ -279,3 +279,15 @@ def test_the_run_command_follows_source_directories_until_its_timeout(
     expected = _local(stocks, [("NYSE", e) for e in trades])
     assert {p: o["events"] for p, o in doc["outputs"].items()} == {p: len(v) for p, v in expected.items()}
     _same(spark, out, expected, sink="jsonl")
+
+
+def test_the_bench_runs_the_stock_flow_on_spark_and_locally_with_the_same_deliveries(spark: Any) -> None:
+    from flowbus.bench.spark_flow import batch_size, run
+
+    doc = run(spark, events=3000, batch_events=1000, engine_only=True)
+    engine = doc["engine"]
+    assert engine["out"] == engine["local_out"] and engine["micro_batches"] >= 3
+    assert doc["run_events_per_s"] == engine["events_per_s"] > 0 and doc["local_events_per_s"] > 0
+    assert "fold-g0" in engine["profile"]  # the state query's time in the per-key fold
+    assert engine["cpu_s"] > 0 and engine["events_per_cpu_s"] > 0 and engine["local_events_per_cpu_s"] > 0
+    assert [batch_size(n) for n in (1000, 100_000, 2_000_000, 10**8)] == [5000, 25_000, 500_000, 500_000]

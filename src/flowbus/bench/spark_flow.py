@@ -16,14 +16,17 @@ Three measurements in one Spark session (``local[2]`` by default), on the stock 
   the best of ``rounds`` runs counts. Both deliver the same number of events
   per point (checked).
 * ``engine`` -- ``flowbus run`` itself (:class:`flowbus.spark.flow.SparkFlow`,
-  Structured Streaming, collapse and expand in ``transformWithState``) on the
+  Structured Streaming, collapse and expand folded per key over Arrow) on the
   stock flow: events per second from the first micro-batch to the last; and the
   local reference interpreter (:class:`flowbus.flow.local.LocalRun`, one Python
   thread) over the same events, in the same run. The document's
-  ``run_events_per_s`` and ``local_events_per_s`` are these two rates.
+  ``run_events_per_s`` and ``local_events_per_s`` are these two rates. On a
+  shared machine the steadier figures are per CPU-second: ``cpu_s`` is what the
+  run's process tree (driver, JVM, Python workers) spent, read from ``/proc``,
+  with the 1-minute load average at its start and end.
 * ``collapse`` -- the state paths on a flow that is only a collapse and an
-  expand (``ticks -> max_cur -> compressed``): ``transformWithState`` (expand
-  per event) against Spark's own streaming aggregation (``max``/``max_by``,
+  expand (``ticks -> max_cur -> compressed``): the per-key fold (expand per
+  event) against Spark's own streaming aggregation (``max``/``max_by``,
   expand per micro-batch), events per second of each run.
 
 ``spark`` is a session from :func:`flowbus.spark.session.spark_session` (typed ``Any``
@@ -32,6 +35,7 @@ here: only ``flowbus.spark`` imports pyspark).
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -89,24 +93,57 @@ def plans(spark: Any, *, events: int, seed: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def _tree_cpu_s() -> float | None:
+    """CPU seconds (user + system) of this process and every process under it -- the JVM, its
+    Python workers, and the children they reaped -- read from ``/proc`` (None elsewhere)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(d.name)] = int(fields[1])
+        ticks[int(d.name)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in mine} - mine
+        grew = bool(more)
+        mine |= more
+    return sum(ticks.get(pid, 0) for pid in mine) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **kw: Any) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="flowbus-bench-run-"))
     try:
         flow = SparkFlow(spark, g, out, **kw)
         flow.ingest_generator(events, fingerprint="bench")
+        load = os.getloadavg()[0]
+        cpu0 = _tree_cpu_s()
         t0 = time.perf_counter()
         with flow:
             flow.start()
             flow.process_available()
             seconds = time.perf_counter() - t0
+            cpu1 = _tree_cpu_s()
             profile = _profile(flow)
         delivered = dict(flow.stats.out)
         batches = flow.stats.batches
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     return {
         "seconds": seconds,
         "events_per_s": len(events) / seconds,
+        "cpu_s": cpu,
+        "events_per_cpu_s": len(events) / cpu if cpu else None,
+        "load_average_1m": [load, os.getloadavg()[0]],
         "micro_batches": batches,
         "out": delivered,
         "profile": profile,
@@ -137,10 +174,10 @@ def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str
     g = load_spec(stock_flow_spec())
     published = list(generate(g, events=events, seed=seed))
     local = LocalRun(rewrite(g))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for space, event in published:
         local.publish(space, event)
-    local_s = time.perf_counter() - t0
+    local_s, local_cpu = time.perf_counter() - t0, time.process_time() - c0
     result = _run_flow(spark, g, published, batch_events=batch_events)
     return {
         "events": events,
@@ -148,6 +185,7 @@ def engine(spark: Any, *, events: int, batch_events: int, seed: int) -> dict[str
         **result,
         "local_seconds": local_s,
         "local_events_per_s": events / local_s,
+        "local_events_per_cpu_s": events / local_cpu,
         "local_out": {p: len(evs) for p, evs in local.outputs.items()},
         "ratio_run_over_local": result["events_per_s"] * local_s / events,
     }
@@ -184,29 +222,38 @@ def collapse(spark: Any, *, events: int, batch_events: int, keys: int, seed: int
     }
 
 
+def batch_size(events: int) -> int:
+    """The default micro-batch: a quarter of the run, at least 5,000 events, at most 500,000
+    (Spark's fixed cost per micro-batch and query is a second or two)."""
+    return max(5_000, min(500_000, -(-events // 4)))
+
+
 def run(
     spark: Any,
     *,
     events: int = 100_000,
-    engine_events: int = 20_000,
-    batch_events: int = 5_000,
+    engine_events: int | None = None,
+    batch_events: int | None = None,
     rounds: int = 3,
     seed: int = 1,
     progress: Progress | None = None,
     engine_only: bool = False,
 ) -> dict[str, Any]:
+    """``engine_events`` defaults to ``events``, ``batch_events`` to :func:`batch_size` of it."""
+    n = engine_events or events
+    batch = batch_events or batch_size(n)
     if engine_only:
-        return _rates({"engine": engine(spark, events=engine_events, batch_events=batch_events, seed=seed)})
+        return _rates({"engine": engine(spark, events=n, batch_events=batch, seed=seed)})
     steps = 3
     if progress:
         progress("stock flow: rewritten vs hop by hop", 0, steps)
     doc: dict[str, Any] = {"plans": plans(spark, events=events, seed=seed, rounds=rounds)}
     if progress:
         progress("stock flow: rewritten vs hop by hop", 1, steps)
-    doc["engine"] = engine(spark, events=engine_events, batch_events=batch_events, seed=seed)
+    doc["engine"] = engine(spark, events=n, batch_events=batch, seed=seed)
     if progress:
         progress("stock flow: rewritten vs hop by hop", 2, steps)
-    doc["collapse"] = collapse(spark, events=engine_events, batch_events=batch_events, keys=500, seed=seed)
+    doc["collapse"] = collapse(spark, events=n, batch_events=batch, keys=500, seed=seed)
     if progress:
         progress("stock flow: rewritten vs hop by hop", 3, steps)
     return _rates(doc)

@@ -87,12 +87,16 @@ def bench_flow(
 @bench_app.command("spark")
 def bench_spark(
     events: Annotated[
-        int, typer.Option(min=1, help="Trades through the two plans of the stock flow.")
+        int, typer.Option(min=1, help="Trades through the plans and flowbus run of the stock flow.")
     ] = 100_000,
     engine_events: Annotated[
-        int, typer.Option(min=1, help="Events through flowbus run (stock flow, state paths).")
-    ] = 20_000,
-    batch_events: Annotated[int, typer.Option(min=1, help="Events per micro-batch.")] = 5_000,
+        int | None,
+        typer.Option(min=1, help="Events through flowbus run (stock flow, state paths); default --events."),
+    ] = None,
+    batch_events: Annotated[
+        int | None,
+        typer.Option(min=1, help="Events per micro-batch; default a quarter of the run, 5,000 to 500,000."),
+    ] = None,
     match_events: Annotated[int, typer.Option(min=1, help="Events of bulk matching.")] = 100_000,
     subscriptions: Annotated[
         list[int] | None, typer.Option(help="W1 subscription counts of bulk matching (repeatable).")

@@ -95,7 +95,7 @@ def run(
     collapse: Annotated[
         str,
         typer.Option(
-            help="spark: state (transformWithState, expand per event) or aggregate (Spark's own "
+            help="spark: state (per-key fold over Arrow, expand per event) or aggregate (Spark's own "
             "aggregation for max/min/last/count/sum rule sets, expand per micro-batch)."
         ),
     ] = "state",
@@ -471,7 +471,9 @@ def _result(
         "collapse": {
             grp.name: {
                 "collapses": [c.name for c in grp.collapses],
-                "path": "aggregate (expand per micro-batch)" if grp.aggregate else "transformWithState",
+                "path": "aggregate (expand per micro-batch)"
+                if grp.aggregate
+                else "per-key fold (expand per event)",
             }
             for grp in flow.plan.groups
         },

@@ -15,15 +15,19 @@ subscription path) and planned into event logs and stateful groups
   broadcast and applied in ``mapInArrow`` -- never one giant OR -- and
   :meth:`SparkFlow.replace_routes` swaps its routes while the query runs (the
   next micro-batch uses a new broadcast).
-* per stateful group, a *state query* streams the group's input log, applies
-  the routes into the collapsed space, groups by the collapse key and folds
-  each key's events, in ``_order``, with ``transformWithState`` (RocksDB state
-  store): the state of each collapse and the row each expand arc last
-  delivered are the key's state; every change sends the expand arc's
-  subscriber the shortest equivalent sequence (the cause itself, or A*), as
-  the reference interpreter does. Its output, the derived events, goes to the
-  group's log through Spark's file sink (exactly once), which the next
-  level's queries stream.
+* per stateful group, a *state query* streams the group's input log and, in
+  ``foreachBatch``, applies the routes into the collapsed space and hands the
+  rows, with their key columns, to the group's runner
+  (:mod:`flowbus.spark.groups`): by default each key's events are folded in
+  ``_order`` on the Python workers over Arrow (``groupBy(key).cogroup(state)
+  .applyInArrow``; plain aggregates with numpy, :mod:`flowbus.spark.vectorfold`),
+  the state of each collapse and the row each expand arc last delivered kept
+  per key in a state table versioned per micro-batch; every change sends the
+  expand arc's subscriber the shortest equivalent sequence (the cause itself,
+  or A*), as the reference interpreter does. With ``collapse="aggregate"``
+  Spark's own aggregation folds plain aggregates. The derived events go to the
+  group's log, one file per micro-batch (a replay rewrites the same file), which
+  the next level's queries stream.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
   to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")`` -- a replayed
   micro-batch rewrites its own directory, so with the checkpoints output is
@@ -39,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import pickle
 import shutil
 import threading
 import time
@@ -56,30 +59,26 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import (
-    ArrayType,
     LongType,
-    StringType,
     StructField,
     StructType,
 )
 
 from flowbus.errors import FlowError
-from flowbus.filters.ast import Field
-from flowbus.flow.aggregates import Aggregate, Aggregates, as_aggregates
-from flowbus.flow.collapse import Key
-from flowbus.flow.collapse import Row as StateRow
-from flowbus.flow.eventlog import InputLog, arrow_schema, read_source_dir
-from flowbus.flow.graph import Collapse, Expand, Graph, Route
+from flowbus.flow.aggregates import Aggregates, as_aggregates
+from flowbus.flow.eventlog import InputLog, read_source_dir
+from flowbus.flow.graph import Collapse, Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
-from flowbus.flow.validate import bind_rules, replays_collapse
+from flowbus.flow.validate import bind_rules
 from flowbus.matching import Matcher
 from flowbus.spark.bulk import Shipped, executor_matcher, ship
-from flowbus.spark.bus import register, schema_struct, spark_type
+from flowbus.spark.bus import register, spark_type
 from flowbus.spark.columns import ColumnCompiler
+from flowbus.spark.groups import AggregateBatches, FoldBatches, expands_need_no_backlog, log_schema
 from flowbus.spark.pipeline import BUS_LEVEL, BusEnd, BusIngest, publish_rows, run_id
 from flowbus.spark.routes import route_columns
-from flowbus.spark.state import Fold, GroupFolder, StateProcessor
+from flowbus.spark.state import GroupFolder
 
 __all__ = ["BatchReport", "GroupFolder", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
 
@@ -90,12 +89,6 @@ Callback = Callable[[str, int, DataFrame], None]
 _TRANSIENT = ("failed to connect back", "CANNOT_OPEN_SOCKET")
 _MAX_RESTARTS = 3
 STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
-
-def log_schema(g: Graph, log: Log) -> StructType:
-    fields = [StructField("_point", StringType()), StructField("_order", ArrayType(LongType()))]
-    fields += [StructField(log.column(p), schema_struct(g.event_space(p).schema)) for p in log.points]
-    return StructType(fields)
 
 
 def _extend(order: Column, position: int) -> Column:
@@ -207,7 +200,7 @@ class SparkFlow:
             for arc in self.graph.arcs:
                 if isinstance(arc, Collapse):
                     found = as_aggregates(bind_rules(self.graph, arc))
-                    if found is not None and _expands_need_no_backlog(self.graph, arc, found):
+                    if found is not None and expands_need_no_backlog(self.graph, arc, found):
                         self.aggregates[arc.name] = found
         self.plan: FlowPlan = plan(self.graph, aggregate=lambda arc: arc.name in self.aggregates)
         self.out = Path(out).resolve()  # a cluster or Connect server reads and writes these paths too
@@ -232,6 +225,12 @@ class SparkFlow:
         self._compiled: dict[str, list[tuple[str, list[tuple[int, Route, Column, list[Column]]]]]] = {}
         for log in self.plan.logs:
             self._compiled[log.name] = self._compile_deliveries(log)
+        self._groups: dict[str, FoldBatches | AggregateBatches] = {
+            g.name: AggregateBatches(self.graph, g, self.plan.log(g.log_out), self.work, self.aggregates)
+            if g.aggregate
+            else FoldBatches(self.graph, g, self.plan.log(g.log_out), self.work)
+            for g in self.plan.groups
+        }
 
     # --------------------------------------------- pickling (Spark Connect)
 
@@ -451,26 +450,24 @@ class SparkFlow:
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
         self._session(df)
-        df = df.persist()
-        try:
-            rows_in = df.count()
-            targets: dict[str, list[DataFrame]] = {}
-            matched: list[tuple[str, DataFrame]] = []
-            for point, routes in self._compiled[log.name]:
-                pdf = self._point_rows(df, log, point)
-                if point in self.plan.recorded:
-                    targets.setdefault(point, []).append(pdf)
-                if point in self._matched:
-                    matched.extend((point, m) for m in self._matched_rows(point, pdf))
-                for _pos, route, cond, columns in routes:
-                    targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
-            counts: dict[str, int] = {}
-            for target, frames in targets.items():
-                counts[target] = self._write(target, _union(frames), log.name, batch_id)
-            for point, frame in matched:
-                counts.update(self._write_matched(point, frame, log.name, batch_id))
-        finally:
-            df.unpersist()
+        # not cached: each write reads the micro-batch's Parquet file again (only the columns it
+        # needs), which costs less than building the cache (measured); the count reads the footers
+        rows_in = df.count()
+        targets: dict[str, list[DataFrame]] = {}
+        matched: list[tuple[str, DataFrame]] = []
+        for point, routes in self._compiled[log.name]:
+            pdf = self._point_rows(df, log, point)
+            if point in self.plan.recorded:
+                targets.setdefault(point, []).append(pdf)
+            if point in self._matched:
+                matched.extend((point, m) for m in self._matched_rows(point, pdf))
+            for _pos, route, cond, columns in routes:
+                targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
+        counts: dict[str, int] = {}
+        for target, frames in targets.items():
+            counts[target] = self._write(target, _union(frames), log.name, batch_id)
+        for point, frame in matched:
+            counts.update(self._write_matched(point, frame, log.name, batch_id))
         self._report(BatchReport(f"deliver {log.name}", batch_id, rows_in, counts, time.perf_counter() - t0))
 
     def _report(self, report: BatchReport) -> None:
@@ -539,10 +536,10 @@ class SparkFlow:
             rows.unpersist()
         return counts
 
-    def _group_rows(self, group: StatefulGroup) -> tuple[DataFrame, list[str]]:
-        """The events a stateful group folds (the routes into its space), with key columns ``_k<i>``."""
+    def _group_rows(self, group: StatefulGroup, src: DataFrame) -> tuple[DataFrame, list[str]]:
+        """The events of ``src`` (the group's input log) a stateful group folds -- the routes into its
+        space -- with key columns ``_k<i>``."""
         log_in = self.plan.log(group.log_in)
-        src = self._stream(log_in)
         space = self.graph.event_space(group.space)
         names = list(space.schema.fields)
         frames = []
@@ -561,107 +558,21 @@ class SparkFlow:
             rows = rows.withColumn(f"_k{i}", compiler.single(compiler.value(e), e))
         return rows, keys
 
-    def _state_query(self, group: StatefulGroup) -> DataFrame:
-        rows, keys = self._group_rows(group)
-        log_out = self.plan.log(group.log_out)
-        processor = StateProcessor(self.graph, group, log_out)
-        return rows.groupBy(*keys).transformWithState(
-            processor, log_schema(self.graph, log_out), "Append", "None"
-        )
-
-    def _aggregate_query(self, group: StatefulGroup) -> DataFrame:
-        """Spark's own streaming aggregation of a group whose collapses are plain aggregates."""
-        rows, keys = self._group_rows(group)
-        space = self.graph.event_space(group.space).schema.fields
-        columns = [F.max("_order").alias("_last")]
-        for ci, arc in enumerate(group.collapses):
-            for a in self.aggregates[arc.name].components:
-                columns.append(_aggregate_column(a, space).alias(f"_c{ci}_{a.component}"))
-        return rows.where(F.col("_k0").isNotNull()).groupBy(*keys).agg(*columns)
-
-    def _expand_batch(self, group: StatefulGroup, df: DataFrame, batch_id: int) -> None:
-        """A micro-batch of changed aggregate rows: per key, the expand arcs' shortest sequences.
-
-        The rows each expand arc last delivered are kept per micro-batch under
-        ``OUT/_flowbus``, so a replayed micro-batch starts from the same rows and
-        writes the same derived events (to the group's log, as one file).
-        """
+    def _fold_batch(self, group: StatefulGroup, df: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
         self._session(df)
-        delivered = self._delivered(group, batch_id)
-        folds = self._aggregate_folds(group)
-        log = self.plan.log(group.log_out)
-        out_rows: list[dict[str, Any]] = []
-        changed = df.collect()
-        for r in sorted(changed, key=lambda r: r["_last"]):
-            key = tuple(r[f"_k{i}"] for i in range(len(group.key)))
-            for ci, (_arc, aggs, deliverers) in enumerate(folds):
-                row = tuple(_combine(a, r[f"_c{ci}_{a.component}"]) for a in aggs.components)
-                k = 0
-                for deliverer, target, names, kinds in deliverers:
-                    last = delivered.setdefault(deliverer.arc.name, {})
-                    had = last.get(key, deliverer.bound.initial)
-                    new = deliverer.project(row)
-                    if new == had:
-                        continue
-                    last[key] = new
-                    for e in deliverer.search(key, had, new).events:
-                        ev = {
-                            n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
-                        }
-                        point = group.targets[target]
-                        order = [*r["_last"], ci, k]
-                        out_rows.append({"_point": point, "_order": order, log.column(point): ev})
-                        k += 1
-        self._write_log(log, batch_id, out_rows)
-        self._save_delivered(group, batch_id, delivered)
-        self._report(
-            BatchReport(f"aggregate {group.name}", batch_id, len(changed), {}, time.perf_counter() - t0)
-        )
+        runner = self._groups[group.name]
+        assert isinstance(runner, FoldBatches)
+        derived = runner.run(*self._group_rows(group, df), batch_id)
+        self._report(BatchReport(f"fold {group.name}", batch_id, derived, {}, time.perf_counter() - t0))
 
-    def _aggregate_folds(self, group: StatefulGroup) -> list[tuple[Collapse, Aggregates, list[Any]]]:
-        return [
-            (arc, self.aggregates[arc.name], Fold(self.graph, arc, group.targets).deliverers)
-            for arc in group.collapses
-        ]
-
-    def _delivered_dir(self, group: StatefulGroup) -> Path:
-        return self.work / "delivered" / group.name
-
-    def _delivered(self, group: StatefulGroup, batch_id: int) -> dict[str, dict[Key, StateRow]]:
-        """The rows the group's expand arcs had delivered before micro-batch ``batch_id``."""
-        d = self._delivered_dir(group)
-        if not d.is_dir():
-            return {}
-        before = sorted(int(p.stem) for p in d.glob("*.pkl") if int(p.stem) < batch_id)
-        if not before:
-            return {}
-        data: dict[str, dict[Key, StateRow]] = pickle.loads((d / f"{before[-1]}.pkl").read_bytes())
-        return data
-
-    def _save_delivered(
-        self, group: StatefulGroup, batch_id: int, rows: dict[str, dict[Key, StateRow]]
-    ) -> None:
-        d = self._delivered_dir(group)
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{batch_id}.tmp"
-        tmp.write_bytes(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL))
-        tmp.replace(d / f"{batch_id}.pkl")
-        for p in d.glob("*.pkl"):  # keep the last two: a replay needs the one before
-            if int(p.stem) < batch_id - 1:
-                p.unlink(missing_ok=True)
-
-    def _write_log(self, log: Log, batch_id: int, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        import pyarrow.parquet as pq
-
-        d = self._log_dir(log.name)
-        d.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(rows, schema=arrow_schema(self.graph, log))
-        tmp = d / f".batch-{batch_id:06d}.tmp"
-        pq.write_table(table, tmp)
-        tmp.replace(d / f"batch-{batch_id:06d}.parquet")
+    def _expand_batch(self, group: StatefulGroup, df: DataFrame, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        self._session(df)
+        runner = self._groups[group.name]
+        assert isinstance(runner, AggregateBatches)
+        changed = runner.run(df, batch_id)
+        self._report(BatchReport(f"aggregate {group.name}", batch_id, changed, {}, time.perf_counter() - t0))
 
     def _start_delivery(self, log: Log) -> StreamingQuery:
         name = f"deliver-{log.name}"
@@ -675,20 +586,16 @@ class SparkFlow:
 
     def _start_state(self, group: StatefulGroup) -> StreamingQuery:
         name = f"state-{group.name}"
-        if group.aggregate:
-            return (
-                self._aggregate_query(group)
-                .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
-                .outputMode("update")
-                .option("checkpointLocation", str(self.work / "checkpoints" / name))
-                .foreachBatch(partial(self._expand_batch, group))
-                .start()
-            )
+        src = self._stream(self.plan.log(group.log_in))
+        writer = None
+        runner = self._groups[group.name]
+        if isinstance(runner, AggregateBatches):
+            writer = runner.query(*self._group_rows(group, src)).writeStream.outputMode("update")
+            writer = writer.foreachBatch(partial(self._expand_batch, group))
+        else:
+            writer = src.writeStream.foreachBatch(partial(self._fold_batch, group))
         return (
-            self._state_query(group)
-            .writeStream.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
-            .format("parquet")
-            .option("path", str(self._log_dir(group.log_out)))
+            writer.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
             .option("checkpointLocation", str(self.work / "checkpoints" / name))
             .start()
         )
@@ -775,47 +682,6 @@ class SparkFlow:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _expands_need_no_backlog(graph: Graph, collapse: Collapse, aggregates: Aggregates) -> bool:
-    """Can Spark's aggregation serve this collapse? It hands each expand only the key's new row,
-    never the events that made it, so every expand out of the state must reach any such row
-    from the values of the rows alone: one that writes any row in one event does; one that
-    replays the collapse does when every component is a last, max or min (the goal row's values
-    are events' values). A replayed count or sum may need values no row holds (from t = 3 to
-    t = 10 an event of 7): that collapse runs in ``transformWithState``, with its backlog."""
-    if {a.kind for a in aggregates.components} <= {"last", "max", "min"}:
-        return True
-    expands = [arc for arc in graph.arcs if isinstance(arc, Expand) and arc.source == collapse.target]
-    return not any(replays_collapse(graph, collapse, arc) for arc in expands)
-
-
-def _aggregate_column(a: Aggregate, space: Mapping[str, type]) -> Column:
-    """The Spark aggregate of one component (NaN skipped by max and min, as the rules skip it)."""
-    if a.kind == "count":
-        return F.count(F.lit(1))
-    assert a.arg is not None
-    arg = F.col(a.arg.name) if isinstance(a.arg, Field) else F.lit(a.arg.value)
-    if a.kind == "last":
-        return F.max_by(arg, F.col("_order"))
-    if a.kind == "sum":
-        return F.sum(arg)
-    if isinstance(a.arg, Field) and space.get(a.arg.name) is float:
-        arg = F.when(~F.isnan(arg), arg)
-    return F.max(arg) if a.kind == "max" else F.min(arg)
-
-
-def _combine(a: Aggregate, value: Any) -> Any:
-    """A component's value: the aggregate over the key's events so far, merged with the initial value."""
-    if a.kind in ("count", "sum"):
-        return a.initial + (value or 0)  # type: ignore[operator]
-    if value is None:
-        return a.initial
-    if a.kind == "last":
-        return value
-    if a.kind == "max":
-        return value if value > a.initial or (a.inclusive and value == a.initial) else a.initial
-    return value if value < a.initial or (a.inclusive and value == a.initial) else a.initial
 
 
 def _union(frames: Sequence[DataFrame]) -> DataFrame:

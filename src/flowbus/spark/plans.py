@@ -30,8 +30,9 @@ from flowbus.flow.eventlog import InputLog
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import EventSpace, Route, Select, Transform
 from flowbus.flow.plan import INPUT, plan
+from flowbus.spark.bus import spark_type
 from flowbus.spark.columns import ColumnCompiler
-from flowbus.spark.flow import log_schema, spark_type
+from flowbus.spark.groups import log_schema
 from flowbus.spark.routes import route_columns
 
 __all__ = ["hop_plan", "input_frame", "rewritten_plan"]

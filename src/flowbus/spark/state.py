@@ -1,25 +1,27 @@
-"""The per-key fold of a stateful group, and the ``transformWithState`` processor that runs it.
+"""The per-key fold of a stateful group, and the Arrow function that runs it on Spark's workers.
 
 How it works: :class:`GroupFolder` folds a key's events, in ``_order``, into the
 rows of the group's collapses and, on every change, asks each expand arc's
 :class:`~flowbus.flow.local.Deliverer` what to send its subscriber -- the
 reference interpreter's own code, so the Spark engine delivers what it does.
-:class:`StateProcessor` keeps a key's rows (and the rows its expand arcs last
-delivered) in one ``ValueState`` and emits the derived events as rows of the
-group's event log. This module is what a ``transformWithState`` worker
-imports, so it imports little: a Python worker that starts slowly on a busy
-machine misses the JVM's connect-back deadline.
+:class:`ArrowFold` is what ``groupBy(key).cogroup(state.groupBy(key)).applyInArrow``
+calls once per key and micro-batch: the key's new events and its stored state
+(one pickled row: the rows of the group's collapses and the rows its expand
+arcs last delivered) come in as Arrow tables, the derived events and the new
+state go out as one. Arrow in and out, no Row objects and no state-store round
+trips per key (:mod:`flowbus.spark.groups` keeps the state table). This module
+is what a Python worker imports, so it imports little: a worker that starts
+slowly on a busy machine misses the JVM's connect-back deadline.
 """
 
 from __future__ import annotations
 
+import heapq
 import pickle
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pyspark.sql import Row
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BinaryType, StructField, StructType
+import pyarrow as pa
 
 from flowbus.filters.ast import Undefined
 from flowbus.flow.collapse import BoundRules, Key
@@ -28,8 +30,9 @@ from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import bind_rules
+from flowbus.spark.vectorfold import VectorFold
 
-__all__ = ["Fold", "GroupFolder", "StateProcessor"]
+__all__ = ["ArrowFold", "Fold", "GroupFolder"]
 
 
 class Fold:
@@ -53,17 +56,20 @@ class Fold:
 
 
 class GroupFolder:
-    """The per-key fold of a stateful group: what ``transformWithState`` runs for each key.
+    """The per-key fold of a stateful group: what :class:`ArrowFold` runs for each key.
 
     :meth:`fold` takes the key's stored state (the rows of its collapses, the
     rows its expand arcs last delivered), the key's new events and returns the
-    new state and the derived events, each ``(target index, _order, event)``.
-    Pure Python: the state processor wraps it, and tests call it directly.
+    new state and the derived events, each ``(target index, _order, event)``,
+    in ``_order``. A collapse of plain aggregates is folded over all the events
+    at once (:class:`~flowbus.spark.vectorfold.VectorFold`), the others event by
+    event. Pure Python and numpy: :class:`ArrowFold` wraps it, tests call it directly.
     """
 
     def __init__(self, g: Graph, group: StatefulGroup) -> None:
         self.fields = list(g.event_space(group.space).schema.fields)
         self.folds = [Fold(g, arc, group.targets) for arc in group.collapses]
+        self.vectors = [VectorFold.of(f.name, f.bound, f.deliverers, i) for i, f in enumerate(self.folds)]
 
     def fold(
         self,
@@ -71,9 +77,30 @@ class GroupFolder:
         events: Iterable[tuple[list[int], dict[str, Any]]],
     ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, list[int], dict[str, Any]]]]:
         rows, last = stored if stored is not None else ({}, {})
+        ordered = sorted(events, key=lambda oe: oe[0])
+        outs: list[list[tuple[int, list[int], dict[str, Any]]]] = []
+        one_by_one: list[tuple[int, Fold]] = []
+        for position, (fold, vector) in enumerate(zip(self.folds, self.vectors, strict=True)):
+            got = vector.run(fold.bound.key_of, rows, last, ordered, fold.bound.initial) if vector else None
+            if got is None:
+                one_by_one.append((position, fold))
+            else:
+                outs.append(got)
+        if one_by_one:
+            outs.append(self._one_by_one(one_by_one, rows, last, ordered))
+        out = outs[0] if len(outs) == 1 else list(heapq.merge(*outs, key=lambda d: d[1]))
+        return (rows, last), out
+
+    @staticmethod
+    def _one_by_one(
+        folds: list[tuple[int, Fold]],
+        rows: dict[str, StateRow],
+        last: dict[str, StateRow],
+        events: list[tuple[list[int], dict[str, Any]]],
+    ) -> list[tuple[int, list[int], dict[str, Any]]]:
         out: list[tuple[int, list[int], dict[str, Any]]] = []
-        for order, ev in sorted(events, key=lambda oe: oe[0]):
-            for position, fold in enumerate(self.folds):
+        for order, ev in events:
+            for position, fold in folds:
                 bound = fold.bound
                 try:
                     key: Key = bound.key_of(ev)
@@ -98,35 +125,67 @@ class GroupFolder:
                         }
                         out.append((target, [*order, position, k], fixed))
                         k += 1
-        return (rows, last), out
+        return out
 
 
-class StateProcessor(StatefulProcessor):
-    """``transformWithState`` over one stateful group (its folder is built on the executor)."""
+class ArrowFold:
+    """One micro-batch of a stateful group, per key: what ``groupBy(...).cogroup(...).applyInArrow`` runs.
 
-    def __init__(self, graph: Graph, group: StatefulGroup, log: Log) -> None:
+    Called with a key's new events (``_order`` and the space's fields) and its
+    stored state (at most one row: the pickled rows of the group's collapses and
+    the rows its expand arcs last delivered), it folds the events with
+    :class:`GroupFolder` and returns one table of the derived events (the group's
+    log columns) and the key's new state (a row whose ``_point`` is null).
+    """
+
+    def __init__(
+        self, graph: Graph, group: StatefulGroup, log: Log, out: pa.Schema, keys: Sequence[str]
+    ) -> None:
         self.graph = graph
         self.group = group
         self.log = log
+        self.out = out
+        self.keys = list(keys)
+        self._folder: GroupFolder | None = None
 
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.state = handle.getValueState("fold", StructType([StructField("data", BinaryType())]))
-        self.folder = GroupFolder(self.graph, self.group)
-        self.columns = [self.log.column(t) for t in self.group.targets]
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_folder"}
 
-    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:
-        fields = self.folder.fields
-        events = [(list(r["_order"]), {f: r[f] for f in fields if r[f] is not None}) for r in rows]
-        got = self.state.get()
-        stored = pickle.loads(got[0]) if got is not None else None
-        state, out = self.folder.fold(stored, events)
-        self.state.update((pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),))
-        results = []
-        for target, order, ev in out:
-            cols: dict[str, Any] = dict.fromkeys(self.columns)
-            cols[self.columns[target]] = Row(**ev)
-            results.append(Row(_point=self.group.targets[target], _order=order, **cols))
-        return iter(results)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._folder = None
 
-    def close(self) -> None:
-        pass
+    def __call__(self, key: tuple[pa.Scalar, ...], events: pa.Table, stored: pa.Table) -> pa.Table:
+        if self._folder is None:  # built once per Python worker
+            self._folder = GroupFolder(self.graph, self.group)
+        folder = self._folder
+        values = [k.as_py() for k in key]
+        blob = stored.column("_state")[0].as_py() if stored.num_rows else None
+        if not events.num_rows:  # no new event: the key's state stays as it was
+            return self._rows([], values, blob)
+        fields = folder.fields
+        columns = [events.column(f).to_pylist() for f in fields]
+        batch = [
+            (order, {f: v for f, v in zip(fields, row, strict=True) if v is not None})
+            for order, *row in zip(events.column("_order").to_pylist(), *columns, strict=True)
+        ]
+        state, derived = folder.fold(pickle.loads(blob) if blob is not None else None, batch)
+        return self._rows(derived, values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _rows(
+        self, derived: list[tuple[int, list[int], dict[str, Any]]], key: list[Any], blob: bytes | None
+    ) -> pa.Table:
+        """The derived events, then the key's state row (none if the key has no state)."""
+        n, tail = len(derived), [None] * (blob is not None)
+        targets = self.group.targets
+        columns: dict[str, list[Any]] = {
+            "_point": [targets[t] for t, _, _ in derived] + tail,
+            "_order": [o for _, o, _ in derived] + tail,
+            "_state": [None] * n + ([blob] if blob is not None else []),
+        }
+        for point in self.log.points:
+            t = targets.index(point)
+            columns[self.log.column(point)] = [e if to == t else None for to, _, e in derived] + tail
+        for k, v in zip(self.keys, key, strict=True):
+            columns[k] = [None] * n + ([v] if blob is not None else [])
+        return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in self.out], schema=self.out)

@@ -1,0 +1,246 @@
+"""The micro-batches of a flow's stateful groups: a keyed fold over Arrow, or Spark's own aggregation.
+
+How it works: a state query (:class:`flowbus.spark.flow.SparkFlow`) streams a
+group's input log in ``foreachBatch`` and hands each micro-batch's rows (the
+routes into the collapsed space, with key columns ``_k<i>``) to one of two
+runners, each writing the derived events of micro-batch ``b`` to the group's
+log as one file, ``batch-<b>.parquet``, written under a temporary name and
+renamed (the next level's delivery query streams that directory, and a replayed
+micro-batch rewrites the same file with the same rows).
+
+* :class:`FoldBatches` (``--collapse state``): the rows are grouped by key and
+  cogrouped with the group's *state table* (key columns, one pickled ``_state``
+  per key); :class:`~flowbus.spark.state.ArrowFold` folds each key's events in
+  ``_order`` on the Python workers, Arrow in and out, and returns the derived
+  events with the key's new state. The state table is kept per micro-batch
+  (:class:`Versions`): micro-batch ``b`` reads the version before ``b``, so a
+  replay starts from the same state and derives the same events -- exactly once
+  with the checkpoints, as the file sink was. Every key's state passes through
+  each micro-batch (a key with no events gives its row back unchanged): the
+  table's size is the number of keys.
+* :class:`AggregateBatches` (``--collapse aggregate``): Spark's streaming
+  aggregation (``max``, ``max_by(x, _order)``, ``count``, ``sum``, update mode)
+  folds in the JVM; per changed key, the expand arcs send the shortest sequence
+  from the row they last delivered (kept per micro-batch, as the state table is)
+  to the new row.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
+
+from flowbus.filters.ast import Field
+from flowbus.flow.aggregates import Aggregate, Aggregates
+from flowbus.flow.collapse import Key
+from flowbus.flow.collapse import Row as StateRow
+from flowbus.flow.eventlog import arrow_schema
+from flowbus.flow.graph import Collapse, Expand, Graph
+from flowbus.flow.plan import Log, StatefulGroup
+from flowbus.flow.validate import replays_collapse
+from flowbus.spark.bus import schema_struct
+from flowbus.spark.state import ArrowFold, Fold
+
+__all__ = [
+    "AggregateBatches",
+    "FoldBatches",
+    "Versions",
+    "expands_need_no_backlog",
+    "log_schema",
+    "write_log",
+]
+
+
+def log_schema(g: Graph, log: Log) -> StructType:
+    """The Spark schema of ``log``'s rows: ``_point``, ``_order``, one struct column per point."""
+    fields = [StructField("_point", StringType()), StructField("_order", ArrayType(LongType()))]
+    fields += [StructField(log.column(p), schema_struct(g.event_space(p).schema)) for p in log.points]
+    return StructType(fields)
+
+
+def write_log(g: Graph, log: Log, directory: Path, batch_id: int, table: pa.Table) -> None:
+    """Micro-batch ``batch_id``'s derived events as one file of ``log`` (nothing when there are none)."""
+    if not table.num_rows:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".batch-{batch_id:06d}.tmp"
+    pq.write_table(table.cast(arrow_schema(g, log)), tmp)
+    tmp.replace(directory / f"batch-{batch_id:06d}.parquet")
+
+
+class Versions:
+    """One file per micro-batch under ``directory``: the version micro-batch ``b`` reads is the last
+    one saved before ``b``; saving ``b`` keeps ``b`` and the one before (a replay of ``b`` needs it)."""
+
+    def __init__(self, directory: Path, suffix: str) -> None:
+        self.directory = directory
+        self.suffix = suffix
+
+    def _saved(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name[: -len(self.suffix)]) for p in self.directory.glob(f"*{self.suffix}"))
+
+    def before(self, batch_id: int) -> Path | None:
+        earlier = [b for b in self._saved() if b < batch_id]
+        return self.directory / f"{earlier[-1]}{self.suffix}" if earlier else None
+
+    def save(self, batch_id: int, write: Callable[[Path], object]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".{batch_id}.tmp"
+        write(tmp)
+        tmp.replace(self.directory / f"{batch_id}{self.suffix}")
+        for b in self._saved():
+            if b < batch_id - 1:
+                (self.directory / f"{b}{self.suffix}").unlink(missing_ok=True)
+
+
+class FoldBatches:
+    """A group's micro-batches folded per key on the Python workers (:class:`ArrowFold`)."""
+
+    def __init__(self, graph: Graph, group: StatefulGroup, log: Log, work: Path) -> None:
+        self.graph = graph
+        self.group = group
+        self.log = log
+        self.log_dir = work / "logs" / log.name
+        self.versions = Versions(work / "state" / group.name, ".parquet")
+
+    def run(self, rows: DataFrame, keys: list[str], batch_id: int) -> int:
+        """Fold micro-batch ``batch_id``'s ``rows``; the number of derived events."""
+        spark = rows.sparkSession
+        state_schema = StructType([rows.schema[k] for k in keys] + [StructField("_state", BinaryType())])
+        before = self.versions.before(batch_id)
+        if before is None:
+            state = spark.createDataFrame([], state_schema)
+        else:
+            state = spark.read.schema(state_schema).parquet(str(before))
+        out = StructType(log_schema(self.graph, self.log).fields + state_schema.fields)
+        fold = ArrowFold(self.graph, self.group, self.log, to_arrow_schema(out), keys)
+        # a function of (key, events, stored): PySpark counts a callable object's ``self`` as an argument
+        table = (
+            rows.groupBy(*keys)
+            .cogroup(state.groupBy(*keys))
+            .applyInArrow(lambda key, events, stored: fold(key, events, stored), out)
+            .toArrow()
+        )
+        is_state = pc.is_null(table.column("_point"))
+        derived = table.filter(pc.invert(is_state)).select(log_schema(self.graph, self.log).fieldNames())
+        write_log(self.graph, self.log, self.log_dir, batch_id, derived)
+        states = table.filter(is_state).select(state_schema.fieldNames())
+        self.versions.save(batch_id, lambda path: pq.write_table(states, path))
+        return int(derived.num_rows)
+
+
+class AggregateBatches:
+    """A group whose collapses are plain aggregates: Spark aggregates, the driver expands per key."""
+
+    def __init__(
+        self, graph: Graph, group: StatefulGroup, log: Log, work: Path, aggregates: Mapping[str, Aggregates]
+    ) -> None:
+        self.graph = graph
+        self.group = group
+        self.log = log
+        self.log_dir = work / "logs" / log.name
+        self.aggregates = aggregates
+        self.versions = Versions(work / "delivered" / group.name, ".pkl")
+        self.folds = [
+            (arc, aggregates[arc.name], Fold(graph, arc, group.targets).deliverers) for arc in group.collapses
+        ]
+
+    def query(self, rows: DataFrame, keys: list[str]) -> DataFrame:
+        """The streaming aggregation: per key, ``_last`` (the latest ``_order``) and each component."""
+        space = self.graph.event_space(self.group.space).schema.fields
+        columns = [F.max("_order").alias("_last")]
+        for ci, arc in enumerate(self.group.collapses):
+            for a in self.aggregates[arc.name].components:
+                columns.append(_aggregate_column(a, space).alias(f"_c{ci}_{a.component}"))
+        return rows.where(F.col("_k0").isNotNull()).groupBy(*keys).agg(*columns)
+
+    def run(self, df: DataFrame, batch_id: int) -> int:
+        """A micro-batch of changed aggregate rows: per key, the expand arcs' shortest sequences.
+
+        The rows each expand arc last delivered are kept per micro-batch, so a
+        replayed micro-batch starts from the same rows and writes the same
+        derived events. Returns the number of changed rows.
+        """
+        before = self.versions.before(batch_id)
+        delivered: dict[str, dict[Key, StateRow]] = pickle.loads(before.read_bytes()) if before else {}
+        out_rows: list[dict[str, Any]] = []
+        changed = df.collect()
+        for r in sorted(changed, key=lambda r: r["_last"]):
+            key = tuple(r[f"_k{i}"] for i in range(len(self.group.key)))
+            for ci, (_arc, aggs, deliverers) in enumerate(self.folds):
+                row = tuple(_combine(a, r[f"_c{ci}_{a.component}"]) for a in aggs.components)
+                k = 0
+                for deliverer, target, names, kinds in deliverers:
+                    last = delivered.setdefault(deliverer.arc.name, {})
+                    had = last.get(key, deliverer.bound.initial)
+                    new = deliverer.project(row)
+                    if new == had:
+                        continue
+                    last[key] = new
+                    for e in deliverer.search(key, had, new).events:
+                        ev = {
+                            n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
+                        }
+                        point = self.group.targets[target]
+                        order = [*r["_last"], ci, k]
+                        out_rows.append({"_point": point, "_order": order, self.log.column(point): ev})
+                        k += 1
+        table = pa.Table.from_pylist(out_rows, schema=arrow_schema(self.graph, self.log))
+        write_log(self.graph, self.log, self.log_dir, batch_id, table)
+        self.versions.save(
+            batch_id, lambda path: path.write_bytes(pickle.dumps(delivered, pickle.HIGHEST_PROTOCOL))
+        )
+        return len(changed)
+
+
+def expands_need_no_backlog(graph: Graph, collapse: Collapse, aggregates: Aggregates) -> bool:
+    """Can Spark's aggregation serve this collapse? It hands each expand only the key's new row,
+    never the events that made it, so every expand out of the state must reach any such row
+    from the values of the rows alone: one that writes any row in one event does; one that
+    replays the collapse does when every component is a last, max or min (the goal row's values
+    are events' values). A replayed count or sum may need values no row holds (from t = 3 to
+    t = 10 an event of 7): that collapse is folded per key, with its backlog (:class:`FoldBatches`)."""
+    if {a.kind for a in aggregates.components} <= {"last", "max", "min"}:
+        return True
+    expands = [arc for arc in graph.arcs if isinstance(arc, Expand) and arc.source == collapse.target]
+    return not any(replays_collapse(graph, collapse, arc) for arc in expands)
+
+
+def _aggregate_column(a: Aggregate, space: Mapping[str, type]) -> Column:
+    """The Spark aggregate of one component (NaN skipped by max and min, as the rules skip it)."""
+    if a.kind == "count":
+        return F.count(F.lit(1))
+    assert a.arg is not None
+    arg = F.col(a.arg.name) if isinstance(a.arg, Field) else F.lit(a.arg.value)
+    if a.kind == "last":
+        return F.max_by(arg, F.col("_order"))
+    if a.kind == "sum":
+        return F.sum(arg)
+    if isinstance(a.arg, Field) and space.get(a.arg.name) is float:
+        arg = F.when(~F.isnan(arg), arg)
+    return F.max(arg) if a.kind == "max" else F.min(arg)
+
+
+def _combine(a: Aggregate, value: Any) -> Any:
+    """A component's value: the aggregate over the key's events so far, merged with the initial value."""
+    if a.kind in ("count", "sum"):
+        return a.initial + (value or 0)  # type: ignore[operator]
+    if value is None:
+        return a.initial
+    if a.kind == "last":
+        return value
+    if a.kind == "max":
+        return value if value > a.initial or (a.inclusive and value == a.initial) else a.initial
+    return value if value < a.initial or (a.inclusive and value == a.initial) else a.initial

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import typer
 
-from flowbus.cli.broker import TlsOption, TokenOption, UserOption
+from flowbus.cli.broker import BrokersOption, TlsOption, TokenOption, UserOption, ask
 from flowbus.cli.common import JsonOption, out
-from flowbus.cli.flow import BrokerOption, _ask
 
 __all__ = ["acl_app"]
 
@@ -22,7 +21,7 @@ acl_app = typer.Typer(help="Rights of a running broker.", no_args_is_help=True)
 
 @acl_app.command("reload")
 def reload(
-    broker: BrokerOption = None,
+    broker: BrokersOption = None,
     as_json: JsonOption = False,
     tls: TlsOption = None,
     user: UserOption = None,
@@ -31,7 +30,7 @@ def reload(
     """Have the broker read the rights of its config file again: sessions of a revoked
     identity are closed, subscriptions no longer allowed end."""
     tls_options: tuple[Path | None, str | None, str | None] = (tls, user, token)
-    done = _ask(broker, lambda client: client.reload_acl(), tls_options)
+    done = ask(broker, lambda client: client.reload_acl(), tls_options)
     if as_json:
         sys.stdout.write(json.dumps(done, indent=2) + "\n")
         return

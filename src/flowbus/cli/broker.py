@@ -28,9 +28,11 @@ from flowbus.cli.common import err, fail, out
 from flowbus.errors import FlowbusError
 
 __all__ = [
+    "BrokersOption",
     "TlsOption",
     "TokenOption",
     "UserOption",
+    "ask",
     "broker_app",
     "client_options",
     "cluster_app",
@@ -47,6 +49,28 @@ UserOption = Annotated[
 TokenOption = Annotated[
     str | None, typer.Option(help="An identity's token (flowbus certs token), sent to the broker.")
 ]
+
+
+BrokersOption = Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")]
+
+
+def ask(broker: list[str] | None, request: Any, tls: tuple[Path | None, str | None, str | None]) -> Any:
+    """Run ``request(client)`` against the brokers (``tls``: ``--tls``, ``--user``, ``--token``);
+    its result, or a red message and status 2."""
+    import asyncio
+
+    import flowbus
+
+    options = client_options(*tls)
+
+    async def run() -> Any:
+        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
+            return await request(client)
+
+    try:
+        return asyncio.run(run())
+    except FlowbusError as exc:
+        fail(str(exc))
 
 
 def client_options(tls: Path | None, user: str | None, token: str | None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from flowbus.cli.broker import TlsOption, TokenOption, UserOption, client_options
+from flowbus.cli.broker import BrokersOption, TlsOption, TokenOption, UserOption, ask
 from flowbus.cli.common import JsonOption, SpecArgument, fail
 from flowbus.errors import FlowbusError
 
@@ -200,28 +200,6 @@ def generate(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (for Python's flush at exit)
 
 
-BrokerOption = Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")]
-
-
-def _ask(broker: list[str] | None, request: Any, tls: tuple[Path | None, str | None, str | None]) -> Any:
-    """Run ``request(client)`` against the brokers (``tls``: ``--tls``, ``--user``, ``--token``);
-    its result, or a red message and status 2."""
-    import asyncio
-
-    import flowbus
-
-    options = client_options(*tls)
-
-    async def run() -> Any:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
-            return await request(client)
-
-    try:
-        return asyncio.run(run())
-    except FlowbusError as exc:
-        fail(str(exc))
-
-
 def _print_flow(info: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -240,7 +218,7 @@ def _print_flow(info: dict[str, Any]) -> None:
 @flow_app.command("deploy")
 def deploy(
     spec: SpecArgument,
-    broker: BrokerOption = None,
+    broker: BrokersOption = None,
     as_json: JsonOption = False,
     tls: TlsOption = None,
     user: UserOption = None,
@@ -253,7 +231,7 @@ def deploy(
         text = Deployment.from_file(spec).text  # (a bad spec is refused here, naming the file)
     except FlowbusError as exc:
         fail(str(exc))
-    info = _ask(broker, lambda client: client.deploy(text), (tls, user, token))
+    info = ask(broker, lambda client: client.deploy(text), (tls, user, token))
     if as_json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:
@@ -263,14 +241,14 @@ def deploy(
 @flow_app.command("undeploy")
 def undeploy(
     name: Annotated[str, typer.Argument(help="The flow's name.")],
-    broker: BrokerOption = None,
+    broker: BrokersOption = None,
     as_json: JsonOption = False,
     tls: TlsOption = None,
     user: UserOption = None,
     token: TokenOption = None,
 ) -> None:
     """Withdraw a flow from the network: its state goes, its subscriptions end."""
-    info = _ask(broker, lambda client: client.undeploy(name), (tls, user, token))
+    info = ask(broker, lambda client: client.undeploy(name), (tls, user, token))
     if as_json:
         sys.stdout.write(json.dumps(info) + "\n")
     else:
@@ -279,14 +257,14 @@ def undeploy(
 
 @flow_app.command("ls")
 def ls(
-    broker: BrokerOption = None,
+    broker: BrokersOption = None,
     as_json: JsonOption = False,
     tls: TlsOption = None,
     user: UserOption = None,
     token: TokenOption = None,
 ) -> None:
     """The flows deployed on the network, their spaces, which can be published into."""
-    flows = _ask(broker, lambda client: client.flows(), (tls, user, token))
+    flows = ask(broker, lambda client: client.flows(), (tls, user, token))
     if as_json:
         sys.stdout.write(json.dumps(flows, indent=2) + "\n")
     elif not flows:

@@ -45,6 +45,24 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
         proc.wait(20)
 
 
+def _publish_until_received(sub: subprocess.Popen[str], options: list[str]) -> None:
+    """Publish ``EVENT`` (``flowbus pub`` with ``options``) until the ``flowbus sub --count 1``
+    process ``sub`` prints it (it may not be subscribed yet), then end ``sub``."""
+    try:
+        for _ in range(20):
+            done = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *options)
+            assert done.returncode == 0, done.stderr
+            try:
+                out, _ = sub.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert json.loads(out) == EVENT
+    finally:
+        sub.kill()
+        sub.wait()
+
+
 def test_certs_init_writes_the_authority_and_the_named_certificates(
     secured: tuple[Path, str, Path, int],
 ) -> None:
@@ -61,19 +79,7 @@ def test_pub_and_sub_with_certificates_and_a_refusal_by_name(secured: tuple[Path
         stdout=subprocess.PIPE,
         text=True,
     )
-    try:
-        for _ in range(20):  # (until the subscriber is subscribed)
-            done = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *tls, "--user", "alice")
-            assert done.returncode == 0, done.stderr
-            try:
-                out, _ = sub.communicate(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        assert json.loads(out) == EVENT
-    finally:
-        sub.kill()
-        sub.wait()
+    _publish_until_received(sub, [*tls, "--user", "alice"])
     refused = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *tls, "--user", "bob")
     assert refused.returncode == 2
     assert "identity 'bob' has no publish right on 'stocks'" in refused.stderr
@@ -135,21 +141,7 @@ def test_cluster_up_tls_is_a_mutual_tls_ring(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             text=True,
         )
-        try:
-            for _ in range(20):
-                done = flowbus(
-                    "pub", "stocks", "--event", json.dumps(EVENT), "--broker", f"127.0.0.1:{port + 1}", *tls
-                )
-                assert done.returncode == 0, done.stderr
-                try:
-                    out, _ = sub.communicate(timeout=1.0)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            assert json.loads(out) == EVENT
-        finally:
-            sub.kill()
-            sub.wait()
+        _publish_until_received(sub, ["--broker", f"127.0.0.1:{port + 1}", *tls])
     finally:
         proc.terminate()
         proc.wait(30)

@@ -80,7 +80,7 @@ Entry = tuple[Any, dict[str, Any], int | None]
 client acknowledges it; n > 0 = SQLite queue position; 0 = nowhere, a catch-up event)."""
 
 Settle = tuple[Any, int]
-"""A delivery the core may forget: (subscription id, event id)."""
+"""Deliveries the core may forget: (event id, how many of its deliveries here)."""
 
 _HIDDEN = (EVENT_ID, SPACE)
 _catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this process)

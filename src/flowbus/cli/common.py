@@ -34,7 +34,8 @@ SpecArgument = Annotated[Path, typer.Argument(help="A flow spec (YAML), e.g. exa
 
 def fail(message: str) -> NoReturn:
     """Print ``message`` in red on standard error and exit with status 2."""
-    err.print(f"[bold red]error:[/] {escape(message)}")  # (the message's brackets are text)
+    # The message's brackets are text; a long path stays one piece (the terminal wraps, not rich).
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 

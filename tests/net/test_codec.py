@@ -87,6 +87,8 @@ CASES: list[object] = [
     ),
     rm.BackupResync(holder=P3),
     rm.ShareState(sender=P2, entries={(1, "a"): {"f": F1}, 2: None}),
+    rm.ShareState(sender=P2, entries={("sub", "s", 7): "x > 1"}, seq=3),
+    ring_load.ShareAck(holder=P1, seq=3),
     rm.RingRoute(target=12345, payload={"x": 1}, hops=2),
     rm.RingRoute(target=1, payload=cbr.Publish(event=EVENT), hops=0),
     rm.TracedQuery(origin=P1, target=P2, trace=(P1, P3)),

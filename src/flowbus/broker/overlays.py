@@ -85,12 +85,10 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
         ping_timeout=2 * config.heartbeat,
         load_limit=config.load_limit,
         rate_limit=config.rate_limit,
-        movable=_stays,  # (its clients' subscriptions stay: over its limit, it asks for a broker)
+        # over its limit it shares its clients' subscriptions' routing with a neighbour (their
+        # sessions stay: routing/ring_share.py), and asks for a broker if none has room
+        share_subs=config.load_limit is not None or config.rate_limit is not None,
     )
-
-
-def _stays(key: Hashable) -> bool:
-    return False
 
 
 def address_text(addr: int) -> str:

@@ -213,7 +213,7 @@ class BrokerRing:
     """Ring brokers in a simulator, grown one join at a time, with deliveries recorded."""
 
     def __init__(
-        self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0, custody: bool = False
+        self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0, custody: bool = False, **options: Any
     ) -> None:
         self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
         self.got: list[tuple[Hashable, Any, float]] = []
@@ -222,7 +222,13 @@ class BrokerRing:
         rng = random.Random(derive_seed(seed, "ring-faults/joins"))
         for a in range(n):
             b = RingBroker(
-                a, backup=backup, heartbeat=heartbeat, probe_timeout=10.0, ping_timeout=10.0, custody=custody
+                a,
+                backup=backup,
+                heartbeat=heartbeat,
+                probe_timeout=10.0,
+                ping_timeout=10.0,
+                custody=custody,
+                **options,
             )
             self.brokers.append(b)
             self.sim.add_node(a, b)

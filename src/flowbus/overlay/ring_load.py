@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.errors import ProtocolError
 from flowbus.core import CancelTimer, Effect, Send, SetTimer
+from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_messages import Peer, ShareState
 
 __all__ = [
@@ -241,6 +241,7 @@ class ShareLedger:
         self.resent = 0  # shares sent again after a timeout
         self.taken_back = 0  # shares taken back (unanswered, send failed, receiver dead)
         self.late = 0  # acknowledgements of shares taken back already
+        self.placed: dict[Hashable, int] = {}  # acknowledged entries -> holder (for the core above)
         self._seq = 0
 
     def in_flight(self) -> set[Hashable]:
@@ -261,7 +262,17 @@ class ShareLedger:
             return None, []
         del self.pending[msg.seq]
         self.acked += 1
+        self.placed.update(dict.fromkeys(done.entries, done.to.addr))
         return done, [CancelTimer(_timer(msg.seq))]
+
+    def withdraw(self, key: Hashable) -> int | None:
+        """Entry ``key`` of a pending share is gone (its subscription ended): out of the
+        share (never taken back); the address it was sent to (None: in no pending share)."""
+        for p in self.pending.values():
+            if key in p.entries:
+                del p.entries[key]
+                return p.to.addr
+        return None
 
     def expired(self, me: Peer, seq: int) -> tuple[dict[Hashable, Any], list[Effect]]:
         """Share ``seq`` went unanswered: sent again, or (``tries`` used up) its entries,

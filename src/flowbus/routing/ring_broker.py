@@ -77,6 +77,7 @@ from flowbus.routing import cbr
 from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
+from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
 
 __all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
 
@@ -170,6 +171,7 @@ class RingBroker(Core):
         local_ack: bool = False,
         advertising: bool = False,
         grouped: bool = False,
+        share_subs: bool = False,
         **ring: Any,
     ) -> None:
         if local_ack and not custody:
@@ -186,6 +188,10 @@ class RingBroker(Core):
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self._refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
         self.link_book = LinkBook()  # the classes of every broker's tree links (link_classes.py)
+        self.shared = SharedSubs(addr)  # subscriptions shared under load (ring_share.py)
+        self._count_cost = share_subs  # deliveries counted per subscription (the busiest move first)
+        if share_subs:
+            ring["movable"] = self._movable
         self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
         self.router = cbr.ContentRouter(addr, (), advertising=advertising, grouped=grouped)
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
@@ -270,7 +276,13 @@ class RingBroker(Core):
         if sub_id not in self.subs:
             raise ProtocolError(f"broker {self.addr}: no subscription {sub_id!r}")
         self.subs.discard(sub_id)
-        key = next(k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id))
+        if sub_id in self.shared.out:  # (held by a neighbour: it drops it)
+            return self.shared.unshare(sub_id)
+        key = next((k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id)), None)
+        if key is None:  # (in a share not acknowledged yet: out of it, and the receiver drops it)
+            key = ("sub", sub_id, self.addr)
+            to = self.ring.shares.withdraw(key)
+            return self.router.drop(origin_of(key)) + ([Send(to, Unshare((key,)))] if to is not None else [])
         self._taken_from.pop(sub_id, None)
         self._taken_by_dead = None
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
@@ -673,6 +685,11 @@ class RingBroker(Core):
             case HandedOver():
                 self._open(src, msg.event)
                 return self._out(self._on_handed_over(msg))
+            case Delegated():
+                self._open(src, msg.event)
+                return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
+            case Unshare(keys=keys):
+                return self._out(self._unshared(keys))
             case Refused(items=items):
                 return self.refuse(src, [(eid, why) for eid, why in items])
             case LinkClasses():
@@ -732,6 +749,9 @@ class RingBroker(Core):
                 for key in keys:
                     if key is not None:
                         self._release(dst, eid, only=key)
+        elif isinstance(msg, Delegated) and self.custody:  # (its home is gone: so are its sessions)
+            for key in self._waiting_on(dst, msg.event.get(EVENT_ID)):
+                self._release(dst, key[1], only=key)
         return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
 
     def _routing_message(self, src: int, msg: Any, now: float) -> list[Effect]:
@@ -766,6 +786,8 @@ class RingBroker(Core):
         deliveries), and the confirmations that are due go out."""
         if self.flows.parts or self.flows.subs:
             effects = self._flow_effects(effects)
+        if self.shared.hosted:
+            effects = self.shared.redirect(effects)
         out: list[Effect] = []
         step = self._step
         delivered, custody, local_ack = self._delivered, self._custody, self.local_ack
@@ -788,6 +810,8 @@ class RingBroker(Core):
                 rec = custody.get(held) if held is not None else None
                 if rec is not None:
                     rec.local += len(subs)
+                if self._count_cost:
+                    self._cost(subs)
             elif type(e) is Deliver:
                 event = e.event
                 if (event.__class__ is not dict and not isinstance(event, Mapping)) or EVENT_ID not in event:
@@ -810,7 +834,7 @@ class RingBroker(Core):
                         rec.local += 1
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
-            elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver):
+            elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver | Delegated):
                 if self._retry and type(e.msg) is cbr.Publish and self._behind_kept(e.dst, e.msg.event):
                     continue
                 if step:
@@ -827,6 +851,11 @@ class RingBroker(Core):
             out.extend(Send(dst, Refused(tuple(items))) for dst, items in sorted(self._refusals.items()))
             self._refusals = {}
         return out
+
+    def _cost(self, subs: Iterable[Hashable]) -> None:
+        """Deliveries to our own subscriptions, counted per state entry (a load share moves
+        the busiest first)."""
+        self.ring.loads.meter.by_key.update(("sub", s, self.addr) for s in subs)
 
     # -- custody
 
@@ -941,6 +970,49 @@ class RingBroker(Core):
                 self._release(dst, eid, only=key)
         return self._out([])
 
+    # -- subscriptions shared under load (routing/ring_share.py)
+
+    def _movable(self, key: Hashable) -> bool:
+        """Whether a load share may pass the state entry ``key`` on (own plain subscriptions)."""
+        return self.shared.movable(key, self.subs, self.flows.subs, self.flows.parts, self._adopted)
+
+    def _shares_changed(self, changed: bool, dead: set[int]) -> list[Effect]:
+        """After a ring step: ours acknowledged elsewhere no longer routed here, ours back in
+        our state (taken over from their holder) routed again; who hosts what."""
+        ring, out = self.ring, []
+        if ring.shares.placed:
+            placed, ring.shares.placed = ring.shares.placed, {}
+            for sub in self.shared.placed(placed):
+                if self.addr in self.router.directions((self.addr, sub)):
+                    out.extend(self.router.drop((self.addr, sub)))
+        if changed:
+            for sub in self.shared.back(ring.state):
+                text = ring.state[("sub", sub, self.addr)]
+                out.extend(
+                    self.router.adopt((self.addr, sub), parse(text[0] if isinstance(text, tuple) else text))
+                )
+            self.shared.host(self._adopted, dead)
+        return out
+
+    def _unshared(self, keys: Iterable[Hashable]) -> list[Effect]:
+        """A home's :class:`Unshare`: its entries held here go, and their routing."""
+        out: list[Effect] = []
+        for key in keys:
+            if key in self.ring.state:
+                out.extend(self.ring.del_state(key))
+                out.extend(self._drop_adopted(key[1]))  # type: ignore[index]
+        return out
+
+    def _drop_adopted(self, sub: Hashable) -> list[Effect]:
+        """Stop serving the adopted subscription ``sub`` (passed on, or unshared)."""
+        origin = self._adopted.pop(sub, None)
+        out = self.router.drop(origin) if origin and self.addr in self.router.directions(origin) else []
+        self.subs.discard(sub)
+        self.shared.hosted.pop(sub, None)
+        self._taken_from.pop(sub, None)
+        self._taken_by_dead = None
+        return out
+
     # -- keeping the router in step with the ring
 
     def _sync(self, effects: list[Effect]) -> list[Effect]:
@@ -950,7 +1022,7 @@ class RingBroker(Core):
         ring = self.ring
         fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
-        signature = (ring.backups.foreign, len(ring.taken_over), 0)  # (our own set_state calls: no scan)
+        signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
         for key, text in list(ring.state.items()) if changed else ():
@@ -970,12 +1042,9 @@ class RingBroker(Core):
                             self._step[e[EVENT_ID]] = rkey
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
-            origin = self._adopted.pop(sub)
-            if self.addr in self.router.directions(origin):  # (not dropped already)
-                out.extend(self.router.drop(origin))
-            self.subs.discard(sub)
-            self._taken_from.pop(sub, None)
-            self._taken_by_dead = None
+            out.extend(self._drop_adopted(sub))
+        if changed or ring.shares.placed:
+            out.extend(self._shares_changed(changed, {self._known[d] for d in ring.dead if d in self._known}))
         if ring.joined:
             self._known.update((p.id, p.addr) for p in ring.links())
         wanted = self.tree_neighbours()

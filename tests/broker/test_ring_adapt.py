@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.broker.test_server import eventually, ring, run
+
 import flowbus
 from flowbus.broker.config import DEFAULT
 from flowbus.routing.ring_broker import RingBroker
-from tests.broker.test_server import eventually, ring, run
 
 
 def test_a_loaded_broker_moves_subscriptions_and_nothing_is_lost_or_duplicated() -> None:

@@ -191,7 +191,7 @@ class Broker:
         peers = [parse_address(j) for j in join]
         console_at = parse_address(http) if http is not None else None
         check_overlay(overlay, config)
-        if any(c == "secure" for c in config.classes.values()) and overlay != "chordal-ring":
+        if any(c != "normal" for c in config.classes.values()) and overlay != "chordal-ring":
             raise ConfigError(
                 f"classes: the {overlay} overlay has no link classes (use the chordal-ring overlay)"
             )

@@ -73,7 +73,9 @@ from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
+from flowbus.overlay.class_router import LinkBeat, LinkEcho
 from flowbus.routing import cbr
+from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
@@ -172,6 +174,7 @@ class RingBroker(Core):
         advertising: bool = False,
         grouped: bool = False,
         share_subs: bool = False,
+        express: ExpressRoutes | None = None,
         **ring: Any,
     ) -> None:
         if local_ack and not custody:
@@ -187,8 +190,11 @@ class RingBroker(Core):
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self._refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
-        self.link_book = LinkBook()  # the classes of every broker's tree links (link_classes.py)
+        self.link_book: LinkBook[LinkClasses] = (
+            LinkBook()
+        )  # the classes of every broker's tree links (link_classes.py)
         self.shared = SharedSubs(addr)  # subscriptions shared under load (ring_share.py)
+        self.express = express if express is not None else ExpressRoutes(addr)  # (express.py; off)
         self._count_cost = share_subs  # deliveries counted per subscription (the busiest move first)
         if share_subs:
             ring["movable"] = self._movable
@@ -690,6 +696,12 @@ class RingBroker(Core):
                 return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
             case Unshare(keys=keys):
                 return self._out(self._unshared(keys))
+            case LinkBeat() | LinkEcho() | LinkLatency():
+                return self.express.on_message(src, msg, now, self.tree_neighbours())
+            case Detour(via=via):
+                if via:
+                    return self.express.pass_on(msg)
+                return self._from_router(msg.origin, cbr.Publish(msg.event), now)
             case Refused(items=items):
                 return self.refuse(src, [(eid, why) for eid, why in items])
             case LinkClasses():
@@ -730,7 +742,10 @@ class RingBroker(Core):
         if key == DERIVED:
             derived, self._derived = self._derived, []
             return self._out(self._route_own(derived)) if derived else []
-        return self._out(self._sync(self.ring.on_timer(key, now)))
+        out = self._out(self._sync(self.ring.on_timer(key, now)))
+        if key == ("ring", "heartbeat") and self.express.on:  # (links measured at each round)
+            out += self.express.beat_round(self.peer_addrs(), self.tree_neighbours(), now)
+        return out
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """A failed send (a routing message too) is a failure clue for the ring; the ring's
@@ -749,6 +764,8 @@ class RingBroker(Core):
                 for key in keys:
                     if key is not None:
                         self._release(dst, eid, only=key)
+        elif isinstance(msg, Detour):
+            out.extend(self.express.failed(msg))
         elif isinstance(msg, Delegated) and self.custody:  # (its home is gone: so are its sessions)
             for key in self._waiting_on(dst, msg.event.get(EVENT_ID)):
                 self._release(dst, key[1], only=key)
@@ -850,7 +867,7 @@ class RingBroker(Core):
         if self._refusals:
             out.extend(Send(dst, Refused(tuple(items))) for dst, items in sorted(self._refusals.items()))
             self._refusals = {}
-        return out
+        return self.express.route(out, SPACE) if self.express.on else out
 
     def _cost(self, subs: Iterable[Hashable]) -> None:
         """Deliveries to our own subscriptions, counted per state entry (a load share moves
@@ -1065,6 +1082,7 @@ class RingBroker(Core):
                 )
                 out.extend(Send(a, sync) for a in sorted(added))
             out.extend(self.link_book.welcome(added))
+            out.extend(self.express.book.welcome(added))
             out.extend(Send(a, Synced()) for a in sorted(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):

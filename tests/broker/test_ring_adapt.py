@@ -51,3 +51,41 @@ def test_a_loaded_broker_moves_subscriptions_and_nothing_is_lost_or_duplicated()
                         await p.close()
 
     run(main())
+
+
+def test_an_express_event_goes_round_a_slow_link_and_back_once_it_recovers() -> None:
+    """Three brokers, their tree a - b - c by ring id; ``events`` is express within 30 ms.
+    An event from a to a subscriber at b takes the link a - b; made slow (150 ms each way
+    at a), the link is measured over the bound and the next event goes a -> c -> b; the
+    delay removed, the link is measured fast again and events take it again."""
+
+    async def main() -> None:
+        config = DEFAULT.with_(heartbeat=0.25, classes={"events": "express"}, express_bound=0.03)
+        async with ring(3, config=config) as brokers:
+            a, b, c = sorted(brokers, key=lambda x: x.core.node_id)
+            core: RingBroker = a.core  # type: ignore[assignment]
+            routes, judge = core.express.routes, core.express.judge
+            assert judge is not None
+            async with flowbus.connect(b.address) as sc, flowbus.connect(a.address) as pub:
+                sub = await sc.subscribe("events", "x >= 0")
+                await eventually(lambda: bool(core.router.received_from(b.addr)))
+
+                async def send(x: int) -> None:
+                    await pub.publish("events", {"x": x})
+                    assert (await sub.get(5))["x"] == x
+                    await pub.flush(5)
+
+                await send(1)
+                assert routes == {(a.addr, b.addr): 1}
+                a.runtime.delay[b.addr] = 0.15  # (what b sends a waits: the link is slow both ways)
+                await eventually(lambda: judge.express.get(b.addr) is False)
+                await send(2)
+                assert routes[(a.addr, c.addr, b.addr)] == 1 and core.express.detours == 1
+                assert c.core.express.relayed == 1  # type: ignore[attr-defined]
+                del a.runtime.delay[b.addr]
+                await eventually(lambda: judge.express.get(b.addr) is True)
+                await send(3)
+                assert routes[(a.addr, b.addr)] == 2 and core.express.detours == 1
+                assert core.express.fallbacks == 0 and judge.latency[c.addr] < 0.03
+
+    run(main())

@@ -43,7 +43,7 @@ from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim.engine import Simulator, derive_seed
 from flowbus.sim.transport import CoordinateLatency, Layer
 
-__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "RingSim", "ring_errors"]
+__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "RingSim", "SlowLinks", "ring_errors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +213,18 @@ class BrokerRing:
     """Ring brokers in a simulator, grown one join at a time, with deliveries recorded."""
 
     def __init__(
-        self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0, custody: bool = False, **options: Any
+        self,
+        n: int,
+        *,
+        seed: int,
+        backup: int,
+        heartbeat: float = 5.0,
+        custody: bool = False,
+        layers: Sequence[Layer] = (),
+        **options: Any,
     ) -> None:
-        self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
+        transport = [CoordinateLatency(0.5, 2.0), *layers]
+        self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
         self.got: list[tuple[Hashable, Any, float]] = []
         self.sim.on_deliver = lambda node, sub, event, now: self.got.append((sub, event, now))
         self.brokers: list[RingBroker] = []
@@ -249,6 +258,22 @@ def _first(picks: list[int], broker: RingBroker) -> list[Effect]:
 
 def _join(picks: list[int], broker: RingBroker) -> list[Effect]:
     return broker.join(picks)
+
+
+class SlowLinks:
+    """A transport layer: ``slow[frozenset((a, b))]`` more time units on every message
+    between ``a`` and ``b`` (either way), for as long as the entry is there."""
+
+    def __init__(self) -> None:
+        self.slow: dict[frozenset[int], float] = {}
+
+    def bind(self, host: object) -> Callable[[int, int, Any, float], float | str]:
+        slow = self.slow
+
+        def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
+            return slow.get(frozenset((src, dst)), 0.0) if slow else 0.0
+
+        return decide
 
 
 class LinkLatency:

@@ -115,7 +115,7 @@ class LinkJudge:
 
     def echo(self, peer: int, sent: float, now: float) -> bool:
         """A beat stamped ``sent`` came back from ``peer``: whether its judgement changed."""
-        if self._waiting.get(peer, sent) >= sent:
+        if self._waiting.get(peer, sent) <= sent:  # (it answers the older beats too)
             self._waiting.pop(peer, None)
         return self.measure(peer, max(0.0, now - sent) / 2)
 

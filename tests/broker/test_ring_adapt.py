@@ -28,6 +28,8 @@ def test_a_loaded_broker_moves_subscriptions_and_nothing_is_lost_or_duplicated()
                 holder = next(core for core in cores[1:] if core.shared.hosted)
                 assert set(holder.shared.hosted) == set(cores[0].shared.out)
                 assert cores[0].ring.load(0.0) <= 1.0
+                shown = home.stats()["adapt"]["shares"]  # (what the console's state shows)
+                assert shown["acknowledged"] == 1 and len(shown["held_by_neighbours"]) == 2
                 pubs = [flowbus.connect(b.address) for b in brokers]
                 for p in pubs:
                     await p.open()
@@ -81,6 +83,8 @@ def test_an_express_event_goes_round_a_slow_link_and_back_once_it_recovers() -> 
                 await eventually(lambda: judge.express.get(b.addr) is False)
                 await send(2)
                 assert routes[(a.addr, c.addr, b.addr)] == 1 and core.express.detours == 1
+                shown = a.stats()["adapt"]["express"]["links"][b.address]  # (the console's state)
+                assert shown["express"] is False and shown["latency_ms"] > 30
                 assert c.core.express.relayed == 1  # type: ignore[attr-defined]
                 del a.runtime.delay[b.addr]
                 await eventually(lambda: judge.express.get(b.addr) is True)

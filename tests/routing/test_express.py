@@ -17,7 +17,7 @@ def test_a_link_is_judged_against_the_bound_with_hysteresis() -> None:
     assert judge.measure(7, 0.5) and judge.express[7]
     assert not judge.measure(7, 0.9)  # (still within the bound)
     assert judge.measure(7, 1.2) and not judge.express[7]
-    assert not judge.measure(7, 0.8) and not judge.express[7]  # between 0.5 and 1: still slow
+    assert not judge.measure(7, 0.8) and not judge.express[7]  # between 0.75 and 1: still slow
     assert judge.measure(7, 0.4) and judge.express[7]
     beats, changed = judge.beats(1, [7], now=10.0)
     assert beats == [Send(7, LinkBeat(1, 10.0))] and not changed

@@ -58,7 +58,7 @@ from flowbus.routing.link_classes import LinkBook
 
 __all__ = ["HYSTERESIS", "Detour", "ExpressRoutes", "LinkJudge", "LinkLatency"]
 
-HYSTERESIS = 0.5
+HYSTERESIS = 0.25
 """A link over the bound is express again below ``bound * (1 - HYSTERESIS)``."""
 
 _EXPRESS = frozenset({LinkClass.NORMAL, LinkClass.EXPRESS})

@@ -9,7 +9,8 @@ from flowbus.core import Send
 from flowbus.experiments.ring_sim import BrokerRing, SlowLinks
 from flowbus.filters import parse
 from flowbus.overlay.class_router import LinkBeat
-from flowbus.routing.express import ExpressRoutes, LinkJudge
+from flowbus.routing import cbr
+from flowbus.routing.express import Detour, ExpressRoutes, LinkJudge, LinkLatency
 
 
 def test_a_link_is_judged_against_the_bound_with_hysteresis() -> None:
@@ -56,3 +57,25 @@ def test_an_express_event_goes_round_a_slowed_link_and_back_in_the_simulator() -
     send(3)
     assert routes[(a.addr, b.addr)] == 2 and a.express.detours == 1
     assert sorted(ev["n"] for sub, ev, _ in ring.got if sub == "s") == [1, 2, 3]
+
+
+def test_the_ring_view_detours_over_express_links_and_falls_back_to_the_direct_link() -> None:
+    routes = ExpressRoutes(1, bound=1.0, is_express=lambda space: space == "x")
+    assert routes.judge is not None
+    routes.judge.measure(2, 5.0)  # (our link to 2: slow)
+    routes.judge.measure(3, 0.1)
+    event = {"__space": "x", "n": 1}
+    for msg in (
+        LinkLatency(2, 1, ((1, False, 5.0), (3, True, 0.1))),
+        LinkLatency(3, 1, ((1, True, 0.1), (2, True, 0.1))),
+        LinkLatency(4, 1, ((1, True, 0.1), (2, True, 0.1))),  # (gone: nobody lists it any more)
+    ):
+        routes.take(msg.broker, msg, 0.0, [])
+    plain = Send(2, cbr.Publish({"__space": "y"}))
+    out = routes.route([Send(2, cbr.Publish(event)), plain], "__space")
+    assert out == [Send(3, Detour((2,), 1, event)), plain] and routes.detours == 1
+    assert set(routes.view().brokers) == {1, 2, 3, 4} and not routes.view().incident(4)
+    routes.take(3, LinkLatency(3, 2, ((1, True, 0.1), (2, False, 5.0))), 0.0, [])
+    assert routes.route([Send(2, cbr.Publish(event))], "__space") == [Send(2, cbr.Publish(event))]
+    assert routes.fallbacks == 1 and routes.routes == {(1, 3, 2): 1, (1, 2): 1}
+    assert routes.failed(Detour((2,), 1, event)) == [Send(2, Detour((), 1, event))]

@@ -93,7 +93,7 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
         express=ExpressRoutes(  # (the wall clock numbers its announcements: a restart's are newer)
             addr,
             bound=config.express_bound if "express" in config.classes.values() else None,
-            is_express=config.express,
+            is_express=lambda space: config.express(space) and not config.secure(space),  # (secure wins)
             epoch=time.time_ns(),
         ),
     )

@@ -164,7 +164,7 @@ class ExpressRoutes:
         out, changed = self.judge.beats(self.addr, peers, now)
         return out + (self._announce(tree) if changed or self.addr not in self.book.known else [])
 
-    def on_message(self, src: int, msg: Any, now: float, tree: Iterable[int]) -> list[Effect]:
+    def take(self, src: int, msg: Any, now: float, tree: Iterable[int]) -> list[Effect]:
         """A beat (echoed), an echo (measured) or an announcement (kept, flooded on)."""
         match msg:
             case LinkBeat(link=link, sent=sent):
@@ -226,25 +226,26 @@ class ExpressRoutes:
         return [Send(msg.via[0], Detour(msg.via[1:], msg.origin, msg.event))]
 
     def view(self) -> Multigraph:
-        """The ring view: every announced link, express if each end that told says so (our
-        own as we judge them now); built again when an announcement or a judgement changed."""
+        """The ring view: the links each end that announced lists (a broker gone is left
+        out by its neighbours' news), express if each says so (our own as we judge them
+        now); built again when an announcement or a judgement changed."""
         own = tuple(sorted(self.judge.express.items())) if self.judge is not None else ()
         key = (tuple((b, m.version) for b, m in self.book.known.items()), own)
         if self._view is not None and self._view[0] == key:
             return self._view[1]
+        told = {b: msg.links for b, msg in self.book.known.items() if b != self.addr}
+        told[self.addr] = tuple((peer, fast, 0.0) for peer, fast in own)
         edges: dict[tuple[int, int], bool] = {}
-        for msg in self.book.known.values():
-            if msg.broker == self.addr:
-                continue
-            for peer, fast, _ in msg.links:
-                edge = (min(msg.broker, peer), max(msg.broker, peer))
+        listed: dict[tuple[int, int], int] = {}  # (how many of its ends list it)
+        for broker, links in told.items():
+            for peer, fast, _ in links:
+                edge = (min(broker, peer), max(broker, peer))
                 edges[edge] = edges.get(edge, True) and fast
-        for peer, fast in own:
-            edge = (min(self.addr, peer), max(self.addr, peer))
-            edges[edge] = edges.get(edge, True) and fast
+                listed[edge] = listed.get(edge, 0) + 1
         view = Multigraph({self.addr, *(b for edge in edges for b in edge)})
         for (a, b), fast in sorted(edges.items()):
-            view.add_link(a, b, weight=1.0, classes=_EXPRESS if fast else NORMAL_ONLY)
+            if listed[(a, b)] == (a in told) + (b in told):  # (an end that told of others, not it: gone)
+                view.add_link(a, b, weight=1.0, classes=_EXPRESS if fast else NORMAL_ONLY)
         self._view = (key, view)
         return view
 

@@ -697,7 +697,7 @@ class RingBroker(Core):
             case Unshare(keys=keys):
                 return self._out(self._unshared(keys))
             case LinkBeat() | LinkEcho() | LinkLatency():
-                return self.express.on_message(src, msg, now, self.tree_neighbours())
+                return self.express.take(src, msg, now, self.tree_neighbours())
             case Detour(via=via):
                 if via:
                     return self.express.pass_on(msg)

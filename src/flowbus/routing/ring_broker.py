@@ -993,24 +993,6 @@ class RingBroker(Core):
         """Whether a load share may pass the state entry ``key`` on (own plain subscriptions)."""
         return self.shared.movable(key, self.subs, self.flows.subs, self.flows.parts, self._adopted)
 
-    def _shares_changed(self, changed: bool, dead: set[int]) -> list[Effect]:
-        """After a ring step: ours acknowledged elsewhere no longer routed here, ours back in
-        our state (taken over from their holder) routed again; who hosts what."""
-        ring, out = self.ring, []
-        if ring.shares.placed:
-            placed, ring.shares.placed = ring.shares.placed, {}
-            for sub in self.shared.placed(placed):
-                if self.addr in self.router.directions((self.addr, sub)):
-                    out.extend(self.router.drop((self.addr, sub)))
-        if changed:
-            for sub in self.shared.back(ring.state):
-                text = ring.state[("sub", sub, self.addr)]
-                out.extend(
-                    self.router.adopt((self.addr, sub), parse(text[0] if isinstance(text, tuple) else text))
-                )
-            self.shared.host(self._adopted, dead)
-        return out
-
     def _unshared(self, keys: Iterable[Hashable]) -> list[Effect]:
         """A home's :class:`Unshare`: its entries held here go, and their routing."""
         out: list[Effect] = []
@@ -1061,7 +1043,8 @@ class RingBroker(Core):
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:
-            out.extend(self._shares_changed(changed, {self._known[d] for d in ring.dead if d in self._known}))
+            gone = {self._known[d] for d in ring.dead if d in self._known}
+            out.extend(self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed))
         if ring.joined:
             self._known.update((p.id, p.addr) for p in ring.links())
         wanted = self.tree_neighbours()

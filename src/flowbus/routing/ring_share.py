@@ -44,6 +44,9 @@ from typing import Any
 
 from flowbus import wire
 from flowbus.core import Deliver, DeliverAll, Effect, Send
+from flowbus.filters import parse
+from flowbus.overlay.chordal_ring import RingNode
+from flowbus.routing.cbr import ContentRouter
 
 __all__ = ["Delegated", "SharedSubs", "Unshare"]
 
@@ -87,6 +90,33 @@ class SharedSubs:
             and key[1] in own
             and not any(key[1] in f for f in fixed)
         )
+
+    def after_step(
+        self,
+        ring: RingNode,
+        router: ContentRouter,
+        adopted: Mapping[Hashable, tuple[int, Hashable]],
+        dead: Collection[int],
+        *,
+        changed: bool,
+    ) -> list[Effect]:
+        """After a ring step (``changed``: its state changed from outside): ours acknowledged
+        elsewhere no longer routed here, ours back in our state (taken over from their
+        holder) routed again; who hosts what (``adopted`` subs, ``dead`` addresses)."""
+        out: list[Effect] = []
+        if ring.shares.placed:
+            placed, ring.shares.placed = ring.shares.placed, {}
+            for sub in self.placed(placed):
+                if self.addr in router.directions((self.addr, sub)):
+                    out.extend(router.drop((self.addr, sub)))
+        if changed:
+            for sub in self.back(ring.state):
+                text = ring.state[("sub", sub, self.addr)]
+                out.extend(
+                    router.adopt((self.addr, sub), parse(text[0] if isinstance(text, tuple) else text))
+                )
+            self.host(adopted, dead)
+        return out
 
     def placed(self, keys: Mapping[Hashable, int]) -> list[Hashable]:
         """Acknowledged shares (entry -> holder): the sub ids of ours to drop from the router."""

@@ -36,3 +36,13 @@ def test_ring_adapt_shares_grows_and_reroutes() -> None:
     assert max(r["latency_max"] for r in round_it) < min(r["latency_max"] for r in slow)
     with pytest.raises(ExperimentError, match="max_brokers"):
         RingAdapt(brokers=8, max_brokers=4)
+
+
+def test_ring_adapt_with_shares_lost_sends_them_again_and_loses_no_entry() -> None:
+    c = RingAdapt(brokers=5, max_brokers=8, duration=30.0, ramp=10.0, nodes=12, pairs=2, share_loss=0.2)
+    f = run_adapt(c).findings
+    assert f["shares_resent"] > 0 and f["share_messages"] > f["shares"]
+    assert f["entries_lost"] == 0  # (held twice: only after a take-back whose share had arrived)
+    assert f["entries_twice"] <= f["shares_taken_back"] * c.entries
+    with pytest.raises(ExperimentError, match="share_loss"):
+        RingAdapt(share_loss=1.0)

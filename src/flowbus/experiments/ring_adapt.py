@@ -28,7 +28,9 @@ triggers "load change", "publishing rate variation" and "express event delivery"
   many fell back to the normal route (no express path within the bound left: the normal
   route knows no bound and may cross a slowed link).
 * Shares are acknowledged (``ShareAck``; re-sent after a timeout, taken back in the end):
-  the load rows count the ``ShareState`` and ``ShareAck`` messages the simulator carried.
+  the load rows count the ``ShareState`` and ``ShareAck`` messages the simulator carried,
+  and the shares sent again and taken back; ``share_loss`` loses each of those messages
+  with that probability.
 * Part ``brokers`` (table ``brokers``): the brokers' own core
   (:class:`~flowbus.routing.ring_broker.RingBroker` with
   :class:`~flowbus.routing.express.ExpressRoutes`, what a broker process runs), a ring of
@@ -52,10 +54,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flowbus.core import Effect
+from flowbus.errors import ExperimentError
 from flowbus.experiments.config import OneSeed, integer, number
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result
 from flowbus.experiments.ring_plots import plot_adapt
-from flowbus.experiments.ring_sim import BrokerRing, LinkLatency, RingSim, SlowLinks
+from flowbus.experiments.ring_sim import BrokerRing, LinkLatency, LoseShares, RingSim, SlowLinks
 from flowbus.filters import parse
 from flowbus.overlay.class_router import Classed, ClassRouter
 from flowbus.overlay.multigraph import LinkClass, ring_deployment
@@ -88,6 +91,7 @@ class RingAdapt(OneSeed):
     recover_at: float = 40.0
     express_brokers: int = 8
     express_bound: float = 4.0
+    share_loss: float = 0.0
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -99,6 +103,8 @@ class RingAdapt(OneSeed):
         integer("ring-adapt: express_brokers", self.express_brokers, 3)
         number("ring-adapt: express_bound", self.express_bound, low=0.0, strict=True)
         number("ring-adapt: recover_at", self.recover_at, low=self.slow_at, strict=True)
+        if not 0 <= number("ring-adapt: share_loss", self.share_loss, low=0.0) < 1:
+            raise ExperimentError(f"ring-adapt: share_loss is a probability below 1, got {self.share_loss!r}")
         for key in ("rate_limit", "hot_rate", "ramp", "duration", "bound", "beat", "slow_at"):
             number(f"ring-adapt: {key}", getattr(self, key), low=0.0, strict=True)
         number("ring-adapt: cold_rate", self.cold_rate, low=0.0)
@@ -157,7 +163,12 @@ def _load(
 ) -> tuple[list[dict[str, Any]], list[Hashable], dict[str, int]]:
     """The rows, the entries held once the shares on their way have arrived, and the share
     messages then (sent, acknowledged, sent again, taken back)."""
-    r = RingSim(seed=c.seed, heartbeat=1.0, node_options={"rate_limit": c.rate_limit})
+    r = RingSim(
+        seed=c.seed,
+        heartbeat=1.0,
+        layers=[LoseShares(c.share_loss)],
+        node_options={"rate_limit": c.rate_limit},
+    )
     r.grow(c.brokers)
     hot = r.by_id()[0]
     for nd in r.live:
@@ -182,7 +193,7 @@ def _load(
         rows.append(_load_row(r, hot.addr, step))
         if progress is not None:
             progress("time units", step, int(c.duration))
-    r.settle(5.0)
+    r.settle(5.0 if not c.share_loss else 4 * r.probe_timeout)  # (lost shares: tried 3 times)
     sent = r.sim.metrics.sent_by_type()
     shares = {
         "share_messages": sent.get("ShareState", 0),

@@ -38,12 +38,13 @@ from flowbus.core import Core, Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
 from flowbus.overlay.class_router import Classed, LinkBeat, LinkEcho
 from flowbus.overlay.multigraph import Multigraph
-from flowbus.overlay.ring_load import Overloaded
+from flowbus.overlay.ring_load import Overloaded, ShareAck
+from flowbus.overlay.ring_messages import ShareState
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim.engine import Simulator, derive_seed
-from flowbus.sim.transport import CoordinateLatency, Layer
+from flowbus.sim.transport import CoordinateLatency, Host, Layer
 
-__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "RingSim", "SlowLinks", "ring_errors"]
+__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "LoseShares", "RingSim", "SlowLinks", "ring_errors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +259,24 @@ def _first(picks: list[int], broker: RingBroker) -> list[Effect]:
 
 def _join(picks: list[int], broker: RingBroker) -> list[Effect]:
     return broker.join(picks)
+
+
+class LoseShares:
+    """A transport layer: each ``ShareState`` and ``ShareAck`` is lost with probability ``p``
+    (reason ``"share lost"``; seeded by the simulator)."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def bind(self, host: Host) -> Callable[[int, int, Any, float], float | str] | None:
+        if not self.p:
+            return None
+        draw, p = host.rng("ring/share-loss").random, self.p
+
+        def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
+            return "share lost" if type(msg) in (ShareState, ShareAck) and draw() < p else 0.0
+
+        return decide
 
 
 class SlowLinks:

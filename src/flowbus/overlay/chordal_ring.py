@@ -773,8 +773,10 @@ class RingNode(Core):
         return self.shares.send(self.me, nxt, moved)
 
     def _on_share(self, src: int, msg: ShareState, now: float) -> list[Effect]:
-        self.backups.absorb(msg.entries)
         ack: list[Effect] = [Send(src, ShareAck(self.me, msg.seq))] if msg.seq else []
+        if not self.shares.first_time(msg):  # (sent again: its ack was lost)
+            return ack
+        self.backups.absorb(msg.entries)
         return self._send_backups(force=True) + ack
 
     def _on_share_ack(self, src: int, msg: ShareAck, now: float) -> list[Effect]:

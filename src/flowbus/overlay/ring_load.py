@@ -33,7 +33,9 @@ variation" triggers):
   but still routed by it (a ring broker drops its routing of an entry only at the
   acknowledgement, :mod:`flowbus.routing.ring_share`). Unanswered after ``timeout`` the share
   is sent again, at most ``tries`` times in all; then, or at once if the send fails or the
-  receiver is found dead, the sender takes the entries back into its state. An
+  receiver is found dead, the sender takes the entries back into its state. A receiver
+  takes a share once: one sent again (its ack was lost) is only acknowledged again, since
+  its entries may have moved on from the receiver meanwhile. An
   acknowledgement that comes after the entries were taken back is counted (``late``): both
   brokers then hold those entries, which costs a second match of their events, never a
   second delivery (deliveries are de-duplicated by event id at the subscriber's broker).
@@ -42,7 +44,7 @@ variation" triggers):
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -243,6 +245,19 @@ class ShareLedger:
         self.late = 0  # acknowledgements of shares taken back already
         self.placed: dict[Hashable, int] = {}  # acknowledged entries -> holder (for the core above)
         self._seq = 0
+        self._taken: OrderedDict[tuple[int, int], None] = OrderedDict()  # (sender id, seq) absorbed here
+
+    def first_time(self, msg: ShareState) -> bool:
+        """Whether share ``msg`` is new here (a share sent again after its ack was lost must
+        not be taken twice: its entries may have moved on from here meanwhile)."""
+        key = (msg.sender.id, msg.seq)
+        if not msg.seq or key not in self._taken:
+            if msg.seq:
+                self._taken[key] = None
+                if len(self._taken) > TAKEN_REMEMBERED:
+                    self._taken.popitem(last=False)
+            return True
+        return False
 
     def in_flight(self) -> set[Hashable]:
         """The entries of the shares not acknowledged yet (the sender still routes them)."""
@@ -300,6 +315,10 @@ class ShareLedger:
                 entries.update(p.entries)
                 out.append(CancelTimer(_timer(n)))
         return entries, out
+
+
+TAKEN_REMEMBERED = 10_000
+"""How many shares a broker remembers having taken (to acknowledge a re-sent one only)."""
 
 
 def _timer(seq: int) -> tuple[str, str, int]:

@@ -190,9 +190,8 @@ class RingBroker(Core):
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self._refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
-        self.link_book: LinkBook[LinkClasses] = (
-            LinkBook()
-        )  # the classes of every broker's tree links (link_classes.py)
+        # the classes of every broker's tree links (link_classes.py)
+        self.link_book: LinkBook[LinkClasses] = LinkBook()
         self.shared = SharedSubs(addr)  # subscriptions shared under load (ring_share.py)
         self.express = express if express is not None else ExpressRoutes(addr)  # (express.py; off)
         self._count_cost = share_subs  # deliveries counted per subscription (the busiest move first)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from tests.broker.test_server import eventually, ring, run
 
 import flowbus
@@ -93,3 +94,23 @@ def test_an_express_event_goes_round_a_slow_link_and_back_once_it_recovers() -> 
                 assert core.express.fallbacks == 0 and judge.latency[c.addr] < 0.03
 
     run(main())
+
+
+def test_express_spaces_and_their_bound_in_the_config() -> None:
+    from flowbus.broker.config import BrokerConfig
+    from flowbus.broker.overlays import new_core
+    from flowbus.errors import ConfigError
+
+    cfg = BrokerConfig.from_mapping(
+        {"classes": {"alert*": "express", "alert-v*": "secure"}, "express_bound": 0.02}
+    )
+    assert cfg.express("alerts") and not cfg.express("stocks") and cfg.express_bound == 0.02
+    core: RingBroker = new_core("chordal-ring", 7, cfg)  # type: ignore[assignment]
+    assert core.express.judge is not None and core.express.judge.bound == 0.02
+    assert core.express.express_space("alerts") and not core.express.express_space(
+        "alert-vault"
+    )  # (secure wins)
+    assert new_core("chordal-ring", 7, BrokerConfig()).express.judge is None  # type: ignore[attr-defined]
+    for bad in (0, -1.0, True, "fast"):
+        with pytest.raises(ConfigError, match="express_bound"):
+            BrokerConfig.from_mapping({"express_bound": bad})

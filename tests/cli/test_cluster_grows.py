@@ -54,13 +54,14 @@ async def _grow(out: Lines, port: int) -> tuple[str | None, str | None, dict[str
         again = await asyncio.to_thread(out.next, 6.0)
         sub = await a.subscribe("stocks", 'symbol = "NEW"')
         async with flowbus.connect(third) as c:
-            await asyncio.sleep(2.0)  # (the subscription reaches the newcomer)
-            await c.publish(
-                "stocks", {"symbol": "NEW", "price": 1.0, "quantity": 1, "exchange": "X", "level": 1}
-            )
-            async with asyncio.timeout(20):
-                async for event in sub:
-                    return joined, again, dict(event)
+            for _ in range(80):  # (published again until the subscription has reached the newcomer)
+                await c.publish(
+                    "stocks", {"symbol": "NEW", "price": 1.0, "quantity": 1, "exchange": "X", "level": 1}
+                )
+                try:
+                    return joined, again, dict(await sub.get(0.25))
+                except TimeoutError:
+                    continue
     raise AssertionError("no event")
 
 

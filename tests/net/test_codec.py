@@ -33,7 +33,7 @@ from flowbus.net import (
 from flowbus.overlay import class_router, pastry, ring_load
 from flowbus.overlay import ring_messages as rm
 from flowbus.overlay.multigraph import LinkClass
-from flowbus.routing import cbr, flows, irbr, irbr_ack, link_classes, ring_broker, scribe
+from flowbus.routing import cbr, express, flows, irbr, irbr_ack, link_classes, ring_broker, ring_share, scribe
 from strategies import canonical_filters
 
 BIG = 2**127 + 5
@@ -87,6 +87,8 @@ CASES: list[object] = [
     ),
     rm.BackupResync(holder=P3),
     rm.ShareState(sender=P2, entries={(1, "a"): {"f": F1}, 2: None}),
+    rm.ShareState(sender=P2, entries={("sub", "s", 7): "x > 1"}, seq=3),
+    ring_load.ShareAck(holder=P1, seq=3),
     rm.RingRoute(target=12345, payload={"x": 1}, hops=2),
     rm.RingRoute(target=1, payload=cbr.Publish(event=EVENT), hops=0),
     rm.TracedQuery(origin=P1, target=P2, trace=(P1, P3)),
@@ -128,6 +130,12 @@ CASES: list[object] = [
     # ring_broker
     ring_broker.HandedOver(event=EVENT, dead=42),
     ring_broker.Confirm(ids=(("client-1", 7), (3, 9))),
+    ring_share.Delegated(subs=(("client-1", 2), "s"), event=EVENT),
+    ring_share.Unshare(keys=(("sub", ("client-1", 2), 42),)),
+    express.LinkLatency(
+        broker=42, version=1_764_000_000_000_000_001, links=((7, True, 0.0004), (9, False, 0.21))
+    ),
+    express.Detour(via=(9, 7), origin=42, event=EVENT),
     link_classes.LinkClasses(
         broker=2130706433 << 16 | 7001, version=1_700_000_000_000_000_000, links=((5, True), (6, False))
     ),

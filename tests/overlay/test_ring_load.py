@@ -5,6 +5,7 @@ load rises on one broker (part of its state moves to a neighbour, nothing lost) 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.ring_load import LoadMeter, pick_entries, plan_share
-from flowbus.overlay.ring_messages import Peer
+from flowbus.overlay.ring_messages import Peer, ShareState
 
 
 def test_the_meter_counts_over_a_sliding_window() -> None:
@@ -122,3 +123,41 @@ def test_a_share_that_cannot_be_sent_comes_back() -> None:
     moved = nd.backups.hand_over([("cold", nd.addr, 0), ("cold", nd.addr, 1)])
     nd.on_send_failed(to.addr, ShareState(nd.me, moved), r.sim.now)  # (the neighbour died)
     assert {("cold", nd.addr, 0), ("cold", nd.addr, 1)} <= set(nd.state) and len(nd.state) == 10
+
+
+class _LoseShares:
+    """A transport layer losing the shares a broker sends (``lose``: how many more)."""
+
+    def __init__(self) -> None:
+        self.sender, self.lose = -1, 0
+
+    def bind(self, host: object) -> Any:
+        def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
+            if type(msg) is ShareState and src == self.sender and self.lose:
+                self.lose -= 1
+                return "lost"
+            return 0.0
+
+        return decide
+
+
+@pytest.mark.parametrize("lost", [2, 99])
+def test_a_lost_share_is_sent_again_and_at_last_taken_back(lost: int) -> None:
+    """Two lost: the third try arrives and is acknowledged. All lost: after three tries the
+    entries are the sender's again. Either way every entry is held once."""
+    layer = _LoseShares()
+    r = RingSim(seed=3, heartbeat=1.0, probe_timeout=3.0, layers=[layer], node_options={"rate_limit": 100.0})
+    r.grow(4)
+    busy = r.by_id()[1]
+    for k in range(10):
+        r.call(busy.addr, lambda c, k=k: c.set_state(("hot", busy.addr, k), k))
+    r.settle(5.0)
+    layer.sender, layer.lose = busy.addr, lost
+    before = sorted((k for nd in r.live for k in nd.state), key=repr)
+    r.drive_load(_hot, 1.5)  # (a share decided at the next round, then the load is off)
+    r.settle(12.0)
+    ledger = busy.shares
+    assert ledger.resent == 2 and not ledger.pending
+    assert (ledger.acked, ledger.taken_back) == ((1, 0) if lost == 2 else (0, 1))
+    assert sorted((k for nd in r.live for k in nd.state), key=repr) == before  # once each
+    assert r.sim.metrics.sent_by_type().get("ShareAck", 0) == ledger.acked

@@ -24,7 +24,9 @@ A YAML file (``flowbus broker start --config FILE``)::
       alice: {publish: [stocks], subscribe: ["*"], deploy: ["*"]}   # none: all may do all
     tokens: {bob: "sha256:..."} # identities by token: only the hash (flowbus certs token)
     revoked: [mallory]          # client certificates (names or serials) refused
-    classes: {vault: secure}    # spaces (patterns) routed only over mutual-TLS links
+    classes: {vault: secure}    # spaces (patterns) routed only over mutual-TLS links;
+                                # {alerts: express}: only over links whose latency,
+    express_bound: 0.05         # measured from the heartbeats, is at most this (seconds)
     security:                   # the door (net/admission.py)
       handshake_timeout: 10.0   # seconds for the TLS handshake and the first frame
       per_address: null         # connections open at once from one source address
@@ -53,9 +55,19 @@ __all__ = ["DEFAULT", "BrokerConfig", "ConfigError"]
 
 STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})
 
-_LIMITS = ("backup", "heartbeat", "window", "memory", "linger", "advertising", "load_limit", "rate_limit")
+_LIMITS = (
+    "backup",
+    "heartbeat",
+    "window",
+    "memory",
+    "linger",
+    "advertising",
+    "load_limit",
+    "rate_limit",
+    "express_bound",
+)
 _SECURITY = {"handshake_timeout": 10.0, "per_address": None, "plain_peers": False}
-CLASSES = ("normal", "secure")
+CLASSES = ("normal", "secure", "express")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +82,7 @@ class BrokerConfig:
     advertising: bool = False
     load_limit: int | None = None
     rate_limit: float | None = None
+    express_bound: float = 0.05  # seconds: the latency an express space's links may have
     acl: Acl = field(default_factory=Acl)
     classes: Mapping[str, str] = field(default_factory=dict)  # space pattern -> class
     security: Mapping[str, Any] = field(default_factory=lambda: dict(_SECURITY))
@@ -83,6 +96,10 @@ class BrokerConfig:
             or self.rate_limit <= 0
         ):
             raise ConfigError(f"rate_limit: a number > 0 (events a second) or null, got {self.rate_limit!r}")
+        if isinstance(self.express_bound, bool) or not isinstance(self.express_bound, int | float):
+            raise ConfigError(f"express_bound: seconds > 0, got {self.express_bound!r}")
+        if not self.express_bound > 0:
+            raise ConfigError(f"express_bound: seconds > 0, got {self.express_bound!r}")
         if not isinstance(self.advertising, bool):
             raise ConfigError(f"advertising: true or false, got {self.advertising!r}")
         if not self.spaces:
@@ -140,6 +157,12 @@ class BrokerConfig:
     def secure(self, space: str) -> bool:
         """Whether ``space`` is of class ``secure`` (routed over mutual-TLS links only)."""
         return any(c == "secure" and fnmatch.fnmatchcase(space, p) for p, c in self.classes.items())
+
+    def express(self, space: Any) -> bool:
+        """Whether ``space`` is of class ``express`` (over links within ``express_bound`` only)."""
+        return isinstance(space, str) and any(
+            c == "express" and fnmatch.fnmatchcase(space, p) for p, c in self.classes.items()
+        )
 
     def schemas(self) -> dict[str, dict[str, str] | None]:
         """The spaces as the client protocol's ``Welcome`` lists them."""

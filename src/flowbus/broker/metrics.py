@@ -20,8 +20,11 @@ How it works (``GET /metrics`` on the console, :mod:`flowbus.broker.console`):
   and ``flowbus_queue_on_disk`` and ``flowbus_subscriptions`` per space, the ring's
   ``flowbus_ring_changes_total`` (each change of this broker's view: window, suspects, dead,
   takeovers), ``flowbus_ring_links``, ``flowbus_ring_suspects``, ``flowbus_ring_dead``,
-  ``flowbus_ring_load``, and ``flowbus_in_custody``, ``flowbus_sessions``,
-  ``flowbus_spilled_total``.
+  ``flowbus_ring_load``, the load shares (``flowbus_ring_shares_pending``,
+  ``flowbus_ring_shared_out``, ``flowbus_ring_shared_in``), with an express space the links'
+  measured latency (``flowbus_link_latency_seconds{peer, express}``) and
+  ``flowbus_express_detours_total``, ``flowbus_express_fallbacks_total``; and
+  ``flowbus_in_custody``, ``flowbus_sessions``, ``flowbus_spilled_total``.
 
 :meth:`BrokerMetrics.counts` gives the same counts as plain data for the console's pages.
 """
@@ -40,6 +43,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from flowbus.broker.ledger import EventId
+from flowbus.broker.overlays import address_text
 from flowbus.broker.spaces import SPACE
 from flowbus.net.runtime import DeliverAllHook, DeliverHook
 from flowbus.routing.ring_broker import RingBroker
@@ -201,7 +205,31 @@ class _StateCollector(Collector):
                 ("ring_suspects", "Brokers suspected and being tested.", len(ring.suspects)),
                 ("ring_dead", "Brokers this broker declared dead.", len(ring.dead)),
                 ("ring_load", "This broker's load (1.0: at its limit).", ring.load(now)),
+                ("ring_shares_pending", "Load shares sent and not acknowledged.", len(ring.shares.pending)),
+                ("ring_shared_out", "Own subscriptions a neighbour matches (load).", len(core.shared.out)),
+                ("ring_shared_in", "Neighbours' subscriptions matched here (load).", len(core.shared.hosted)),
             )
+            yield from _express(core)
+
+
+def _express(core: RingBroker) -> Iterator[Metric]:
+    """Express links as measured here, and the express events sent round a slow link."""
+    judge = core.express.judge
+    if judge is None:
+        return
+    latency = GaugeMetricFamily(
+        "flowbus_link_latency_seconds",
+        "Ring link latency measured from heartbeats.",
+        labels=["peer", "express"],
+    )
+    for peer, fast in sorted(judge.express.items()):
+        latency.add_metric([address_text(peer), str(fast).lower()], judge.latency.get(peer, 0.0))
+    yield latency
+    for name, text, value in (
+        ("express_detours", "Express events sent round a slow link.", core.express.detours),
+        ("express_fallbacks", "Express events with no express path (sent direct).", core.express.fallbacks),
+    ):
+        yield CounterMetricFamily(f"flowbus_{name}", text, value=value)
 
 
 def _gauges(*rows: tuple[str, str, float]) -> Iterator[Metric]:

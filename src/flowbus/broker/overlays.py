@@ -15,6 +15,7 @@ made with (``meta_of``). Two cores offer it:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from flowbus.core import Core, Effect
 from flowbus.errors import ConfigError
 from flowbus.filters import Filter
 from flowbus.net.runtime import where_of
+from flowbus.routing.express import ExpressRoutes
 from flowbus.routing.irbr_broker import IrbrBroker
 from flowbus.routing.ring_broker import RingBroker
 
@@ -85,12 +87,16 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
         ping_timeout=2 * config.heartbeat,
         load_limit=config.load_limit,
         rate_limit=config.rate_limit,
-        movable=_stays,  # (its clients' subscriptions stay: over its limit, it asks for a broker)
+        # over its limit it shares its clients' subscriptions' routing with a neighbour (their
+        # sessions stay: routing/ring_share.py), and asks for a broker if none has room
+        share_subs=config.load_limit is not None or config.rate_limit is not None,
+        express=ExpressRoutes(  # (the wall clock numbers its announcements: a restart's are newer)
+            addr,
+            bound=config.express_bound if "express" in config.classes.values() else None,
+            is_express=lambda space: config.express(space) and not config.secure(space),  # (secure wins)
+            epoch=time.time_ns(),
+        ),
     )
-
-
-def _stays(key: Hashable) -> bool:
-    return False
 
 
 def address_text(addr: int) -> str:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.acl import Acl
+from flowbus.broker.adapt import AdaptLog
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.flows import BrokerFlows
@@ -154,6 +155,7 @@ class Broker:
             acl=config.acl,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
+        self.adapt = AdaptLog(core, self.address, log) if isinstance(core, RingBroker) else None
         self.acl_reload = AclReload(
             path=None, sessions=self.sessions, queues=self.queues, adverts=self.adverts, install=self._install
         )
@@ -191,7 +193,7 @@ class Broker:
         peers = [parse_address(j) for j in join]
         console_at = parse_address(http) if http is not None else None
         check_overlay(overlay, config)
-        if any(c == "secure" for c in config.classes.values()) and overlay != "chordal-ring":
+        if any(c != "normal" for c in config.classes.values()) and overlay != "chordal-ring":
             raise ConfigError(
                 f"classes: the {overlay} overlay has no link classes (use the chordal-ring overlay)"
             )
@@ -293,6 +295,7 @@ class Broker:
             "queued_in_memory": self.queues.in_memory(),
             "refused_connections": self.runtime.refused,
             "secure_dropped": self.links.dropped if self.links else 0,
+            "adapt": self.adapt.view() if self.adapt is not None else None,  # (shares, express links)
         }
 
     def _admit(self, session: Any, space: str, fields: dict[str, Any]) -> str | None:
@@ -331,6 +334,8 @@ class Broker:
         to disk, and the publishes it settled acknowledged."""
         if self.ring_log is not None:
             self.ring_log.update()
+        if self.adapt is not None:
+            self.adapt.update()
         self.queues.after_step()
         self.flows.after_step()
         core = self.core

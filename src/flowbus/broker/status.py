@@ -66,6 +66,7 @@ def ring_view(b: Broker) -> dict[str, Any]:
         }
     ]
     roles = _roles(ring)
+    judge = core.express.judge
     for peer in ring.links():
         brokers.append(
             {
@@ -75,6 +76,8 @@ def ring_view(b: Broker) -> dict[str, Any]:
                 "link": SECURE if b.runtime.secure(peer.addr) else NORMAL,
                 "load": ring.loads.neighbours.get(peer.id),
                 "suspected": peer.id in suspects,
+                "latency_ms": _ms(judge.latency.get(peer.addr)) if judge is not None else None,
+                "express": judge.express.get(peer.addr) if judge is not None else None,
             }
         )
     return {
@@ -85,7 +88,12 @@ def ring_view(b: Broker) -> dict[str, Any]:
         "taken_over": list(ring.taken_over),
         "backup": ring.backup,
         "changes": b.ring_log.changes if b.ring_log is not None else 0,
+        **(b.adapt.view() if b.adapt is not None else {}),  # (shares; express links)
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 3)
 
 
 def _space_kind(b: Broker, name: str) -> tuple[str, str]:

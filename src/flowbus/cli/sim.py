@@ -406,6 +406,7 @@ def ring_adapt(
     max_brokers: Annotated[int, typer.Option(help="Brokers the ring may grow to.")] = 16,
     duration: Annotated[float, typer.Option(help="Time units of each part.")] = 60.0,
     seed: SeedOption = 1,
+    share_loss: Annotated[float, typer.Option(help="Probability a share or its ack is lost.")] = 0.0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/ring-adapt"),
     as_json: JsonOption = False,
 ) -> None:
@@ -413,7 +414,9 @@ def ring_adapt(
     from flowbus.experiments import ring_adapt as ra
 
     def build() -> ra.RingAdapt:
-        return ra.RingAdapt(brokers=brokers, max_brokers=max_brokers, duration=duration, seed=seed)
+        return ra.RingAdapt(
+            brokers=brokers, max_brokers=max_brokers, duration=duration, seed=seed, share_loss=share_loss
+        )
 
     _ring(build, ra.run_adapt, out, as_json, f"ring adapt: {brokers} to {max_brokers} brokers")
 

@@ -27,6 +27,19 @@ triggers "load change", "publishing rate variation" and "express event delivery"
   within the bound, how many of those crossed a slowed link on their last hop, and how
   many fell back to the normal route (no express path within the bound left: the normal
   route knows no bound and may cross a slowed link).
+* Shares are acknowledged (``ShareAck``; re-sent after a timeout, taken back in the end):
+  the load rows count the ``ShareState`` and ``ShareAck`` messages the simulator carried,
+  and the shares sent again and taken back; ``share_loss`` loses each of those messages
+  with that probability.
+* Part ``brokers`` (table ``brokers``): the brokers' own core
+  (:class:`~flowbus.routing.ring_broker.RingBroker` with
+  :class:`~flowbus.routing.express.ExpressRoutes`, what a broker process runs), a ring of
+  ``express_brokers`` measuring their links from the ring heartbeats (every time unit),
+  ``express_bound`` the express range. A subscription to the express space at each broker;
+  the first broker by id publishes one event a time unit. At ``slow_at`` its link to its
+  tree neighbour slows by ``slow_latency`` each way, at ``recover_at`` it is fast again. Per
+  time unit of sending: the deliveries, the mean and largest delivery latency, and whether
+  the first hop went round the slow link (a ``Detour``) or direct.
 """
 
 from __future__ import annotations
@@ -41,12 +54,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flowbus.core import Effect
+from flowbus.errors import ExperimentError
 from flowbus.experiments.config import OneSeed, integer, number
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result
 from flowbus.experiments.ring_plots import plot_adapt
-from flowbus.experiments.ring_sim import LinkLatency, RingSim
+from flowbus.experiments.ring_sim import BrokerRing, LinkLatency, LoseShares, RingSim, SlowLinks
+from flowbus.filters import parse
 from flowbus.overlay.class_router import Classed, ClassRouter
 from flowbus.overlay.multigraph import LinkClass, ring_deployment
+from flowbus.routing.express import ExpressRoutes
 from flowbus.sim.engine import Simulator, derive_seed
 
 __all__ = ["RingAdapt", "run_adapt"]
@@ -72,6 +88,10 @@ class RingAdapt(OneSeed):
     beat: float = 2.0
     slow_at: float = 20.0
     slow_latency: float = 25.0
+    recover_at: float = 40.0
+    express_brokers: int = 8
+    express_bound: float = 4.0
+    share_loss: float = 0.0
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -80,6 +100,11 @@ class RingAdapt(OneSeed):
         integer("ring-adapt: entries", self.entries, 2)
         integer("ring-adapt: nodes", self.nodes, 5)
         integer("ring-adapt: pairs", self.pairs, 1)
+        integer("ring-adapt: express_brokers", self.express_brokers, 3)
+        number("ring-adapt: express_bound", self.express_bound, low=0.0, strict=True)
+        number("ring-adapt: recover_at", self.recover_at, low=self.slow_at, strict=True)
+        if not 0 <= number("ring-adapt: share_loss", self.share_loss, low=0.0) < 1:
+            raise ExperimentError(f"ring-adapt: share_loss is a probability below 1, got {self.share_loss!r}")
         for key in ("rate_limit", "hot_rate", "ramp", "duration", "bound", "beat", "slow_at"):
             number(f"ring-adapt: {key}", getattr(self, key), low=0.0, strict=True)
         number("ring-adapt: cold_rate", self.cold_rate, low=0.0)
@@ -90,8 +115,9 @@ class RingAdapt(OneSeed):
 def run_adapt(config: RingAdapt, *, progress: ProgressFn | None = None) -> Result:
     """Both parts (see the module note)."""
     t0 = time.perf_counter()
-    rows, held = _load(config, progress)
+    rows, held, shares = _load(config, progress)
     latency, slowed = _latency(config)
+    brokers = _brokers(config)
     last = rows[-1]
     seen_slow = config.slow_at + 2 * (config.bound + config.beat)
     findings = {
@@ -105,10 +131,21 @@ def run_adapt(config: RingAdapt, *, progress: ProgressFn | None = None) -> Resul
         "slowed_links": slowed,
         "latency_before": _mean(latency, lambda r: r["t"] + r["latency_max"] < config.slow_at),
         "latency_after": _mean(latency, lambda r: r["t"] >= seen_slow),
+        **shares,
+        "brokers_detoured": sum(r["detour"] for r in brokers),
+        "brokers_lost": sum(r["sent"] - r["delivered"] for r in brokers),
     }
-    files = OutputFiles((Csv("rows", "rows.csv"), Csv("latency", "latency.csv", "latency")), plot_adapt)
+    files = OutputFiles(
+        (
+            Csv("rows", "rows.csv"),
+            Csv("latency", "latency.csv", "latency"),
+            Csv("brokers", "brokers.csv", "brokers"),
+        ),
+        plot_adapt,
+    )
     timing = {"seconds": round(time.perf_counter() - t0, 3)}
-    return Result(config, files, rows, findings=findings, tables={"latency": latency}, timing=timing)
+    tables = {"latency": latency, "brokers": brokers}
+    return Result(config, files, rows, findings=findings, tables=tables, timing=timing)
 
 
 def _mean(rows: list[dict[str, Any]], when: Any) -> float:
@@ -121,9 +158,17 @@ def _mean(rows: list[dict[str, Any]], when: Any) -> float:
 # ---------------------------------------------------------------------------------- load
 
 
-def _load(c: RingAdapt, progress: ProgressFn | None) -> tuple[list[dict[str, Any]], list[Hashable]]:
-    """The rows, and the entries held once the shares on their way have arrived."""
-    r = RingSim(seed=c.seed, heartbeat=1.0, node_options={"rate_limit": c.rate_limit})
+def _load(
+    c: RingAdapt, progress: ProgressFn | None
+) -> tuple[list[dict[str, Any]], list[Hashable], dict[str, int]]:
+    """The rows, the entries held once the shares on their way have arrived, and the share
+    messages then (sent, acknowledged, sent again, taken back)."""
+    r = RingSim(
+        seed=c.seed,
+        heartbeat=1.0,
+        layers=[LoseShares(c.share_loss)],
+        node_options={"rate_limit": c.rate_limit},
+    )
     r.grow(c.brokers)
     hot = r.by_id()[0]
     for nd in r.live:
@@ -148,8 +193,15 @@ def _load(c: RingAdapt, progress: ProgressFn | None) -> tuple[list[dict[str, Any
         rows.append(_load_row(r, hot.addr, step))
         if progress is not None:
             progress("time units", step, int(c.duration))
-    r.settle(5.0)
-    return rows, [k for nd in r.live for k in nd.state]
+    r.settle(5.0 if not c.share_loss else 4 * r.probe_timeout)  # (lost shares: tried 3 times)
+    sent = r.sim.metrics.sent_by_type()
+    shares = {
+        "share_messages": sent.get("ShareState", 0),
+        "share_acks": sent.get("ShareAck", 0),
+        "shares_resent": sum(nd.shares.resent for nd in r.nodes),
+        "shares_taken_back": sum(nd.shares.taken_back for nd in r.nodes),
+    }
+    return rows, [k for nd in r.live for k in nd.state], shares
 
 
 def _load_row(r: RingSim, hot: int, step: int) -> dict[str, Any]:
@@ -157,6 +209,7 @@ def _load_row(r: RingSim, hot: int, step: int) -> dict[str, Any]:
     live = [nd for nd in r.live if nd.joined]
     loads = [nd.load(now) for nd in live]
     keys = [k for nd in live for k in nd.state]
+    sent = r.sim.metrics.sent_by_type()
     return {
         "t": step,
         "brokers": len(live),
@@ -164,6 +217,10 @@ def _load_row(r: RingSim, hot: int, step: int) -> dict[str, Any]:
         "max_load": round(max(loads), 3),
         "mean_load": round(float(np.mean(loads)), 3),
         "shares": sum(nd.loads.shares for nd in r.nodes),
+        "share_msgs": sent.get("ShareState", 0),
+        "share_acks": sent.get("ShareAck", 0),
+        "resent": sum(nd.shares.resent for nd in r.nodes),
+        "taken_back": sum(nd.shares.taken_back for nd in r.nodes),
         "requests": len(r.requests),
         "entries_held": len(keys),
         "entries_distinct": len(set(keys)),
@@ -220,3 +277,51 @@ def _latency(c: RingAdapt) -> tuple[list[dict[str, Any]], int]:
 
 def _send(dst: int, payload: Any, bound: float, now: float, router: ClassRouter) -> list[Effect]:
     return router.send(dst, payload, LinkClass.EXPRESS, now, bound=bound)
+
+
+# ------------------------------------------------------------------------------- brokers
+
+
+def _brokers(c: RingAdapt) -> list[dict[str, Any]]:
+    slow = SlowLinks()
+    ring = BrokerRing(c.express_brokers, seed=c.seed, backup=2, heartbeat=1.0, layers=[slow])
+    for b in ring.brokers:
+        b.express = ExpressRoutes(b.addr, bound=c.express_bound, is_express=_URGENT.__eq__)
+    order = ring.order()
+    for i, b in enumerate(order):
+        ring.sim.invoke(b.addr, partial(_subscribe, f"s{i}"))
+    ring.settle(10.0)
+    start, src, link = ring.sim.now, order[0], frozenset((order[0].addr, order[1].addr))
+    ring.got.clear()
+    ring.sim.schedule(start + c.slow_at, partial(slow.slow.__setitem__, link, c.slow_latency))
+    ring.sim.schedule(start + c.recover_at, partial(slow.slow.pop, link))
+    for t in range(int(c.duration)):
+        ring.sim.invoke(src.addr, partial(_urgent, t), at=start + t)
+    detours: dict[int, int] = {}
+    for t in range(int(c.duration)):
+        ring.sim.run(until=start + t + 0.5)
+        detours[t] = src.express.detours
+    ring.settle(4 * c.slow_latency)
+    rows = []
+    for t in range(int(c.duration)):
+        lat = [now - start - t for _, ev, now in ring.got if ev["t"] == t]
+        rows.append({
+            "t": t,
+            "sent": len(order),
+            "delivered": len(lat),
+            "latency_mean": round(float(np.mean(lat)), 3) if lat else 0.0,
+            "latency_max": round(max(lat), 3) if lat else 0.0,
+            "detour": int(detours[t] > detours.get(t - 1, 0)),
+        })  # fmt: skip
+    return rows
+
+
+_URGENT = "urgent"
+
+
+def _subscribe(sub: str, broker: Any) -> list[Effect]:
+    return list(broker.subscribe(sub, parse(f'__space = "{_URGENT}"')))
+
+
+def _urgent(t: int, broker: Any) -> list[Effect]:
+    return list(broker.publish({"__space": _URGENT, "t": t}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def plot_adapt(result: Result, png: Path) -> None:
     over time with the links slowed."""
     rows, lat = result.rows, result.tables["latency"]
     cfg = result.config.to_dict()
-    fig, axes = pyplot().subplots(1, 2, figsize=(13, 4))
+    fig, axes = pyplot().subplots(1, 3, figsize=(19, 4))
     ts = [r["t"] for r in rows]
     axes[0].plot(ts, [r["hot_load"] for r in rows], label="hot broker's load")
     axes[0].plot(ts, [r["max_load"] for r in rows], label="largest load")
@@ -130,4 +131,21 @@ def plot_adapt(result: Result, png: Path) -> None:
     axes[1].set_title(f"express events (bound {cfg['bound']:g} a link): a link slowing")
     axes[1].legend()
     axes[1].grid(alpha=0.3)
+    _plot_brokers(axes[2], result.tables["brokers"], cfg)
     save(fig, png)
+
+
+def _plot_brokers(ax: Any, rows: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
+    """The ring brokers' core: one express event a time unit, one link slowed, then fast."""
+    ts = [r["t"] for r in rows]
+    ax.plot(ts, [r["latency_mean"] for r in rows], label="mean delivery latency")
+    ax.plot(ts, [r["latency_max"] for r in rows], label="largest")
+    ax.fill_between(ts, 0, [r["detour"] * max(r["latency_max"] for r in rows) for r in rows],
+                    step="mid", alpha=0.15, label="first hop round the slow link")  # fmt: skip
+    ax.axvline(cfg["slow_at"], color="grey", linestyle=":", label="link slow")
+    ax.axvline(cfg["recover_at"], color="grey", linestyle="--", label="link fast again")
+    ax.set_xlabel("time sent")
+    ax.set_ylabel("delivery latency")
+    ax.set_title(f"ring brokers' core (bound {cfg['express_bound']:g}): a detour and back")
+    ax.legend()
+    ax.grid(alpha=0.3)

@@ -38,12 +38,13 @@ from flowbus.core import Core, Effect
 from flowbus.overlay.chordal_ring import Peer, RingNode
 from flowbus.overlay.class_router import Classed, LinkBeat, LinkEcho
 from flowbus.overlay.multigraph import Multigraph
-from flowbus.overlay.ring_load import Overloaded
+from flowbus.overlay.ring_load import Overloaded, ShareAck
+from flowbus.overlay.ring_messages import ShareState
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim.engine import Simulator, derive_seed
-from flowbus.sim.transport import CoordinateLatency, Layer
+from flowbus.sim.transport import CoordinateLatency, Host, Layer
 
-__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "RingSim", "ring_errors"]
+__all__ = ["BrokerRing", "JoinCost", "LinkLatency", "LoseShares", "RingSim", "SlowLinks", "ring_errors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,16 +214,31 @@ class BrokerRing:
     """Ring brokers in a simulator, grown one join at a time, with deliveries recorded."""
 
     def __init__(
-        self, n: int, *, seed: int, backup: int, heartbeat: float = 5.0, custody: bool = False
+        self,
+        n: int,
+        *,
+        seed: int,
+        backup: int,
+        heartbeat: float = 5.0,
+        custody: bool = False,
+        layers: Sequence[Layer] = (),
+        **options: Any,
     ) -> None:
-        self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
+        transport = [CoordinateLatency(0.5, 2.0), *layers]
+        self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
         self.got: list[tuple[Hashable, Any, float]] = []
         self.sim.on_deliver = lambda node, sub, event, now: self.got.append((sub, event, now))
         self.brokers: list[RingBroker] = []
         rng = random.Random(derive_seed(seed, "ring-faults/joins"))
         for a in range(n):
             b = RingBroker(
-                a, backup=backup, heartbeat=heartbeat, probe_timeout=10.0, ping_timeout=10.0, custody=custody
+                a,
+                backup=backup,
+                heartbeat=heartbeat,
+                probe_timeout=10.0,
+                ping_timeout=10.0,
+                custody=custody,
+                **options,
             )
             self.brokers.append(b)
             self.sim.add_node(a, b)
@@ -243,6 +259,40 @@ def _first(picks: list[int], broker: RingBroker) -> list[Effect]:
 
 def _join(picks: list[int], broker: RingBroker) -> list[Effect]:
     return broker.join(picks)
+
+
+class LoseShares:
+    """A transport layer: each ``ShareState`` and ``ShareAck`` is lost with probability ``p``
+    (reason ``"share lost"``; seeded by the simulator)."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def bind(self, host: Host) -> Callable[[int, int, Any, float], float | str] | None:
+        if not self.p:
+            return None
+        draw, p = host.rng("ring/share-loss").random, self.p
+
+        def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
+            return "share lost" if type(msg) in (ShareState, ShareAck) and draw() < p else 0.0
+
+        return decide
+
+
+class SlowLinks:
+    """A transport layer: ``slow[frozenset((a, b))]`` more time units on every message
+    between ``a`` and ``b`` (either way), for as long as the entry is there."""
+
+    def __init__(self) -> None:
+        self.slow: dict[frozenset[int], float] = {}
+
+    def bind(self, host: object) -> Callable[[int, int, Any, float], float | str]:
+        slow = self.slow
+
+        def decide(src: int, dst: int, msg: Any, now: float) -> float | str:
+            return slow.get(frozenset((src, dst)), 0.0) if slow else 0.0
+
+        return decide
 
 
 class LinkLatency:

@@ -45,6 +45,8 @@ the simulator does. A :class:`Directory` says where each address listens.
   for the connection we send on, and for what arrives, the connection it came on. A
   ``link_filter(peer, msgs, secure, outgoing)`` (the broker's, for spaces that may only cross secure
   links) sees each batch going out and each run coming in, and returns what may pass.
+* **Slow links for tests.** ``delay[peer] = seconds``: what arrives from ``peer`` waits that
+  long before the core takes it, in order (a link made slow without touching the core).
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
   core and carries out the effects it returns.
 
@@ -59,6 +61,7 @@ import contextlib
 import logging
 import socket
 import ssl
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
@@ -145,6 +148,8 @@ class Runtime:
         self.after_step = after_step
         self.admission = admission or Admission()
         self.link_filter: LinkFilter | None = None
+        self.delay: dict[int, float] = {}  # peer -> seconds its messages wait (a test's slow link)
+        self._late: dict[int, deque[tuple[float, list[tuple[int, Any]], bool]]] = {}  # (waiting)
         self.bad_frames = 0
         self.refused_peers = 0  # connections sending ring messages without a broker's certificate
         self.sent = 0
@@ -357,6 +362,32 @@ class Runtime:
     def _take(self, run: list[tuple[int, Any]], secure: bool) -> None:
         """Messages read together from one source, as one step: to the core's ``on_messages``
         (a broker matches a batch of events in one pass), a lone one to ``on_message``."""
+        src = run[0][0]
+        if (self._late or self.delay) and (self.delay.get(src) or src in self._late):  # (a test's slow link)
+            self._hold(src, run, secure)
+            return
+        self._take_now(run, secure)
+
+    def _hold(self, src: int, run: list[tuple[int, Any]], secure: bool) -> None:
+        """``run`` waits ``delay[src]`` seconds, behind what waits from ``src`` already."""
+        loop = asyncio.get_running_loop()
+        waiting = self._late.setdefault(src, deque())
+        waiting.append((loop.time() + self.delay.get(src, 0.0), run, secure))
+        if len(waiting) == 1:
+            loop.call_at(waiting[0][0], self._release_late, src)
+
+    def _release_late(self, src: int) -> None:
+        waiting = self._late[src]
+        loop = asyncio.get_running_loop()
+        while waiting and waiting[0][0] <= loop.time() and not self._closed:
+            _, run, secure = waiting.popleft()
+            self._take_now(run, secure)
+        if waiting and not self._closed:
+            loop.call_at(waiting[0][0], self._release_late, src)
+        else:
+            del self._late[src]
+
+    def _take_now(self, run: list[tuple[int, Any]], secure: bool) -> None:
         src = run[0][0]
         if self.link_filter is not None:
             kept = self.link_filter(src, [m for _, m in run], secure, False)

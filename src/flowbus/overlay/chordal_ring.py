@@ -51,7 +51,8 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
   rate and state against ``rate_limit`` and ``load_limit``, passes part of its state to a
   ring neighbour with room (``ShareState``), or, none having room, hands its driver
   ``Deliver(("ring", "overloaded"), Overloaded(...))``, a request for another broker
-  (:mod:`flowbus.overlay.ring_load` has the rules).
+  (:mod:`flowbus.overlay.ring_load` has the rules). A share is acknowledged (``ShareAck``);
+  unanswered it is sent again, then taken back (:class:`~flowbus.overlay.ring_load.ShareLedger`).
 
 Addresses are the driver's node ids (``Send.dst``). Randomness is never needed: every
 choice is deterministic.
@@ -67,7 +68,7 @@ from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
 from flowbus.overlay.ring_chords import Chords
 from flowbus.overlay.ring_detector import FailureDetector
-from flowbus.overlay.ring_load import LoadShare, Overloaded
+from flowbus.overlay.ring_load import LoadShare, Overloaded, ShareAck, ShareLedger
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
     MAX_HOPS,
@@ -164,6 +165,7 @@ class RingNode(Core):
         self.dropped = 0  # routed messages given up (hop limit, no next hop)
         self.taken_over: list[int] = []  # ids of the dead brokers whose state we took over
         self.loads = LoadShare(rate_limit=rate_limit, window=load_window, movable=movable)
+        self.shares = ShareLedger(timeout=probe_timeout)  # shares sent, until acknowledged
 
     # -- views
 
@@ -347,7 +349,7 @@ class RingNode(Core):
                 return [Deliver(("ring", "overloaded"), request)]
             case (Peer() as to, list(keys)):
                 moved = self.backups.hand_over(keys)
-                return [Send(to.addr, ShareState(me, moved)), *self._send_backups(force=True)]
+                return [*self.shares.send(me, to, moved), *self._send_backups(force=True)]
         return []
 
     # -- driver entry points
@@ -376,6 +378,9 @@ class RingNode(Core):
                 return self._probe_expired(suspect, now)
             case ("ring", "test", int(suspect)):
                 return self._test_expired(suspect, now)
+            case ("ring", "share", int(seq)):
+                back, out = self.shares.expired(self.me, seq)
+                return out + self._take_back(back)
         raise ProtocolError(f"RingNode {self.addr}: unknown timer {key!r}")
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
@@ -389,8 +394,8 @@ class RingNode(Core):
         if isinstance(msg, TestNeighbour):
             return self._test_expired(msg.suspect.id)
         if isinstance(msg, ShareState) and msg.sender.addr == self.addr:  # not passed on: ours again
-            self.backups.absorb(msg.entries)
-            out.extend(self._send_backups(force=True))
+            _, out = self.shares.take_back(dst, msg.seq)
+            out.extend(self._take_back(msg.entries))
         if peer is not None:
             out.extend(self._suspect(peer))
         if isinstance(msg, RingRoute | TracedQuery | LinkDown):
@@ -735,6 +740,8 @@ class RingNode(Core):
         fresh = [d for d in dict.fromkeys(gone) if d.id not in self.dead and d.id != me.id]
         for dead in fresh:  # all of them first: a dead holder must not block a takeover
             self._forget(dead)
+            back, cancel = self.shares.take_back(dead.addr)  # (shares it never acknowledged)
+            out += cancel + self._take_back(back)
         for dead in fresh:
             held = self.backups.take_over(dead.id, dead=self.dead)
             if held is None:
@@ -763,10 +770,23 @@ class RingNode(Core):
         if excess <= 0:
             return []
         moved = self.backups.hand_over(sorted(taken, key=repr)[:excess])
-        return [Send(nxt.addr, ShareState(self.me, moved))]
+        return self.shares.send(self.me, nxt, moved)
 
     def _on_share(self, src: int, msg: ShareState, now: float) -> list[Effect]:
+        ack: list[Effect] = [Send(src, ShareAck(self.me, msg.seq))] if msg.seq else []
+        if not self.shares.first_time(msg):  # (sent again: its ack was lost)
+            return ack
         self.backups.absorb(msg.entries)
+        return self._send_backups(force=True) + ack
+
+    def _on_share_ack(self, src: int, msg: ShareAck, now: float) -> list[Effect]:
+        return self.shares.ack(msg)[1]
+
+    def _take_back(self, entries: Mapping[Hashable, Any]) -> list[Effect]:
+        """Entries of a share that did not arrive (or was not acknowledged): ours again."""
+        if not entries:
+            return []
+        self.backups.absorb(entries)
         return self._send_backups(force=True)
 
     def _forget(self, dead: Peer) -> None:
@@ -853,6 +873,7 @@ _HANDLERS: dict[type, _Handler] = {
     Failed: RingNode._on_failed,
     SetSide: RingNode._on_set_side,
     ShareState: RingNode._on_share,
+    ShareAck: RingNode._on_share_ack,
     Redirect: RingNode._on_redirect,
     Reconnect: RingNode._on_reconnect,
     TracedQuery: RingNode._on_traced,

@@ -26,20 +26,44 @@ variation" triggers):
 * :class:`LoadShare` is one ring node's side of all this: its meter, its limits, what its
   neighbours' heartbeats said, and the decision (:meth:`LoadShare.decide`); the ring node
   sends what it decides.
+* **Shares are acknowledged** (:class:`ShareLedger`). Each ``ShareState`` a broker sends
+  carries a number; the receiver, once the entries are in its state (backed up, routed
+  there), answers :class:`ShareAck`. Until the answer the sender keeps the entries in
+  :attr:`ShareLedger.pending`: out of its state (its load and backups no longer count them),
+  but still routed by it (a ring broker drops its routing of an entry only at the
+  acknowledgement, :mod:`flowbus.routing.ring_share`). Unanswered after ``timeout`` the share
+  is sent again, at most ``tries`` times in all; then, or at once if the send fails or the
+  receiver is found dead, the sender takes the entries back into its state. A receiver
+  takes a share once: one sent again (its ack was lost) is only acknowledged again, since
+  its entries may have moved on from the receiver meanwhile. An
+  acknowledgement that comes after the entries were taken back is counted (``late``): both
+  brokers then hold those entries, which costs a second match of their events, never a
+  second delivery (deliveries are de-duplicated by event id at the subscriber's broker).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from flowbus import wire
+from flowbus.core import CancelTimer, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.ring_messages import Peer
+from flowbus.overlay.ring_messages import Peer, ShareState
 
-__all__ = ["LoadMeter", "LoadShare", "Overloaded", "load_of", "pick_entries", "plan_share"]
+__all__ = [
+    "LoadMeter",
+    "LoadShare",
+    "Overloaded",
+    "ShareAck",
+    "ShareLedger",
+    "load_of",
+    "pick_entries",
+    "plan_share",
+]
 
 
 @wire.message("ring.overloaded")
@@ -52,6 +76,24 @@ class Overloaded:
     load: float
     rate: float
     entries: int
+
+
+@wire.message("ring.share_ack")
+@dataclass(frozen=True, slots=True)
+class ShareAck:
+    """The receiver of ``ShareState`` number ``seq`` holds its entries (and routes for them)."""
+
+    holder: Peer
+    seq: int
+
+
+@dataclass(slots=True)
+class Pending:
+    """A share sent and not acknowledged yet: to whom, what, how many times sent."""
+
+    to: Peer
+    entries: dict[Hashable, Any]
+    tries: int = 1
 
 
 class LoadMeter:
@@ -185,3 +227,99 @@ class LoadShare:
         self.neighbours[to.id] = loads[to] + fraction * load  # (until its next heartbeat)
         self.shares += 1
         return to, picked
+
+
+class ShareLedger:
+    """The shares a broker sent and their acknowledgements (see the module note): a share
+    unanswered after ``timeout`` is sent again, at most ``tries`` times, then taken back."""
+
+    def __init__(self, *, timeout: float = 4.0, tries: int = 3) -> None:
+        if not timeout > 0 or tries < 1:
+            raise ProtocolError(f"ShareLedger: timeout > 0 and tries >= 1, got {timeout!r}, {tries!r}")
+        self.timeout = timeout
+        self.tries = tries
+        self.pending: dict[int, Pending] = {}  # share number -> the share
+        self.acked = 0  # shares acknowledged
+        self.resent = 0  # shares sent again after a timeout
+        self.taken_back = 0  # shares taken back (unanswered, send failed, receiver dead)
+        self.late = 0  # acknowledgements of shares taken back already
+        self.placed: dict[Hashable, int] = {}  # acknowledged entries -> holder (for the core above)
+        self._seq = 0
+        self._taken: OrderedDict[tuple[int, int], None] = OrderedDict()  # (sender id, seq) absorbed here
+
+    def first_time(self, msg: ShareState) -> bool:
+        """Whether share ``msg`` is new here (a share sent again after its ack was lost must
+        not be taken twice: its entries may have moved on from here meanwhile)."""
+        key = (msg.sender.id, msg.seq)
+        if not msg.seq or key not in self._taken:
+            if msg.seq:
+                self._taken[key] = None
+                if len(self._taken) > TAKEN_REMEMBERED:
+                    self._taken.popitem(last=False)
+            return True
+        return False
+
+    def in_flight(self) -> set[Hashable]:
+        """The entries of the shares not acknowledged yet (the sender still routes them)."""
+        return {k for p in self.pending.values() for k in p.entries}
+
+    def send(self, me: Peer, to: Peer, entries: Mapping[Hashable, Any]) -> list[Effect]:
+        """Share ``entries`` (out of our state already) with ``to``, numbered, timed."""
+        self._seq += 1
+        self.pending[self._seq] = Pending(to, dict(entries))
+        return [Send(to.addr, ShareState(me, entries, self._seq)), SetTimer(self.timeout, _timer(self._seq))]
+
+    def ack(self, msg: ShareAck) -> tuple[Pending | None, list[Effect]]:
+        """The receiver holds share ``msg.seq``: the share (None if it was not pending)."""
+        done = self.pending.get(msg.seq)
+        if done is None or done.to.id != msg.holder.id:
+            self.late += msg.seq <= self._seq
+            return None, []
+        del self.pending[msg.seq]
+        self.acked += 1
+        self.placed.update(dict.fromkeys(done.entries, done.to.addr))
+        return done, [CancelTimer(_timer(msg.seq))]
+
+    def withdraw(self, key: Hashable) -> int | None:
+        """Entry ``key`` of a pending share is gone (its subscription ended): out of the
+        share (never taken back); the address it was sent to (None: in no pending share)."""
+        for p in self.pending.values():
+            if key in p.entries:
+                del p.entries[key]
+                return p.to.addr
+        return None
+
+    def expired(self, me: Peer, seq: int) -> tuple[dict[Hashable, Any], list[Effect]]:
+        """Share ``seq`` went unanswered: sent again, or (``tries`` used up) its entries,
+        taken back."""
+        p = self.pending.get(seq)
+        if p is None:
+            return {}, []
+        if p.tries >= self.tries:
+            del self.pending[seq]
+            self.taken_back += 1
+            return p.entries, []
+        p.tries += 1
+        self.resent += 1
+        return {}, [Send(p.to.addr, ShareState(me, p.entries, seq)), SetTimer(self.timeout, _timer(seq))]
+
+    def take_back(self, to: int, seq: int | None = None) -> tuple[dict[Hashable, Any], list[Effect]]:
+        """The entries of the shares pending to address ``to`` (only number ``seq``, if
+        given): its send failed or it died."""
+        entries: dict[Hashable, Any] = {}
+        out: list[Effect] = []
+        for n, p in list(self.pending.items()):
+            if p.to.addr == to and seq in (None, n):
+                del self.pending[n]
+                self.taken_back += 1
+                entries.update(p.entries)
+                out.append(CancelTimer(_timer(n)))
+        return entries, out
+
+
+TAKEN_REMEMBERED = 10_000
+"""How many shares a broker remembers having taken (to acknowledge a re-sent one only)."""
+
+
+def _timer(seq: int) -> tuple[str, str, int]:
+    return ("ring", "share", seq)

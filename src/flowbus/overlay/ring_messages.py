@@ -254,6 +254,7 @@ class ShareState:
 
     sender: Peer
     entries: Mapping[Hashable, Any]
+    seq: int = 0  # the sender's number for it, acknowledged with ``ShareAck`` (0: no answer wanted)
 
 
 @wire.message("ring.route")

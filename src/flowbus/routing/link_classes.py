@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from flowbus import wire
 from flowbus.core import Effect, Send
@@ -51,13 +51,26 @@ class Refused:
     items: tuple[tuple[Any, str], ...]
 
 
-class LinkBook:
-    """The newest :class:`LinkClasses` of each broker (see the module note)."""
+class Announcement(Protocol):
+    """A broker's news of its links (:class:`LinkClasses`, or their latency:
+    :class:`~flowbus.routing.express.LinkLatency`), the newest version wins."""
+
+    @property
+    def broker(self) -> int: ...
+    @property
+    def version(self) -> int: ...
+
+
+A = TypeVar("A", bound=Announcement)
+
+
+class LinkBook(Generic[A]):
+    """The newest announcement (:class:`LinkClasses`...) of each broker (see the module note)."""
 
     def __init__(self) -> None:
-        self.known: dict[int, LinkClasses] = {}
+        self.known: dict[int, A] = {}
 
-    def take(self, msg: LinkClasses) -> bool:
+    def take(self, msg: A) -> bool:
         """Keep ``msg`` if it is newer than what we know of its broker; whether it was."""
         old = self.known.get(msg.broker)
         if old is not None and old.version >= msg.version:
@@ -65,7 +78,7 @@ class LinkBook:
         self.known[msg.broker] = msg
         return True
 
-    def flood(self, msg: LinkClasses, neighbours: Iterable[int], src: int | None) -> list[Effect]:
+    def flood(self, msg: A, neighbours: Iterable[int], src: int | None) -> list[Effect]:
         """``msg`` on to the tree neighbours, but the one it came from."""
         return [Send(n, msg) for n in sorted(neighbours) if n != src]
 

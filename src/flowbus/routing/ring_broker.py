@@ -73,10 +73,13 @@ from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
+from flowbus.overlay.class_router import LinkBeat, LinkEcho
 from flowbus.routing import cbr
+from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
+from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
 
 __all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
 
@@ -170,6 +173,8 @@ class RingBroker(Core):
         local_ack: bool = False,
         advertising: bool = False,
         grouped: bool = False,
+        share_subs: bool = False,
+        express: ExpressRoutes | None = None,
         **ring: Any,
     ) -> None:
         if local_ack and not custody:
@@ -185,7 +190,13 @@ class RingBroker(Core):
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self._refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
-        self.link_book = LinkBook()  # the classes of every broker's tree links (link_classes.py)
+        # the classes of every broker's tree links (link_classes.py)
+        self.link_book: LinkBook[LinkClasses] = LinkBook()
+        self.shared = SharedSubs(addr)  # subscriptions shared under load (ring_share.py)
+        self.express = express if express is not None else ExpressRoutes(addr)  # (express.py; off)
+        self._count_cost = share_subs  # deliveries counted per subscription (the busiest move first)
+        if share_subs:
+            ring["movable"] = self._movable
         self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
         self.router = cbr.ContentRouter(addr, (), advertising=advertising, grouped=grouped)
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
@@ -270,7 +281,13 @@ class RingBroker(Core):
         if sub_id not in self.subs:
             raise ProtocolError(f"broker {self.addr}: no subscription {sub_id!r}")
         self.subs.discard(sub_id)
-        key = next(k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id))
+        if sub_id in self.shared.out:  # (held by a neighbour: it drops it)
+            return self.shared.unshare(sub_id)
+        key = next((k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id)), None)
+        if key is None:  # (in a share not acknowledged yet: out of it, and the receiver drops it)
+            key = ("sub", sub_id, self.addr)
+            to = self.ring.shares.withdraw(key)
+            return self.router.drop(origin_of(key)) + ([Send(to, Unshare((key,)))] if to is not None else [])
         self._taken_from.pop(sub_id, None)
         self._taken_by_dead = None
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
@@ -673,6 +690,17 @@ class RingBroker(Core):
             case HandedOver():
                 self._open(src, msg.event)
                 return self._out(self._on_handed_over(msg))
+            case Delegated():
+                self._open(src, msg.event)
+                return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
+            case Unshare(keys=keys):
+                return self._out(self._unshared(keys))
+            case LinkBeat() | LinkEcho() | LinkLatency():
+                return self.express.take(src, msg, now, self.tree_neighbours())
+            case Detour(via=via):
+                if via:
+                    return self.express.pass_on(msg)
+                return self._from_router(msg.origin, cbr.Publish(msg.event), now)
             case Refused(items=items):
                 return self.refuse(src, [(eid, why) for eid, why in items])
             case LinkClasses():
@@ -713,7 +741,10 @@ class RingBroker(Core):
         if key == DERIVED:
             derived, self._derived = self._derived, []
             return self._out(self._route_own(derived)) if derived else []
-        return self._out(self._sync(self.ring.on_timer(key, now)))
+        out = self._out(self._sync(self.ring.on_timer(key, now)))
+        if key == ("ring", "heartbeat") and self.express.on:  # (links measured at each round)
+            out += self.express.beat_round(self.peer_addrs(), self.tree_neighbours(), now)
+        return out
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """A failed send (a routing message too) is a failure clue for the ring; the ring's
@@ -732,6 +763,11 @@ class RingBroker(Core):
                 for key in keys:
                     if key is not None:
                         self._release(dst, eid, only=key)
+        elif isinstance(msg, Detour):
+            out.extend(self.express.failed(msg))
+        elif isinstance(msg, Delegated) and self.custody:  # (its home is gone: so are its sessions)
+            for key in self._waiting_on(dst, msg.event.get(EVENT_ID)):
+                self._release(dst, key[1], only=key)
         return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
 
     def _routing_message(self, src: int, msg: Any, now: float) -> list[Effect]:
@@ -766,6 +802,8 @@ class RingBroker(Core):
         deliveries), and the confirmations that are due go out."""
         if self.flows.parts or self.flows.subs:
             effects = self._flow_effects(effects)
+        if self.shared.hosted:
+            effects = self.shared.redirect(effects)
         out: list[Effect] = []
         step = self._step
         delivered, custody, local_ack = self._delivered, self._custody, self.local_ack
@@ -788,6 +826,8 @@ class RingBroker(Core):
                 rec = custody.get(held) if held is not None else None
                 if rec is not None:
                     rec.local += len(subs)
+                if self._count_cost:
+                    self._cost(subs)
             elif type(e) is Deliver:
                 event = e.event
                 if (event.__class__ is not dict and not isinstance(event, Mapping)) or EVENT_ID not in event:
@@ -810,7 +850,7 @@ class RingBroker(Core):
                         rec.local += 1
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
-            elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver):
+            elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver | Delegated):
                 if self._retry and type(e.msg) is cbr.Publish and self._behind_kept(e.dst, e.msg.event):
                     continue
                 if step:
@@ -826,7 +866,12 @@ class RingBroker(Core):
         if self._refusals:
             out.extend(Send(dst, Refused(tuple(items))) for dst, items in sorted(self._refusals.items()))
             self._refusals = {}
-        return out
+        return self.express.route(out, SPACE) if self.express.on else out
+
+    def _cost(self, subs: Iterable[Hashable]) -> None:
+        """Deliveries to our own subscriptions, counted per state entry (a load share moves
+        the busiest first)."""
+        self.ring.loads.meter.by_key.update(("sub", s, self.addr) for s in subs)
 
     # -- custody
 
@@ -941,6 +986,31 @@ class RingBroker(Core):
                 self._release(dst, eid, only=key)
         return self._out([])
 
+    # -- subscriptions shared under load (routing/ring_share.py)
+
+    def _movable(self, key: Hashable) -> bool:
+        """Whether a load share may pass the state entry ``key`` on (own plain subscriptions)."""
+        return self.shared.movable(key, self.subs, self.flows.subs, self.flows.parts, self._adopted)
+
+    def _unshared(self, keys: Iterable[Hashable]) -> list[Effect]:
+        """A home's :class:`Unshare`: its entries held here go, and their routing."""
+        out: list[Effect] = []
+        for key in keys:
+            if key in self.ring.state:
+                out.extend(self.ring.del_state(key))
+                out.extend(self._drop_adopted(key[1]))  # type: ignore[index]
+        return out
+
+    def _drop_adopted(self, sub: Hashable) -> list[Effect]:
+        """Stop serving the adopted subscription ``sub`` (passed on, or unshared)."""
+        origin = self._adopted.pop(sub, None)
+        out = self.router.drop(origin) if origin and self.addr in self.router.directions(origin) else []
+        self.subs.discard(sub)
+        self.shared.hosted.pop(sub, None)
+        self._taken_from.pop(sub, None)
+        self._taken_by_dead = None
+        return out
+
     # -- keeping the router in step with the ring
 
     def _sync(self, effects: list[Effect]) -> list[Effect]:
@@ -950,7 +1020,7 @@ class RingBroker(Core):
         ring = self.ring
         fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
-        signature = (ring.backups.foreign, len(ring.taken_over), 0)  # (our own set_state calls: no scan)
+        signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
         for key, text in list(ring.state.items()) if changed else ():
@@ -970,12 +1040,10 @@ class RingBroker(Core):
                             self._step[e[EVENT_ID]] = rkey
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
-            origin = self._adopted.pop(sub)
-            if self.addr in self.router.directions(origin):  # (not dropped already)
-                out.extend(self.router.drop(origin))
-            self.subs.discard(sub)
-            self._taken_from.pop(sub, None)
-            self._taken_by_dead = None
+            out.extend(self._drop_adopted(sub))
+        if changed or ring.shares.placed:
+            gone = {self._known[d] for d in ring.dead if d in self._known}
+            out.extend(self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed))
         if ring.joined:
             self._known.update((p.id, p.addr) for p in ring.links())
         wanted = self.tree_neighbours()
@@ -996,6 +1064,7 @@ class RingBroker(Core):
                 )
                 out.extend(Send(a, sync) for a in sorted(added))
             out.extend(self.link_book.welcome(added))
+            out.extend(self.express.book.welcome(added))
             out.extend(Send(a, Synced()) for a in sorted(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):

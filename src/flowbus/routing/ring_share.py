@@ -1,0 +1,176 @@
+"""Subscriptions a loaded ring broker shares with a neighbour: the neighbour matches their
+events, the subscriptions' own broker still delivers them (sans-IO, a part of
+:class:`~flowbus.routing.ring_broker.RingBroker`).
+
+How it works (Chordal Reliability Rings, section 3.4: a broker over its limit "shares the
+tasks" with a neighbour "by passing the information"; the decision and the acknowledged
+``ShareState`` are :mod:`flowbus.overlay.ring_load`'s):
+
+* **What moves.** A broker's routing state is its subscriptions' entries
+  ``("sub", sub_id, home)`` in the ring state; the entries a share may pass on are the
+  broker's own plain subscriptions (:meth:`SharedSubs.movable`: not a deployed flow's
+  partition or subscription, whose state and edge transforms live at home; not one adopted
+  from another broker). The ring node picks the busiest (the broker counts deliveries per
+  entry while a limit is set).
+* **Make before break.** The receiver takes the entries into its state and *adopts* them in
+  its content router under their origin ``(home, sub_id)`` (as for a takeover): their
+  filters now travel the tree from it. The sender keeps matching them until the
+  ``ShareAck``; then (:meth:`SharedSubs.placed`) it drops them from its router and notes
+  where each went (:attr:`SharedSubs.out`). Until then an event may be matched at both:
+  the home delivers it once (deliveries are de-duplicated by event id).
+* **Deliveries go home.** The session of a shared subscription stays at its home. The
+  receiver, matching an event for a subscription whose home is alive
+  (:attr:`SharedSubs.hosted`), does not deliver it: it sends :class:`Delegated` (the
+  subscriptions and the event) to the home, in custody like an event sent on the tree. The
+  home opens a custody record for it, delivers it to those subscriptions and confirms it
+  once they are settled, so nothing is lost or delivered twice.
+* **Ends.** The client unsubscribes at home: :class:`Unshare` tells the holder to drop the
+  entries. The home dies: the holder's entries now have a dead home, so the holder delivers
+  them itself (the takeover path: the clients re-attach there). The holder dies: its state,
+  the shared entries with it, is taken over from its backups; if the home takes it over it
+  routes its subscriptions itself again (:meth:`SharedSubs.back`), another broker hosts
+  them as the dead one did.
+
+Not done: an ``Unshare`` sent to a holder that died meanwhile is lost, and the broker that
+took over its state keeps matching that subscription (its deliveries to the home are dropped
+there: the subscription is gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus import wire
+from flowbus.core import Deliver, DeliverAll, Effect, Send
+from flowbus.filters import parse
+from flowbus.overlay.chordal_ring import RingNode
+from flowbus.routing.cbr import ContentRouter
+
+__all__ = ["Delegated", "SharedSubs", "Unshare"]
+
+
+@wire.message("ringbroker.delegated")
+@dataclass(frozen=True, slots=True)
+class Delegated:
+    """``event`` matched the subscriptions ``subs`` of the receiver, their home, at the
+    sender, which holds their entries (a load share): the home delivers it to them."""
+
+    subs: tuple[Hashable, ...]
+    event: Mapping[str, Any]
+
+
+@wire.message("ringbroker.unshare")
+@dataclass(frozen=True, slots=True)
+class Unshare:
+    """The sender's subscriptions of these entries ended: the holder drops them."""
+
+    keys: tuple[Hashable, ...]
+
+
+class SharedSubs:
+    """Broker ``addr``'s subscriptions held elsewhere and others' held here (see the module note)."""
+
+    def __init__(self, addr: int) -> None:
+        self.addr = addr
+        self.out: dict[Hashable, int] = {}  # own sub id -> the broker that holds (matches) it
+        self.hosted: dict[Hashable, int] = {}  # sub id held here -> its live home
+        self.delegated = 0  # deliveries handed to their home
+        self.received = 0  # deliveries handed to us by a holder
+
+    def movable(self, key: Hashable, own: Collection[Hashable], *fixed: Collection[Hashable]) -> bool:
+        """Whether a share may pass the state entry ``key`` on: a subscription of ours among
+        ``own``, in none of ``fixed`` (flows' partitions and subscriptions, adopted ones)."""
+        return (
+            isinstance(key, tuple)
+            and len(key) == 3
+            and key[0] == "sub"
+            and key[2] == self.addr
+            and key[1] in own
+            and not any(key[1] in f for f in fixed)
+        )
+
+    def after_step(
+        self,
+        ring: RingNode,
+        router: ContentRouter,
+        adopted: Mapping[Hashable, tuple[int, Hashable]],
+        dead: Collection[int],
+        *,
+        changed: bool,
+    ) -> list[Effect]:
+        """After a ring step (``changed``: its state changed from outside): ours acknowledged
+        elsewhere no longer routed here, ours back in our state (taken over from their
+        holder) routed again; who hosts what (``adopted`` subs, ``dead`` addresses)."""
+        out: list[Effect] = []
+        if ring.shares.placed:
+            placed, ring.shares.placed = ring.shares.placed, {}
+            for sub in self.placed(placed):
+                if self.addr in router.directions((self.addr, sub)):
+                    out.extend(router.drop((self.addr, sub)))
+        if changed:
+            for sub in self.back(ring.state):
+                text = ring.state[("sub", sub, self.addr)]
+                out.extend(
+                    router.adopt((self.addr, sub), parse(text[0] if isinstance(text, tuple) else text))
+                )
+            self.host(adopted, dead)
+        return out
+
+    def placed(self, keys: Mapping[Hashable, int]) -> list[Hashable]:
+        """Acknowledged shares (entry -> holder): the sub ids of ours to drop from the router."""
+        gone = []
+        for key, holder in keys.items():
+            if isinstance(key, tuple) and len(key) == 3 and key[0] == "sub" and key[2] == self.addr:
+                self.out[key[1]] = holder
+                gone.append(key[1])
+        return gone
+
+    def back(self, state: Collection[Hashable]) -> list[Hashable]:
+        """Subscriptions of ours held elsewhere whose entries are in our ``state`` again (the
+        holder died and we took its state over): ours to route again."""
+        came = [s for s in self.out if ("sub", s, self.addr) in state]
+        for s in came:
+            del self.out[s]
+        return came
+
+    def host(self, adopted: Mapping[Hashable, tuple[int, Hashable]], dead: Collection[int]) -> None:
+        """The adopted subscriptions whose home is another, live broker."""
+        self.hosted = {s: home for s, (home, _) in adopted.items() if home != self.addr and home not in dead}
+
+    def unshare(self, sub_id: Hashable) -> list[Effect]:
+        """Our subscription ``sub_id`` held elsewhere ended: tell its holder."""
+        holder = self.out.pop(sub_id)
+        return [Send(holder, Unshare((("sub", sub_id, self.addr),)))]
+
+    def redirect(self, effects: Iterable[Effect]) -> list[Effect]:
+        """Deliveries to hosted subscriptions become :class:`Delegated` sends to their home."""
+        hosted = self.hosted
+        out: list[Effect] = []
+        for e in effects:
+            if type(e) is DeliverAll and not hosted.keys().isdisjoint(e.subs):
+                mine = tuple(s for s in e.subs if s not in hosted)
+                if mine:
+                    out.append(DeliverAll(mine, e.event))
+                out.extend(self._home(hosted, [s for s in e.subs if s in hosted], e.event))
+            elif type(e) is Deliver and e.sub in hosted:
+                out.extend(self._home(hosted, [e.sub], e.event))
+            else:
+                out.append(e)
+        return out
+
+    def _home(self, hosted: Mapping[Hashable, int], subs: list[Hashable], event: Any) -> list[Effect]:
+        by_home: dict[int, list[Hashable]] = {}
+        for s in subs:
+            by_home.setdefault(hosted[s], []).append(s)
+        self.delegated += len(subs)
+        return [Send(home, Delegated(tuple(ss), event)) for home, ss in sorted(by_home.items())]
+
+    def deliveries(self, msg: Delegated, served: Collection[Hashable], grouped: bool) -> list[Effect]:
+        """A holder's :class:`Delegated`: the deliveries to those of its subscriptions still served here."""
+        subs = tuple(s for s in msg.subs if s in served)
+        self.received += len(subs)
+        if not subs:
+            return []
+        return [DeliverAll(subs, msg.event)] if grouped else [Deliver(s, msg.event) for s in subs]

@@ -1,0 +1,62 @@
+"""Subscriptions shared under load (routing/ring_share.py, overlay/ring_load.py): a broker
+over its limit hands part of its subscriptions' routing to a neighbour, which matches their
+events and hands the deliveries back home; shares are acknowledged, sent again when not,
+taken back in the end."""
+
+from __future__ import annotations
+
+from flowbus.core import CancelTimer, Send, SetTimer
+from flowbus.experiments.ring_sim import BrokerRing
+from flowbus.filters import parse
+from flowbus.overlay.ring_load import ShareAck, ShareLedger
+from flowbus.overlay.ring_messages import Peer, ShareState
+
+
+def test_a_loaded_broker_shares_subscriptions_and_every_subscriber_gets_each_event_once() -> None:
+    ring = BrokerRing(3, seed=4, backup=2, heartbeat=1.0, share_subs=True, load_limit=2)
+    home, *others = ring.order()
+    subs = [f"s{i}" for i in range(4)]
+    for i, s in enumerate(subs):
+        ring.sim.invoke(home.addr, lambda b, s=s, i=i: b.subscribe(s, parse(f"x >= {i}")))
+    ring.settle(10.0)
+    holders = [b for b in others if b.shared.hosted]
+    assert len(home.shared.out) == 2 and home.ring.shares.acked == 1  # load 4 / 2: half moved
+    assert len(holders) == 1 and set(holders[0].shared.hosted) == set(home.shared.out)
+    assert all(("sub", s, home.addr) in holders[0].ring.state for s in home.shared.out)
+    assert home.subs == set(subs)  # (still served at home: the sessions are there)
+    ring.got.clear()
+    for n, src in enumerate([home, *others] * 2):
+        ring.sim.invoke(src.addr, lambda b, n=n: b.publish({"x": n % 4, "n": n}))
+    ring.settle(10.0)
+    want = sorted((s, n) for n in range(6) for i, s in enumerate(subs) if n % 4 >= i)
+    assert sorted((sub, ev["n"]) for sub, ev, _ in ring.got) == want  # none lost, none twice
+    assert holders[0].shared.delegated > 0 and home.shared.received == holders[0].shared.delegated
+    gone = min(home.shared.out)
+    ring.sim.invoke(home.addr, lambda b: b.unsubscribe(gone))
+    ring.settle(5.0)
+    assert gone not in holders[0].shared.hosted and ("sub", gone, home.addr) not in holders[0].ring.state
+    assert len(home.shared.out) == 1
+
+
+def test_a_share_is_sent_again_until_acknowledged_and_taken_back_in_the_end() -> None:
+    me, to = Peer(1, 100), Peer(2, 200)
+    ledger = ShareLedger(timeout=2.0, tries=3)
+    sent = ledger.send(me, to, {"a": 1, "b": 2})
+    assert sent == [Send(200, ShareState(me, {"a": 1, "b": 2}, 1)), SetTimer(2.0, ("ring", "share", 1))]
+    assert ledger.in_flight() == {"a", "b"}
+    back, again = ledger.expired(me, 1)
+    assert not back and again[0] == Send(200, ShareState(me, {"a": 1, "b": 2}, 1)) and ledger.resent == 1
+    ledger.expired(me, 1)
+    back, again = ledger.expired(me, 1)  # (3 tries used up)
+    assert back == {"a": 1, "b": 2} and not again and ledger.taken_back == 1 and not ledger.in_flight()
+    assert ledger.ack(ShareAck(to, 1)) == (None, []) and ledger.late == 1  # both hold them now
+    ledger.send(me, to, {"c": 3})
+    assert ledger.withdraw("c") == 200 and ledger.withdraw("zz") is None
+    done, cancel = ledger.ack(ShareAck(to, 2))
+    assert done is not None and cancel == [CancelTimer(("ring", "share", 2))] and ledger.placed == {}
+    ledger.send(me, to, {"d": 4})
+    ledger.ack(ShareAck(to, 3))
+    assert ledger.placed == {"d": 200} and ledger.acked == 2
+    ledger.send(me, to, {"e": 5})
+    back, cancel = ledger.take_back(200)  # (the receiver died)
+    assert back == {"e": 5} and cancel == [CancelTimer(("ring", "share", 4))]

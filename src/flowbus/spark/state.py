@@ -30,6 +30,7 @@ from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import bind_rules
+from flowbus.spark.columnfold import ColumnFold
 from flowbus.spark.vectorfold import VectorFold
 
 __all__ = ["ArrowFold", "Fold", "GroupFolder"]
@@ -147,22 +148,31 @@ class ArrowFold:
         self.out = out
         self.keys = list(keys)
         self._folder: GroupFolder | None = None
+        self._columns: ColumnFold | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_folder"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_folder", "_columns")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._folder = None
+        self._columns = None
 
     def __call__(self, key: tuple[pa.Scalar, ...], events: pa.Table, stored: pa.Table) -> pa.Table:
         if self._folder is None:  # built once per Python worker
             self._folder = GroupFolder(self.graph, self.group)
+            self._columns = ColumnFold.of(self.graph, self.group, self.log, self._folder.folds, self.out)
         folder = self._folder
         values = [k.as_py() for k in key]
         blob = stored.column("_state")[0].as_py() if stored.num_rows else None
         if not events.num_rows:  # no new event: the key's state stays as it was
             return self._rows([], values, blob)
+        if self._columns is not None:
+            got = self._columns.fold(pickle.loads(blob) if blob is not None else None, events)
+            if got is not None:
+                state, derived = got
+                tail = self._rows([], values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+                return tail if derived is None else pa.concat_tables([derived, tail])
         fields = folder.fields
         columns = [events.column(f).to_pylist() for f in fields]
         batch = [

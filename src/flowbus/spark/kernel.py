@@ -1,0 +1,275 @@
+"""A collapse rule set compiled to a numeric kernel: a key's events folded in one numba loop.
+
+How it works: :meth:`RuleKernel.of` accepts a rule set (a
+:class:`~flowbus.flow.collapse.BoundRules`) whose guards and right-hand sides
+only compare and compute numbers -- event fields and state components of type
+``int`` or ``float``, numeric constants, ``+ - * /``, ``= != < <= > >=``, no
+function or lookup -- and writes it as the source of one Python function over
+arrays (the event fields the rules read, one row per event), which numba
+compiles once per process. The loop is the interpreter's :meth:`BoundRules.step`
+event after event: the first rule whose guard holds and whose right-hand sides
+are all defined fires, reading the row before the event; a literal over an
+undefined expression (division by zero) is false, true once negated; no rule,
+or a new row equal to the old one, is no change. It returns the row after each
+event and where it changed.
+
+Numbers are IEEE doubles in the kernel, as they are in the interpreter for
+``float``; an ``int`` value is exact as a double up to 2**53 in magnitude, so
+the kernel stops (:meth:`RuleKernel.run` returns None: fold this key's events
+with the interpreter's code instead) on an int input or result beyond that, and
+on any NaN (an input, or a result such as ``inf - inf``: ``=`` and the row's
+equality treat NaN apart). A float component holding an int (an initial ``0``)
+is held as the equal float; the events derived from it are floats either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flowbus.filters.ast import (
+    COMPARISON_OPS,
+    BinOp,
+    Const,
+    Expr,
+    ExprPredicate,
+    Field,
+    Filter,
+    Op,
+    Predicate,
+)
+from flowbus.flow.collapse import BoundRules
+from flowbus.flow.collapse import Row as StateRow
+from flowbus.model import Schema
+
+__all__ = ["EXACT_INT", "RuleKernel"]
+
+EXACT_INT = 2.0**53
+"""The largest magnitude at which every int is a double."""
+
+_CMP = {Op.EQ: "==", Op.NE: "!=", Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">="}
+
+
+class _Unsupported(Exception):
+    """The rule set reads or computes something the kernel does not (strings, calls, the key ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    var: str  # the variable holding it
+    undefined: str  # a boolean expression: the value is undefined ("False" when it never is)
+    maybe_int: bool  # the interpreter may hold a Python int here
+
+
+class _Source:
+    """The kernel's source: rules -> statements over ``e<k>`` (event fields) and ``r<j>`` (the row)."""
+
+    def __init__(self, bound: BoundRules, state: Schema) -> None:
+        self.bound = bound
+        self.kinds = {c: state.type_of(c) for c in bound.components}
+        if any(k not in (int, float) for k in self.kinds.values()):
+            raise _Unsupported("a component that is no number")
+        self.index = {c: j for j, c in enumerate(bound.components)}
+        self.reads: list[str] = []
+        self.lines: list[str] = []
+        self.temps = 0
+        self.int_components = self._int_components()
+
+    def _int_components(self) -> set[str]:
+        """Components that may hold a Python int: int ones, and float ones starting from or set to an int."""
+        held = {c for c, k in self.kinds.items() if k is int}
+        held |= {c for c, v in zip(self.bound.components, self.bound.initial, strict=True) if type(v) is int}
+        self.int_components = held
+        while True:
+            grown = set(held)
+            for rule in self.bound.ruleset.rules:
+                for name, e in rule.sets:
+                    if self._maybe_int(e):
+                        grown.add(name)
+            if grown == held:
+                return held
+            held = self.int_components = grown
+
+    def _maybe_int(self, e: Expr) -> bool:
+        if isinstance(e, Const):
+            return type(e.value) is int
+        if isinstance(e, Field):
+            where, name = self._resolve(e.name)
+            if where == "row":
+                return name in self.int_components
+            return self.bound.event.type_of(name) is int
+        if isinstance(e, BinOp):
+            return e.op != "/" and self._maybe_int(e.left) and self._maybe_int(e.right)
+        raise _Unsupported("a call")
+
+    def _resolve(self, name: str) -> tuple[str, str]:
+        """Where a rule reads ``name`` (as :meth:`BoundRules._read` does): the row, else the event."""
+        bare = name[6:] if name.startswith(("event.", "state.")) else name
+        if not name.startswith("event.") and bare in self.bound.key_names:
+            raise _Unsupported("the key")
+        if not name.startswith("event.") and bare in self.index:
+            return "row", bare
+        if self.bound.event.type_of(bare) not in (int, float):
+            raise _Unsupported(f"{bare!r} is no number")
+        return "event", bare
+
+    def _temp(self, indent: str, code: str) -> str:
+        self.temps += 1
+        var = f"t{self.temps}"
+        self.lines.append(f"{indent}{var} = {code}")
+        return var
+
+    def expr(self, e: Expr, indent: str) -> _Value:
+        if isinstance(e, Const):
+            if type(e.value) not in (int, float) or (type(e.value) is int and abs(e.value) > EXACT_INT):
+                raise _Unsupported("a constant that is no number")
+            return _Value(repr(float(e.value)), "False", type(e.value) is int)
+        if isinstance(e, Field):
+            where, name = self._resolve(e.name)
+            if where == "row":
+                return _Value(f"r{self.index[name]}", "False", name in self.int_components)
+            if name not in self.reads:
+                self.reads.append(name)
+            return _Value(f"e{self.reads.index(name)}", "False", self.bound.event.type_of(name) is int)
+        if not isinstance(e, BinOp):
+            raise _Unsupported("a call")
+        a, b = self.expr(e.left, indent), self.expr(e.right, indent)
+        undefined = " or ".join(u for u in (a.undefined, b.undefined) if u != "False") or "False"
+        if e.op == "/":
+            var = self._temp(indent, f"{a.var} / {b.var} if {b.var} != 0.0 else 0.0")
+            undefined = f"({undefined} or {b.var} == 0.0)" if undefined != "False" else f"{b.var} == 0.0"
+            value = _Value(var, undefined, False)
+        else:
+            value = _Value(
+                self._temp(indent, f"{a.var} {e.op} {b.var}"), undefined, a.maybe_int and b.maybe_int
+            )
+        self.lines.append(f"{indent}if {value.var} != {value.var}:")  # NaN
+        self.lines.append(f"{indent}    return 1")
+        if value.maybe_int:
+            self.lines.append(f"{indent}if abs({value.var}) > {EXACT_INT!r}:")
+            self.lines.append(f"{indent}    return 1")
+        return value
+
+    def literal(self, lit: Predicate | ExprPredicate, indent: str) -> str:
+        if isinstance(lit, Predicate):
+            if lit.op not in COMPARISON_OPS or isinstance(lit.value, tuple) or lit.value is None:
+                raise _Unsupported(f"operator {lit.op}")
+            lit = ExprPredicate(Field(lit.attr), lit.op, Const(lit.value), lit.negated)
+        if lit.op not in COMPARISON_OPS:
+            raise _Unsupported(f"operator {lit.op}")
+        a, b = self.expr(lit.left, indent), self.expr(lit.right, indent)
+        holds = f"{a.var} {_CMP[lit.op]} {b.var}"
+        undefined = " or ".join(u for u in (a.undefined, b.undefined) if u != "False")
+        if undefined:
+            holds = f"(not ({undefined}) and {holds})"
+        return self._temp(indent, f"not {holds}" if lit.negated else holds)
+
+    def guard(self, when: Filter, indent: str) -> str:
+        if not when.disjuncts:
+            return "False"
+        ors = []
+        for conj in when.disjuncts:
+            ands = [self.literal(lit, indent) for lit in conj.literals]
+            ors.append(" and ".join(ands) if ands else "True")
+        return " or ".join(f"({x})" for x in ors)
+
+    def rules(self) -> None:
+        width = len(self.bound.components)
+        indent = " " * 8
+        self.lines.append(f"{indent}fired = False")
+        for rule in self.bound.ruleset.rules:
+            self.lines.append(f"{indent}if not fired:")
+            inner = indent + "    "
+            test = self.guard(rule.when, inner)
+            self.lines.append(f"{inner}if {test}:")
+            body = inner + "    "
+            sets = {self.index[name]: self.expr(e, body) for name, e in rule.sets}
+            undefined = " or ".join(v.undefined for v in sets.values() if v.undefined != "False") or "False"
+            self.lines.append(f"{body}if not ({undefined}):")
+            for j in range(width):
+                self.lines.append(f"{body}    n{j} = {sets[j].var if j in sets else f'r{j}'}")
+            self.lines.append(f"{body}    fired = True")
+        moved = " or ".join(f"n{j} != r{j}" for j in range(width))
+        self.lines.append(f"{indent}if fired and ({moved}):")
+        self.lines.append(f"{indent}    changed[i] = True")
+        self.lines += [f"{indent}    r{j} = n{j}" for j in range(width)]
+        self.lines += [f"{indent}out[i, {j}] = r{j}" for j in range(width)]
+
+    def text(self) -> str:
+        self.rules()
+        width = len(self.bound.components)
+        head = ["def kernel(x, row, out, changed):"]
+        head += [f"    r{j} = row[{j}]" for j in range(width)]
+        head += [f"    n{j} = r{j}" for j in range(width)]
+        head.append("    for i in range(x.shape[1]):")
+        head += [f"        e{k} = x[{k}, i]" for k in range(len(self.reads))]
+        return "\n".join([*head, *self.lines, "    return 0", ""])
+
+
+_COMPILED: dict[str, Callable[..., int]] = {}
+
+
+def _compile(text: str) -> Callable[..., int]:
+    """The numba function of ``text`` (compiled once per process and text)."""
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    found = _COMPILED.get(digest)
+    if found is None:
+        from numba import njit
+
+        scope: dict[str, Any] = {}
+        exec(compile(text, f"<flowbus kernel {digest[:12]}>", "exec"), scope)
+        found = _COMPILED[digest] = njit(nogil=True, error_model="numpy")(scope["kernel"])
+    return found
+
+
+class RuleKernel:
+    """A collapse's rules as one compiled loop over a key's events (see the module notes)."""
+
+    def __init__(self, bound: BoundRules, source: _Source) -> None:
+        self.bound = bound
+        self.text = source.text()
+        self.reads = list(source.reads)
+        self.kinds = [source.kinds[c] for c in bound.components]
+        self.int_reads = [bound.event.type_of(f) is int for f in self.reads]
+
+    @staticmethod
+    def of(bound: BoundRules, state: Schema) -> RuleKernel | None:
+        """The kernel of ``bound`` (a collapse's rules, ``state`` its space's schema), or None."""
+        try:
+            source = _Source(bound, state)
+            return RuleKernel(bound, source)
+        except _Unsupported:
+            return None
+
+    def run(self, columns: Mapping[str, np.ndarray], start: StateRow) -> tuple[np.ndarray, np.ndarray] | None:
+        """The row after each event (one row per event, float64) and where it changed, from row ``start``
+        over ``columns`` (each field the rules read, float64, in ``_order``); None: fold these events
+        with the interpreter's code (a NaN, or an int past 2**53)."""
+        row = np.array(start, dtype=np.float64)
+        if np.isnan(row).any() or _too_big(row, [k is int for k in self.kinds]):
+            return None
+        n = len(next(iter(columns.values()))) if columns else 0
+        x = np.empty((len(self.reads), n), dtype=np.float64)
+        for k, f in enumerate(self.reads):
+            x[k] = columns[f]
+            if np.isnan(x[k]).any() or (self.int_reads[k] and (np.abs(x[k]) > EXACT_INT).any()):
+                return None
+        out = np.empty((n, len(self.kinds)), dtype=np.float64)
+        changed = np.zeros(n, dtype=np.bool_)
+        if _compile(self.text)(x, row, out, changed) != 0:
+            return None
+        return out, changed
+
+    def row(self, values: np.ndarray) -> StateRow:
+        """A row of the kernel as the interpreter's Python values (ints for int components)."""
+        return tuple(
+            int(v) if k is int else float(v) for v, k in zip(values.tolist(), self.kinds, strict=True)
+        )
+
+
+def _too_big(row: np.ndarray, ints: list[bool]) -> bool:
+    return bool(any(i and abs(v) > EXACT_INT for v, i in zip(row.tolist(), ints, strict=True)))

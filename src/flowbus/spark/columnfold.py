@@ -194,13 +194,13 @@ class ColumnFold:
         self, c: _Collapse, rows: dict[str, StateRow], last: dict[str, StateRow], key: Key, events: pa.Table
     ) -> list[_Piece] | None:
         start = rows.get(c.name, c.initial)
-        got = c.kernel.run({f: events.column(f).to_numpy() for f in c.kernel.reads}, start)
+        got = c.kernel.run({f: events.column(f).to_numpy() for f in c.kernel.reads}, events.num_rows, start)
         if got is None:
             return None
-        after, changed = got
+        after, changed, ints = got
         if not changed.any():
             return []
-        rows[c.name] = c.kernel.row(after[-1])
+        rows[c.name] = c.kernel.row(after[-1], ints)
         sends = []
         for s in c.senders:
             d = s.deliverer

@@ -14,12 +14,15 @@ or a new row equal to the old one, is no change. It returns the row after each
 event and where it changed.
 
 Numbers are IEEE doubles in the kernel, as they are in the interpreter for
-``float``; an ``int`` value is exact as a double up to 2**53 in magnitude, so
-the kernel stops (:meth:`RuleKernel.run` returns None: fold this key's events
-with the interpreter's code instead) on an int input or result beyond that, and
-on any NaN (an input, or a result such as ``inf - inf``: ``=`` and the row's
-equality treat NaN apart). A float component holding an int (an initial ``0``)
-is held as the equal float; the events derived from it are floats either way.
+``float``. Beside each value the kernel knows whether the interpreter would
+hold a Python ``int`` there (an int field or constant, ``+ - *`` of two ints, a
+component last set to one -- a float component starting from ``0`` holds an
+int): such a value is exact as a double up to 2**53 in magnitude, and is never
+``-0.0``. The kernel stops (:meth:`RuleKernel.run` returns None: fold this
+key's events with the interpreter's code instead) on an int input or result
+beyond 2**53, and on any NaN (an input, or a result such as ``inf - inf``: ``=``
+and the row's equality treat NaN apart). So the rows it returns are the
+interpreter's, value for value and int for int.
 """
 
 from __future__ import annotations
@@ -62,11 +65,21 @@ class _Unsupported(Exception):
 class _Value:
     var: str  # the variable holding it
     undefined: str  # a boolean expression: the value is undefined ("False" when it never is)
-    maybe_int: bool  # the interpreter may hold a Python int here
+    is_int: str  # "True", "False", or the variable telling whether the interpreter holds an int
+
+
+def _both(a: str, b: str) -> str | None:
+    """``a and b`` of two is_int codes, when it is known without running (else None)."""
+    if "False" in (a, b):
+        return "False"
+    if a == b == "True":
+        return "True"
+    return None
 
 
 class _Source:
-    """The kernel's source: rules -> statements over ``e<k>`` (event fields) and ``r<j>`` (the row)."""
+    """The kernel's source: rules -> statements over ``e<k>`` (event fields), ``r<j>`` (the row) and
+    ``q<j>`` (whether the interpreter holds component ``j`` as an int)."""
 
     def __init__(self, bound: BoundRules, state: Schema) -> None:
         self.bound = bound
@@ -77,34 +90,6 @@ class _Source:
         self.reads: list[str] = []
         self.lines: list[str] = []
         self.temps = 0
-        self.int_components = self._int_components()
-
-    def _int_components(self) -> set[str]:
-        """Components that may hold a Python int: int ones, and float ones starting from or set to an int."""
-        held = {c for c, k in self.kinds.items() if k is int}
-        held |= {c for c, v in zip(self.bound.components, self.bound.initial, strict=True) if type(v) is int}
-        self.int_components = held
-        while True:
-            grown = set(held)
-            for rule in self.bound.ruleset.rules:
-                for name, e in rule.sets:
-                    if self._maybe_int(e):
-                        grown.add(name)
-            if grown == held:
-                return held
-            held = self.int_components = grown
-
-    def _maybe_int(self, e: Expr) -> bool:
-        if isinstance(e, Const):
-            return type(e.value) is int
-        if isinstance(e, Field):
-            where, name = self._resolve(e.name)
-            if where == "row":
-                return name in self.int_components
-            return self.bound.event.type_of(name) is int
-        if isinstance(e, BinOp):
-            return e.op != "/" and self._maybe_int(e.left) and self._maybe_int(e.right)
-        raise _Unsupported("a call")
 
     def _resolve(self, name: str) -> tuple[str, str]:
         """Where a rule reads ``name`` (as :meth:`BoundRules._read` does): the row, else the event."""
@@ -123,18 +108,22 @@ class _Source:
         self.lines.append(f"{indent}{var} = {code}")
         return var
 
-    def expr(self, e: Expr, indent: str) -> _Value:
+    def _leaf(self, e: Const | Field) -> _Value:
         if isinstance(e, Const):
             if type(e.value) not in (int, float) or (type(e.value) is int and abs(e.value) > EXACT_INT):
                 raise _Unsupported("a constant that is no number")
-            return _Value(repr(float(e.value)), "False", type(e.value) is int)
-        if isinstance(e, Field):
-            where, name = self._resolve(e.name)
-            if where == "row":
-                return _Value(f"r{self.index[name]}", "False", name in self.int_components)
-            if name not in self.reads:
-                self.reads.append(name)
-            return _Value(f"e{self.reads.index(name)}", "False", self.bound.event.type_of(name) is int)
+            return _Value(repr(float(e.value)), "False", str(type(e.value) is int))
+        where, name = self._resolve(e.name)
+        if where == "row":
+            j = self.index[name]
+            return _Value(f"r{j}", "False", f"q{j}")
+        if name not in self.reads:
+            self.reads.append(name)
+        return _Value(f"e{self.reads.index(name)}", "False", str(self.bound.event.type_of(name) is int))
+
+    def expr(self, e: Expr, indent: str) -> _Value:
+        if isinstance(e, (Const, Field)):
+            return self._leaf(e)
         if not isinstance(e, BinOp):
             raise _Unsupported("a call")
         a, b = self.expr(e.left, indent), self.expr(e.right, indent)
@@ -142,16 +131,18 @@ class _Source:
         if e.op == "/":
             var = self._temp(indent, f"{a.var} / {b.var} if {b.var} != 0.0 else 0.0")
             undefined = f"({undefined} or {b.var} == 0.0)" if undefined != "False" else f"{b.var} == 0.0"
-            value = _Value(var, undefined, False)
+            value = _Value(var, undefined, "False")
         else:
-            value = _Value(
-                self._temp(indent, f"{a.var} {e.op} {b.var}"), undefined, a.maybe_int and b.maybe_int
-            )
-        self.lines.append(f"{indent}if {value.var} != {value.var}:")  # NaN
-        self.lines.append(f"{indent}    return 1")
-        if value.maybe_int:
-            self.lines.append(f"{indent}if abs({value.var}) > {EXACT_INT!r}:")
-            self.lines.append(f"{indent}    return 1")
+            is_int = _both(a.is_int, b.is_int) or self._temp(indent, f"{a.is_int} and {b.is_int}")
+            value = _Value(self._temp(indent, f"{a.var} {e.op} {b.var}"), undefined, is_int)
+        self.lines += [f"{indent}if {value.var} != {value.var}:", f"{indent}    return 1"]  # NaN
+        if value.is_int != "False":  # an int: exact within 2**53, and never -0.0
+            self.lines += [
+                f"{indent}if {value.is_int}:",
+                f"{indent}    if abs({value.var}) > {EXACT_INT!r}:",
+                f"{indent}        return 1",
+                f"{indent}    {value.var} = {value.var} + 0.0",
+            ]
         return value
 
     def literal(self, lit: Predicate | ExprPredicate, indent: str) -> str:
@@ -192,22 +183,24 @@ class _Source:
             self.lines.append(f"{body}if not ({undefined}):")
             for j in range(width):
                 self.lines.append(f"{body}    n{j} = {sets[j].var if j in sets else f'r{j}'}")
+                self.lines.append(f"{body}    m{j} = {sets[j].is_int if j in sets else f'q{j}'}")
             self.lines.append(f"{body}    fired = True")
         moved = " or ".join(f"n{j} != r{j}" for j in range(width))
         self.lines.append(f"{indent}if fired and ({moved}):")
         self.lines.append(f"{indent}    changed[i] = True")
-        self.lines += [f"{indent}    r{j} = n{j}" for j in range(width)]
+        self.lines += [f"{indent}    r{j} = n{j}\n{indent}    q{j} = m{j}" for j in range(width)]
         self.lines += [f"{indent}out[i, {j}] = r{j}" for j in range(width)]
 
     def text(self) -> str:
         self.rules()
         width = len(self.bound.components)
-        head = ["def kernel(x, row, out, changed):"]
-        head += [f"    r{j} = row[{j}]" for j in range(width)]
-        head += [f"    n{j} = r{j}" for j in range(width)]
+        head = ["def kernel(x, row, ints, out, changed):"]
+        for j in range(width):
+            head += [f"    r{j} = row[{j}]", f"    q{j} = ints[{j}]", f"    n{j} = r{j}", f"    m{j} = q{j}"]
         head.append("    for i in range(x.shape[1]):")
         head += [f"        e{k} = x[{k}, i]" for k in range(len(self.reads))]
-        return "\n".join([*head, *self.lines, "    return 0", ""])
+        tail = [f"    ints[{j}] = q{j}" for j in range(width)]
+        return "\n".join([*head, *self.lines, *tail, "    return 0", ""])
 
 
 _COMPILED: dict[str, Callable[..., int]] = {}
@@ -233,7 +226,6 @@ class RuleKernel:
         self.bound = bound
         self.text = source.text()
         self.reads = list(source.reads)
-        self.kinds = [source.kinds[c] for c in bound.components]
         self.int_reads = [bound.event.type_of(f) is int for f in self.reads]
 
     @staticmethod
@@ -245,31 +237,29 @@ class RuleKernel:
         except _Unsupported:
             return None
 
-    def run(self, columns: Mapping[str, np.ndarray], start: StateRow) -> tuple[np.ndarray, np.ndarray] | None:
-        """The row after each event (one row per event, float64) and where it changed, from row ``start``
-        over ``columns`` (each field the rules read, float64, in ``_order``); None: fold these events
-        with the interpreter's code (a NaN, or an int past 2**53)."""
+    def run(
+        self, columns: Mapping[str, np.ndarray], n: int, start: StateRow
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """From row ``start`` over ``n`` events (``columns``: each field the rules read, in ``_order``):
+        the row after each event (float64, one row per event), where it changed, and which components
+        of the last row the interpreter holds as ints; None: fold these events with the interpreter's
+        code (a NaN, or an int past 2**53)."""
         row = np.array(start, dtype=np.float64)
-        if np.isnan(row).any() or _too_big(row, [k is int for k in self.kinds]):
+        ints = np.array([type(v) is int for v in start], dtype=np.bool_)
+        if np.isnan(row).any() or (np.abs(row[ints]) > EXACT_INT).any():
             return None
-        n = len(next(iter(columns.values()))) if columns else 0
         x = np.empty((len(self.reads), n), dtype=np.float64)
         for k, f in enumerate(self.reads):
             x[k] = columns[f]
             if np.isnan(x[k]).any() or (self.int_reads[k] and (np.abs(x[k]) > EXACT_INT).any()):
                 return None
-        out = np.empty((n, len(self.kinds)), dtype=np.float64)
+        out = np.empty((n, len(start)), dtype=np.float64)
         changed = np.zeros(n, dtype=np.bool_)
-        if _compile(self.text)(x, row, out, changed) != 0:
+        if _compile(self.text)(x, row, ints, out, changed) != 0:
             return None
-        return out, changed
+        return out, changed, ints
 
-    def row(self, values: np.ndarray) -> StateRow:
-        """A row of the kernel as the interpreter's Python values (ints for int components)."""
-        return tuple(
-            int(v) if k is int else float(v) for v, k in zip(values.tolist(), self.kinds, strict=True)
-        )
-
-
-def _too_big(row: np.ndarray, ints: list[bool]) -> bool:
-    return bool(any(i and abs(v) > EXACT_INT for v, i in zip(row.tolist(), ints, strict=True)))
+    @staticmethod
+    def row(values: np.ndarray, ints: np.ndarray) -> StateRow:
+        """A row of the kernel as the interpreter holds it (an int where ``ints`` says so)."""
+        return tuple(int(v) if i else float(v) for v, i in zip(values.tolist(), ints.tolist(), strict=True))

@@ -216,7 +216,7 @@ def collapse(spark: Any, *, events: int, batch_events: int, keys: int, seed: int
         "events": events,
         "keys": keys,
         "batch_events": batch_events,
-        "transform_with_state": state,
+        "per_key_fold": state,
         "aggregate": aggregate,
         "ratio_aggregate_over_state": aggregate["events_per_s"] / state["events_per_s"],
     }

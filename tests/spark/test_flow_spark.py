@@ -11,6 +11,7 @@ from tests.spark.flowgen import random_events, random_flow
 
 from flowbus.errors import FlowbusError, FlowError
 from flowbus.flow import FlowBuilder, Graph, LocalRun, load_spec, rewrite
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.generators import generate
 from flowbus.flow.plan import INPUT, plan
 from flowbus.spark.flow import GroupFolder, SparkFlow, fingerprint, read_matched, read_outputs
@@ -206,8 +207,8 @@ def test_the_group_folder_is_the_interpreter_per_key(stocks: Graph) -> None:
     (group,) = plan(g).groups
     folder = GroupFolder(g, group)
     ticks = [{"name": "IBM", "price": p} for p in (100.0, 120.0, 90.0, 60.0, 130.0)]
-    state, out = folder.fold(None, [([i], t) for i, t in enumerate(ticks[:3])])
-    state, more = folder.fold(state, [([i + 3], t) for i, t in enumerate(ticks[3:])])  # a later batch
+    state, out = folder.fold(None, [(order_key(i), t) for i, t in enumerate(ticks[:3])])
+    state, more = folder.fold(state, [(order_key(i + 3), t) for i, t in enumerate(ticks[3:])])  # later
     run = LocalRun(g)
     for t in ticks:
         run._arrive("ticks", t)
@@ -215,7 +216,7 @@ def test_the_group_folder_is_the_interpreter_per_key(stocks: Graph) -> None:
     # the largest recent drop: 30 and 60 below the peak of 120, then none after the rise to 130
     assert [e["drop"] for t, _, e in out + more if group.targets[t] == "drops"] == [30.0, 60.0, 0.0]
     orders = [o for _, o, _ in out + more]
-    assert orders == sorted(orders) and orders[0][:2] == [0, 0]
+    assert orders == sorted(orders) and orders[0][:16] == order_key(0, 0)
 
 
 def test_bad_input_is_refused_and_changes_nothing(stocks: Graph, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from flowbus.flow import FlowBuilder, Graph, load_spec, rewrite
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.plan import plan
 from flowbus.flow.validate import bind_rules
 from flowbus.spark.columnfold import ColumnFold
@@ -55,9 +56,9 @@ class _Pair:
         columns.fold = counted  # type: ignore[method-assign]
         self.blobs: dict[str, bytes | None] = {"fast": None, "slow": None}
 
-    def batch(self, key: str, orders: list[list[int]], events: list[dict[str, Any]]) -> int:
+    def batch(self, key: str, orders: list[bytes], events: list[dict[str, Any]]) -> int:
         """Fold one batch both ways; assert the same derived events and state; the number derived."""
-        columns: dict[str, Any] = {"_order": pa.array(orders, pa.list_(pa.int64()))}
+        columns: dict[str, Any] = {"_order": pa.array(orders, pa.binary())}
         for n, kind in self.group_fields.items():
             columns[n] = pa.array([e.get(n) for e in events], kind)
         table = pa.table(columns)
@@ -81,10 +82,8 @@ class _Pair:
         return {n: kinds[k] for n, k in space.fields.items()}
 
 
-def _shuffled(
-    rng: random.Random, start: int, events: list[dict[str, Any]]
-) -> tuple[list[list[int]], list[Any]]:
-    rows = [([start + i, 0], e) for i, e in enumerate(events)]
+def _shuffled(rng: random.Random, start: int, events: list[dict[str, Any]]) -> tuple[list[bytes], list[Any]]:
+    rows = [(order_key(start + i, 0), e) for i, e in enumerate(events)]
     rng.shuffle(rows)  # the fold sorts by _order
     return [o for o, _ in rows], [e for _, e in rows]
 

@@ -14,13 +14,13 @@ answered from the rows alone, as :class:`~flowbus.flow.local.Deliverer` answers:
   is what the expand search (:func:`~flowbus.flow.expand.expand_key`) finds first
   and returns -- here without the search.
 
-The key's events are sorted by ``_order`` (lists of one length, compared as
-numpy rows), each collapse's kernel gives the row after every event, and the
+The key's events are sorted by ``_order`` (byte strings of one length, read as
+rows of big-endian numbers), each collapse's kernel gives the row after every event, and the
 derived events are numbered as :class:`~flowbus.spark.state.GroupFolder` numbers
 them (``[*order, collapse position, k]``, ``k`` counting the collapse's events
 for one cause over its expand arcs). :meth:`ColumnFold.fold` returns None --
 fold the key with the interpreter's code, nothing changed -- on a null in a
-column it needs, ``_order`` lists of several lengths, or whatever a kernel
+column it needs, ``_order`` keys of several lengths, or whatever a kernel
 declines (a NaN, an int past 2**53).
 """
 
@@ -230,12 +230,12 @@ class ColumnFold:
         return pa.concat_tables(tables).take(pa.array(np.lexsort((k, position, rows))))
 
     def _piece(self, p: _Piece, orders: np.ndarray) -> pa.Table:
-        n, width = len(p.rows), orders.shape[1] + 2
-        numbers = np.column_stack([orders[p.rows], np.full(n, p.position), p.k]).astype(np.int64)
-        offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32))
+        n, width = len(p.rows), (orders.shape[1] + 2) * 8
+        numbers = np.column_stack([orders[p.rows], np.full(n, p.position), p.k]).astype(">u8")
+        offsets = pa.py_buffer(np.arange(0, n * width + 1, width, dtype=np.int32).tobytes())
         columns: dict[str, pa.Array] = {
             "_point": pa.array([p.point] * n, pa.string()),
-            "_order": pa.ListArray.from_arrays(offsets, pa.array(numbers.ravel())),
+            "_order": pa.Array.from_buffers(pa.binary(), n, [None, offsets, pa.py_buffer(numbers.tobytes())]),
         }
         struct = self._struct(p.point)
         columns[self.log.column(p.point)] = pa.StructArray.from_arrays(
@@ -248,10 +248,12 @@ class ColumnFold:
 
 
 def _orders(column: pa.ChunkedArray) -> np.ndarray | None:
-    """The ``_order`` lists as the rows of one matrix (None when their lengths differ)."""
-    lists = column.combine_chunks()
-    lengths = np.diff(lists.offsets.to_numpy())
+    """The ``_order`` keys as the rows of one matrix of numbers (None when their lengths differ)."""
+    keys = column.combine_chunks()
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset : keys.offset + len(keys) + 1]
+    lengths = np.diff(offsets)
     width = int(lengths[0]) if lengths.size else 0
-    if (lengths != width).any():
+    if (lengths != width).any() or width % 8:
         return None
-    return np.asarray(lists.flatten().to_numpy(), dtype=np.int64).reshape(-1, width)
+    data = np.frombuffer(keys.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    return data.view(">u8").astype(np.uint64).reshape(len(keys), width // 8)

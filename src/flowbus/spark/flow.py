@@ -35,7 +35,10 @@ subscription path) and planned into event logs and stateful groups
   checkpoints when started again on the same ``OUT``.
 
 Every output row carries ``_order``; sorted by it, a point's events come in the
-reference interpreter's order (see :mod:`flowbus.flow.plan`).
+reference interpreter's order (see :mod:`flowbus.flow.plan`). It is bytes, 8
+big-endian bytes per number of the plan's order list
+(:func:`~flowbus.flow.eventlog.order_key`: a prefix sorts first, as lists do),
+and hex text in JSON lines.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from pyspark.sql.types import (
 
 from flowbus.errors import FlowError
 from flowbus.flow.aggregates import Aggregates, as_aggregates
-from flowbus.flow.eventlog import InputLog, read_source_dir
+from flowbus.flow.eventlog import InputLog, order_key, read_source_dir
 from flowbus.flow.graph import Collapse, Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
@@ -92,7 +95,12 @@ STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreP
 
 
 def _extend(order: Column, position: int) -> Column:
-    return F.concat(order, F.array(F.lit(position).cast("long")))
+    return F.concat(order, F.lit(order_key(position)))
+
+
+def long_bytes(number: Column) -> Column:
+    """A column of numbers >= 0 as ``_order`` bytes (:func:`~flowbus.flow.eventlog.order_key`)."""
+    return F.unhex(F.lpad(F.hex(number.cast("long")), 16, "0"))
 
 
 # ------------------------------------------------------------- matched routes
@@ -419,7 +427,7 @@ class SparkFlow:
             if defined is not None:
                 rows = rows.where(defined)
             rows = rows.select(
-                F.concat(F.col("_order"), F.array(F.col("_route"))).alias("_order"),
+                F.concat(F.col("_order"), long_bytes(F.col("_route"))).alias("_order"),
                 *columns[1:],
                 targets[F.col("_route")].alias("_target"),
             )
@@ -504,16 +512,15 @@ class SparkFlow:
                 n = rows.count()
                 if n:
                     print(f"-- {point}: batch {log}-{batch_id}, {n} events")
-                    rows.orderBy("_order").show(20, truncate=False)
+                    rows.orderBy("_order").withColumn("_order", F.hex("_order")).show(20, truncate=False)
             finally:
                 rows.unpersist()
             return n
+        if self.sink == "jsonl":  # the bytes as hex text, which sorts as they do (JSON would carry base64)
+            rows = rows.withColumn("_order", F.hex("_order"))
         observed = Observation(f"{point}-{log}-{batch_id}")
         writer = rows.observe(observed, F.count(F.lit(1)).alias("n")).write.mode("overwrite")
-        if self.sink == "parquet":
-            writer.parquet(str(path))
-        else:
-            writer.json(str(path))
+        writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
         return int(observed.get.get("n", 0))
 
     def _write_matched(self, point: str, rows: DataFrame, log: str, batch_id: int) -> dict[str, int]:
@@ -528,8 +535,10 @@ class SparkFlow:
             if self.callback is not None:
                 self.callback(f"{point}.matched", batch_id, rows)
             elif self.sink == "console":
-                rows.orderBy("_order").show(20, truncate=False)
+                rows.orderBy("_order").withColumn("_order", F.hex("_order")).show(20, truncate=False)
             else:
+                if self.sink == "jsonl":
+                    rows = rows.withColumn("_order", F.hex("_order"))
                 writer = rows.write.mode("overwrite").partitionBy("_target")
                 writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
         finally:

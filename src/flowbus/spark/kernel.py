@@ -28,8 +28,12 @@ interpreter's, value for value and int for int.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -207,16 +211,40 @@ _COMPILED: dict[str, Callable[..., int]] = {}
 
 
 def _compile(text: str) -> Callable[..., int]:
-    """The numba function of ``text`` (compiled once per process and text)."""
-    digest = hashlib.sha256(text.encode()).hexdigest()
+    """The numba function of ``text``: compiled once per process and text, and kept on disk (numba's
+    cache beside the source, under ``~/.cache/flowbus/kernels``) so other processes -- Spark's Python
+    workers, the next run -- load it instead of compiling it again."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     found = _COMPILED.get(digest)
     if found is None:
+        found = _COMPILED[digest] = _load(digest, text)
+    return found
+
+
+def _load(digest: str, text: str) -> Callable[..., int]:
+    source = f"from numba import njit\n\n\n@njit(cache=True, nogil=True, error_model='numpy')\n{text}"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flowbus" / "kernels"
+    path = base / f"k{digest}.py"
+    try:
+        if not path.exists():
+            base.mkdir(parents=True, exist_ok=True)
+            tmp = base / f".k{digest}.{os.getpid()}.tmp"
+            tmp.write_text(source)
+            tmp.replace(path)  # whole or not at all, for a process reading it meanwhile
+        spec = importlib.util.spec_from_file_location(f"flowbus_kernel_{digest}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # numba's cache finds the module's globals by its name
+        spec.loader.exec_module(module)
+        fn: Callable[..., int] = module.kernel
+        return fn
+    except OSError:  # no cache directory: compiled in memory only
         from numba import njit
 
         scope: dict[str, Any] = {}
-        exec(compile(text, f"<flowbus kernel {digest[:12]}>", "exec"), scope)
-        found = _COMPILED[digest] = njit(nogil=True, error_model="numpy")(scope["kernel"])
-    return found
+        exec(compile(text, f"<flowbus kernel {digest}>", "exec"), scope)
+        compiled: Callable[..., int] = njit(nogil=True, error_model="numpy")(scope["kernel"])
+        return compiled
 
 
 class RuleKernel:

@@ -26,6 +26,7 @@ import pyarrow as pa
 from flowbus.filters.ast import Undefined
 from flowbus.flow.collapse import BoundRules, Key
 from flowbus.flow.collapse import Row as StateRow
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
@@ -75,11 +76,11 @@ class GroupFolder:
     def fold(
         self,
         stored: tuple[dict[str, StateRow], dict[str, StateRow]] | None,
-        events: Iterable[tuple[list[int], dict[str, Any]]],
-    ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, list[int], dict[str, Any]]]]:
+        events: Iterable[tuple[bytes, dict[str, Any]]],
+    ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, bytes, dict[str, Any]]]]:
         rows, last = stored if stored is not None else ({}, {})
         ordered = sorted(events, key=lambda oe: oe[0])
-        outs: list[list[tuple[int, list[int], dict[str, Any]]]] = []
+        outs: list[list[tuple[int, bytes, dict[str, Any]]]] = []
         one_by_one: list[tuple[int, Fold]] = []
         for position, (fold, vector) in enumerate(zip(self.folds, self.vectors, strict=True)):
             got = vector.run(fold.bound.key_of, rows, last, ordered, fold.bound.initial) if vector else None
@@ -97,9 +98,9 @@ class GroupFolder:
         folds: list[tuple[int, Fold]],
         rows: dict[str, StateRow],
         last: dict[str, StateRow],
-        events: list[tuple[list[int], dict[str, Any]]],
-    ) -> list[tuple[int, list[int], dict[str, Any]]]:
-        out: list[tuple[int, list[int], dict[str, Any]]] = []
+        events: list[tuple[bytes, dict[str, Any]]],
+    ) -> list[tuple[int, bytes, dict[str, Any]]]:
+        out: list[tuple[int, bytes, dict[str, Any]]] = []
         for order, ev in events:
             for position, fold in folds:
                 bound = fold.bound
@@ -124,7 +125,7 @@ class GroupFolder:
                         fixed = {
                             n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
                         }
-                        out.append((target, [*order, position, k], fixed))
+                        out.append((target, order + order_key(position, k), fixed))
                         k += 1
         return out
 
@@ -183,7 +184,7 @@ class ArrowFold:
         return self._rows(derived, values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _rows(
-        self, derived: list[tuple[int, list[int], dict[str, Any]]], key: list[Any], blob: bytes | None
+        self, derived: list[tuple[int, bytes, dict[str, Any]]], key: list[Any], blob: bytes | None
     ) -> pa.Table:
         """The derived events, then the key's state row (none if the key has no state)."""
         n, tail = len(derived), [None] * (blob is not None)

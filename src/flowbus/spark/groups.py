@@ -1,9 +1,9 @@
 """The micro-batches of a flow's stateful groups: a keyed fold over Arrow, or Spark's own aggregation.
 
-How it works: a state query (:class:`flowbus.spark.flow.SparkFlow`) streams a
-group's input log in ``foreachBatch`` and hands each micro-batch's rows (the
-routes into the collapsed space, with key columns ``_k<i>``) to one of two
-runners, each writing the derived events of micro-batch ``b`` to the group's
+How it works: the delivery query of a group's input log (for Spark's own
+aggregation, a state query; :class:`flowbus.spark.flow.SparkFlow`) hands each
+micro-batch's rows (the routes into the collapsed space, with key columns
+``_k<i>``) to one of two runners, each writing the derived events of micro-batch ``b`` to the group's
 log as one file, ``batch-<b>.parquet``, written under a temporary name and
 renamed (the next level's delivery query streams that directory, and a replayed
 micro-batch rewrites the same file with the same rows).

@@ -250,6 +250,8 @@ class ColumnFold:
 def _orders(column: pa.ChunkedArray) -> np.ndarray | None:
     """The ``_order`` keys as the rows of one matrix of numbers (None when their lengths differ)."""
     keys = column.combine_chunks()
+    if keys.type != pa.binary():
+        return None
     offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset : keys.offset + len(keys) + 1]
     lengths = np.diff(offsets)
     width = int(lengths[0]) if lengths.size else 0

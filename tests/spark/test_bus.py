@@ -65,11 +65,17 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             stop(proc)
 
 
-def _drain(client: SyncClient, subs: dict[str, Any], quiet: float = 3.0) -> dict[str, list[dict[str, Any]]]:
+def _drain(
+    client: SyncClient, subs: dict[str, Any], expect: dict[str, int], quiet: float = 0.5
+) -> dict[str, list[dict[str, Any]]]:
+    """What each subscription receives: the ``expect`` ed number of events (waiting up to 60 s for
+    each), then whatever else comes within ``quiet`` seconds (an event too many, a duplicate)."""
     got: dict[str, list[dict[str, Any]]] = {}
     for name, sub in subs.items():
         got[name] = []
         with contextlib.suppress(queue.Empty):
+            while len(got[name]) < expect[name]:
+                got[name].append(sub.get(timeout=60))
             while True:
                 got[name].append(sub.get(timeout=quiet))
     return got
@@ -134,7 +140,7 @@ def test_the_bus_as_a_streaming_source_and_sink(spark: Any, ring: list[str], tmp
     out.where("cap > 30").write.format("flowbus").options(**sink, id="w2").mode("append").save()
     with SyncClient(ring[2], name="sink-reader") as c:
         sub = c.subscribe("spark_test_caps", "", durable="caps")
-        got = _drain(c, {"caps": sub})["caps"]
+        got = _drain(c, {"caps": sub}, {"caps": 2})["caps"]
     assert sorted((e["com"], e["cap"]) for e in got) == [("C4", 40.0), ("C5", 50.0)]
 
     # errors name the broker, the space, the field
@@ -209,7 +215,8 @@ def test_flowbus_run_on_the_bus_survives_a_killed_driver(ring: list[str], tmp_pa
     for s, e in events:
         local.publish(s, e)
     with SyncClient(ring[2], name="subscriber") as c:
-        got = _drain(c, {p: c.subscribe(p, "", durable=f"run-{p}") for p in POINTS})
+        subs = {p: c.subscribe(p, "", durable=f"run-{p}") for p in POINTS}
+        got = _drain(c, subs, {p: len(local.outputs[p]) for p in POINTS})
     for p in POINTS:
         assert got[p] == [dict(e) for e in local.outputs[p]], p
     assert all(got[p] for p in POINTS)

@@ -152,7 +152,7 @@ def _same_value(got: Any, want: Any) -> bool:
 
 
 @settings(
-    max_examples=6,
+    max_examples=3,
     deadline=None,
     derandomize=True,
     database=None,
@@ -408,7 +408,7 @@ def edge_literals(draw: st.DrawFn) -> Predicate | ExprPredicate:
 
 
 @settings(
-    max_examples=4,
+    max_examples=2,
     deadline=None,
     derandomize=True,
     database=None,

@@ -11,6 +11,7 @@ from tests.spark.flowgen import random_events, random_flow
 
 from flowbus.errors import FlowbusError, FlowError
 from flowbus.flow import FlowBuilder, Graph, LocalRun, load_spec, rewrite
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.generators import generate
 from flowbus.flow.plan import INPUT, plan
 from flowbus.spark.flow import GroupFolder, SparkFlow, fingerprint, read_matched, read_outputs
@@ -45,17 +46,17 @@ def stocks() -> Graph:
 def test_the_stock_example_delivers_what_the_interpreter_delivers(
     spark: Any, stocks: Graph, tmp_path: Path
 ) -> None:
-    events = list(generate(stocks, events=1500, seed=3))
-    flow = _run(spark, stocks, events, tmp_path, batch_events=500)
+    events = list(generate(stocks, events=1200, seed=3))
+    flow = _run(spark, stocks, events, tmp_path, batch_events=600)
     expected = _local(stocks, events)
     assert set(expected) == {"combined.sub", "big_trades", "compressed", "alarms"}
     assert all(expected[p] for p in ("combined.sub", "big_trades", "compressed"))
     _same(spark, tmp_path, expected)
-    assert flow.stats.events_in == 1500
-    # one micro-batch per input file: three for the input log's delivery query
-    assert sum(1 for r in flow.stats.reports if r.query == f"deliver {INPUT}") == 3
+    assert flow.stats.events_in == 1200
+    # one micro-batch per input file: two for the input log's delivery query
+    assert sum(1 for r in flow.stats.reports if r.query == f"deliver {INPUT}") == 2
     # run again on the same directory: it resumes from the checkpoints, nothing is delivered twice
-    again = _run(spark, stocks, events, tmp_path, batch_events=500)
+    again = _run(spark, stocks, events, tmp_path, batch_events=600)
     assert again.stats.batches == 0
     _same(spark, tmp_path, expected)
     with pytest.raises(FlowError, match="outputs of another input"):
@@ -67,14 +68,14 @@ def test_random_graphs_of_selects_transforms_and_collapses(spark: Any, tmp_path:
     events = random_events(g, seed=7, n=600)
     expected = _local(g, events)
     assert sum(len(v) for v in expected.values()) > 300
-    _run(spark, g, events, tmp_path, batch_events=200, sink="jsonl")
+    _run(spark, g, events, tmp_path, batch_events=300, sink="jsonl")
     _same(spark, tmp_path, expected, sink="jsonl")
 
 
 def test_plain_aggregates_fold_in_spark_and_expand_per_micro_batch(
     spark: Any, stocks: Graph, tmp_path: Path
 ) -> None:
-    events = list(generate(stocks, events=900, seed=11))
+    events = list(generate(stocks, events=600, seed=11))
     flow = _run(spark, stocks, events, tmp_path, batch_events=300, collapse="aggregate")
     assert set(flow.aggregates) == {"C4"}  # max_cur is max and last; trend is no aggregate
     assert [(g.name, g.aggregate) for g in flow.plan.groups] == [("g0", True), ("g1", False)]
@@ -206,8 +207,8 @@ def test_the_group_folder_is_the_interpreter_per_key(stocks: Graph) -> None:
     (group,) = plan(g).groups
     folder = GroupFolder(g, group)
     ticks = [{"name": "IBM", "price": p} for p in (100.0, 120.0, 90.0, 60.0, 130.0)]
-    state, out = folder.fold(None, [([i], t) for i, t in enumerate(ticks[:3])])
-    state, more = folder.fold(state, [([i + 3], t) for i, t in enumerate(ticks[3:])])  # a later batch
+    state, out = folder.fold(None, [(order_key(i), t) for i, t in enumerate(ticks[:3])])
+    state, more = folder.fold(state, [(order_key(i + 3), t) for i, t in enumerate(ticks[3:])])  # later
     run = LocalRun(g)
     for t in ticks:
         run._arrive("ticks", t)
@@ -215,7 +216,7 @@ def test_the_group_folder_is_the_interpreter_per_key(stocks: Graph) -> None:
     # the largest recent drop: 30 and 60 below the peak of 120, then none after the rise to 130
     assert [e["drop"] for t, _, e in out + more if group.targets[t] == "drops"] == [30.0, 60.0, 0.0]
     orders = [o for _, o, _ in out + more]
-    assert orders == sorted(orders) and orders[0][:2] == [0, 0]
+    assert orders == sorted(orders) and orders[0][:16] == order_key(0, 0)
 
 
 def test_bad_input_is_refused_and_changes_nothing(stocks: Graph, tmp_path: Path) -> None:

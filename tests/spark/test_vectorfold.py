@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flowbus.flow import FlowBuilder, Graph, load_spec, rewrite
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.plan import plan
 from flowbus.spark.state import GroupFolder
 
@@ -23,18 +24,16 @@ def _folders(g: Graph) -> tuple[GroupFolder, GroupFolder]:
     return vector, one_by_one
 
 
-def _batches(
-    rng: random.Random, n: int, size: int, make: Any
-) -> list[list[tuple[list[int], dict[str, Any]]]]:
+def _batches(rng: random.Random, n: int, size: int, make: Any) -> list[list[tuple[bytes, dict[str, Any]]]]:
     out = []
     for b in range(n):
-        batch = [([b * size + i], make(rng)) for i in range(size)]
+        batch = [(order_key(b * size + i), make(rng)) for i in range(size)]
         rng.shuffle(batch)  # the fold sorts by _order
         out.append(batch)
     return out
 
 
-def _same_over_batches(g: Graph, batches: list[list[tuple[list[int], dict[str, Any]]]]) -> int:
+def _same_over_batches(g: Graph, batches: list[list[tuple[bytes, dict[str, Any]]]]) -> int:
     vector, one_by_one = _folders(g)
     sv = so = None
     total = 0

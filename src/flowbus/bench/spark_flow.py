@@ -23,7 +23,8 @@ Three measurements in one Spark session (``local[2]`` by default), on the stock 
   ``run_events_per_s`` and ``local_events_per_s`` are these two rates. On a
   shared machine the steadier figures are per CPU-second: ``cpu_s`` is what the
   run's process tree (driver, JVM, Python workers) spent, read from ``/proc``,
-  with the 1-minute load average at its start and end.
+  with the 1-minute load average at its start and end and ``other_cpu_s``, what
+  the rest of the machine used meanwhile.
 * ``collapse`` -- the state paths on a flow that is only a collapse and an
   expand (``ticks -> max_cur -> compressed``): the per-key fold (expand per
   event) against Spark's own streaming aggregation (``max``/``max_by``,
@@ -44,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowbus.bench.broker import _busy_s
 from flowbus.bench.workloads import stock_flow_spec
 from flowbus.flow import FlowBuilder, Graph, load_spec
 from flowbus.flow.generators import generate
@@ -125,13 +127,13 @@ def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **
         flow = SparkFlow(spark, g, out, **kw)
         flow.ingest_generator(events, fingerprint="bench")
         load = os.getloadavg()[0]
-        cpu0 = _tree_cpu_s()
+        busy0, cpu0 = _busy_s(), _tree_cpu_s()
         t0 = time.perf_counter()
         with flow:
             flow.start()
             flow.process_available()
             seconds = time.perf_counter() - t0
-            cpu1 = _tree_cpu_s()
+            busy1, cpu1 = _busy_s(), _tree_cpu_s()
             profile = _profile(flow)
         delivered = dict(flow.stats.out)
         batches = flow.stats.batches
@@ -139,6 +141,7 @@ def _run_flow(spark: Any, g: Graph, events: list[tuple[str, dict[str, Any]]], **
         shutil.rmtree(out, ignore_errors=True)
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     return {
+        "other_cpu_s": max(0.0, busy1 - busy0 - cpu) if cpu is not None else None,
         "seconds": seconds,
         "events_per_s": len(events) / seconds,
         "cpu_s": cpu,
@@ -216,7 +219,7 @@ def collapse(spark: Any, *, events: int, batch_events: int, keys: int, seed: int
         "events": events,
         "keys": keys,
         "batch_events": batch_events,
-        "transform_with_state": state,
+        "per_key_fold": state,
         "aggregate": aggregate,
         "ratio_aggregate_over_state": aggregate["events_per_s"] / state["events_per_s"],
     }

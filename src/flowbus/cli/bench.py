@@ -402,13 +402,17 @@ def plot_spark(
     result: ResultArgument,
     png: PngArgument,
     csv: Annotated[Path, typer.Argument(help="The CSV of the figures to write.")],
+    engine: Annotated[
+        Path | None, typer.Option(help="A bench spark --engine-only --json document to plot beside.")
+    ] = None,
 ) -> None:
     """bench spark: the plans, the state paths and bulk matching; its figures as CSV too."""
     from flowbus.bench.plot_spark import plot, write_csv
 
     doc = _read(result, _json)
-    plot(doc, png)
-    write_csv(doc, csv)
+    run = _read(engine, _json) if engine is not None else None
+    plot(doc, png, run)
+    write_csv(doc, csv, run)
 
 
 bench_app.add_typer(plot_app, name="plot")

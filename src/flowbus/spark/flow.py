@@ -15,9 +15,11 @@ subscription path) and planned into event logs and stateful groups
   broadcast and applied in ``mapInArrow`` -- never one giant OR -- and
   :meth:`SparkFlow.replace_routes` swaps its routes while the query runs (the
   next micro-batch uses a new broadcast).
-* per stateful group, a *state query* streams the group's input log and, in
-  ``foreachBatch``, applies the routes into the collapsed space and hands the
-  rows, with their key columns, to the group's runner
+* per stateful group, the delivery query of the group's input log, in the same
+  ``foreachBatch`` (from a second thread, so the delivery's writes and the fold
+  keep both cores busy: one query and one read of the log per micro-batch
+  level), applies the routes into the collapsed space and hands the rows, with
+  their key columns, to the group's runner
   (:mod:`flowbus.spark.groups`): by default each key's events are folded in
   ``_order`` on the Python workers over Arrow (``groupBy(key).cogroup(state)
   .applyInArrow``; plain aggregates with numpy, :mod:`flowbus.spark.vectorfold`),
@@ -25,7 +27,7 @@ subscription path) and planned into event logs and stateful groups
   per key in a state table versioned per micro-batch; every change sends the
   expand arc's subscriber the shortest equivalent sequence (the cause itself,
   or A*), as the reference interpreter does. With ``collapse="aggregate"``
-  Spark's own aggregation folds plain aggregates. The derived events go to the
+  Spark's own aggregation folds plain aggregates, in a *state query* of its own. The derived events go to the
   group's log, one file per micro-batch (a replay rewrites the same file), which
   the next level's queries stream.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
@@ -35,7 +37,10 @@ subscription path) and planned into event logs and stateful groups
   checkpoints when started again on the same ``OUT``.
 
 Every output row carries ``_order``; sorted by it, a point's events come in the
-reference interpreter's order (see :mod:`flowbus.flow.plan`).
+reference interpreter's order (see :mod:`flowbus.flow.plan`). It is bytes, 8
+big-endian bytes per number of the plan's order list
+(:func:`~flowbus.flow.eventlog.order_key`: a prefix sorts first, as lists do),
+and hex text in JSON lines.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial, reduce
 from pathlib import Path
@@ -66,7 +72,7 @@ from pyspark.sql.types import (
 
 from flowbus.errors import FlowError
 from flowbus.flow.aggregates import Aggregates, as_aggregates
-from flowbus.flow.eventlog import InputLog, read_source_dir
+from flowbus.flow.eventlog import InputLog, order_key, read_source_dir
 from flowbus.flow.graph import Collapse, Graph, Route
 from flowbus.flow.plan import INPUT, FlowPlan, Log, StatefulGroup, plan
 from flowbus.flow.rewrite import rewrite
@@ -92,7 +98,12 @@ STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreP
 
 
 def _extend(order: Column, position: int) -> Column:
-    return F.concat(order, F.array(F.lit(position).cast("long")))
+    return F.concat(order, F.lit(order_key(position)))
+
+
+def long_bytes(number: Column) -> Column:
+    """A column of numbers >= 0 as ``_order`` bytes (:func:`~flowbus.flow.eventlog.order_key`)."""
+    return F.unhex(F.lpad(F.hex(number.cast("long")), 16, "0"))
 
 
 # ------------------------------------------------------------- matched routes
@@ -419,7 +430,7 @@ class SparkFlow:
             if defined is not None:
                 rows = rows.where(defined)
             rows = rows.select(
-                F.concat(F.col("_order"), F.array(F.col("_route"))).alias("_order"),
+                F.concat(F.col("_order"), long_bytes(F.col("_route"))).alias("_order"),
                 *columns[1:],
                 targets[F.col("_route")].alias("_target"),
             )
@@ -448,6 +459,18 @@ class SparkFlow:
         return df.where(F.col("_point") == point).select("_order", f"{log.column(point)}.*")
 
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
+        """Deliver micro-batch ``batch_id`` of ``log``, and fold it into the groups it feeds (alongside)."""
+        folds = [g for g in self.plan.groups if g.log_in == log.name and not g.aggregate]
+        if not folds:
+            self._deliver(log, df, batch_id)
+            return
+        with ThreadPoolExecutor(len(folds)) as pool:
+            folding = [pool.submit(self._fold_batch, g, df, batch_id) for g in folds]
+            self._deliver(log, df, batch_id)
+            for f in folding:
+                f.result()
+
+    def _deliver(self, log: Log, df: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
         self._session(df)
         # not cached: each write reads the micro-batch's Parquet file again (only the columns it
@@ -504,16 +527,15 @@ class SparkFlow:
                 n = rows.count()
                 if n:
                     print(f"-- {point}: batch {log}-{batch_id}, {n} events")
-                    rows.orderBy("_order").show(20, truncate=False)
+                    rows.orderBy("_order").withColumn("_order", F.hex("_order")).show(20, truncate=False)
             finally:
                 rows.unpersist()
             return n
+        if self.sink == "jsonl":  # the bytes as hex text, which sorts as they do (JSON would carry base64)
+            rows = rows.withColumn("_order", F.hex("_order"))
         observed = Observation(f"{point}-{log}-{batch_id}")
         writer = rows.observe(observed, F.count(F.lit(1)).alias("n")).write.mode("overwrite")
-        if self.sink == "parquet":
-            writer.parquet(str(path))
-        else:
-            writer.json(str(path))
+        writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
         return int(observed.get.get("n", 0))
 
     def _write_matched(self, point: str, rows: DataFrame, log: str, batch_id: int) -> dict[str, int]:
@@ -528,8 +550,10 @@ class SparkFlow:
             if self.callback is not None:
                 self.callback(f"{point}.matched", batch_id, rows)
             elif self.sink == "console":
-                rows.orderBy("_order").show(20, truncate=False)
+                rows.orderBy("_order").withColumn("_order", F.hex("_order")).show(20, truncate=False)
             else:
+                if self.sink == "jsonl":
+                    rows = rows.withColumn("_order", F.hex("_order"))
                 writer = rows.write.mode("overwrite").partitionBy("_target")
                 writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
         finally:
@@ -585,15 +609,14 @@ class SparkFlow:
         )
 
     def _start_state(self, group: StatefulGroup) -> StreamingQuery:
+        """The state query of a group folded by Spark's aggregation (the others fold in the delivery
+        query of their input log)."""
         name = f"state-{group.name}"
         src = self._stream(self.plan.log(group.log_in))
-        writer = None
         runner = self._groups[group.name]
-        if isinstance(runner, AggregateBatches):
-            writer = runner.query(*self._group_rows(group, src)).writeStream.outputMode("update")
-            writer = writer.foreachBatch(partial(self._expand_batch, group))
-        else:
-            writer = src.writeStream.foreachBatch(partial(self._fold_batch, group))
+        assert isinstance(runner, AggregateBatches)
+        writer = runner.query(*self._group_rows(group, src)).writeStream.outputMode("update")
+        writer = writer.foreachBatch(partial(self._expand_batch, group))
         return (
             writer.queryName(f"flowbus-{uuid.uuid4().hex[:8]}-{name}")
             .option("checkpointLocation", str(self.work / "checkpoints" / name))
@@ -624,7 +647,7 @@ class SparkFlow:
             for log in self.plan.logs:
                 self._starters[f"deliver-{log.name}"] = partial(self._start_delivery, log)
                 self._query_logs[f"deliver-{log.name}"] = log.name
-            for group in self.plan.groups:
+            for group in (g for g in self.plan.groups if g.aggregate):
                 self._starters[f"state-{group.name}"] = partial(self._start_state, group)
                 self._query_logs[f"state-{group.name}"] = group.log_in
             for name, starter in self._starters.items():

@@ -1,9 +1,9 @@
 """The micro-batches of a flow's stateful groups: a keyed fold over Arrow, or Spark's own aggregation.
 
-How it works: a state query (:class:`flowbus.spark.flow.SparkFlow`) streams a
-group's input log in ``foreachBatch`` and hands each micro-batch's rows (the
-routes into the collapsed space, with key columns ``_k<i>``) to one of two
-runners, each writing the derived events of micro-batch ``b`` to the group's
+How it works: the delivery query of a group's input log (for Spark's own
+aggregation, a state query; :class:`flowbus.spark.flow.SparkFlow`) hands each
+micro-batch's rows (the routes into the collapsed space, with key columns
+``_k<i>``) to one of two runners, each writing the derived events of micro-batch ``b`` to the group's
 log as one file, ``batch-<b>.parquet``, written under a temporary name and
 renamed (the next level's delivery query streams that directory, and a replayed
 micro-batch rewrites the same file with the same rows).
@@ -38,13 +38,13 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from flowbus.filters.ast import Field
 from flowbus.flow.aggregates import Aggregate, Aggregates
 from flowbus.flow.collapse import Key
 from flowbus.flow.collapse import Row as StateRow
-from flowbus.flow.eventlog import arrow_schema
+from flowbus.flow.eventlog import arrow_schema, order_key
 from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import replays_collapse
@@ -63,7 +63,7 @@ __all__ = [
 
 def log_schema(g: Graph, log: Log) -> StructType:
     """The Spark schema of ``log``'s rows: ``_point``, ``_order``, one struct column per point."""
-    fields = [StructField("_point", StringType()), StructField("_order", ArrayType(LongType()))]
+    fields = [StructField("_point", StringType()), StructField("_order", BinaryType())]
     fields += [StructField(log.column(p), schema_struct(g.event_space(p).schema)) for p in log.points]
     return StructType(fields)
 
@@ -194,7 +194,7 @@ class AggregateBatches:
                             n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
                         }
                         point = self.group.targets[target]
-                        order = [*r["_last"], ci, k]
+                        order = bytes(r["_last"]) + order_key(ci, k)
                         out_rows.append({"_point": point, "_order": order, self.log.column(point): ev})
                         k += 1
         table = pa.Table.from_pylist(out_rows, schema=arrow_schema(self.graph, self.log))

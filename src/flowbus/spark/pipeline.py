@@ -139,7 +139,7 @@ class BusIngest:
         reader = spark.readStream.format("flowbus")
         opts = BusEnd(brokers, ",".join(points)).options(subscription=f"flowbus-run-{self.run}")
         df = reader.options(**opts).load()
-        columns: list[Column] = [F.array(F.col("_seq")).alias("_order")]
+        columns: list[Column] = [F.unhex(F.lpad(F.hex(F.col("_seq").cast("long")), 16, "0")).alias("_order")]
         mapping = F.create_map(*[F.lit(x) for kv in points.items() for x in kv])
         columns.insert(0, mapping[F.col("_space")].alias("_point"))
         for p in self.log.points:

@@ -47,8 +47,8 @@ _LOCAL_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.showConsoleProgress": "false",
-    # Python workers connect back to the JVM within this time: on a loaded two-core machine several
-    # transformWithState queries starting at once take longer than the default 15 s
+    # Python workers connect back to the JVM within this time: on a loaded two-core machine the
+    # workers of several queries starting at once take longer than the default 15 s
     "spark.python.authenticate.socketTimeout": "120s",
 }
 
@@ -170,8 +170,8 @@ def _quiet_stdout(start: Any, log: Path | None = None) -> Any:
     to standard error (log4j's console appender); its standard output carries
     only the chatter of the Python workers it spawns, which would garble
     ``--json`` output. With ``log``, standard error goes to that file too, so
-    a live display on the terminal stays readable (``transformWithState``
-    workers print a line per call there as well).
+    a live display on the terminal stays readable (what Python workers
+    print goes there as well).
     """
     sys.stdout.flush()
     sys.stderr.flush()

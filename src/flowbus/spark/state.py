@@ -26,10 +26,12 @@ import pyarrow as pa
 from flowbus.filters.ast import Undefined
 from flowbus.flow.collapse import BoundRules, Key
 from flowbus.flow.collapse import Row as StateRow
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import bind_rules
+from flowbus.spark.columnfold import ColumnFold
 from flowbus.spark.vectorfold import VectorFold
 
 __all__ = ["ArrowFold", "Fold", "GroupFolder"]
@@ -74,11 +76,11 @@ class GroupFolder:
     def fold(
         self,
         stored: tuple[dict[str, StateRow], dict[str, StateRow]] | None,
-        events: Iterable[tuple[list[int], dict[str, Any]]],
-    ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, list[int], dict[str, Any]]]]:
+        events: Iterable[tuple[bytes, dict[str, Any]]],
+    ) -> tuple[tuple[dict[str, StateRow], dict[str, StateRow]], list[tuple[int, bytes, dict[str, Any]]]]:
         rows, last = stored if stored is not None else ({}, {})
         ordered = sorted(events, key=lambda oe: oe[0])
-        outs: list[list[tuple[int, list[int], dict[str, Any]]]] = []
+        outs: list[list[tuple[int, bytes, dict[str, Any]]]] = []
         one_by_one: list[tuple[int, Fold]] = []
         for position, (fold, vector) in enumerate(zip(self.folds, self.vectors, strict=True)):
             got = vector.run(fold.bound.key_of, rows, last, ordered, fold.bound.initial) if vector else None
@@ -96,9 +98,9 @@ class GroupFolder:
         folds: list[tuple[int, Fold]],
         rows: dict[str, StateRow],
         last: dict[str, StateRow],
-        events: list[tuple[list[int], dict[str, Any]]],
-    ) -> list[tuple[int, list[int], dict[str, Any]]]:
-        out: list[tuple[int, list[int], dict[str, Any]]] = []
+        events: list[tuple[bytes, dict[str, Any]]],
+    ) -> list[tuple[int, bytes, dict[str, Any]]]:
+        out: list[tuple[int, bytes, dict[str, Any]]] = []
         for order, ev in events:
             for position, fold in folds:
                 bound = fold.bound
@@ -123,7 +125,7 @@ class GroupFolder:
                         fixed = {
                             n: float(e[n]) if t is float else e[n] for n, t in zip(names, kinds, strict=True)
                         }
-                        out.append((target, [*order, position, k], fixed))
+                        out.append((target, order + order_key(position, k), fixed))
                         k += 1
         return out
 
@@ -147,22 +149,31 @@ class ArrowFold:
         self.out = out
         self.keys = list(keys)
         self._folder: GroupFolder | None = None
+        self._columns: ColumnFold | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_folder"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_folder", "_columns")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._folder = None
+        self._columns = None
 
     def __call__(self, key: tuple[pa.Scalar, ...], events: pa.Table, stored: pa.Table) -> pa.Table:
         if self._folder is None:  # built once per Python worker
             self._folder = GroupFolder(self.graph, self.group)
+            self._columns = ColumnFold.of(self.graph, self.group, self.log, self._folder.folds, self.out)
         folder = self._folder
         values = [k.as_py() for k in key]
         blob = stored.column("_state")[0].as_py() if stored.num_rows else None
         if not events.num_rows:  # no new event: the key's state stays as it was
             return self._rows([], values, blob)
+        if self._columns is not None:
+            got = self._columns.fold(pickle.loads(blob) if blob is not None else None, events)
+            if got is not None:
+                state, derived = got
+                tail = self._rows([], values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+                return tail if derived is None else pa.concat_tables([derived, tail])
         fields = folder.fields
         columns = [events.column(f).to_pylist() for f in fields]
         batch = [
@@ -173,7 +184,7 @@ class ArrowFold:
         return self._rows(derived, values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _rows(
-        self, derived: list[tuple[int, list[int], dict[str, Any]]], key: list[Any], blob: bytes | None
+        self, derived: list[tuple[int, bytes, dict[str, Any]]], key: list[Any], blob: bytes | None
     ) -> pa.Table:
         """The derived events, then the key's state row (none if the key has no state)."""
         n, tail = len(derived), [None] * (blob is not None)

@@ -31,11 +31,12 @@ from flowbus.filters.ast import Const, Field, Undefined
 from flowbus.flow.aggregates import Aggregate, Aggregates, as_aggregates
 from flowbus.flow.collapse import BoundRules
 from flowbus.flow.collapse import Row as StateRow
+from flowbus.flow.eventlog import order_key
 from flowbus.flow.local import Deliverer
 
 __all__ = ["VectorFold"]
 
-Derived = tuple[int, list[int], dict[str, Any]]
+Derived = tuple[int, bytes, dict[str, Any]]
 
 
 class VectorFold:
@@ -78,7 +79,7 @@ class VectorFold:
         key_of: Any,
         rows: dict[str, StateRow],
         last: dict[str, StateRow],
-        events: Sequence[tuple[list[int], dict[str, Any]]],
+        events: Sequence[tuple[bytes, dict[str, Any]]],
         initial: StateRow,
     ) -> list[Derived] | None:
         """Fold ``events`` (in ``_order``) into ``rows``/``last``; the derived events, or None (fold them
@@ -116,7 +117,7 @@ class VectorFold:
         key: Any,
         moved: list[np.ndarray],
         columns: Mapping[str, list[Any]],
-        events: Sequence[tuple[list[int], dict[str, Any]]],
+        events: Sequence[tuple[bytes, dict[str, Any]]],
     ) -> list[Derived]:
         sends = [np.logical_or.reduce([moved[i] for i in d.index]) for d, _t, _n, _k in self.deliverers]
         out: list[Derived] = []
@@ -127,7 +128,7 @@ class VectorFold:
                     values = [columns[n][i] for n in names]
                     typed = zip(names, kinds, values, strict=True)
                     ev = {n: float(v) if t is float else v for n, t, v in typed}
-                    out.append((target, [*events[i][0], self.position, k], ev))
+                    out.append((target, events[i][0] + order_key(self.position, k), ev))
                     k += 1
         return out
 

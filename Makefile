@@ -20,7 +20,7 @@ test: $(STAMP)
 	test -f /usr/share/activemq/bin/activemq.jar || (apt-get update && apt-get install -y activemq)  # tests/bench
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup  # both cores; the Spark tests in one worker (tests/conftest.py)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -28,7 +28,7 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   (:func:`output_id`), carrying the partition, the key and the row's version in hidden
   fields, so that a late subscriber can start from a snapshot. Only those some path or feed
   selects are published (:meth:`~flowbus.flow.deploy.Deployment.wanted`), and the holder
-  routes them with its next publish, or after ``DERIVED_WAIT`` (1 ms) without one: a step of a
+  routes them with its next publish, or after ``DERIVED_WAIT`` (5 ms) without one: a step of a
   few events then costs one pass of the matcher, not two (``RingBroker._flow_effects``).
 * **Snapshots.** A subscription whose paths start at derived spaces asks, by a flood on the
   tree (:class:`SnapshotAsk`), every partition of the groups behind them for its rows; each

@@ -95,12 +95,14 @@ def origin_of(key: Hashable) -> tuple[int, Hashable]:
 
 
 FLOW_GRACE = "flows.grace"
-DERIVED = ("flows.derived",)
-"""The timer that routes the events the folds of a step derived, unless a publish here took
-them along first (see :meth:`RingBroker._flow_effects`)."""
-DERIVED_WAIT = 0.001
-"""How long derived events wait for a publish to share its matcher pass (seconds)."""
 """The timer key (with a partition's id) that ends a taken-over partition's grace period."""
+DERIVED = ("flows.derived",)
+"""The timer that routes the events the folds derived, unless a publish here took them
+along first (see :meth:`RingBroker._flow_effects`)."""
+DERIVED_WAIT = 0.005
+"""How long derived events wait at most for a publish to share its matcher pass (seconds):
+longer than a paced publisher's gap between frames (a few ms at 5,000 events/s), so a step
+costs one pass, not two; the timer is set once for all the events that wait."""
 
 DEDUP_WINDOW = 100_000
 """How many recent (subscription, event id) deliveries a broker remembers (IRBR's)."""
@@ -209,6 +211,7 @@ class RingBroker(Core):
         self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
         self._backed_up: list[tuple[int, _Key]] = []  # (backup version, custody record) of folds
         self._derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED)
+        self._derived_due = False  # (the DERIVED timer is set)
 
     @property
     def addr(self) -> int:
@@ -513,47 +516,106 @@ class RingBroker(Core):
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
         grouped = self.router.grouped
-        pending = _ungrouped(effects, parts, subs)
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
-        while pending:
-            publish: list[dict[str, Any]] = []
-            folded: list[_Key] = []  # the custody records of the events folded
-            for e in pending:
-                if type(e) is Deliver:
-                    part = parts.get(e.sub)
-                    if part is not None:
-                        key = self._step.get(e.event.get(EVENT_ID))
-                        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
-                            part.buffer.append((e.event, key))
-                            self._hold(key, (FLOW_GRACE, e.sub))
-                            continue
-                        done, events = self._fold(part, e.event, results.setdefault(id(e.event), {}))
-                        out.extend(done)
-                        publish.extend(events)
-                        if key is not None:
-                            folded.append(key)
-                        continue
-                    sub = subs.get(e.sub)
-                    if sub is not None:
-                        edge = self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {}))
-                        if grouped and len(edge) == 1 and out and _same_event(out[-1], edge[0]):
-                            out[-1] = _joined(out[-1], edge[0])  # (one result shared: one effect)
-                        else:
-                            out.extend(edge)
-                        continue
-                out.append(e)
-            if folded:  # the folds' backup goes before what they publish; the events they
-                out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
-                version = self.ring.backups.version  # the holders have that backup
-                for key in folded:
-                    self._hold(key, ("backup", version))
-                    self._backed_up.append((version, key))
-            pending = []
-            if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
-                if not self._derived:  # matcher pass instead of two for a step of few events)
-                    out.append(SetTimer(DERIVED_WAIT, DERIVED))
-                self._derived.extend(publish)
+        publish: list[dict[str, Any]] = []
+        folded: list[_Key] = []  # the custody records of the events folded
+        for e in effects:
+            if type(e) is DeliverAll:
+                if parts.keys().isdisjoint(e.subs) and subs.keys().isdisjoint(e.subs):
+                    out.append(e)
+                else:
+                    self._flow_deliver_all(e, out, publish, folded, results)
+                continue
+            if type(e) is Deliver:
+                part = parts.get(e.sub)
+                if part is not None:
+                    self._fold_into(part, e.sub, e.event, out, publish, folded, results)
+                    continue
+                sub = subs.get(e.sub)
+                if sub is not None:
+                    edge = self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {}))
+                    if grouped and len(edge) == 1 and out and _same_event(out[-1], edge[0]):
+                        out[-1] = _joined(out[-1], edge[0])  # (one result shared: one effect)
+                    else:
+                        out.extend(edge)
+                    continue
+            out.append(e)
+        if folded:  # the folds' backup goes before what they publish; the events they
+            out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
+            version = self.ring.backups.version  # the holders have that backup
+            for key in folded:
+                self._hold(key, ("backup", version))
+                self._backed_up.append((version, key))
+        if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
+            if not self._derived_due:  # matcher pass instead of two for a step of few events)
+                self._derived_due = True
+                out.append(SetTimer(DERIVED_WAIT, DERIVED))
+            self._derived.extend(publish)
         return out
+
+    def _flow_deliver_all(
+        self,
+        e: DeliverAll,
+        out: list[Effect],
+        publish: list[dict[str, Any]],
+        folded: list[_Key],
+        results: dict[int, dict[Any, Any]],
+    ) -> None:
+        """An event's local deliveries, some to a flow's partitions or subscriptions: the
+        others as they are; the subscriptions that share the space's one result (see
+        :meth:`~flowbus.flow.deploy.FlowSubscription.shares`) in one ``DeliverAll`` of it, the
+        transforms run once; the rest one by one (:meth:`_edge`)."""
+        parts, subs, flows = self.flows.parts, self.flows.subs, self.flows
+        event = e.event
+        got = results.setdefault(id(event), {})
+        rest: list[Hashable] = []
+        shared: dict[str, list[Hashable]] = {}
+        edges: list[Effect] = []
+        for sub_id in e.subs:
+            sub = subs.get(sub_id)
+            if sub is None:
+                part = parts.get(sub_id)
+                if part is None:
+                    rest.append(sub_id)
+                else:
+                    self._fold_into(part, sub_id, event, edges, publish, folded, results)
+            elif not sub.shares(event):
+                edges.extend(self._edge(sub_id, sub, event, got))
+            elif not flows.waiting or flows.admit(sub_id, event):
+                same = shared.get(sub.space)
+                if same is None:
+                    shared[sub.space] = [sub_id]
+                else:
+                    same.append(sub_id)
+        if rest:
+            out.append(DeliverAll(tuple(rest), event) if len(rest) < len(e.subs) else e)
+        for ids in shared.values():
+            result = self._shared_result(subs[ids[0]], event, got)
+            if result is not None:
+                out.append(DeliverAll(tuple(ids), result))
+        out.extend(edges)
+
+    def _fold_into(
+        self,
+        part: Partition,
+        sub_id: Hashable,
+        event: Mapping[str, Any],
+        out: list[Effect],
+        publish: list[dict[str, Any]],
+        folded: list[_Key],
+        results: dict[int, dict[Any, Any]],
+    ) -> None:
+        """A delivery to partition ``part``: folded (or buffered, if taken over a moment ago)."""
+        key = self._step.get(event.get(EVENT_ID))
+        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
+            part.buffer.append((event, key))
+            self._hold(key, (FLOW_GRACE, sub_id))
+            return
+        done, events = self._fold(part, event, results.setdefault(id(event), {}))
+        out.extend(done)
+        publish.extend(events)
+        if key is not None:
+            folded.append(key)
 
     def _backups_confirmed(self) -> None:
         """The events whose folds every backup holder now has are done with here."""
@@ -614,12 +676,7 @@ class RingBroker(Core):
             return []
         eid = event.get(EVENT_ID)
         if sub.shares(event):  # (what every routed subscription to the space gets: made once)
-            got = results.get(sub.space, results)
-            if got is results:
-                found = sub.deliver(event, results)
-                got = results[sub.space] = found[0] if found else None
-                if got is not None:
-                    got[EVENT_ID] = eid
+            got = self._shared_result(sub, event, results)
             return [] if got is None else [Deliver(sub_id, got)]
         out: list[Effect] = []
         for i, result in enumerate(sub.deliver(event, results)):
@@ -631,6 +688,18 @@ class RingBroker(Core):
                 result[EVENT_ID] = eid
             out.append(Deliver(sub_id, result))
         return out
+
+    @staticmethod
+    def _shared_result(sub: FlowSubscription, event: Mapping[str, Any], results: dict[Any, Any]) -> Any:
+        """What every subscription to ``sub``'s space that shares it gets of ``event``
+        (None: nothing), made once per event and space (kept in ``results``)."""
+        got = results.get(sub.space, results)
+        if got is results:
+            found = sub.deliver(event, results)
+            got = results[sub.space] = found[0] if found else None
+            if got is not None:
+                got[EVENT_ID] = event.get(EVENT_ID)
+        return got
 
     # -- the driver's entry points
 
@@ -711,6 +780,7 @@ class RingBroker(Core):
         if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
             return self._fold_buffered(key[1])
         if key == DERIVED:
+            self._derived_due = False
             derived, self._derived = self._derived, []
             return self._out(self._route_own(derived)) if derived else []
         return self._out(self._sync(self.ring.on_timer(key, now)))
@@ -1097,24 +1167,6 @@ def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple
         seen.update(subs)
     else:
         delivered[eid] = {*seen, *subs}
-
-
-def _ungrouped(effects: list[Effect], parts: Mapping[Any, Any], subs: Mapping[Any, Any]) -> list[Effect]:
-    """``effects`` with a flow's partitions and subscriptions (``parts``, ``subs``) taken out
-    of each ``DeliverAll``, a ``Deliver`` each, after the rest (still grouped)."""
-    if not any(type(e) is DeliverAll for e in effects):
-        return effects
-    out: list[Effect] = []
-    for e in effects:
-        if type(e) is not DeliverAll or (parts.keys().isdisjoint(e.subs) and subs.keys().isdisjoint(e.subs)):
-            out.append(e)
-            continue
-        rest = tuple([s for s in e.subs if s not in parts and s not in subs])
-        if rest:
-            out.append(DeliverAll(rest, e.event))
-        event = e.event
-        out.extend([Deliver(s, event) for s in e.subs if s in parts or s in subs])
-    return out
 
 
 def _same_event(a: Effect, b: Effect) -> bool:

@@ -313,8 +313,9 @@ class RingBroker(Core):
         if self.flows.records:
             for event in stamped:
                 self._stamp(event)
-            if self._derived:  # (what earlier folds derived goes first, in the same pass)
-                stamped[:0], self._derived = self._derived, []
+            if self._derived:  # (what earlier folds derived goes first, in the same pass;
+                stamped[:0], self._derived = self._derived, []  # the timer is set again for
+                self._derived_due = False  # what this step's folds derive: it replaces the old)
         return self._out(self._route_own(stamped))
 
     def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:

@@ -74,7 +74,16 @@ from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing import cbr
-from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
+from flowbus.routing.flows import (
+    PARTITION,
+    SEEN,
+    DeployRecord,
+    Flows,
+    FlowSync,
+    Partition,
+    SnapshotAsk,
+    SnapshotRows,
+)
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
 
@@ -569,6 +578,7 @@ class RingBroker(Core):
         parts, subs, flows = self.flows.parts, self.flows.subs, self.flows
         event = e.event
         got = results.setdefault(id(event), {})
+        waits = bool(flows.waiting) and PARTITION in event  # (see Flows.admit: a derived event)
         rest: list[Hashable] = []
         shared: dict[str, list[Hashable]] = {}
         edges: list[Effect] = []
@@ -582,7 +592,7 @@ class RingBroker(Core):
                     self._fold_into(part, sub_id, event, edges, publish, folded, results)
             elif not sub.shares(event):
                 edges.extend(self._edge(sub_id, sub, event, got))
-            elif not flows.waiting or flows.admit(sub_id, event):
+            elif not waits or flows.admit(sub_id, event):
                 same = shared.get(sub.space)
                 if same is None:
                     shared[sub.space] = [sub_id]

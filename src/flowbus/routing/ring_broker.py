@@ -112,6 +112,9 @@ DERIVED_WAIT = 0.005
 """How long derived events wait at most for a publish to share its matcher pass (seconds):
 longer than a paced publisher's gap between frames (a few ms at 5,000 events/s), so a step
 costs one pass, not two; the timer is set once for all the events that wait."""
+DERIVED_NOW = 128
+"""As many derived events as this are routed in the step that made them (a busy broker's big
+steps: a second matcher pass costs little there, and they do not wait a step behind)."""
 
 DEDUP_WINDOW = 100_000
 """How many recent (subscription, event id) deliveries a broker remembers (IRBR's)."""
@@ -557,10 +560,13 @@ class RingBroker(Core):
                 self._hold(key, ("backup", version))
                 self._backed_up.append((version, key))
         if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
-            if not self._derived_due:  # matcher pass instead of two for a step of few events)
+            self._derived.extend(publish)  # matcher pass instead of two for a step of few events)
+            if len(self._derived) >= DERIVED_NOW:  # (a big step: a pass of their own costs
+                derived, self._derived = self._derived, []  # little, and they leave with it)
+                out.extend(self._flow_effects(self._route_own(derived)))
+            elif not self._derived_due:
                 self._derived_due = True
                 out.append(SetTimer(DERIVED_WAIT, DERIVED))
-            self._derived.extend(publish)
         return out
 
     def _flow_deliver_all(

@@ -161,14 +161,22 @@ class Partition:
     ranges: tuple[tuple[int, int], ...]
     seen: deque[Any] = field(default_factory=deque)
     buffer: list[tuple[Mapping[str, Any], Any]] | None = None  # taken over: (event, custody key) gathered
+    _by_space: dict[Any, tuple[Any, ...]] = field(default_factory=dict)  # space -> its feeds
 
     def feeds_of(self, event: Mapping[str, Any]) -> list[Any]:
+        """The feeds of the group that bring ``event`` to this partition (its key's hash in range)."""
         space = event.get(SPACE)
+        feeds = self._by_space.get(space)
+        if feeds is None:
+            feeds = self._by_space[space] = tuple(f for f in self.group.feeds if f.space == space)
         out = []
-        for feed in self.group.feeds:
-            h = event.get(feed.field) if feed.space == space else None
-            if h is not None and any(lo < h <= hi for lo, hi in self.ranges):
-                out.append(feed)
+        for feed in feeds:
+            h = event.get(feed.field)
+            if h is not None:
+                for lo, hi in self.ranges:
+                    if lo < h <= hi:
+                        out.append(feed)
+                        break
         return out
 
 

@@ -43,7 +43,7 @@ How it works (flowbus's own delivery guarantees, on the custody of
 * **Catch-up** (the IFG's expand, Banavar et al. section 4.2). A subscription that names a
   collapse rule set gets, when its client comes back, instead of its backlog the shortest
   sequence of events equivalent to it (:mod:`flowbus.broker.interpret`), from the state
-  folded from what its client took.
+  folded from what its client took (in batches of ``FOLD_EVERY``).
 * **Durability.** Durable subscriptions and spilled queues are in SQLite
   (:mod:`flowbus.broker.store`): :meth:`Queues.restore` serves them again after a restart.
 """
@@ -83,6 +83,8 @@ Settle = tuple[Any, int]
 """Deliveries the core may forget: (event id, how many of its deliveries here)."""
 
 _HIDDEN = (EVENT_ID, SPACE)
+FOLD_EVERY = 512
+"""A subscription with a collapse rule set folds what its client took every this many events."""
 _catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this process)
 
 
@@ -103,6 +105,7 @@ class Subscription:
     disk_pos: int = 0  # the queue position of the last event loaded from disk
     in_memory: int = 0  # entries in pending/inflight still in custody
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
+    taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
     linger: asyncio.TimerHandle | None = None
 
     @classmethod
@@ -228,7 +231,6 @@ class Queues:
         SQLite (those from disk), folded (subscriptions with a collapse rule set)."""
         settle: list[Settle] = []
         disk: dict[Subscription, int] = {}
-        done: dict[Subscription, list[dict[str, Any]]] = {}
         more: set[Subscription] = set()  # (with more to send)
         for eid, event, subs, where in session.acked(ranges):
             n = 0
@@ -242,15 +244,15 @@ class Queues:
                 elif where > 0:
                     disk[sub] = max(disk.get(sub, 0), where)
                 if sub.collapse is not None:
-                    done.setdefault(sub, []).append(event)
+                    sub.taken.append(event)
+                    if len(sub.taken) >= FOLD_EVERY:
+                        self._fold(sub)
                 if sub.pending or sub.on_disk:
                     more.add(sub)
             if where is None and n:
                 settle.append((eid, n))
         for sub, where in disk.items():
             self.store.ack(sub.sub_id, where)
-        for sub, events in done.items():
-            self._fold(sub, events)
         if settle:
             self._settle(settle)
         for sub in more:
@@ -549,14 +551,19 @@ class Queues:
 
     # -- collapse rule sets
 
-    def _fold(self, sub: Subscription, events: list[dict[str, Any]]) -> None:
+    def _fold(self, sub: Subscription) -> None:
+        """What ``sub``'s client took, folded into its state (in batches: the fold's cost is
+        mostly per call, and the state is only read by a catch-up)."""
         assert sub.collapse is not None  # (only subscriptions with a rule set keep events)
-        sub.seen = self.spaces.interpretation(sub.collapse, sub.space).fold(sub.seen, events)
+        taken, sub.taken = sub.taken, []
+        sub.seen = self.spaces.interpretation(sub.collapse, sub.space).fold(sub.seen, taken)
 
     def _catch_up(self, sub: Subscription) -> None:
         """Replace the backlog of a subscription with a collapse rule set by its shortest
         equivalent sequence (the backlog's own events are settled: this broker has them)."""
         assert sub.collapse is not None  # (called for subscriptions with a rule set only)
+        if sub.taken:
+            self._fold(sub)
         if sub.on_disk:
             self._load(sub, sub.on_disk + 1)
         if len(sub.pending) < 2:

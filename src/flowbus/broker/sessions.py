@@ -22,7 +22,8 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   ``Undeploy`` and ``ListFlows`` to :mod:`flowbus.broker.flows`; ``Bye`` ends the session.
   A message a client may not send, or a malformed frame, is a
   :class:`~flowbus.errors.ProtocolError` for that connection only: the broker answers
-  ``Error`` and closes it; nothing else changes.
+  ``Error`` and closes it; nothing else changes. A read takes at most ``READ_BYTES``
+  (16 KiB); after a full one the session lets the event loop turn (and write) first.
 * **Writing.** A :class:`Session` gathers what one step of the event loop has for its
   client (replies, deliveries, publish acknowledgements) and writes it once, at the end of
   the step: the acknowledgements in one ``PubAck``, the deliveries in ``Events`` frames of at
@@ -68,6 +69,11 @@ __all__ = ["EVENTS_PER_FRAME", "Session", "Sessions"]
 
 EVENTS_PER_FRAME = 2000
 """Deliveries per ``Events`` frame (frames stay well under the size limit)."""
+
+READ_BYTES = 1 << 14
+"""What one read of a connection takes at most, one step of the core: a broker behind a paced
+publisher takes its backlog in steps of a few hundred events, each step's deliveries written
+before the next step is read (not one step of all that waits, delivered at its end)."""
 
 
 class Session:
@@ -234,10 +240,12 @@ class Sessions:
         try:
             bye = self._take_all(session, early)
             while not bye and not session.closed:
-                data = await reader.read(1 << 16)
+                data = await reader.read(READ_BYTES)
                 if not data:
                     break
                 bye = self._take_all(session, frames.feed(data))
+                if len(data) == READ_BYTES:  # (more may wait: let the loop write what this
+                    await asyncio.sleep(0)  # step delivered before the next one is read)
         except FlowbusError as e:  # a malformed frame or message: this connection only
             session.send(p.Error(str(e)))
             session.flush()

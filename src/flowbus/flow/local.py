@@ -76,6 +76,7 @@ class Deliverer:
         self.index = [state.components.index(c) for c in self.bound.components]
         self.whole = self.index == list(range(len(state.components)))
         self.fields = tuple(self.bound.event)
+        self._field_set = frozenset(self.fields)
         self.shortcut = replays_collapse(graph, collapse, arc)
         self.searches = 0
         self.states_expanded = 0
@@ -88,7 +89,7 @@ class Deliverer:
         new = self.project(row)
         if new == last:
             return new, ()
-        if self.shortcut and all(f in cause for f in self.fields):
+        if self.shortcut and self._field_set <= cause.keys():
             candidate = cause if len(cause) == len(self.fields) else {f: cause[f] for f in self.fields}
             if last == self.project(old) or self.bound.step(key, last, candidate) == new:
                 return new, (candidate,)

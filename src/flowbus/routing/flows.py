@@ -28,8 +28,9 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   (:func:`output_id`), carrying the partition, the key and the row's version in hidden
   fields, so that a late subscriber can start from a snapshot. Only those some path or feed
   selects are published (:meth:`~flowbus.flow.deploy.Deployment.wanted`), and the holder
-  routes them with its next publish, or after ``DERIVED_WAIT`` (1 ms) without one: a step of a
-  few events then costs one pass of the matcher, not two (``RingBroker._flow_effects``).
+  routes them with its next publish, or after ``DERIVED_WAIT`` (5 ms) without one: a step of a
+  few events then costs one pass of the matcher, not two (``RingBroker._flow_effects``); a big
+  step's (``DERIVED_NOW``, 128 or more) go at once, in a pass of their own.
 * **Snapshots.** A subscription whose paths start at derived spaces asks, by a flood on the
   tree (:class:`SnapshotAsk`), every partition of the groups behind them for its rows; each
   holder answers directly (:class:`SnapshotRows`). Until a partition's rows are in, the
@@ -160,14 +161,22 @@ class Partition:
     ranges: tuple[tuple[int, int], ...]
     seen: deque[Any] = field(default_factory=deque)
     buffer: list[tuple[Mapping[str, Any], Any]] | None = None  # taken over: (event, custody key) gathered
+    _by_space: dict[Any, tuple[Any, ...]] = field(default_factory=dict)  # space -> its feeds
 
     def feeds_of(self, event: Mapping[str, Any]) -> list[Any]:
+        """The feeds of the group that bring ``event`` to this partition (its key's hash in range)."""
         space = event.get(SPACE)
+        feeds = self._by_space.get(space)
+        if feeds is None:
+            feeds = self._by_space[space] = tuple(f for f in self.group.feeds if f.space == space)
         out = []
-        for feed in self.group.feeds:
-            h = event.get(feed.field) if feed.space == space else None
-            if h is not None and any(lo < h <= hi for lo, hi in self.ranges):
-                out.append(feed)
+        for feed in feeds:
+            h = event.get(feed.field)
+            if h is not None:
+                for lo, hi in self.ranges:
+                    if lo < h <= hi:
+                        out.append(feed)
+                        break
         return out
 
 

@@ -76,7 +76,16 @@ from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
 from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
-from flowbus.routing.flows import SEEN, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
+from flowbus.routing.flows import (
+    PARTITION,
+    SEEN,
+    DeployRecord,
+    Flows,
+    FlowSync,
+    Partition,
+    SnapshotAsk,
+    SnapshotRows,
+)
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
 from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
@@ -98,12 +107,17 @@ def origin_of(key: Hashable) -> tuple[int, Hashable]:
 
 
 FLOW_GRACE = "flows.grace"
-DERIVED = ("flows.derived",)
-"""The timer that routes the events the folds of a step derived, unless a publish here took
-them along first (see :meth:`RingBroker._flow_effects`)."""
-DERIVED_WAIT = 0.001
-"""How long derived events wait for a publish to share its matcher pass (seconds)."""
 """The timer key (with a partition's id) that ends a taken-over partition's grace period."""
+DERIVED = ("flows.derived",)
+"""The timer that routes the events the folds derived, unless a publish here took them
+along first (see :meth:`RingBroker._flow_effects`)."""
+DERIVED_WAIT = 0.005
+"""How long derived events wait at most for a publish to share its matcher pass (seconds):
+longer than a paced publisher's gap between frames (a few ms at 5,000 events/s), so a step
+costs one pass, not two; the timer is set once for all the events that wait."""
+DERIVED_NOW = 128
+"""As many derived events as this are routed in the step that made them (a busy broker's big
+steps: a second matcher pass costs little there, and they do not wait a step behind)."""
 
 DEDUP_WINDOW = 100_000
 """How many recent (subscription, event id) deliveries a broker remembers (IRBR's)."""
@@ -220,6 +234,7 @@ class RingBroker(Core):
         self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
         self._backed_up: list[tuple[int, _Key]] = []  # (backup version, custody record) of folds
         self._derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED)
+        self._derived_due = False  # (the DERIVED timer is set)
 
     @property
     def addr(self) -> int:
@@ -327,8 +342,9 @@ class RingBroker(Core):
         if self.flows.records:
             for event in stamped:
                 self._stamp(event)
-            if self._derived:  # (what earlier folds derived goes first, in the same pass)
-                stamped[:0], self._derived = self._derived, []
+            if self._derived:  # (what earlier folds derived goes first, in the same pass;
+                stamped[:0], self._derived = self._derived, []  # the timer is set again for
+                self._derived_due = False  # what this step's folds derive: it replaces the old)
         return self._out(self._route_own(stamped))
 
     def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
@@ -530,47 +546,110 @@ class RingBroker(Core):
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
         grouped = self.router.grouped
-        pending = _ungrouped(effects, parts, subs)
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
-        while pending:
-            publish: list[dict[str, Any]] = []
-            folded: list[_Key] = []  # the custody records of the events folded
-            for e in pending:
-                if type(e) is Deliver:
-                    part = parts.get(e.sub)
-                    if part is not None:
-                        key = self._step.get(e.event.get(EVENT_ID))
-                        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
-                            part.buffer.append((e.event, key))
-                            self._hold(key, (FLOW_GRACE, e.sub))
-                            continue
-                        done, events = self._fold(part, e.event, results.setdefault(id(e.event), {}))
-                        out.extend(done)
-                        publish.extend(events)
-                        if key is not None:
-                            folded.append(key)
-                        continue
-                    sub = subs.get(e.sub)
-                    if sub is not None:
-                        edge = self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {}))
-                        if grouped and len(edge) == 1 and out and _same_event(out[-1], edge[0]):
-                            out[-1] = _joined(out[-1], edge[0])  # (one result shared: one effect)
-                        else:
-                            out.extend(edge)
-                        continue
-                out.append(e)
-            if folded:  # the folds' backup goes before what they publish; the events they
-                out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
-                version = self.ring.backups.version  # the holders have that backup
-                for key in folded:
-                    self._hold(key, ("backup", version))
-                    self._backed_up.append((version, key))
-            pending = []
-            if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
-                if not self._derived:  # matcher pass instead of two for a step of few events)
-                    out.append(SetTimer(DERIVED_WAIT, DERIVED))
-                self._derived.extend(publish)
+        publish: list[dict[str, Any]] = []
+        folded: list[_Key] = []  # the custody records of the events folded
+        for e in effects:
+            if type(e) is DeliverAll:
+                if parts.keys().isdisjoint(e.subs) and subs.keys().isdisjoint(e.subs):
+                    out.append(e)
+                else:
+                    self._flow_deliver_all(e, out, publish, folded, results)
+                continue
+            if type(e) is Deliver:
+                part = parts.get(e.sub)
+                if part is not None:
+                    self._fold_into(part, e.sub, e.event, out, publish, folded, results)
+                    continue
+                sub = subs.get(e.sub)
+                if sub is not None:
+                    edge = self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {}))
+                    if grouped and len(edge) == 1 and out and _same_event(out[-1], edge[0]):
+                        out[-1] = _joined(out[-1], edge[0])  # (one result shared: one effect)
+                    else:
+                        out.extend(edge)
+                    continue
+            out.append(e)
+        if folded:  # the folds' backup goes before what they publish; the events they
+            out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
+            version = self.ring.backups.version  # the holders have that backup
+            for key in folded:
+                self._hold(key, ("backup", version))
+                self._backed_up.append((version, key))
+        if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
+            self._derived.extend(publish)  # matcher pass instead of two for a step of few events)
+            if len(self._derived) >= DERIVED_NOW:  # (a big step: a pass of their own costs
+                derived, self._derived = self._derived, []  # little, and they leave with it)
+                out.extend(self._flow_effects(self._route_own(derived)))
+            elif not self._derived_due:
+                self._derived_due = True
+                out.append(SetTimer(DERIVED_WAIT, DERIVED))
         return out
+
+    def _flow_deliver_all(
+        self,
+        e: DeliverAll,
+        out: list[Effect],
+        publish: list[dict[str, Any]],
+        folded: list[_Key],
+        results: dict[int, dict[Any, Any]],
+    ) -> None:
+        """An event's local deliveries, some to a flow's partitions or subscriptions: the
+        others as they are; the subscriptions that share the space's one result (see
+        :meth:`~flowbus.flow.deploy.FlowSubscription.shares`) in one ``DeliverAll`` of it, the
+        transforms run once; the rest one by one (:meth:`_edge`)."""
+        parts, subs, flows = self.flows.parts, self.flows.subs, self.flows
+        event = e.event
+        got = results.setdefault(id(event), {})
+        waits = bool(flows.waiting) and PARTITION in event  # (see Flows.admit: a derived event)
+        rest: list[Hashable] = []
+        shared: dict[str, list[Hashable]] = {}
+        edges: list[Effect] = []
+        for sub_id in e.subs:
+            sub = subs.get(sub_id)
+            if sub is None:
+                part = parts.get(sub_id)
+                if part is None:
+                    rest.append(sub_id)
+                else:
+                    self._fold_into(part, sub_id, event, edges, publish, folded, results)
+            elif not sub.shares(event):
+                edges.extend(self._edge(sub_id, sub, event, got))
+            elif not waits or flows.admit(sub_id, event):
+                same = shared.get(sub.space)
+                if same is None:
+                    shared[sub.space] = [sub_id]
+                else:
+                    same.append(sub_id)
+        if rest:
+            out.append(DeliverAll(tuple(rest), event) if len(rest) < len(e.subs) else e)
+        for ids in shared.values():
+            result = self._shared_result(subs[ids[0]], event, got)
+            if result is not None:
+                out.append(DeliverAll(tuple(ids), result))
+        out.extend(edges)
+
+    def _fold_into(
+        self,
+        part: Partition,
+        sub_id: Hashable,
+        event: Mapping[str, Any],
+        out: list[Effect],
+        publish: list[dict[str, Any]],
+        folded: list[_Key],
+        results: dict[int, dict[Any, Any]],
+    ) -> None:
+        """A delivery to partition ``part``: folded (or buffered, if taken over a moment ago)."""
+        key = self._step.get(event.get(EVENT_ID))
+        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
+            part.buffer.append((event, key))
+            self._hold(key, (FLOW_GRACE, sub_id))
+            return
+        done, events = self._fold(part, event, results.setdefault(id(event), {}))
+        out.extend(done)
+        publish.extend(events)
+        if key is not None:
+            folded.append(key)
 
     def _backups_confirmed(self) -> None:
         """The events whose folds every backup holder now has are done with here."""
@@ -631,12 +710,7 @@ class RingBroker(Core):
             return []
         eid = event.get(EVENT_ID)
         if sub.shares(event):  # (what every routed subscription to the space gets: made once)
-            got = results.get(sub.space, results)
-            if got is results:
-                found = sub.deliver(event, results)
-                got = results[sub.space] = found[0] if found else None
-                if got is not None:
-                    got[EVENT_ID] = eid
+            got = self._shared_result(sub, event, results)
             return [] if got is None else [Deliver(sub_id, got)]
         out: list[Effect] = []
         for i, result in enumerate(sub.deliver(event, results)):
@@ -648,6 +722,18 @@ class RingBroker(Core):
                 result[EVENT_ID] = eid
             out.append(Deliver(sub_id, result))
         return out
+
+    @staticmethod
+    def _shared_result(sub: FlowSubscription, event: Mapping[str, Any], results: dict[Any, Any]) -> Any:
+        """What every subscription to ``sub``'s space that shares it gets of ``event``
+        (None: nothing), made once per event and space (kept in ``results``)."""
+        got = results.get(sub.space, results)
+        if got is results:
+            found = sub.deliver(event, results)
+            got = results[sub.space] = found[0] if found else None
+            if got is not None:
+                got[EVENT_ID] = event.get(EVENT_ID)
+        return got
 
     # -- the driver's entry points
 
@@ -739,6 +825,7 @@ class RingBroker(Core):
         if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
             return self._fold_buffered(key[1])
         if key == DERIVED:
+            self._derived_due = False
             derived, self._derived = self._derived, []
             return self._out(self._route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now)))
@@ -1166,24 +1253,6 @@ def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple
         seen.update(subs)
     else:
         delivered[eid] = {*seen, *subs}
-
-
-def _ungrouped(effects: list[Effect], parts: Mapping[Any, Any], subs: Mapping[Any, Any]) -> list[Effect]:
-    """``effects`` with a flow's partitions and subscriptions (``parts``, ``subs``) taken out
-    of each ``DeliverAll``, a ``Deliver`` each, after the rest (still grouped)."""
-    if not any(type(e) is DeliverAll for e in effects):
-        return effects
-    out: list[Effect] = []
-    for e in effects:
-        if type(e) is not DeliverAll or (parts.keys().isdisjoint(e.subs) and subs.keys().isdisjoint(e.subs)):
-            out.append(e)
-            continue
-        rest = tuple([s for s in e.subs if s not in parts and s not in subs])
-        if rest:
-            out.append(DeliverAll(rest, e.event))
-        event = e.event
-        out.extend([Deliver(s, event) for s in e.subs if s in parts or s in subs])
-    return out
 
 
 def _same_event(a: Effect, b: Effect) -> bool:

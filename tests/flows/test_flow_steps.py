@@ -1,0 +1,79 @@
+"""What one step of a ring broker with a deployed flow gives its driver: the edge's shared
+results in one ``DeliverAll``, and when the events the folds derive are routed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.flows.world import reference
+
+from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
+from flowbus.flow.deploy import Deployment
+from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
+
+STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
+SUBS = {
+    "c1": ("combined", ""),
+    "c2": ("combined", "price >= 0"),
+    "c3": ("combined", ""),
+    "m": ("compressed", ""),
+}
+
+
+def _broker(d: Deployment) -> RingBroker:
+    b = RingBroker(0, backup=2, custody=True, local_ack=True, grouped=True)
+    b.start()
+    b.deploy(d, nonce=1)
+    for sub, (space, filt) in SUBS.items():
+        b.subscribe_flow(sub, space, filt)
+    return b
+
+
+def _publish(b: RingBroker, events: list[tuple[str, dict[str, Any]]], first: int) -> list[Effect]:
+    return b.publish_batch([(("pub", first + i), {**e, "__space": s}) for i, (s, e) in enumerate(events)])
+
+
+def _got(effects: list[Effect]) -> dict[str, list[dict[str, Any]]]:
+    got: dict[str, list[dict[str, Any]]] = {s: [] for s in SUBS}
+    for e in effects:
+        if isinstance(e, DeliverAll | Deliver):
+            for sub in e.subs if isinstance(e, DeliverAll) else (e.sub,):
+                if sub in got:
+                    got[sub].append({k: v for k, v in e.event.items() if not k.startswith("__")})
+    return got
+
+
+def test_shared_results_go_in_one_deliver_all_and_a_big_step_routes_what_it_derives() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=300))
+    want = reference(d, events, ["combined", "compressed"])
+    b = _broker(d)
+    effects = _publish(b, events, 0)
+    shared = [e for e in effects if isinstance(e, DeliverAll) and {"c1", "c2", "c3"} <= set(e.subs)]
+    assert len(shared) == len(want["combined"])  # (one effect per event for the three)
+    assert not any(isinstance(e, Deliver) and e.sub in ("c1", "c2", "c3") for e in effects)
+    got = _got(effects)
+    assert got["c1"] == got["c2"] == got["c3"] == want["combined"]
+    assert len(want["compressed"]) >= DERIVED_NOW  # so the step routed them itself, in order:
+    assert got["m"] == want["compressed"]
+
+
+def test_a_small_steps_derived_events_wait_for_the_next_publish_or_the_timer() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=6))
+    want = reference(d, events, ["compressed"])["compressed"]
+    b = _broker(d)
+    first = _publish(b, events[:3], 0)
+    assert [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED]
+    assert _got(first)["m"] == []  # (they wait)
+    second = _publish(b, events[3:], 3)  # they go first in this step's matcher pass
+    taken = _got(second)["m"]
+    rest = _got(b.on_timer(DERIVED, 0.0))["m"]  # what the second step derived
+    assert taken + rest == want and taken == want[: len(taken)] and taken
+    eids = [e.event[EVENT_ID] for e in second if isinstance(e, DeliverAll | Deliver) and "m" in _subs(e)]
+    assert len(eids) == len(set(eids))
+
+
+def _subs(e: Deliver | DeliverAll) -> tuple[Any, ...]:
+    return e.subs if isinstance(e, DeliverAll) else (e.sub,)

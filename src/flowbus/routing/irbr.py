@@ -76,7 +76,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from flowbus import wire
 from flowbus.core import Deliver, Effect, Send
@@ -87,9 +87,11 @@ from flowbus.overlay.pastry import (
     BITS,
     NDIGITS,
     B,
+    LeafSetRequest,
     PastryNode,
     PastryState,
     Route,
+    RowRequest,
     circular_distance,
     shared_prefix_len,
 )
@@ -400,6 +402,10 @@ RangeMessage = Publish | Subscribe | Unsubscribe | Newcomer
 # ---------------------------------------------------------------------------------- node
 
 
+REPAIRS: Final = (LeafSetRequest, RowRequest)
+"""Pastry's repair requests, acknowledged when acknowledgements are on."""
+
+
 class IrbrNode(PastryApp):
     """The IRBR event-notification layer of one Pastry node, as a sans-IO core.
 
@@ -534,8 +540,30 @@ class IrbrNode(PastryApp):
         if its timer has fired already, the send was handled as failed then."""
         if msg.__class__ is Hop and self.acks is not None:
             cancel = self.acks.failed(msg.seq)
-            return [] if cancel is None else cancel + super().on_send_failed(dst, msg.body, now)
-        return super().on_send_failed(dst, msg, now)
+            out = [] if cancel is None else cancel + super().on_send_failed(dst, msg.body, now)
+        else:
+            out = super().on_send_failed(dst, msg, now)
+        return self._repairs_acked(out)
+
+    def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
+        return self._repairs_acked(super().on_message(src, msg, now))
+
+    def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        return self._repairs_acked(super().on_timer(key, now))
+
+    def _repairs_acked(self, out: list[Effect]) -> list[Effect]:
+        """Pastry's repair requests acknowledged like range messages: a leaf-set or row
+        request sent to a node that died unnoticed is found out by its timer, and Pastry asks
+        another node (without it, a node's leaf set could stay short of a range's live nodes)."""
+        if self.acks is None or not any(e.__class__ is Send and e.msg.__class__ in REPAIRS for e in out):
+            return out
+        acked: list[Effect] = []
+        for e in out:
+            if e.__class__ is Send and e.msg.__class__ in REPAIRS:  # type: ignore[attr-defined]
+                acked.extend(self.acks.send(e.dst, e.msg))  # type: ignore[attr-defined]
+            else:
+                acked.append(e)
+        return acked
 
     def on_app_timer(self, key: Hashable, now: float) -> list[Effect]:
         """An acknowledgement did not come in time: the send failed (see the module note)."""

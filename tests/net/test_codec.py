@@ -111,6 +111,7 @@ CASES: list[object] = [
     irbr.Publish(event=EVENT, prefix=(1, 3), eid=("client", 12)),
     irbr_ack.Hop(seq=3, body=irbr.Subscribe(node=BIG, sub="s", filter=F1, clock=3, prefix=(2, 0x21))),
     irbr_ack.Hop(seq=4, body=pastry.Route(BIG, irbr.Publish(EVENT, (1, 3), (BIG, 1)), 2, 4)),
+    irbr_ack.RepairHop(seq=5, body=pastry.LeafSetRequest(BIG, 7)),
     irbr_ack.Ack(seq=9),
     irbr.TableRequest(addr=5, rows=3),
     irbr.Newcomer(node=BIG, addr=7, prefix=(3, 0x2A1)),

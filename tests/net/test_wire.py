@@ -62,6 +62,7 @@ PINNED = {
     "irbr.hop": "Hop(seq, body)",
     "irbr.newcomer": "Newcomer(node, addr, prefix)",
     "irbr.publish": "Publish(event, prefix, eid)",
+    "irbr.repair_hop": "RepairHop(seq, body)",
     "irbr.subscribe": "Subscribe(node, sub, filter, clock, prefix)",
     "irbr.table_reply": "TableReply(entries, tombstones)",
     "irbr.table_request": "TableRequest(addr, rows)",

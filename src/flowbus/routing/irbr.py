@@ -96,7 +96,7 @@ from flowbus.overlay.pastry import (
     shared_prefix_len,
 )
 from flowbus.overlay.pastry_app import PastryApp
-from flowbus.routing.irbr_ack import ACK_TIMER, Ack, Hop, HopAcks, Seen
+from flowbus.routing.irbr_ack import ACK_TIMER, Ack, Hop, HopAcks, RepairHop, Seen
 from flowbus.routing.memo import compiled, covers
 
 __all__ = [
@@ -424,7 +424,9 @@ class IrbrNode(PastryApp):
     ``t`` (:mod:`flowbus.routing.irbr_ack`); without, only by the driver's failure notice.
     """
 
-    app_messages = frozenset({Publish, Subscribe, Unsubscribe, Newcomer, TableRequest, TableReply, Hop, Ack})
+    app_messages = frozenset(
+        {Publish, Subscribe, Unsubscribe, Newcomer, TableRequest, TableReply, Hop, RepairHop, Ack}
+    )
 
     __slots__ = ("acks", "clock", "covering", "empty_ranges", "published", "rows_from", "seen", "table")
 
@@ -497,7 +499,7 @@ class IrbrNode(PastryApp):
         (:meth:`_towards` passes it on until then)."""
         me = self.node_id
         match msg:
-            case Hop() if route is None:
+            case Hop() | RepairHop() if route is None:
                 return [Send(src, Ack(msg.seq)), *self.on_message(src, msg.body, now)]
             case Ack() if route is None and self.acks is not None:
                 return self.acks.ack(msg.seq)
@@ -538,7 +540,7 @@ class IrbrNode(PastryApp):
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """The driver's failure notice. For an acknowledged send it settles the send, once:
         if its timer has fired already, the send was handled as failed then."""
-        if msg.__class__ is Hop and self.acks is not None:
+        if (msg.__class__ is Hop or msg.__class__ is RepairHop) and self.acks is not None:
             cancel = self.acks.failed(msg.seq)
             out = [] if cancel is None else cancel + super().on_send_failed(dst, msg.body, now)
         else:
@@ -560,7 +562,7 @@ class IrbrNode(PastryApp):
         acked: list[Effect] = []
         for e in out:
             if e.__class__ is Send and e.msg.__class__ in REPAIRS:  # type: ignore[attr-defined]
-                acked.extend(self.acks.send(e.dst, e.msg))  # type: ignore[attr-defined]
+                acked.extend(self.acks.send(e.dst, e.msg, RepairHop))  # type: ignore[attr-defined]
             else:
                 acked.append(e)
         return acked

@@ -40,7 +40,7 @@ from flowbus.core import CancelTimer, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.pastry import NDIGITS
 
-__all__ = ["ACK_TIMER", "SEEN_WINDOW", "Ack", "Hop", "HopAcks", "Seen"]
+__all__ = ["ACK_TIMER", "SEEN_WINDOW", "Ack", "Hop", "HopAcks", "RepairHop", "Seen"]
 
 ACK_TIMER: Final = ("irbr", "ack")
 """The head of the acknowledgement timers' keys: ``("irbr", "ack", seq)``."""
@@ -54,6 +54,16 @@ SEEN_WINDOW: Final = 100_000
 class Hop:
     """One hop of a range message: ``body`` (a range message, or a Pastry ``Route`` carrying
     one), to be acknowledged with ``Ack(seq)``."""
+
+    seq: int
+    body: Any
+
+
+@wire.message("irbr.repair_hop")
+@dataclass(frozen=True, slots=True)
+class RepairHop:
+    """A Pastry repair request (leaf set, row) sent as :class:`Hop` is, to be acknowledged
+    with ``Ack(seq)``: its own type, so an experiment counts it apart from an event's hops."""
 
     seq: int
     body: Any
@@ -84,12 +94,12 @@ class HopAcks:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def send(self, dst: int, msg: Any) -> list[Effect]:
-        """``msg`` to ``dst`` in a :class:`Hop`, and its timer."""
+    def send(self, dst: int, msg: Any, wrap: type[Hop | RepairHop] = Hop) -> list[Effect]:
+        """``msg`` to ``dst`` in a :class:`Hop` (or ``wrap``), and its timer."""
         self._next += 1
         seq = self._next
         self._pending[seq] = (dst, msg)
-        return [Send(dst, Hop(seq, msg)), SetTimer(self.timeout, (*ACK_TIMER, seq))]
+        return [Send(dst, wrap(seq, msg)), SetTimer(self.timeout, (*ACK_TIMER, seq))]
 
     def ack(self, seq: int) -> list[Effect]:
         """``Ack(seq)`` came: forget the send (nothing if it was settled already)."""

@@ -24,10 +24,19 @@ How it works: one core joins two protocols.
   dead one's state, the subscriptions in it are subscribed here: their events are delivered
   by the broker that took over (a client would re-attach to it).
 * Each subscription id is global (say ``(client, n)``): ``Deliver(sub_id, event)``.
+* **The parts.** ``RingBroker`` reads every message and timer and ends every step in
+  ``_out`` (deliveries de-duplicated, custody counted, confirmations due); each concern
+  keeps its state in a part it composes: the custody records
+  (:class:`~flowbus.routing.ring_custody.Custodian`), the events kept for the ring's repair
+  and the subscriptions taken over (:class:`~flowbus.routing.ring_repair.Repair`), the
+  deployed flows' folds and edges (:class:`~flowbus.routing.ring_flows.FlowSide`), the
+  subscriptions shared under load (:mod:`~flowbus.routing.ring_share`), express links
+  (:mod:`~flowbus.routing.express`), link classes (:mod:`~flowbus.routing.link_classes`).
 
-* **Events sent into a failure.** An event whose send to a tree neighbour fails (the
-  driver's failure notice) is kept, with the side of the ring it was going to; later
-  events for that side wait behind it, so each publisher's order holds.
+* **Events sent into a failure** (:mod:`flowbus.routing.ring_repair`). An event whose send
+  to a tree neighbour fails (the driver's failure notice) is kept, with the side of the ring
+  it was going to; later events for that side wait behind it, so each publisher's order
+  holds.
   - When the ring has a new neighbour on that side, the event goes there. That broker is
     the first one of the part of the tree the dead broker led to, so nothing there had the
     event yet.
@@ -36,19 +45,20 @@ How it works: one core joins two protocols.
   So one crash loses no event, as long as its subscriptions were backed up and the
   failure is detected (heartbeats or failed sends).
 
-* **Custody** (``custody=True``, what the broker network runs). A broker keeps every event
-  it has sent on until the receiver confirms it (``Confirm``), and a receiver confirms only
-  when its own part is done: every neighbour it sent the event on has confirmed, and, with
-  ``local_ack=True``, every local subscription it delivered to has been settled by the
-  driver (:meth:`RingBroker.settle`, called when the subscriber's client acknowledged it or
-  it was queued on disk; the record counts the deliveries not settled yet). When a neighbour
-  dies, every event it had not confirmed goes the way of a failed send (above): so the
-  events a dead broker held in transit, or had not yet handed to its clients, are not lost,
-  and two adjacent crashes lose nothing the ring's repair reaches. An event published here
-  and confirmed by all is *settled*: its id is listed in :attr:`RingBroker.settled` (the
-  driver acknowledges the publisher).
-  Delivery stays at least once across a crash; each broker drops the duplicates it can see
-  (the ``DEDUP_WINDOW``), the client library the rest, by event id.
+* **Custody** (``custody=True``, what the broker network runs;
+  :mod:`flowbus.routing.ring_custody`). A broker keeps every event it has sent on until the
+  receiver confirms it (``Confirm``), and a receiver confirms only when its own part is
+  done: every neighbour it sent the event on has confirmed, and, with ``local_ack=True``,
+  every local subscription it delivered to has been settled by the driver
+  (:meth:`RingBroker.settle`, called when the subscriber's client acknowledged it or it was
+  queued on disk; the record counts the deliveries not settled yet). When a neighbour dies,
+  every event it had not confirmed goes the way of a failed send (above): so the events a
+  dead broker held in transit, or had not yet handed to its clients, are not lost, and two
+  adjacent crashes lose nothing the ring's repair reaches. An event published here and
+  confirmed by all is *settled*: its id is listed in :attr:`RingBroker.settled` (the driver
+  acknowledges the publisher). Delivery stays at least once across a crash; each broker
+  drops the duplicates it can see (the ``DEDUP_WINDOW``), the client library the rest, by
+  event id.
 * **Secure spaces** (:mod:`flowbus.routing.link_classes`). Each broker announces the class
   of its tree links to the whole tree (``announce_links``); an event its driver would not
   send over a plain link is released as *refused* (:meth:`RingBroker.refuse`), and a record

@@ -68,7 +68,9 @@ class FlowSide:
     edges, and the derived events waiting to be routed."""
 
     def __init__(self, broker: RingBroker, flow_grace: float) -> None:
-        self.broker = broker
+        self.broker = broker  # (its subscribe, unsubscribe, tree and routing of own events)
+        self.ring = broker.ring
+        self.custodian = broker.custodian
         self.flows = Flows()  # the deployed flows (routing/flows.py)
         self.flow_grace = flow_grace  # how long a taken-over partition gathers events
         self.aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
@@ -104,7 +106,7 @@ class FlowSide:
         out: list[Effect] = []
         if self.flows.subs.pop(sub_id, None) is not None:
             self.flows.waiting.pop(sub_id, None)
-            out = self.broker.ring.del_state(("fsub", sub_id))
+            out = self.ring.del_state(("fsub", sub_id))
         self.flows.parts.pop(sub_id, None)
         return out
 
@@ -147,7 +149,7 @@ class FlowSide:
             news.append(rec)
             if old is not None:
                 out += self._tear_down(old, removed=True)
-            if fresh and self.broker.ring.joined:
+            if fresh and self.ring.joined:
                 for sub_id, _, filt in flows.partitions_to_make(rec, self.broker.node_id):
                     if sub_id not in self.broker.subs:
                         out += self.broker.subscribe(sub_id, filt)
@@ -169,10 +171,9 @@ class FlowSide:
             if sub.flow == rec.name and sub_id in self.broker.subs:
                 out += self.broker.unsubscribe(sub_id)
                 self.flows.ended.append(sub_id)
-        ring = self.broker.ring
         rows = ("frow", rec.name, rec.deploy_id)
-        for key in [k for k in ring.state if isinstance(k, tuple) and k[:3] == rows]:
-            out += ring.del_state(key)
+        for key in [k for k in self.ring.state if isinstance(k, tuple) and k[:3] == rows]:
+            out += self.ring.del_state(key)
         return out
 
     def on_flow_sync(self, src: int, msg: FlowSync) -> list[Effect]:
@@ -181,7 +182,7 @@ class FlowSide:
     def on_snapshot_ask(self, src: int | None, msg: SnapshotAsk) -> list[Effect]:
         """Forwarded on the tree; answered for the partitions served here."""
         out: list[Effect] = [Send(n, msg) for n in sorted(self.broker.tree_neighbours()) if n != src]
-        for rows in self.flows.snapshot_rows(msg, self.broker.ring.state):
+        for rows in self.flows.snapshot_rows(msg, self.ring.state):
             if msg.reply_to == self.broker.addr:
                 out += self.on_snapshot_rows(rows)
             else:
@@ -190,13 +191,13 @@ class FlowSide:
 
     def on_snapshot_rows(self, msg: SnapshotRows) -> list[Effect]:
         """A partition's rows for a subscription here: what it is to get now, as bus events
-        (the edge transforms them in :meth:`_flow_effects`)."""
+        (the edge transforms them in :meth:`effects`)."""
         return [Deliver(msg.sub, event) for event in self.flows.snapshot_in(msg)]
 
     def adopted(self, sub_id: Hashable) -> list[Effect]:
         """A subscription taken over: a partition is served here, and what its folds
         published is published again (ids de-duplicate it); a flow subscription gets its edge."""
-        state = self.broker.ring.state
+        state = self.ring.state
         part = self.flows.serve_partition(sub_id)
         if part is not None:
             again: list[dict[str, Any]] = []
@@ -248,10 +249,10 @@ class FlowSide:
                     continue
             out.append(e)
         if folded:  # the folds' backup goes before what they publish; the events they
-            out.extend(self.broker.ring.flush_backups())  # folded are confirmed upstream once
-            version = self.broker.ring.backups.version  # the holders have that backup
+            out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
+            version = self.ring.backups.version  # the holders have that backup
             for key in folded:
-                self.broker.custodian.hold(key, ("backup", version))
+                self.custodian.hold(key, ("backup", version))
                 self._backed_up.append((version, key))
         if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
             self.derived.extend(publish)  # matcher pass instead of two for a step of few events)
@@ -317,10 +318,10 @@ class FlowSide:
         results: dict[int, dict[Any, Any]],
     ) -> None:
         """A delivery to partition ``part``: folded (or buffered, if taken over a moment ago)."""
-        key = self.broker.custodian.step.get(event.get(EVENT_ID))
-        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
+        key = self.custodian.step.get(event.get(EVENT_ID))
+        if part.buffer is not None:  # (taken over a moment ago: see adopted)
             part.buffer.append((event, key))
-            self.broker.custodian.hold(key, (FLOW_GRACE, sub_id))
+            self.custodian.hold(key, (FLOW_GRACE, sub_id))
             return
         done, events = self._fold(part, event, results.setdefault(id(event), {}))
         out.extend(done)
@@ -333,11 +334,11 @@ class FlowSide:
         waits = self._backed_up
         if not waits:
             return
-        confirmed = self.broker.ring.backups.confirmed()
+        confirmed = self.ring.backups.confirmed()
         i = 0
         while i < len(waits) and waits[i][0] <= confirmed:
             version, key = waits[i]
-            self.broker.custodian.release(("backup", version), key[1], only=key)
+            self.custodian.release(("backup", version), key[1], only=key)
             i += 1
         del waits[:i]
 
@@ -352,24 +353,24 @@ class FlowSide:
         buffered.sort(key=lambda item: publish_order(item[0].get(EVENT_ID)))
         for event, key in buffered:
             if key is not None:
-                self.broker.custodian.step[event[EVENT_ID]] = key
-                self.broker.custodian.release((FLOW_GRACE, sub_id), key[1], only=key)
+                self.custodian.step[event[EVENT_ID]] = key
+                self.custodian.release((FLOW_GRACE, sub_id), key[1], only=key)
         return [Deliver(sub_id, event) for event, _ in buffered]
 
     def _fold(
         self, part: Partition, event: Mapping[str, Any], results: dict[Any, Any] | None = None
     ) -> tuple[list[Effect], list[dict[str, Any]]]:
         eid = event.get(EVENT_ID)
-        state = self.broker.ring.state
+        state = self.ring.state
         if ("fseen", part.sub_id, eid) in state:
             return [], []
         changed, published = self.flows.fold(part, eid, event, state, results)
         out: list[Effect] = []
         for key, value in changed.items():
-            out += self.broker.ring.set_state(key, value)
+            out += self.ring.set_state(key, value)
         part.seen.append(eid)
         while len(part.seen) > SEEN:
-            out += self.broker.ring.del_state(("fseen", part.sub_id, part.seen.popleft()))
+            out += self.ring.del_state(("fseen", part.sub_id, part.seen.popleft()))
         events = []
         for eid2, ev in published:
             ev[EVENT_ID] = eid2

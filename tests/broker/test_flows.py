@@ -157,7 +157,7 @@ def test_a_durable_subscriber_of_a_derived_space_catches_up_with_the_shortest_se
             for space, event in events[500:]:
                 await pub.publish(space, event)
             await pub.flush(10)  # the absent subscriber's events wait at its broker, and so does
-            await eventually(lambda: not b.core._derived)  # type: ignore[attr-defined]  # (what folds derived)
+            await eventually(lambda: not b.core.flow_side.derived)  # type: ignore[attr-defined]  # (what folds derived)
             async with flowbus.connect(b.address, name="viewer") as c:
                 sub = await c.subscribe("compressed", durable="board")
                 got = await _take_until_quiet(sub, 1.0)

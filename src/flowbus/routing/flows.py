@@ -29,8 +29,9 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   fields, so that a late subscriber can start from a snapshot. Only those some path or feed
   selects are published (:meth:`~flowbus.flow.deploy.Deployment.wanted`), and the holder
   routes them with its next publish, or after ``DERIVED_WAIT`` (5 ms) without one: a step of a
-  few events then costs one pass of the matcher, not two (``RingBroker._flow_effects``); a big
-  step's (``DERIVED_NOW``, 128 or more) go at once, in a pass of their own.
+  few events then costs one pass of the matcher, not two
+  (:meth:`~flowbus.routing.ring_flows.FlowSide.effects`); a big step's (``DERIVED_NOW``, 128
+  or more) go at once, in a pass of their own.
 * **Snapshots.** A subscription whose paths start at derived spaces asks, by a flood on the
   tree (:class:`SnapshotAsk`), every partition of the groups behind them for its rows; each
   holder answers directly (:class:`SnapshotRows`). Until a partition's rows are in, the

@@ -24,10 +24,19 @@ How it works: one core joins two protocols.
   dead one's state, the subscriptions in it are subscribed here: their events are delivered
   by the broker that took over (a client would re-attach to it).
 * Each subscription id is global (say ``(client, n)``): ``Deliver(sub_id, event)``.
+* **The parts.** ``RingBroker`` reads every message and timer and ends every step in
+  ``_out`` (deliveries de-duplicated, custody counted, confirmations due); each concern
+  keeps its state in a part it composes: the custody records
+  (:class:`~flowbus.routing.ring_custody.Custodian`), the events kept for the ring's repair
+  and the subscriptions taken over (:class:`~flowbus.routing.ring_repair.Repair`), the
+  deployed flows' folds and edges (:class:`~flowbus.routing.ring_flows.FlowSide`), the
+  subscriptions shared under load (:mod:`~flowbus.routing.ring_share`), express links
+  (:mod:`~flowbus.routing.express`), link classes (:mod:`~flowbus.routing.link_classes`).
 
-* **Events sent into a failure.** An event whose send to a tree neighbour fails (the
-  driver's failure notice) is kept, with the side of the ring it was going to; later
-  events for that side wait behind it, so each publisher's order holds.
+* **Events sent into a failure** (:mod:`flowbus.routing.ring_repair`). An event whose send
+  to a tree neighbour fails (the driver's failure notice) is kept, with the side of the ring
+  it was going to; later events for that side wait behind it, so each publisher's order
+  holds.
   - When the ring has a new neighbour on that side, the event goes there. That broker is
     the first one of the part of the tree the dead broker led to, so nothing there had the
     event yet.
@@ -36,19 +45,20 @@ How it works: one core joins two protocols.
   So one crash loses no event, as long as its subscriptions were backed up and the
   failure is detected (heartbeats or failed sends).
 
-* **Custody** (``custody=True``, what the broker network runs). A broker keeps every event
-  it has sent on until the receiver confirms it (``Confirm``), and a receiver confirms only
-  when its own part is done: every neighbour it sent the event on has confirmed, and, with
-  ``local_ack=True``, every local subscription it delivered to has been settled by the
-  driver (:meth:`RingBroker.settle`, called when the subscriber's client acknowledged it or
-  it was queued on disk; the record counts the deliveries not settled yet). When a neighbour
-  dies, every event it had not confirmed goes the way of a failed send (above): so the
-  events a dead broker held in transit, or had not yet handed to its clients, are not lost,
-  and two adjacent crashes lose nothing the ring's repair reaches. An event published here
-  and confirmed by all is *settled*: its id is listed in :attr:`RingBroker.settled` (the
-  driver acknowledges the publisher).
-  Delivery stays at least once across a crash; each broker drops the duplicates it can see
-  (the ``DEDUP_WINDOW``), the client library the rest, by event id.
+* **Custody** (``custody=True``, what the broker network runs;
+  :mod:`flowbus.routing.ring_custody`). A broker keeps every event it has sent on until the
+  receiver confirms it (``Confirm``), and a receiver confirms only when its own part is
+  done: every neighbour it sent the event on has confirmed, and, with ``local_ack=True``,
+  every local subscription it delivered to has been settled by the driver
+  (:meth:`RingBroker.settle`, called when the subscriber's client acknowledged it or it was
+  queued on disk; the record counts the deliveries not settled yet). When a neighbour dies,
+  every event it had not confirmed goes the way of a failed send (above): so the events a
+  dead broker held in transit, or had not yet handed to its clients, are not lost, and two
+  adjacent crashes lose nothing the ring's repair reaches. An event published here and
+  confirmed by all is *settled*: its id is listed in :attr:`RingBroker.settled` (the driver
+  acknowledges the publisher). Delivery stays at least once across a crash; each broker
+  drops the duplicates it can see (the ``DEDUP_WINDOW``), the client library the rest, by
+  event id.
 * **Secure spaces** (:mod:`flowbus.routing.link_classes`). Each broker announces the class
   of its tree links to the whole tree (``announce_links``); an event its driver would not
   send over a plain link is released as *refused* (:meth:`RingBroker.refuse`), and a record
@@ -67,37 +77,36 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
-from flowbus.core import Core, Deliver, DeliverAll, Effect, Send, SetTimer
+from flowbus.core import Core, Deliver, DeliverAll, Effect, Send
 from flowbus.errors import ProtocolError, UserError
 from flowbus.filters import Filter, parse
-from flowbus.flow.deploy import SPACE, Deployment, FlowSubscription
+from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
 from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
-from flowbus.routing.flows import (
-    PARTITION,
-    SEEN,
-    DeployRecord,
-    Flows,
-    FlowSync,
-    Partition,
-    SnapshotAsk,
-    SnapshotRows,
-)
+from flowbus.routing.flows import DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
-from flowbus.routing.memo import compiled
+from flowbus.routing.ring_custody import EVENT_ID, Confirm, Custodian, Key
+from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
+from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
 
-__all__ = ["Confirm", "HandedOver", "RingBroker", "Synced"]
-
-
-def _publish_order(eid: Any) -> tuple[str, int]:
-    """An event id's place in its publisher's order (``(publisher, sequence number)``)."""
-    if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
-        return (repr(eid[0]), eid[1])
-    return (repr(eid), 0)
+__all__ = [
+    "DEDUP_EVENTS",
+    "DEDUP_WINDOW",
+    "DERIVED",
+    "DERIVED_NOW",
+    "DERIVED_WAIT",
+    "EVENT_ID",
+    "FLOW_GRACE",
+    "Confirm",
+    "HandedOver",
+    "RingBroker",
+    "Synced",
+    "origin_of",
+]
 
 
 def origin_of(key: Hashable) -> tuple[int, Hashable]:
@@ -106,37 +115,11 @@ def origin_of(key: Hashable) -> tuple[int, Hashable]:
     return (key[2], key[1])
 
 
-FLOW_GRACE = "flows.grace"
-"""The timer key (with a partition's id) that ends a taken-over partition's grace period."""
-DERIVED = ("flows.derived",)
-"""The timer that routes the events the folds derived, unless a publish here took them
-along first (see :meth:`RingBroker._flow_effects`)."""
-DERIVED_WAIT = 0.005
-"""How long derived events wait at most for a publish to share its matcher pass (seconds):
-longer than a paced publisher's gap between frames (a few ms at 5,000 events/s), so a step
-costs one pass, not two; the timer is set once for all the events that wait."""
-DERIVED_NOW = 128
-"""As many derived events as this are routed in the step that made them (a busy broker's big
-steps: a second matcher pass costs little there, and they do not wait a step behind)."""
-
 DEDUP_WINDOW = 100_000
 """How many recent (subscription, event id) deliveries a broker remembers (IRBR's)."""
 
 DEDUP_EVENTS = 50_000
 """How many recent events a ring broker remembers the local deliveries of."""
-
-EVENT_ID = "__flowbus_event_id"
-"""The field an event carries between brokers: (publishing broker, sequence number)."""
-
-
-@wire.message("ringbroker.handed_over")
-@dataclass(frozen=True, slots=True)
-class HandedOver:
-    """An event that a broker could not send to the dead broker ``dead``, handed to the ring
-    neighbour that took its place across the tree's cut."""
-
-    event: Mapping[str, Any]
-    dead: int
 
 
 @wire.message("ringbroker.synced")
@@ -144,32 +127,6 @@ class HandedOver:
 class Synced:
     """The sender has sent the receiver, a new tree neighbour, every subscription it has
     for it: until this arrives, the receiver sends the sender every event (see the note)."""
-
-
-@wire.message("ringbroker.confirm")
-@dataclass(frozen=True, slots=True)
-class Confirm:
-    """The sender is done with these events the receiver sent it (custody, see the note)."""
-
-    ids: tuple[Any, ...]
-
-
-class _Custody:
-    """An event this broker is responsible for until everyone it handed it to is done."""
-
-    __slots__ = ("event", "local", "refused", "retries", "src", "waiting")
-
-    def __init__(self, event: Mapping[str, Any], src: int | None) -> None:
-        self.event = event
-        self.src = src  # the broker it came from; None: published here
-        self.waiting: set[Hashable] = set()  # neighbour addrs it was handed to
-        self.local = 0  # deliveries to subscriptions here not settled by the driver yet
-        self.retries = 0  # kept for the broker that takes a dead one's place
-        self.refused: str | None = None  # why a broker further on did not carry it (secure spaces)
-
-
-_Key = tuple[int | None, Any]
-"""A custody record's key: (the broker the event came from or None, the event id)."""
 
 
 class RingBroker(Core):
@@ -197,13 +154,7 @@ class RingBroker(Core):
             raise ProtocolError("grouped needs local_ack=True")
         self.custody = custody
         self.local_ack = local_ack
-        self._custody: dict[_Key, _Custody] = {}  # (src, event id) -> record
-        self._step: dict[Any, _Key] = {}  # event id -> its record, for the step under way
-        self._confirms: dict[int, list[Any]] = {}  # confirmations due, per upstream broker
-        self._by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
-        self.settled: list[Any] = []  # ids of events published here that everyone is done with
-        self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
-        self._refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
+        self.custodian = Custodian()  # the events held until others are done (ring_custody.py)
         # the classes of every broker's tree links (link_classes.py)
         self.link_book: LinkBook[LinkClasses] = LinkBook()
         self.shared = SharedSubs(addr)  # subscriptions shared under load (ring_share.py)
@@ -216,25 +167,33 @@ class RingBroker(Core):
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
         self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
-        self._retry: list[tuple[Mapping[str, Any], int, int]] = []  # (event, dead addr, ring side)
-        self._retry_for: list[_Key | None] = []  # the custody record of each
-        self._known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
+        self.repair = Repair(self.ring, self.router, self.custodian)  # kept events (ring_repair.py)
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
-        self._orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
-        self._orphan_side: dict[int, int] = {}
         self._adopted: dict[Hashable, tuple[int, Hashable]] = {}  # taken-over sub -> its origin
         self._seq = 0
         self._delivered: OrderedDict[Any, Any] = OrderedDict()  # event id -> its subs (tuple, set)
-        self._taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
-        self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
-        self.flows = Flows()  # the deployed flows (routing/flows.py)
-        # how long a taken-over partition gathers events before folding them in order
-        self.flow_grace = 2.0 * heartbeat if heartbeat is not None else 5.0
-        self._aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
-        self._backed_up: list[tuple[int, _Key]] = []  # (backup version, custody record) of folds
-        self._derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED)
-        self._derived_due = False  # (the DERIVED timer is set)
+        # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
+        self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
+        self.flows: Flows = self.flow_side.flows  # (routing/flows.py)
+
+    @property
+    def settled(self) -> list[Any]:
+        """Ids of events published here that everyone is done with (the driver takes them)."""
+        return self.custodian.settled
+
+    @settled.setter
+    def settled(self, ids: list[Any]) -> None:
+        self.custodian.settled = ids
+
+    @property
+    def refused(self) -> list[tuple[Any, str]]:
+        """``(id, reason)`` of events published here refused on the way instead."""
+        return self.custodian.refused
+
+    @refused.setter
+    def refused(self, items: list[tuple[Any, str]]) -> None:
+        self.custodian.refused = items
 
     @property
     def addr(self) -> int:
@@ -303,14 +262,9 @@ class RingBroker(Core):
             key = ("sub", sub_id, self.addr)
             to = self.ring.shares.withdraw(key)
             return self.router.drop(origin_of(key)) + ([Send(to, Unshare((key,)))] if to is not None else [])
-        self._taken_from.pop(sub_id, None)
-        self._taken_by_dead = None
+        self.repair.forget(sub_id)
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
-        if self.flows.subs.pop(sub_id, None) is not None:
-            self.flows.waiting.pop(sub_id, None)
-            out += self.ring.del_state(("fsub", sub_id))
-        self.flows.parts.pop(sub_id, None)
-        return out
+        return out + self.flow_side.unsubscribed(sub_id)
 
     def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
         """Publishers here will publish events matching ``filt`` (``advertising`` on): only
@@ -330,7 +284,7 @@ class RingBroker(Core):
             event_id = (self.addr, self._seq)
         stamped = {**event, EVENT_ID: event_id}
         if self.flows.records:
-            self._stamp(stamped)
+            self.flow_side.stamp(stamped)
         self._open(None, stamped)
         return self._out(self._extra(self.router.publish(stamped), stamped, self.addr))
 
@@ -340,18 +294,14 @@ class RingBroker(Core):
         repaired, one event at a time)."""
         stamped = [{**event, EVENT_ID: eid} for eid, event in items]
         if self.flows.records:
-            for event in stamped:
-                self._stamp(event)
-            if self._derived:  # (what earlier folds derived goes first, in the same pass;
-                stamped[:0], self._derived = self._derived, []  # the timer is set again for
-                self._derived_due = False  # what this step's folds derive: it replaces the old)
+            self.flow_side.take_derived(stamped)
         return self._out(self._route_own(stamped))
 
     def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
         """Route events published here (in custody), in one matcher pass when the tree is whole."""
         for event in events:
             self._open(None, event)
-        if not self._orphans and not self._syncing:
+        if not self.repair.orphans and not self._syncing:
             return self.router.route_batch(events, self.addr)
         out: list[Effect] = []
         for event in events:
@@ -365,31 +315,14 @@ class RingBroker(Core):
 
     def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
         """:meth:`settle` in one step for ``(event id, n)``: ``n`` of its local deliveries."""
-        aliases, by_id, custody = self._aliases, self._by_id, self._custody
-        for event_id, n in counts:
-            if aliases and event_id in aliases:
-                aliases.pop(event_id)  # (the event's first delivery settles it)
-                continue
-            srcs = by_id.get(event_id)
-            if not srcs:
-                continue
-            for src in (next(iter(srcs)),) if len(srcs) == 1 else list(srcs):
-                rec = custody[(src, event_id)]
-                took = min(n, rec.local)
-                if took:
-                    rec.local -= took
-                    n -= took
-                    if not rec.local:
-                        self._maybe_done((src, event_id))  # (may change srcs: iterated on a copy)
-                if not n:
-                    break
+        self.custodian.settle_many(counts, self.flow_side.aliases)
         return self._out([])
 
     def in_custody(self) -> int:
         """How many events this broker holds until others are done with them."""
-        return len(self._custody)
+        return len(self.custodian.records)
 
-    # -- flows (routing/flows.py)
+    # -- flows (routing/flows.py; the broker's side of them: ring_flows.py)
 
     def deploy(
         self, d: Deployment, *, nonce: int = 0, taken: Iterable[str] = ()
@@ -404,12 +337,12 @@ class RingBroker(Core):
             raise UserError(f"broker {self.addr} has not joined the ring yet: deploy again in a moment")
         owners = {self.node_id} | {p.id for p in self.ring.links() if p.id not in self.ring.dead}
         rec = DeployRecord(d.name, d.version, d.text, tuple(sorted(owners)), (self.node_id, nonce))
-        return rec, self._out(self._take_records((rec,), (), fresh=True, src=None))
+        return rec, self._out(self.flow_side.take_records((rec,), (), fresh=True, src=None))
 
     def restore_flow(self, rec: DeployRecord) -> list[Effect]:
         """A flow this broker had deployed before a restart (its store keeps them): known
         again, with no partitions made (those it had were taken over)."""
-        return self._out(self._take_records((rec,), (), fresh=False, src=None))
+        return self._out(self.flow_side.take_records((rec,), (), fresh=False, src=None))
 
     def undeploy(self, name: str) -> list[Effect]:
         """Withdraw flow ``name`` from the network (a UserError if none is deployed)."""
@@ -417,7 +350,7 @@ class RingBroker(Core):
         if rec is None:
             known = ", ".join(sorted(self.flows.records)) or "none"
             raise UserError(f"no flow {name!r} is deployed (deployed: {known})")
-        return self._out(self._take_records((), (rec.deploy_id,), fresh=False, src=None))
+        return self._out(self.flow_side.take_records((), (rec.deploy_id,), fresh=False, src=None))
 
     def subscribe_flow(
         self, sub_id: Hashable, space: str, filter_text: str = "", *, meta: Any = None
@@ -429,311 +362,7 @@ class RingBroker(Core):
         out = self.subscribe(sub_id, sub.routing, meta=meta)
         self.flows.subs[sub_id] = sub
         out += self.ring.set_state(("fsub", sub_id), (space, filter_text))
-        return self._out(out + self._ask_snapshot(sub_id, sub))
-
-    def _ask_snapshot(self, sub_id: Hashable, sub: FlowSubscription) -> list[Effect]:
-        ask = self.flows.snapshot_ask(sub_id, sub, self.addr)
-        if ask is None:
-            return []
-        return self._on_snapshot_ask(None, ask)
-
-    def _stamp(self, event: dict[str, Any]) -> None:
-        d = self.flows.flow_of_space(event.get(SPACE, ""))
-        if d is not None:
-            d.stamp(event)
-
-    def _take_records(
-        self,
-        deployed: Sequence[DeployRecord],
-        withdrawn: Sequence[tuple[int, int]],
-        *,
-        fresh: bool,
-        src: int | None,
-    ) -> list[Effect]:
-        """Records and withdrawals (local, or a FlowSync from ``src``): what is new here is
-        installed or torn down, and flooded on to the other tree neighbours."""
-        flows = self.flows
-        out: list[Effect] = []
-        news: list[DeployRecord] = []
-        gone: list[tuple[int, int]] = []
-        for did in withdrawn:
-            if did in flows.withdrawn:
-                continue
-            flows.withdrawn.add(did)
-            gone.append(did)
-            for rec in [r for r in flows.records.values() if r.deploy_id == did]:
-                out += self._tear_down(rec)
-        for rec in deployed:
-            installed, old = flows.install(rec)
-            if not installed:
-                continue
-            news.append(rec)
-            if old is not None:
-                out += self._tear_down(old, removed=True)
-            if fresh and self.ring.joined:
-                for sub_id, _, filt in flows.partitions_to_make(rec, self.node_id):
-                    if sub_id not in self.subs:
-                        out += self.subscribe(sub_id, filt)
-                        flows.serve_partition(sub_id)
-        if news or gone:
-            msg = FlowSync(tuple(news), tuple(gone), fresh)
-            out += [Send(n, msg) for n in sorted(self.tree_neighbours()) if n != src]
-        return out
-
-    def _tear_down(self, rec: DeployRecord, *, removed: bool = False) -> list[Effect]:
-        """Forget ``rec``: its partitions and subscriptions here end, its rows go."""
-        out: list[Effect] = []
-        if not removed:
-            self.flows.remove(rec)
-        for sub_id, part in list(self.flows.parts.items()):
-            if part.sub_id[1] == rec.name and part.sub_id[2] == rec.deploy_id and sub_id in self.subs:
-                out += self.unsubscribe(sub_id)
-        for sub_id, sub in list(self.flows.subs.items()):
-            if sub.flow == rec.name and sub_id in self.subs:
-                out += self.unsubscribe(sub_id)
-                self.flows.ended.append(sub_id)
-        for key in [
-            k for k in self.ring.state if isinstance(k, tuple) and k[:3] == ("frow", rec.name, rec.deploy_id)
-        ]:
-            out += self.ring.del_state(key)
-        return out
-
-    def _on_flow_sync(self, src: int, msg: FlowSync) -> list[Effect]:
-        return self._take_records(msg.deployed, msg.withdrawn, fresh=msg.fresh, src=src)
-
-    def _on_snapshot_ask(self, src: int | None, msg: SnapshotAsk) -> list[Effect]:
-        """Forwarded on the tree; answered for the partitions served here."""
-        out: list[Effect] = [Send(n, msg) for n in sorted(self.tree_neighbours()) if n != src]
-        for rows in self.flows.snapshot_rows(msg, self.ring.state):
-            if msg.reply_to == self.addr:
-                out += self._on_snapshot_rows(rows)
-            else:
-                out.append(Send(msg.reply_to, rows))
-        return out
-
-    def _on_snapshot_rows(self, msg: SnapshotRows) -> list[Effect]:
-        """A partition's rows for a subscription here: what it is to get now, as bus events
-        (the edge transforms them in :meth:`_flow_effects`)."""
-        return [Deliver(msg.sub, event) for event in self.flows.snapshot_in(msg)]
-
-    def _flow_adopted(self, sub_id: Hashable) -> list[Effect]:
-        """A subscription taken over: a partition is served here, and what its folds
-        published is published again (ids de-duplicate it); a flow subscription gets its edge."""
-        state = self.ring.state
-        part = self.flows.serve_partition(sub_id)
-        if part is not None:
-            again: list[dict[str, Any]] = []
-            for key, value in list(state.items()):
-                if isinstance(key, tuple) and key[:2] == ("fseen", sub_id):
-                    part.seen.append(key[2])
-                    again.extend({**ev, EVENT_ID: eid} for eid, ev in self.flows.outputs_of(part, value))
-            for event in again:
-                self._stamp(event)
-            part.buffer = []
-            grace = SetTimer(self.flow_grace, (FLOW_GRACE, sub_id))
-            return [grace, *self._route_own(again)] if again else [grace]
-        spec = state.get(("fsub", sub_id))
-        if spec is not None and sub_id not in self.flows.subs:
-            try:
-                self.flows.subs[sub_id] = self.flows.plan(*spec)
-            except UserError:  # (its flow is gone)
-                return []
-        return []
-
-    def _flow_effects(self, effects: list[Effect]) -> list[Effect]:
-        """Deliveries to partitions folded (what they publish routed, the fold backed up
-        before anything else of this step is relied on), to flow subscriptions transformed."""
-        parts, subs = self.flows.parts, self.flows.subs
-        out: list[Effect] = []
-        grouped = self.router.grouped
-        results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
-        publish: list[dict[str, Any]] = []
-        folded: list[_Key] = []  # the custody records of the events folded
-        for e in effects:
-            if type(e) is DeliverAll:
-                if parts.keys().isdisjoint(e.subs) and subs.keys().isdisjoint(e.subs):
-                    out.append(e)
-                else:
-                    self._flow_deliver_all(e, out, publish, folded, results)
-                continue
-            if type(e) is Deliver:
-                part = parts.get(e.sub)
-                if part is not None:
-                    self._fold_into(part, e.sub, e.event, out, publish, folded, results)
-                    continue
-                sub = subs.get(e.sub)
-                if sub is not None:
-                    edge = self._edge(e.sub, sub, e.event, results.setdefault(id(e.event), {}))
-                    if grouped and len(edge) == 1 and out and _same_event(out[-1], edge[0]):
-                        out[-1] = _joined(out[-1], edge[0])  # (one result shared: one effect)
-                    else:
-                        out.extend(edge)
-                    continue
-            out.append(e)
-        if folded:  # the folds' backup goes before what they publish; the events they
-            out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
-            version = self.ring.backups.version  # the holders have that backup
-            for key in folded:
-                self._hold(key, ("backup", version))
-                self._backed_up.append((version, key))
-        if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
-            self._derived.extend(publish)  # matcher pass instead of two for a step of few events)
-            if len(self._derived) >= DERIVED_NOW:  # (a big step: a pass of their own costs
-                derived, self._derived = self._derived, []  # little, and they leave with it)
-                out.extend(self._flow_effects(self._route_own(derived)))
-            elif not self._derived_due:
-                self._derived_due = True
-                out.append(SetTimer(DERIVED_WAIT, DERIVED))
-        return out
-
-    def _flow_deliver_all(
-        self,
-        e: DeliverAll,
-        out: list[Effect],
-        publish: list[dict[str, Any]],
-        folded: list[_Key],
-        results: dict[int, dict[Any, Any]],
-    ) -> None:
-        """An event's local deliveries, some to a flow's partitions or subscriptions: the
-        others as they are; the subscriptions that share the space's one result (see
-        :meth:`~flowbus.flow.deploy.FlowSubscription.shares`) in one ``DeliverAll`` of it, the
-        transforms run once; the rest one by one (:meth:`_edge`)."""
-        parts, subs, flows = self.flows.parts, self.flows.subs, self.flows
-        event = e.event
-        got = results.setdefault(id(event), {})
-        waits = bool(flows.waiting) and PARTITION in event  # (see Flows.admit: a derived event)
-        rest: list[Hashable] = []
-        shared: dict[str, list[Hashable]] = {}
-        edges: list[Effect] = []
-        for sub_id in e.subs:
-            sub = subs.get(sub_id)
-            if sub is None:
-                part = parts.get(sub_id)
-                if part is None:
-                    rest.append(sub_id)
-                else:
-                    self._fold_into(part, sub_id, event, edges, publish, folded, results)
-            elif not sub.shares(event):
-                edges.extend(self._edge(sub_id, sub, event, got))
-            elif not waits or flows.admit(sub_id, event):
-                same = shared.get(sub.space)
-                if same is None:
-                    shared[sub.space] = [sub_id]
-                else:
-                    same.append(sub_id)
-        if rest:
-            out.append(DeliverAll(tuple(rest), event) if len(rest) < len(e.subs) else e)
-        for ids in shared.values():
-            result = self._shared_result(subs[ids[0]], event, got)
-            if result is not None:
-                out.append(DeliverAll(tuple(ids), result))
-        out.extend(edges)
-
-    def _fold_into(
-        self,
-        part: Partition,
-        sub_id: Hashable,
-        event: Mapping[str, Any],
-        out: list[Effect],
-        publish: list[dict[str, Any]],
-        folded: list[_Key],
-        results: dict[int, dict[Any, Any]],
-    ) -> None:
-        """A delivery to partition ``part``: folded (or buffered, if taken over a moment ago)."""
-        key = self._step.get(event.get(EVENT_ID))
-        if part.buffer is not None:  # (taken over a moment ago: see _flow_adopted)
-            part.buffer.append((event, key))
-            self._hold(key, (FLOW_GRACE, sub_id))
-            return
-        done, events = self._fold(part, event, results.setdefault(id(event), {}))
-        out.extend(done)
-        publish.extend(events)
-        if key is not None:
-            folded.append(key)
-
-    def _backups_confirmed(self) -> None:
-        """The events whose folds every backup holder now has are done with here."""
-        waits = self._backed_up
-        if not waits:
-            return
-        confirmed = self.ring.backups.confirmed()
-        i = 0
-        while i < len(waits) and waits[i][0] <= confirmed:
-            version, key = waits[i]
-            self._release(("backup", version), key[1], only=key)
-            i += 1
-        del waits[:i]
-
-    def _fold_buffered(self, sub_id: Hashable) -> list[Effect]:
-        """A taken-over partition's grace period is over: what came meanwhile is folded in
-        each publisher's order (the events the dead owner had not folded come round again
-        from its upstream, maybe after newer ones), then it folds as events come."""
-        part = self.flows.parts.get(sub_id)
-        if part is None or part.buffer is None:
-            return []
-        buffered, part.buffer = part.buffer, None
-        buffered.sort(key=lambda item: _publish_order(item[0].get(EVENT_ID)))
-        for event, key in buffered:
-            if key is not None:
-                self._step[event[EVENT_ID]] = key
-                self._release((FLOW_GRACE, sub_id), key[1], only=key)
-        return self._out([Deliver(sub_id, event) for event, _ in buffered])
-
-    def _fold(
-        self, part: Partition, event: Mapping[str, Any], results: dict[Any, Any] | None = None
-    ) -> tuple[list[Effect], list[dict[str, Any]]]:
-        eid = event.get(EVENT_ID)
-        state = self.ring.state
-        if ("fseen", part.sub_id, eid) in state:
-            return [], []
-        changed, published = self.flows.fold(part, eid, event, state, results)
-        out: list[Effect] = []
-        for key, value in changed.items():
-            out += self.ring.set_state(key, value)
-        part.seen.append(eid)
-        while len(part.seen) > SEEN:
-            out += self.ring.del_state(("fseen", part.sub_id, part.seen.popleft()))
-        events = []
-        for eid2, ev in published:
-            ev[EVENT_ID] = eid2
-            self._stamp(ev)
-            events.append(ev)
-        return out, events
-
-    def _edge(
-        self, sub_id: Hashable, sub: FlowSubscription, event: Mapping[str, Any], results: dict[Any, Any]
-    ) -> list[Effect]:
-        """``event`` for flow subscription ``sub_id``: the subscription's transforms applied
-        (``results``: what the paths gave for this event, and per space what every routed
-        subscription to it gets: shared by the event's subscriptions)."""
-        if self.flows.waiting and not self.flows.admit(sub_id, event):
-            return []
-        eid = event.get(EVENT_ID)
-        if sub.shares(event):  # (what every routed subscription to the space gets: made once)
-            got = self._shared_result(sub, event, results)
-            return [] if got is None else [Deliver(sub_id, got)]
-        out: list[Effect] = []
-        for i, result in enumerate(sub.deliver(event, results)):
-            if i:  # (a copy: the first result is shared by every subscription it goes to)
-                alias = (f"{eid[0]}#{i}", eid[1]) if isinstance(eid, tuple) and len(eid) == 2 else (eid, i)
-                self._aliases[alias] = eid
-                result = {**result, EVENT_ID: alias}
-            else:
-                result[EVENT_ID] = eid
-            out.append(Deliver(sub_id, result))
-        return out
-
-    @staticmethod
-    def _shared_result(sub: FlowSubscription, event: Mapping[str, Any], results: dict[Any, Any]) -> Any:
-        """What every subscription to ``sub``'s space that shares it gets of ``event``
-        (None: nothing), made once per event and space (kept in ``results``)."""
-        got = results.get(sub.space, results)
-        if got is results:
-            found = sub.deliver(event, results)
-            got = results[sub.space] = found[0] if found else None
-            if got is not None:
-                got[EVENT_ID] = event.get(EVENT_ID)
-        return got
+        return self._out(out + self.flow_side.ask_snapshot(sub_id, sub))
 
     # -- the driver's entry points
 
@@ -759,7 +388,7 @@ class RingBroker(Core):
         self.ring.heard_from(src, now)
         for event in events:
             self._open(src, event)
-        if not self._orphans and not self._syncing:
+        if not self.repair.orphans and not self._syncing:
             return self._out(self.router.route_batch(events, src))
         out: list[Effect] = []
         for event in events:
@@ -771,11 +400,11 @@ class RingBroker(Core):
         match msg:
             case Confirm(ids=ids):
                 for eid in ids:
-                    self._release(src, eid)
+                    self.custodian.release(src, eid)
                 return self._out([])
             case HandedOver():
                 self._open(src, msg.event)
-                return self._out(self._on_handed_over(msg))
+                return self._out(self.repair.handed_over(msg))
             case Delegated():
                 self._open(src, msg.event)
                 return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
@@ -794,11 +423,11 @@ class RingBroker(Core):
                     self.link_book.flood(msg, self.tree_neighbours(), src) if self.link_book.take(msg) else []
                 )
             case FlowSync():
-                return self._out(self._on_flow_sync(src, msg))
+                return self._out(self.flow_side.on_flow_sync(src, msg))
             case SnapshotAsk():
-                return self._out(self._on_snapshot_ask(src, msg))
+                return self._out(self.flow_side.on_snapshot_ask(src, msg))
             case SnapshotRows():
-                return self._out(self._on_snapshot_rows(msg))
+                return self._out(self.flow_side.on_snapshot_rows(msg))
             case (
                 cbr.Publish()
                 | cbr.Subscribe()
@@ -823,10 +452,10 @@ class RingBroker(Core):
 
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
-            return self._fold_buffered(key[1])
+            buffered = self.flow_side.fold_buffered(key[1])
+            return self._out(buffered) if buffered is not None else []
         if key == DERIVED:
-            self._derived_due = False
-            derived, self._derived = self._derived, []
+            derived = self.flow_side.on_derived_timer()
             return self._out(self._route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now)))
         if key == ("ring", "heartbeat") and self.express.on:  # (links measured at each round)
@@ -842,19 +471,19 @@ class RingBroker(Core):
         if isinstance(msg, cbr.Publish | HandedOver) and self.ring.joined:
             side = self.ring.side_of_addr(dst)  # (the ring may be repaired already)
             eid = msg.event.get(EVENT_ID)
-            keys: list[_Key | None] = list(self._waiting_on(dst, eid)) if self.custody else []
+            keys: list[Key | None] = list(self.custodian.waiting_on(dst, eid)) if self.custody else []
             if side:
                 for key in keys or [None]:
-                    out.extend(self._keep(msg.event, dst, side, key))
+                    out.extend(self.repair.keep(msg.event, dst, side, key))
             else:
                 for key in keys:
                     if key is not None:
-                        self._release(dst, eid, only=key)
+                        self.custodian.release(dst, eid, only=key)
         elif isinstance(msg, Detour):
             out.extend(self.express.failed(msg))
         elif isinstance(msg, Delegated) and self.custody:  # (its home is gone: so are its sessions)
-            for key in self._waiting_on(dst, msg.event.get(EVENT_ID)):
-                self._release(dst, key[1], only=key)
+            for key in self.custodian.waiting_on(dst, msg.event.get(EVENT_ID)):
+                self.custodian.release(dst, key[1], only=key)
         return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
 
     def _routing_message(self, src: int, msg: Any, now: float) -> list[Effect]:
@@ -873,7 +502,7 @@ class RingBroker(Core):
     def _extra(self, effects: list[Effect], event: Mapping[str, Any], src: int) -> list[Effect]:
         """An event also goes where the tree's tables may not know of its subscribers yet:
         a dead neighbour's orphans (across the cut), new neighbours not yet synced."""
-        out = self._route_orphans(effects, event)
+        out = self.repair.route_orphans(effects, event)
         if self._syncing:
             sent = {e.dst for e in out if isinstance(e, Send) and isinstance(e.msg, cbr.Publish)}
             for m in sorted(self._syncing - sent - {src}):
@@ -888,12 +517,13 @@ class RingBroker(Core):
         handed on is recorded against the events' custody records (a count of the local
         deliveries), and the confirmations that are due go out."""
         if self.flows.parts or self.flows.subs:
-            effects = self._flow_effects(effects)
+            effects = self.flow_side.effects(effects)
         if self.shared.hosted:
             effects = self.shared.redirect(effects)
         out: list[Effect] = []
-        step = self._step
-        delivered, custody, local_ack = self._delivered, self._custody, self.local_ack
+        custodian, repair = self.custodian, self.repair
+        step = custodian.step
+        delivered, custody, local_ack = self._delivered, custodian.records, self.local_ack
         for e in effects:
             if type(e) is DeliverAll:  # (the hot path: an event's ~20 local deliveries)
                 eid = e.event[EVENT_ID]
@@ -938,122 +568,23 @@ class RingBroker(Core):
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
             elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver | Delegated):
-                if self._retry and type(e.msg) is cbr.Publish and self._behind_kept(e.dst, e.msg.event):
+                if repair.retry and type(e.msg) is cbr.Publish and repair.behind_kept(e.dst, e.msg.event):
                     continue
                 if step:
-                    self._hold(step.get(e.msg.event[EVENT_ID]), e.dst)
+                    custodian.hold(step.get(e.msg.event[EVENT_ID]), e.dst)
             out.append(e)
-        if step:
-            self._step = {}
-            for key in step.values():
-                self._maybe_done(key)
-        if self._confirms:
-            out.extend(Send(dst, Confirm(tuple(ids))) for dst, ids in sorted(self._confirms.items()))
-            self._confirms = {}
-        if self._refusals:
-            out.extend(Send(dst, Refused(tuple(items))) for dst, items in sorted(self._refusals.items()))
-            self._refusals = {}
+        out.extend(custodian.end_step())
         return self.express.route(out, SPACE) if self.express.on else out
+
+    def _open(self, src: int | None, event: Mapping[str, Any]) -> None:
+        """This step routes ``event`` (from ``src``; None: published here), in custody if on."""
+        if self.custody:
+            self.custodian.open(src, event)
 
     def _cost(self, subs: Iterable[Hashable]) -> None:
         """Deliveries to our own subscriptions, counted per state entry (a load share moves
         the busiest first)."""
         self.ring.loads.meter.by_key.update(("sub", s, self.addr) for s in subs)
-
-    # -- custody
-
-    def _open(self, src: int | None, event: Mapping[str, Any]) -> None:
-        """This step routes ``event`` (from ``src``; None: published here) in custody."""
-        if self.custody:
-            eid = event[EVENT_ID]
-            key = (src, eid)
-            if key not in self._custody:
-                self._custody[key] = _Custody(event, src)
-                self._by_id.setdefault(eid, set()).add(src)
-            self._step[eid] = key
-
-    def _hold(self, key: _Key | None, party: Hashable) -> None:
-        rec = self._custody.get(key) if key is not None else None
-        if rec is not None:
-            rec.waiting.add(party)
-
-    def _waiting_on(self, party: Hashable, eid: Any) -> list[_Key]:
-        keys = [(s, eid) for s in self._by_id.get(eid, ())]
-        return [k for k in keys if party in self._custody[k].waiting]
-
-    def _release(self, party: Hashable, eid: Any, *, only: _Key | None = None) -> None:
-        if only is not None:
-            keys: Iterable[_Key] = (only,)
-        else:
-            srcs = self._by_id.get(eid)
-            if not srcs:
-                return
-            keys = [(s, eid) for s in srcs]
-        custody = self._custody
-        for key in keys:
-            rec = custody.get(key)
-            if rec is not None and (only is not None or party in rec.waiting):
-                rec.waiting.discard(party)
-                self._maybe_done(key)
-
-    def _maybe_done(self, key: _Key) -> None:
-        rec = self._custody.get(key)
-        if rec is None or rec.waiting or rec.local or rec.retries:
-            return
-        del self._custody[key]
-        src, eid = key
-        srcs = self._by_id[eid]
-        srcs.discard(src)
-        if not srcs:
-            del self._by_id[eid]
-        if rec.refused is not None:
-            if src is None:
-                self.refused.append((eid, rec.refused))
-            else:
-                self._refusals.setdefault(src, []).append((eid, rec.refused))
-        elif src is None:
-            self.settled.append(eid)
-        else:
-            self._confirms.setdefault(src, []).append(eid)
-
-    def _keep(self, event: Mapping[str, Any], dead: int, side: int, key: _Key | None) -> list[Effect]:
-        """``event`` could not go to ``dead``: keep it for the broker that takes its place,
-        and deliver it now to the subscriptions we took over from ``dead`` already."""
-        self._retry.append((event, dead, side))
-        self._retry_for.append(key)
-        rec = self._custody.get(key) if key is not None else None
-        if rec is not None and key is not None:
-            rec.waiting.discard(dead)
-            rec.retries += 1
-            self._step[event[EVENT_ID]] = key
-        return self._on_handed_over(HandedOver(event, dead))
-
-    def _behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
-        """Events kept for the side of the ring ``dst`` is on go first: ``event`` waits behind
-        them (so each publisher's order holds across a repair). Whether it was kept."""
-        side = self.ring.side_of_addr(dst)
-        dead = next((d for _, d, s in self._retry if s == side), None) if side else None
-        if dead is None:
-            return False
-        key = self._step.get(event[EVENT_ID])
-        self._retry.append((event, dead, side))
-        self._retry_for.append(key)
-        rec = self._custody.get(key) if key is not None else None
-        if rec is not None:
-            rec.retries += 1
-        return True
-
-    def _bury_custody(self, dead: int) -> list[Effect]:
-        """A tree neighbour died: what it had not confirmed is kept, as if its send failed."""
-        side = self.ring.side_of_addr(dead)
-        out: list[Effect] = []
-        for key, rec in list(self._custody.items()):
-            if dead in rec.waiting:
-                if side:
-                    out.extend(self._keep(rec.event, dead, side, key))
-                else:
-                    self._release(dead, key[1], only=key)
-        return out
 
     # -- secure spaces: link classes ring-wide, refusals upstream (routing/link_classes.py)
 
@@ -1067,10 +598,8 @@ class RingBroker(Core):
         """Broker ``dst`` is done with these events (``(event id, reason)``) without carrying
         them on: the driver did not send them to it (a secure space's events on a plain
         link), or ``dst`` answered :class:`Refused`. Their publishes are refused upstream."""
-        for eid, why in items:
-            for key in self._waiting_on(dst, eid) if self.custody else ():
-                self._custody[key].refused = why
-                self._release(dst, eid, only=key)
+        if self.custody:
+            self.custodian.refuse(dst, items)
         return self._out([])
 
     # -- subscriptions shared under load (routing/ring_share.py)
@@ -1094,8 +623,7 @@ class RingBroker(Core):
         out = self.router.drop(origin) if origin and self.addr in self.router.directions(origin) else []
         self.subs.discard(sub)
         self.shared.hosted.pop(sub, None)
-        self._taken_from.pop(sub, None)
-        self._taken_by_dead = None
+        self.repair.forget(sub)
         return out
 
     # -- keeping the router in step with the ring
@@ -1103,9 +631,9 @@ class RingBroker(Core):
     def _sync(self, effects: list[Effect]) -> list[Effect]:
         """After a ring step: take up taken-over subscriptions, follow the tree's changes."""
         out = list(effects)
-        self._backups_confirmed()
-        ring = self.ring
-        fresh_dead = [self._known.get(d) for d in ring.taken_over[self._takeovers :]]
+        self.flow_side.backups_confirmed()
+        ring, repair = self.ring, self.repair
+        fresh_dead = [repair.known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
@@ -1114,137 +642,39 @@ class RingBroker(Core):
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
                 filt = parse(text[0] if isinstance(text, tuple) else text)
-                self._taken_from[key[1]] = (filt, {a for a in fresh_dead if a is not None})
-                self._taken_by_dead = None
                 self._adopted[key[1]] = origin_of(key)
                 out.extend(self.router.adopt(origin_of(key), filt))
-                out.extend(self._flow_adopted(key[1]))
-                matches = compiled(filt)
-                for (e, d, _), rkey in zip(self._retry, self._retry_for, strict=True):
-                    if d in fresh_dead and matches(e):
-                        out.append(Deliver(key[1], e))
-                        if rkey is not None:
-                            self._step[e[EVENT_ID]] = rkey
+                out.extend(self.flow_side.adopted(key[1]))
+                out.extend(repair.taken_over(key[1], filt, fresh_dead))
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:
-            gone = {self._known[d] for d in ring.dead if d in self._known}
+            gone = repair.dead_addrs()
             out.extend(self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed))
         if ring.joined:
-            self._known.update((p.id, p.addr) for p in ring.links())
+            repair.known.update((p.id, p.addr) for p in ring.links())
         wanted = self.tree_neighbours()
         if wanted != set(self.router.neighbours):
             added = wanted - set(self.router.neighbours)
-            handover = self._handover(wanted)
-            self._keep_orphans(wanted, handover)
+            handover = repair.handover(wanted)
+            repair.keep_orphans(wanted, handover)
             if self.custody:
-                dead_addrs = {self._known[d] for d in ring.dead if d in self._known}
+                dead_addrs = repair.dead_addrs()
                 for a in sorted(self.router.neighbours - wanted):
                     if a in dead_addrs:
-                        out.extend(self._bury_custody(a))
+                        out.extend(repair.bury(a))
             out.extend(self.router.set_neighbours(wanted, handover=handover))
             self._syncing = (self._syncing & wanted) | added
-            if self.flows.records or self.flows.withdrawn:
-                sync = FlowSync(
-                    tuple(self.flows.records.values()), tuple(sorted(self.flows.withdrawn)), False
-                )
-                out.extend(Send(a, sync) for a in sorted(added))
+            out.extend(self.flow_side.welcome(sorted(added)))
             out.extend(self.link_book.welcome(added))
             out.extend(self.express.book.welcome(added))
             out.extend(Send(a, Synced()) for a in sorted(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):
                     out.extend(self._routing_message(src, msg, 0.0))
-        for dead, orphans in list(self._orphans.items()):  # adopted and routed by now: drop
-            for o in [o for o in orphans if self.router.directions(o) - {dead}]:
-                del orphans[o]
-            if not orphans:
-                del self._orphans[dead]
-        return out + self._resend()
-
-    def _keep_orphans(self, wanted: set[int], handover: Mapping[int, int]) -> None:
-        """A dead tree neighbour with no replacement (the tree's cut moved onto it): what
-        came from it was its own subscriptions, taken over across the cut. Until they come
-        back through the tree, events for them are handed over the ring link."""
-        dead_addrs = {self._known[d] for d in self.ring.dead if d in self._known}
-        for a in self.router.neighbours - wanted - set(handover):
-            if a in dead_addrs:
-                side = self.ring.side_of_addr(a)
-                orphans = self.router.received_from(a)
-                if side and orphans:
-                    self._orphans[a] = orphans
-                    self._orphan_side[a] = side
-
-    def _route_orphans(self, effects: list[Effect], event: Mapping[str, Any] | None) -> list[Effect]:
-        if event is None or not self._orphans:
-            return effects
-        out = list(effects)
-        for dead, orphans in self._orphans.items():
-            side = self._orphan_side[dead]
-            now = self.ring.right if side > 0 else self.ring.left
-            if now is not None and now.addr != dead and any(f.matches(event) for f in orphans.values()):
-                out.append(Send(now.addr, HandedOver(event, dead)))
-        return out
-
-    def _handover(self, wanted: set[int]) -> dict[int, int]:
-        """A dead tree neighbour's place goes to our new neighbour on the same side."""
-        out: dict[int, int] = {}
-        dead_addrs = {self._known[d] for d in self.ring.dead if d in self._known}
-        gone = [a for a in self.router.neighbours if a not in wanted and a in dead_addrs]
-        for a in gone:
-            for side in (1, -1):
-                now = self.ring.right if side > 0 else self.ring.left
-                fresh = now is not None and now.addr in wanted and now.addr not in self.router.neighbours
-                if fresh and now is not None and self.ring.side_of_addr(a) == side:
-                    out[a] = now.addr
-        return out
-
-    def _resend(self) -> list[Effect]:
-        """Kept events go to the new neighbour on their side, once the ring has one, in
-        each publisher's order (they were kept in the order their sends failed or their
-        receiver was found dead, which is not it)."""
-        if not self._retry or not self.ring.joined:
-            return []
-        out: list[Effect] = []
-        keep, keep_for = [], []
-        kept = sorted(
-            zip(self._retry, self._retry_for, strict=True), key=lambda k: _publish_order(k[0][0][EVENT_ID])
-        )
-        for (event, dead, side), key in kept:
-            now = self.ring.right if side > 0 else self.ring.left
-            if now is None or now.addr == dead or self.ring.open & {side}:
-                keep.append((event, dead, side))
-                keep_for.append(key)
-                continue
-            if now.addr in self.router.neighbours:
-                out.append(Send(now.addr, cbr.Publish(event)))
-            else:  # across the tree's cut: only the dead broker's own subscriptions are there
-                out.append(Send(now.addr, HandedOver(event, dead)))
-            rec = self._custody.get(key) if key is not None else None
-            if rec is not None and key is not None:
-                rec.retries -= 1
-                self._step[event[EVENT_ID]] = key
-        self._retry, self._retry_for = keep, keep_for
-        return out
-
-    def _on_handed_over(self, msg: HandedOver) -> list[Effect]:
-        """An event that was going to a dead broker: deliver it to the subscriptions we took
-        over from that broker (the tree did not reach it, nobody else serves them)."""
-        return [
-            Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
-        ]
-
-    def _taken(self) -> dict[int, list[tuple[Hashable, Any]]]:
-        """Dead broker -> the subscriptions taken over from it, in order, with their
-        compiled filters (built again only after ``_taken_from`` changed)."""
-        if self._taken_by_dead is None:
-            index: dict[int, list[tuple[Hashable, Any]]] = {}
-            for sub, (filt, dead) in sorted(self._taken_from.items(), key=lambda kv: repr(kv[0])):
-                for d in dead:
-                    index.setdefault(d, []).append((sub, compiled(filt)))
-            self._taken_by_dead = index
-        return self._taken_by_dead
+        repair.drop_orphans()  # (adopted and routed by now)
+        return out + repair.resend()
 
 
 def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple[Hashable, ...]) -> None:
@@ -1253,15 +683,3 @@ def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple
         seen.update(subs)
     else:
         delivered[eid] = {*seen, *subs}
-
-
-def _same_event(a: Effect, b: Effect) -> bool:
-    """Whether ``a`` and ``b`` deliver the same event object (``b`` a ``Deliver``)."""
-    return type(b) is Deliver and type(a) in (Deliver, DeliverAll) and a.event is b.event  # type: ignore[union-attr]
-
-
-def _joined(a: Effect, b: Effect) -> DeliverAll:
-    """``a`` (a ``Deliver`` or ``DeliverAll``) and the ``Deliver`` ``b`` of the same event, as one."""
-    assert isinstance(a, Deliver | DeliverAll) and isinstance(b, Deliver)  # (see _same_event)
-    subs = a.subs if isinstance(a, DeliverAll) else (a.sub,)
-    return DeliverAll((*subs, b.sub), b.event)

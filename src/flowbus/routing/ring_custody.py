@@ -1,0 +1,177 @@
+"""Custody of a ring broker: the events it holds until everyone it handed them to is done
+(sans-IO, a part of :class:`~flowbus.routing.ring_broker.RingBroker`).
+
+How it works:
+
+* **Records.** Each event a step routes in custody gets a record, keyed by the broker it came
+  from (None: published here) and its event id (:data:`EVENT_ID`, carried between brokers).
+  :meth:`Custodian.open` makes it and marks it as the step's record for that id; while the
+  broker core turns the step's effects into sends and deliveries, each party the event is
+  handed to (a neighbour's address, a backup version, a partition's grace period) is put in
+  the record's ``waiting`` (:meth:`Custodian.hold`), and each local delivery counts in
+  ``local``.
+* **Done.** A record is done once nothing waits (:meth:`Custodian.release`, a neighbour's
+  :class:`Confirm`; :meth:`Custodian.settle_many`, the driver settled local deliveries) and
+  no kept copy waits for a repair (``retries``). Then an event published here is listed in
+  :attr:`Custodian.settled`, or in :attr:`Custodian.refused` if a broker further on refused
+  it (secure spaces); one from a neighbour is confirmed to it, or refused upstream.
+  :meth:`Custodian.due` gives those messages once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus import wire
+from flowbus.core import Effect, Send
+from flowbus.routing.link_classes import Refused
+
+EVENT_ID = "__flowbus_event_id"
+"""The field an event carries between brokers: (publishing broker, sequence number)."""
+
+
+def publish_order(eid: Any) -> tuple[str, int]:
+    """An event id's place in its publisher's order (``(publisher, sequence number)``)."""
+    if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
+        return (repr(eid[0]), eid[1])
+    return (repr(eid), 0)
+
+
+@wire.message("ringbroker.confirm")
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """The sender is done with these events the receiver sent it (custody, see the note)."""
+
+    ids: tuple[Any, ...]
+
+
+class Record:
+    """An event this broker is responsible for until everyone it handed it to is done."""
+
+    __slots__ = ("event", "local", "refused", "retries", "src", "waiting")
+
+    def __init__(self, event: Mapping[str, Any], src: int | None) -> None:
+        self.event = event
+        self.src = src  # the broker it came from; None: published here
+        self.waiting: set[Hashable] = set()  # neighbour addrs it was handed to
+        self.local = 0  # deliveries to subscriptions here not settled by the driver yet
+        self.retries = 0  # kept for the broker that takes a dead one's place
+        self.refused: str | None = None  # why a broker further on did not carry it (secure spaces)
+
+
+Key = tuple[int | None, Any]
+"""A custody record's key: (the broker the event came from or None, the event id)."""
+
+
+class Custodian:
+    """The custody records of one broker, and what their ends make due."""
+
+    def __init__(self) -> None:
+        self.records: dict[Key, Record] = {}  # (src, event id) -> record
+        self.step: dict[Any, Key] = {}  # event id -> its record, for the step under way
+        self.by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
+        self.confirms: dict[int, list[Any]] = {}  # confirmations due, per upstream broker
+        self.refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
+        self.settled: list[Any] = []  # ids of events published here that everyone is done with
+        self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
+
+    def open(self, src: int | None, event: Mapping[str, Any]) -> None:
+        """This step routes ``event`` (from ``src``; None: published here) in custody."""
+        eid = event[EVENT_ID]
+        key = (src, eid)
+        if key not in self.records:
+            self.records[key] = Record(event, src)
+            self.by_id.setdefault(eid, set()).add(src)
+        self.step[eid] = key
+
+    def hold(self, key: Key | None, party: Hashable) -> None:
+        rec = self.records.get(key) if key is not None else None
+        if rec is not None:
+            rec.waiting.add(party)
+
+    def waiting_on(self, party: Hashable, eid: Any) -> list[Key]:
+        keys = [(s, eid) for s in self.by_id.get(eid, ())]
+        return [k for k in keys if party in self.records[k].waiting]
+
+    def release(self, party: Hashable, eid: Any, *, only: Key | None = None) -> None:
+        if only is not None:
+            keys: Iterable[Key] = (only,)
+        else:
+            srcs = self.by_id.get(eid)
+            if not srcs:
+                return
+            keys = [(s, eid) for s in srcs]
+        records = self.records
+        for key in keys:
+            rec = records.get(key)
+            if rec is not None and (only is not None or party in rec.waiting):
+                rec.waiting.discard(party)
+                self.maybe_done(key)
+
+    def maybe_done(self, key: Key) -> None:
+        rec = self.records.get(key)
+        if rec is None or rec.waiting or rec.local or rec.retries:
+            return
+        del self.records[key]
+        src, eid = key
+        srcs = self.by_id[eid]
+        srcs.discard(src)
+        if not srcs:
+            del self.by_id[eid]
+        if rec.refused is not None:
+            if src is None:
+                self.refused.append((eid, rec.refused))
+            else:
+                self.refusals.setdefault(src, []).append((eid, rec.refused))
+        elif src is None:
+            self.settled.append(eid)
+        else:
+            self.confirms.setdefault(src, []).append(eid)
+
+    def settle_many(self, counts: Iterable[tuple[Hashable, int]], aliases: dict[Any, Any]) -> None:
+        """``(event id, n)``: ``n`` of its local deliveries settled by the driver (an id in
+        ``aliases``, a 2nd, 3rd... delivery of one event, is taken out of it instead)."""
+        by_id, records = self.by_id, self.records
+        for event_id, n in counts:
+            if aliases and event_id in aliases:
+                aliases.pop(event_id)  # (the event's first delivery settles it)
+                continue
+            srcs = by_id.get(event_id)
+            if not srcs:
+                continue
+            for src in (next(iter(srcs)),) if len(srcs) == 1 else list(srcs):
+                rec = records[(src, event_id)]
+                took = min(n, rec.local)
+                if took:
+                    rec.local -= took
+                    n -= took
+                    if not rec.local:
+                        self.maybe_done((src, event_id))  # (may change srcs: iterated on a copy)
+                if not n:
+                    break
+
+    def refuse(self, dst: int, items: Iterable[tuple[Any, str]]) -> None:
+        """Broker ``dst`` is done with these events without carrying them on (see
+        :meth:`RingBroker.refuse <flowbus.routing.ring_broker.RingBroker.refuse>`)."""
+        for eid, why in items:
+            for key in self.waiting_on(dst, eid):
+                self.records[key].refused = why
+                self.release(dst, eid, only=key)
+
+    def end_step(self) -> list[Effect]:
+        """The step's records that are done now end; the confirmations and refusals due go."""
+        step = self.step
+        if step:
+            self.step = {}
+            for key in step.values():
+                self.maybe_done(key)
+        out: list[Effect] = []
+        if self.confirms:
+            out.extend(Send(dst, Confirm(tuple(ids))) for dst, ids in sorted(self.confirms.items()))
+            self.confirms = {}
+        if self.refusals:
+            out.extend(Send(dst, Refused(tuple(items))) for dst, items in sorted(self.refusals.items()))
+            self.refusals = {}
+        return out

@@ -1,0 +1,219 @@
+"""Events sent into a failure, kept for the ring's repair (sans-IO, a part of
+:class:`~flowbus.routing.ring_broker.RingBroker`).
+
+How it works:
+
+* **Kept.** An event whose send to a tree neighbour fails (the driver's failure notice), or
+  that a dead neighbour had not confirmed (custody, :meth:`Repair.bury`), is kept with the
+  side of the ring it was going to (:meth:`Repair.keep`); later events for that side wait
+  behind it (:meth:`Repair.behind_kept`), so each publisher's order holds.
+* **Resent.** When the ring has a new neighbour on that side, the kept events go there, in
+  each publisher's order (:meth:`Repair.resend`). That broker is the first one of the part
+  of the tree the dead broker led to, so nothing there had the event yet; across the tree's
+  cut only the dead broker's own subscriptions are there, so the event goes as
+  :class:`HandedOver`.
+* **Delivered to what was taken over.** When this broker takes the dead one's
+  subscriptions over itself (:meth:`Repair.taken_over`), the kept events are delivered to
+  them, and a handed-over event is delivered to the subscriptions taken from its dead
+  broker (:meth:`Repair.handed_over`).
+* **Orphans.** A dead tree neighbour with no replacement (the tree's cut moved onto it):
+  what came from it was its own subscriptions, taken over across the cut. Until they come
+  back through the tree, events for them are handed over the ring link
+  (:meth:`Repair.keep_orphans`, :meth:`Repair.route_orphans`).
+
+So one crash loses no event, as long as its subscriptions were backed up and the failure is
+detected (heartbeats or failed sends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus import wire
+from flowbus.core import Deliver, Effect, Send
+from flowbus.filters import Filter
+from flowbus.overlay.chordal_ring import RingNode
+from flowbus.routing import cbr
+from flowbus.routing.memo import compiled
+from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order
+
+
+@wire.message("ringbroker.handed_over")
+@dataclass(frozen=True, slots=True)
+class HandedOver:
+    """An event that a broker could not send to the dead broker ``dead``, handed to the ring
+    neighbour that took its place across the tree's cut."""
+
+    event: Mapping[str, Any]
+    dead: int
+
+
+class Repair:
+    """The events one broker keeps for brokers that take dead ones' places, and the
+    subscriptions it took over from dead brokers."""
+
+    def __init__(self, ring: RingNode, router: cbr.ContentRouter, custodian: Custodian) -> None:
+        self.ring = ring
+        self.router = router
+        self.custodian = custodian
+        self.retry: list[tuple[Mapping[str, Any], int, int]] = []  # (event, dead addr, ring side)
+        self.retry_for: list[Key | None] = []  # the custody record of each
+        self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
+        self.orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
+        self.orphan_side: dict[int, int] = {}
+        self.taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
+        self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
+
+    def dead_addrs(self) -> set[int]:
+        """The addresses of the brokers we linked to that the ring found dead."""
+        return {self.known[d] for d in self.ring.dead if d in self.known}
+
+    def keep(self, event: Mapping[str, Any], dead: int, side: int, key: Key | None) -> list[Effect]:
+        """``event`` could not go to ``dead``: keep it for the broker that takes its place,
+        and deliver it now to the subscriptions we took over from ``dead`` already."""
+        self.retry.append((event, dead, side))
+        self.retry_for.append(key)
+        rec = self.custodian.records.get(key) if key is not None else None
+        if rec is not None and key is not None:
+            rec.waiting.discard(dead)
+            rec.retries += 1
+            self.custodian.step[event[EVENT_ID]] = key
+        return self.handed_over(HandedOver(event, dead))
+
+    def behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
+        """Events kept for the side of the ring ``dst`` is on go first: ``event`` waits behind
+        them (so each publisher's order holds across a repair). Whether it was kept."""
+        side = self.ring.side_of_addr(dst)
+        dead = next((d for _, d, s in self.retry if s == side), None) if side else None
+        if dead is None:
+            return False
+        key = self.custodian.step.get(event[EVENT_ID])
+        self.retry.append((event, dead, side))
+        self.retry_for.append(key)
+        rec = self.custodian.records.get(key) if key is not None else None
+        if rec is not None:
+            rec.retries += 1
+        return True
+
+    def bury(self, dead: int) -> list[Effect]:
+        """A tree neighbour died: what it had not confirmed is kept, as if its send failed."""
+        side = self.ring.side_of_addr(dead)
+        out: list[Effect] = []
+        for key, rec in list(self.custodian.records.items()):
+            if dead in rec.waiting:
+                if side:
+                    out.extend(self.keep(rec.event, dead, side, key))
+                else:
+                    self.custodian.release(dead, key[1], only=key)
+        return out
+
+    def taken_over(self, sub: Hashable, filt: Filter, fresh_dead: list[int | None]) -> list[Effect]:
+        """``sub`` (its filter ``filt``) is taken over from the brokers ``fresh_dead``: the
+        events kept for them that it wants are delivered to it."""
+        self.taken_from[sub] = (filt, {a for a in fresh_dead if a is not None})
+        self._taken_by_dead = None
+        matches = compiled(filt)
+        out: list[Effect] = []
+        for (e, d, _), rkey in zip(self.retry, self.retry_for, strict=True):
+            if d in fresh_dead and matches(e):
+                out.append(Deliver(sub, e))
+                if rkey is not None:
+                    self.custodian.step[e[EVENT_ID]] = rkey
+        return out
+
+    def forget(self, sub: Hashable) -> None:
+        """``sub`` is no longer served here: no handed-over event goes to it."""
+        if self.taken_from.pop(sub, None) is not None:
+            self._taken_by_dead = None
+
+    def keep_orphans(self, wanted: set[int], handover: Mapping[int, int]) -> None:
+        """A dead tree neighbour with no replacement: its own subscriptions (received from
+        it) are orphans until they come back through the tree."""
+        dead_addrs = self.dead_addrs()
+        for a in self.router.neighbours - wanted - set(handover):
+            if a in dead_addrs:
+                side = self.ring.side_of_addr(a)
+                orphans = self.router.received_from(a)
+                if side and orphans:
+                    self.orphans[a] = orphans
+                    self.orphan_side[a] = side
+
+    def drop_orphans(self) -> None:
+        """Orphans adopted and routed by now (they come from another direction) are dropped."""
+        for dead, orphans in list(self.orphans.items()):
+            for o in [o for o in orphans if self.router.directions(o) - {dead}]:
+                del orphans[o]
+            if not orphans:
+                del self.orphans[dead]
+
+    def route_orphans(self, effects: list[Effect], event: Mapping[str, Any] | None) -> list[Effect]:
+        if event is None or not self.orphans:
+            return effects
+        out = list(effects)
+        for dead, orphans in self.orphans.items():
+            side = self.orphan_side[dead]
+            now = self.ring.right if side > 0 else self.ring.left
+            if now is not None and now.addr != dead and any(f.matches(event) for f in orphans.values()):
+                out.append(Send(now.addr, HandedOver(event, dead)))
+        return out
+
+    def handover(self, wanted: set[int]) -> dict[int, int]:
+        """A dead tree neighbour's place goes to our new neighbour on the same side."""
+        out: dict[int, int] = {}
+        dead_addrs = self.dead_addrs()
+        gone = [a for a in self.router.neighbours if a not in wanted and a in dead_addrs]
+        for a in gone:
+            for side in (1, -1):
+                now = self.ring.right if side > 0 else self.ring.left
+                fresh = now is not None and now.addr in wanted and now.addr not in self.router.neighbours
+                if fresh and now is not None and self.ring.side_of_addr(a) == side:
+                    out[a] = now.addr
+        return out
+
+    def resend(self) -> list[Effect]:
+        """Kept events go to the new neighbour on their side, once the ring has one, in
+        each publisher's order (they were kept in the order their sends failed or their
+        receiver was found dead, which is not it)."""
+        if not self.retry or not self.ring.joined:
+            return []
+        out: list[Effect] = []
+        keep, keep_for = [], []
+        kept = sorted(
+            zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
+        )
+        for (event, dead, side), key in kept:
+            now = self.ring.right if side > 0 else self.ring.left
+            if now is None or now.addr == dead or self.ring.open & {side}:
+                keep.append((event, dead, side))
+                keep_for.append(key)
+                continue
+            if now.addr in self.router.neighbours:
+                out.append(Send(now.addr, cbr.Publish(event)))
+            else:  # across the tree's cut: only the dead broker's own subscriptions are there
+                out.append(Send(now.addr, HandedOver(event, dead)))
+            rec = self.custodian.records.get(key) if key is not None else None
+            if rec is not None and key is not None:
+                rec.retries -= 1
+                self.custodian.step[event[EVENT_ID]] = key
+        self.retry, self.retry_for = keep, keep_for
+        return out
+
+    def handed_over(self, msg: HandedOver) -> list[Effect]:
+        """An event that was going to a dead broker: deliver it to the subscriptions we took
+        over from that broker (the tree did not reach it, nobody else serves them)."""
+        return [
+            Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
+        ]
+
+    def _taken(self) -> dict[int, list[tuple[Hashable, Any]]]:
+        """Dead broker -> the subscriptions taken over from it, in order, with their
+        compiled filters (built again only after ``taken_from`` changed)."""
+        if self._taken_by_dead is None:
+            index: dict[int, list[tuple[Hashable, Any]]] = {}
+            for sub, (filt, dead) in sorted(self.taken_from.items(), key=lambda kv: repr(kv[0])):
+                for d in dead:
+                    index.setdefault(d, []).append((sub, compiled(filt)))
+            self._taken_by_dead = index
+        return self._taken_by_dead

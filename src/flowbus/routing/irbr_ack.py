@@ -23,9 +23,12 @@ went to a dead node the way a real network can tell it, by the missing acknowled
   out) and no subscriber gets an event twice. The timeout must exceed the round trip: a peer
   slower than it for good is suspected again each time Pastry hears from it (and revives it).
 
-Subscriptions, unsubscriptions and newcomer notices are idempotent where they land (Lamport
-stamps, tombstones), so their rare duplicates cost messages, not correctness. Table requests
-and replies are not acknowledged: a lost request is asked again on a failure notice only.
+Pastry's repair requests (leaf set, row) leave in a :class:`RepairHop`, acknowledged the same
+way: one sent to a node that died unnoticed would otherwise never be answered, and the node's
+leaf set could stay short of a range's live nodes. Subscriptions, unsubscriptions and newcomer
+notices are idempotent where they land (Lamport stamps, tombstones), so their rare duplicates
+cost messages, not correctness. Table requests and replies are not acknowledged: a lost
+request is asked again on a failure notice only.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -213,6 +214,7 @@ class SparkFlow:
                     found = as_aggregates(bind_rules(self.graph, arc))
                     if found is not None and expands_need_no_backlog(self.graph, arc, found):
                         self.aggregates[arc.name] = found
+        self.collapse: CollapseMode = collapse
         self.plan: FlowPlan = plan(self.graph, aggregate=lambda arc: arc.name in self.aggregates)
         self.out = Path(out).resolve()  # a cluster or Connect server reads and writes these paths too
         self.work = self.out / "_flowbus"
@@ -346,6 +348,27 @@ class SparkFlow:
         tmp.write_text(json.dumps(state))
         tmp.replace(record)
         return log.seq
+
+    def warm_up(self, sample: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Run this flow once over ``sample`` in a scratch directory, its outputs thrown away.
+
+        What a session pays once -- the Python workers starting and importing
+        flowbus, pyarrow and numba, the rule kernels loading, the JVM compiling
+        the queries' code -- is paid here, so the run proper does not: called
+        while the input is ingested (another thread), it overlaps the ingest.
+        """
+        scratch = Path(tempfile.mkdtemp(prefix="flowbus-warm-up-"))
+        try:
+            rehearsal = SparkFlow(
+                self._spark(), self.source_graph, scratch, batch_events=max(1, len(sample)),
+                matcher_min=self.matcher_min, collapse=self.collapse,
+            )  # fmt: skip
+            rehearsal.ingest_generator(sample, fingerprint="warm-up")
+            with rehearsal:
+                rehearsal.start()
+                rehearsal.process_available()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     # -------------------------------------------------------- compiling
 

@@ -72,6 +72,7 @@ from pyspark.sql.types import (
 )
 
 from flowbus.errors import FlowError
+from flowbus.filters.ast import Field
 from flowbus.flow.aggregates import Aggregates, as_aggregates
 from flowbus.flow.eventlog import InputLog, order_key, read_source_dir
 from flowbus.flow.graph import Collapse, Graph, Route
@@ -585,7 +586,8 @@ class SparkFlow:
 
     def _group_rows(self, group: StatefulGroup, src: DataFrame) -> tuple[DataFrame, list[str]]:
         """The events of ``src`` (the group's input log) a stateful group folds -- the routes into its
-        space -- with key columns ``_k<i>``."""
+        space -- and the names of its key columns: a key that is a field of the space is that field's
+        column when the group is folded per key, the others are computed as ``_k<i>``."""
         log_in = self.plan.log(group.log_in)
         space = self.graph.event_space(group.space)
         names = list(space.schema.fields)
@@ -599,8 +601,12 @@ class SparkFlow:
                 frames.append(pdf.where(cond).select(*columns))
         rows = _union(frames)
         compiler = ColumnCompiler(self.functions, dict(space.schema.fields))
+        reserved = {*log_schema(self.graph, self.plan.log(group.log_out)).fieldNames(), "_state"}
         keys = []
         for i, (_, e) in enumerate(group.key):
+            if not group.aggregate and isinstance(e, Field) and e.name in names and e.name not in reserved:
+                keys.append(e.name)  # grouped by the field itself: no copy of it to shuffle and ship
+                continue
             keys.append(f"_k{i}")
             rows = rows.withColumn(f"_k{i}", compiler.single(compiler.value(e), e))
         return rows, keys

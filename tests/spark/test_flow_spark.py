@@ -294,4 +294,4 @@ def test_the_bench_runs_the_stock_flow_on_spark_and_locally_with_the_same_delive
     assert doc["run_events_per_s"] == engine["events_per_s"] > 0 and doc["local_events_per_s"] > 0
     assert "fold-g0" in engine["profile"]  # the state query's time in the per-key fold
     assert engine["cpu_s"] > 0 and engine["events_per_cpu_s"] > 0 and engine["local_events_per_cpu_s"] > 0
-    assert [batch_size(n) for n in (1000, 100_000, 2_000_000, 10**8)] == [5000, 25_000, 500_000, 500_000]
+    assert [batch_size(n) for n in (1000, 100_000, 2_000_000, 10**8)] == [5000, 50_000, 1_000_000, 1_000_000]

@@ -95,7 +95,7 @@ def bench_spark(
     ] = None,
     batch_events: Annotated[
         int | None,
-        typer.Option(min=1, help="Events per micro-batch; default a quarter of the run, 5,000 to 500,000."),
+        typer.Option(min=1, help="Events per micro-batch; default half the run, 5,000 to 1,000,000."),
     ] = None,
     match_events: Annotated[int, typer.Option(min=1, help="Events of bulk matching.")] = 100_000,
     subscriptions: Annotated[

@@ -95,7 +95,7 @@ def bench_spark(
     ] = None,
     batch_events: Annotated[
         int | None,
-        typer.Option(min=1, help="Events per micro-batch; default a quarter of the run, 5,000 to 500,000."),
+        typer.Option(min=1, help="Events per micro-batch; default half the run, 5,000 to 1,000,000."),
     ] = None,
     match_events: Annotated[int, typer.Option(min=1, help="Events of bulk matching.")] = 100_000,
     subscriptions: Annotated[
@@ -107,6 +107,10 @@ def bench_spark(
     engine_only: Annotated[
         bool, typer.Option(help="Only flowbus run's engine against the local interpreter (--engine-events).")
     ] = False,
+    warm_up: Annotated[
+        int,
+        typer.Option(min=0, help="Events through the flow before the timed run, while ingesting (0: none)."),
+    ] = 2000,
     as_json: JsonOption = False,
 ) -> None:
     """Spark: the stock flow rewritten vs hop by hop, flowbus run, state paths, bulk matching vs a join."""
@@ -125,7 +129,7 @@ def bench_spark(
             doc.update(
                 spark_flow.run(
                     spark, events=events, engine_events=engine_events, batch_events=batch_events,
-                    rounds=rounds, seed=seed, progress=progress, engine_only=engine_only,
+                    rounds=rounds, seed=seed, progress=progress, engine_only=engine_only, warm_up=warm_up,
                 )
             )  # fmt: skip
             if engine_only:

@@ -49,6 +49,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -71,6 +72,7 @@ from pyspark.sql.types import (
 )
 
 from flowbus.errors import FlowError
+from flowbus.filters.ast import Field
 from flowbus.flow.aggregates import Aggregates, as_aggregates
 from flowbus.flow.eventlog import InputLog, order_key, read_source_dir
 from flowbus.flow.graph import Collapse, Graph, Route
@@ -213,6 +215,7 @@ class SparkFlow:
                     found = as_aggregates(bind_rules(self.graph, arc))
                     if found is not None and expands_need_no_backlog(self.graph, arc, found):
                         self.aggregates[arc.name] = found
+        self.collapse: CollapseMode = collapse
         self.plan: FlowPlan = plan(self.graph, aggregate=lambda arc: arc.name in self.aggregates)
         self.out = Path(out).resolve()  # a cluster or Connect server reads and writes these paths too
         self.work = self.out / "_flowbus"
@@ -346,6 +349,27 @@ class SparkFlow:
         tmp.write_text(json.dumps(state))
         tmp.replace(record)
         return log.seq
+
+    def warm_up(self, sample: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        """Run this flow once over ``sample`` in a scratch directory, its outputs thrown away.
+
+        What a session pays once -- the Python workers starting and importing
+        flowbus, pyarrow and numba, the rule kernels loading, the JVM compiling
+        the queries' code -- is paid here, so the run proper does not: called
+        while the input is ingested (another thread), it overlaps the ingest.
+        """
+        scratch = Path(tempfile.mkdtemp(prefix="flowbus-warm-up-"))
+        try:
+            rehearsal = SparkFlow(
+                self._spark(), self.source_graph, scratch, batch_events=max(1, len(sample)),
+                matcher_min=self.matcher_min, collapse=self.collapse,
+            )  # fmt: skip
+            rehearsal.ingest_generator(sample, fingerprint="warm-up")
+            with rehearsal:
+                rehearsal.start()
+                rehearsal.process_available()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     # -------------------------------------------------------- compiling
 
@@ -562,7 +586,8 @@ class SparkFlow:
 
     def _group_rows(self, group: StatefulGroup, src: DataFrame) -> tuple[DataFrame, list[str]]:
         """The events of ``src`` (the group's input log) a stateful group folds -- the routes into its
-        space -- with key columns ``_k<i>``."""
+        space -- and the names of its key columns: a key that is a field of the space is that field's
+        column when the group is folded per key, the others are computed as ``_k<i>``."""
         log_in = self.plan.log(group.log_in)
         space = self.graph.event_space(group.space)
         names = list(space.schema.fields)
@@ -576,8 +601,12 @@ class SparkFlow:
                 frames.append(pdf.where(cond).select(*columns))
         rows = _union(frames)
         compiler = ColumnCompiler(self.functions, dict(space.schema.fields))
+        reserved = {*log_schema(self.graph, self.plan.log(group.log_out)).fieldNames(), "_state"}
         keys = []
         for i, (_, e) in enumerate(group.key):
+            if not group.aggregate and isinstance(e, Field) and e.name in names and e.name not in reserved:
+                keys.append(e.name)  # grouped by the field itself: no copy of it to shuffle and ship
+                continue
             keys.append(f"_k{i}")
             rows = rows.withColumn(f"_k{i}", compiler.single(compiler.value(e), e))
         return rows, keys

@@ -2,11 +2,12 @@
 
 How it works: the delivery query of a group's input log (for Spark's own
 aggregation, a state query; :class:`flowbus.spark.flow.SparkFlow`) hands each
-micro-batch's rows (the routes into the collapsed space, with key columns
-``_k<i>``) to one of two runners, each writing the derived events of micro-batch ``b`` to the group's
-log as one file, ``batch-<b>.parquet``, written under a temporary name and
-renamed (the next level's delivery query streams that directory, and a replayed
-micro-batch rewrites the same file with the same rows).
+micro-batch's rows (the routes into the collapsed space, and the names of the
+key's columns) to one of two runners, each writing the derived events of
+micro-batch ``b`` to the group's log as one file, ``batch-<b>.parquet``,
+written under a temporary name and renamed (the next level's delivery query
+streams that directory, and a replayed micro-batch rewrites the same file with
+the same rows).
 
 * :class:`FoldBatches` (``--collapse state``): the rows are grouped by key and
   cogrouped with the group's *state table* (key columns, one pickled ``_state``

@@ -266,8 +266,7 @@ def _latency(c: RingAdapt) -> tuple[list[dict[str, Any]], int]:
             "t": t,
             "sent": len(pairs),
             "delivered": len(mine),
-            "latency_mean": round(float(np.mean(lat)), 3) if lat else 0.0,
-            "latency_max": round(max(lat), 3) if lat else 0.0,
+            **_latency_cols(lat),
             "express_max": round(max(express), 3) if express else 0.0,
             "over_slowed": sum(e.link in slowed for e, _ in mine if not e.fell_back),
             "fell_back": sum(e.fell_back for e, _ in mine),
@@ -309,8 +308,7 @@ def _brokers(c: RingAdapt) -> list[dict[str, Any]]:
             "t": t,
             "sent": len(order),
             "delivered": len(lat),
-            "latency_mean": round(float(np.mean(lat)), 3) if lat else 0.0,
-            "latency_max": round(max(lat), 3) if lat else 0.0,
+            **_latency_cols(lat),
             "detour": int(detours[t] > detours.get(t - 1, 0)),
         })  # fmt: skip
     return rows
@@ -325,3 +323,11 @@ def _subscribe(sub: str, broker: Any) -> list[Effect]:
 
 def _urgent(t: int, broker: Any) -> list[Effect]:
     return list(broker.publish({"__space": _URGENT, "t": t}))
+
+
+def _latency_cols(lat: list[float]) -> dict[str, float]:
+    """A table row's mean and worst delivery latency (0 with no delivery)."""
+    return {
+        "latency_mean": round(float(np.mean(lat)), 3) if lat else 0.0,
+        "latency_max": round(max(lat), 3) if lat else 0.0,
+    }

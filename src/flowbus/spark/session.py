@@ -16,8 +16,12 @@ How it works:
   The executors still need numpy, numba and pyarrow installed; an interpreter
   named by ``PYSPARK_PYTHON`` in the environment is kept for clusters (its path
   on the workers may differ from the driver's).
-* The JVM's standard output goes to ``/dev/null`` (its logs go to standard
-  error), so ``--json`` output is never mixed with what Spark's workers print.
+* The JVM's standard output goes to ``/dev/null`` and its standard error (log4j's
+  warnings, the workers' chatter) to a log file: ``jvm_log`` if the caller names
+  one (``flowbus run`` uses the run's ``_spark.log``), else
+  ``$XDG_CACHE_HOME/flowbus/spark/APP.log``. A command's terminal, pipe or
+  ``--json`` output is flowbus's own only. A local session also sets
+  ``SPARK_LOCAL_IP=127.0.0.1`` (the driver binds there anyway).
 * Without pyspark, or without Java for a JVM-backed session, a
   :class:`~flowbus.errors.FlowbusError` says what to install.
 """
@@ -40,7 +44,7 @@ from flowbus.errors import FlowbusError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["flowbus_zip", "is_connect", "spark_session"]
+__all__ = ["flowbus_zip", "is_connect", "jvm_log_path", "spark_session"]
 
 _LOCAL_CONF = {
     "spark.ui.enabled": "false",
@@ -113,7 +117,8 @@ def spark_session(
     ``conf`` adds Spark settings (``spark.driver.memory`` and the like must come
     here: they only take effect when the session's JVM starts). An existing
     session with the same master is reused by Spark (``getOrCreate``).
-    ``jvm_log`` receives what the JVM writes to standard error (a new JVM only).
+    ``jvm_log`` receives what the JVM writes to standard error (a new JVM only;
+    default :func:`jvm_log_path` of ``app_name``).
     """
     if master is not None and remote is not None:
         raise FlowbusError("give either a master URL or a Spark Connect remote, not both")
@@ -128,6 +133,8 @@ def spark_session(
 
     local = remote is None and _is_local(master)
     _set_python(override=local)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder: Any = SparkSession.builder.appName(app_name)
     if remote is not None:
         builder = builder.remote(remote)
@@ -140,11 +147,19 @@ def spark_session(
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark: SparkSession = (
-        _quiet_stdout(builder.getOrCreate, jvm_log) if remote is None else builder.getOrCreate()
+        _quiet_stdout(builder.getOrCreate, jvm_log or jvm_log_path(app_name))
+        if remote is None
+        else builder.getOrCreate()
     )
     if not local:
         spark.addArtifacts(str(flowbus_zip()), pyfile=True)
     return spark
+
+
+def jvm_log_path(app_name: str) -> Path:
+    """Where a session's JVM logs when its caller names no file: the user's cache, one file per app."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "flowbus" / "spark" / f"{app_name}.log"
 
 
 def _check_reachable(remote: str, timeout: float = 5.0) -> None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowbus.core import Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import UserError
+from flowbus.filters import Filter
 from flowbus.flow.deploy import SPACE, FlowSubscription
 from flowbus.routing.flows import (
     PARTITION,
@@ -223,7 +224,10 @@ class FlowSide:
         before anything else of this step is relied on), to flow subscriptions transformed."""
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
-        grouped = self.broker.router.grouped
+        router = self.broker.router
+        grouped = router.grouped
+        if parts:  # (what the folds publish: what some subscription of the network needs)
+            self.flows.gate.update(router.changes, self._table_filters)
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
         publish: list[dict[str, Any]] = []
         folded: list[Key] = []  # the custody records of the events folded
@@ -263,6 +267,11 @@ class FlowSide:
                 self._derived_due = True
                 out.append(SetTimer(DERIVED_WAIT, DERIVED))
         return out
+
+    def _table_filters(self) -> list[Filter]:
+        """Every filter of the routing tables (local and from each neighbour)."""
+        tables, _ = self.broker.router.routing_state()
+        return [f for table in tables.values() for f in table.values()]
 
     def _deliver_all(
         self,

@@ -10,6 +10,7 @@ from tests.flows.world import reference
 
 from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
 from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.routing.flows import PARTITION
 from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
@@ -115,3 +116,21 @@ def _by_sub(effects: list[Effect]) -> dict[Any, list[dict[str, Any]]]:
             for sub in _subs(e):
                 got.setdefault(sub, []).append({k: v for k, v in e.event.items() if not k.startswith("__")})
     return got
+
+
+def test_derived_events_delivered_only_here_are_in_no_custody_record() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=300))
+    b = _broker(d)
+    effects = _publish(b, events, 0)
+    assert _got(effects)["m"] == reference(d, events, ["compressed"])["compressed"]
+    held = [rec.event for rec in b.custodian.records.values()]
+    assert len(held) > len(events) // 2 and not any(PARTITION in e for e in held)  # (sources only)
+    counts: dict[Any, int] = {}
+    for e in effects:
+        if isinstance(e, DeliverAll | Deliver):
+            counts[e.event[EVENT_ID]] = counts.get(e.event[EVENT_ID], 0) + len(_subs(e))
+    b.settle_many(list(counts.items()))
+    b.flow_side.backups_confirmed()
+    b.settle_many([])
+    assert b.in_custody() == 0 and sorted(b.settled) == sorted(("pub", i) for i in range(len(events)))

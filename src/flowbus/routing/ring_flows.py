@@ -35,6 +35,7 @@ from flowbus.core import Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import UserError
 from flowbus.filters import Filter
 from flowbus.flow.deploy import SPACE, FlowSubscription
+from flowbus.routing import cbr
 from flowbus.routing.flows import (
     PARTITION,
     SEEN,
@@ -268,6 +269,19 @@ class FlowSide:
                 out.append(SetTimer(DERIVED_WAIT, DERIVED))
         return out
 
+    def custody_of(self, effects: list[Effect]) -> None:
+        """The derived events these effects send to other brokers go in custody (their
+        records open now; a partition here folding one opens its own, :meth:`_fold_into`).
+        One delivered only to flow subscriptions here needs no record: if this broker dies, the
+        partition's new holder publishes again what its folds published (:meth:`adopted`)."""
+        custodian = self.custodian
+        step = custodian.step
+        for e in effects:
+            if type(e) is Send and type(e.msg) is cbr.Publish:
+                event = e.msg.event
+                if PARTITION in event and event[EVENT_ID] not in step:
+                    custodian.open(None, event)
+
     def _table_filters(self) -> list[Filter]:
         """Every filter of the routing tables (local and from each neighbour)."""
         tables, _ = self.broker.router.routing_state()
@@ -328,6 +342,9 @@ class FlowSide:
     ) -> None:
         """A delivery to partition ``part``: folded (or buffered, if taken over a moment ago)."""
         key = self.custodian.step.get(event.get(EVENT_ID))
+        if key is None and PARTITION in event and self.broker.custody:  # (see custody_of)
+            self.custodian.open(None, event)
+            key = self.custodian.step.get(event.get(EVENT_ID))
         if part.buffer is not None:  # (taken over a moment ago: see adopted)
             part.buffer.append((event, key))
             self.custodian.hold(key, (FLOW_GRACE, sub_id))

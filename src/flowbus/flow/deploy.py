@@ -157,6 +157,7 @@ class _Path:
     transform: TransformFn
     new_memo: Callable[[], Any]
     arcs: tuple[str, ...] = ()  # its route's name, then the arcs of the graph it stands for
+    hidden: bool = False  # whether the transform outputs a field named like a hidden one
 
     def run(self, event: Event) -> dict[str, Any] | None:
         """The event this path delivers for ``event`` (its hidden fields left out), or None."""
@@ -164,9 +165,12 @@ class _Path:
         if self.select is not ALWAYS and not self.select(event, m):
             return None
         try:
-            return _plain(self.transform(event, m))
+            out = self.transform(event, m)
         except Undefined:
             return None
+        if out is event or self.hidden or type(out) is not dict:
+            return _plain(out)
+        return out  # (a new dict of the route's outputs: nothing to leave out)
 
 
 _COUNTED = ("arcs counted",)  # (a key no space name or path id can be)
@@ -522,6 +526,7 @@ class Deployment:
             c.transform(route.outputs, route.requires, inputs=inputs),
             c.memo_factory(),
             (route.name, *route.via),
+            any(name.startswith("__") for name, _ in route.outputs),
         )
 
     def _schema_of(self, node: str) -> Schema:

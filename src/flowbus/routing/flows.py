@@ -477,17 +477,32 @@ class Flows:
     def admit(self, sub_id: Hashable, event: Mapping[str, Any]) -> bool:
         """Whether a derived ``event`` goes to subscription ``sub_id`` now: not if its
         partition's snapshot is not in yet (it is held) or covers it already (dropped)."""
-        w = self.waiting.get(sub_id)
-        if w is None or PARTITION not in event:
-            return True
+        return bool(self.admitted([sub_id], event))
+
+    def admitted(self, sub_ids: Sequence[Hashable], event: Mapping[str, Any]) -> list[Hashable]:
+        """Of ``sub_ids`` (subscriptions to one flow), those ``event`` goes to now (see
+        :meth:`admit`; what it asks of the event is read once)."""
+        if PARTITION not in event:
+            return list(sub_ids)
+        waiting = self.waiting
         owner = event[PARTITION]
-        sub = self.subs[sub_id]
-        group = _group_of(self.deployments[sub.flow], event)
-        if (group, owner) in w.missing:
-            w.held.append(event)
-            return False
-        seen = w.versions.get((str(owner), event.get(STATE, ""), event.get(KEY, "")), 0)
-        return bool(event.get(VERSION, 0) > seen)
+        where = (str(owner), event.get(STATE, ""), event.get(KEY, ""))
+        version = event.get(VERSION, 0)
+        group: Any = waiting  # (not known yet)
+        out = []
+        for sub_id in sub_ids:
+            w = waiting.get(sub_id)
+            if w is not None:
+                if w.missing:
+                    if group is waiting:
+                        group = _group_of(self.deployments[self.subs[sub_id].flow], event)
+                    if (group, owner) in w.missing:
+                        w.held.append(event)
+                        continue
+                if version <= w.versions.get(where, 0):
+                    continue
+            out.append(sub_id)
+        return out
 
 
 def _group_of(d: Deployment, event: Mapping[str, Any]) -> str | None:

@@ -316,7 +316,7 @@ class FlowSide:
                     self._fold_into(part, sub_id, event, edges, publish, folded, results)
             elif not sub.shares(event):
                 edges.extend(self._edge(sub_id, sub, event, got))
-            elif not waits or flows.admit(sub_id, event):
+            else:
                 same = shared.get(sub.space)
                 if same is None:
                     shared[sub.space] = [sub_id]
@@ -325,6 +325,10 @@ class FlowSide:
         if rest:
             out.append(DeliverAll(tuple(rest), event) if len(rest) < len(e.subs) else e)
         for ids in shared.values():
+            if waits:
+                ids = flows.admitted(ids, event)
+                if not ids:
+                    continue
             result = self._shared_result(subs[ids[0]], event, got)
             if result is not None:
                 out.append(DeliverAll(tuple(ids), result))

@@ -12,8 +12,9 @@ How it works:
   broker's ``_out`` while flows are served). A delivery to a partition is folded: its state
   rows go into the ring state (backed up, flushed before anything of this step is relied
   on: the events folded are held in custody until every backup holder has that version,
-  :meth:`FlowSide.backups_confirmed`), and what the fold derives is routed with the next
-  publish here, or after ``DERIVED_WAIT``, or at once from a big step (``DERIVED_NOW``). A
+  :meth:`FlowSide.backups_confirmed`; a broker with no holders, alone, holds nothing), and
+  what the fold derives is routed with the next publish here, or after ``DERIVED_WAIT``, or
+  at once from a big step (``DERIVED_NOW``). A
   delivery to a flow subscription goes through its edge transforms, the results shared per
   event and space (one ``DeliverAll`` for the subscriptions that share one); a 2nd, 3rd...
   result of one event travels under an alias id the driver settles
@@ -255,8 +256,8 @@ class FlowSide:
             out.append(e)
         if folded:  # the folds' backup goes before what they publish; the events they
             out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
-            version = self.ring.backups.version  # the holders have that backup
-            for key in folded:
+            version = self.ring.backups.version  # the holders have that backup (if there
+            for key in folded if self.ring.backups.holders else ():  # are none, at once)
                 self.custodian.hold(key, ("backup", version))
                 self._backed_up.append((version, key))
         if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one

@@ -203,7 +203,7 @@ class Gate:
     def __init__(self) -> None:
         self.version: Any = None  # the routing tables' version the choices below are for
         self._filters: Callable[[], Iterable[Filter]] = tuple
-        self._now: dict[tuple[str, str], Sequence[Reader]] = {}  # (flow, space) -> readers
+        self._now: dict[tuple[str, str], Sequence[Reader]] = {}  # (flow version, space) -> readers
         self._picks: dict[tuple[str, str], dict[Filter, frozenset[int] | None]] = {}
 
     def update(self, version: Any, filters: Callable[[], Iterable[Filter]]) -> None:
@@ -216,9 +216,9 @@ class Gate:
     def readers(self, d: Deployment, space: str) -> Sequence[Reader]:
         """The readers of ``space`` some filter of the tables needs (all of them when a
         filter is covered by none that is exact: the gate then lets the readers decide)."""
-        got = self._now.get((d.name, space))
+        got = self._now.get((d.version, space))
         if got is None:
-            got = self._now[(d.name, space)] = self._choose(d, space)
+            got = self._now[(d.version, space)] = self._choose(d, space)
         return got
 
     def _choose(self, d: Deployment, space: str) -> Sequence[Reader]:

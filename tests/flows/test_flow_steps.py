@@ -9,7 +9,8 @@ from typing import Any
 from tests.flows.world import reference
 
 from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
-from flowbus.flow.deploy import Deployment
+from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.routing.flows import PARTITION
 from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
@@ -77,3 +78,59 @@ def test_a_small_steps_derived_events_wait_for_the_next_publish_or_the_timer() -
 
 def _subs(e: Deliver | DeliverAll) -> tuple[Any, ...]:
     return e.subs if isinstance(e, DeliverAll) else (e.sub,)
+
+
+def test_an_owner_publishes_the_derived_events_some_subscription_needs_and_all_once_one_takes_all() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=1200))
+    b = RingBroker(0, backup=2, custody=True, local_ack=True, grouped=True)
+    b.start()
+    b.deploy(d, nonce=1)
+    b.subscribe_flow("a", "alarms", "")
+    published: list[dict[str, Any]] = []
+    route = b._route_own
+    b._route_own = lambda evs: published.extend(evs) or route(evs)  # type: ignore[method-assign]
+
+    def drops() -> list[dict[str, Any]]:
+        return [
+            {k: v for k, v in e.items() if not k.startswith("__")} for e in published if e[SPACE] == "drops"
+        ]
+
+    got = _by_sub(_publish(b, events[:1000], 0) + b.on_timer(DERIVED, 0.0))
+    first = reference(d, events[:1000], ["alarms", "drops"])
+    assert got["a"] == first["alarms"] and first["alarms"]  # (what alarms needs: drop > 20)
+    assert drops() == first["alarms"] and len(first["drops"]) > 3 * len(first["alarms"])
+    published.clear()
+    b.subscribe_flow("d", "drops", "")  # (now every drop is wanted)
+    got = _by_sub(_publish(b, events[1000:], 1000) + b.on_timer(DERIVED, 0.0))
+    both = reference(d, events, ["alarms", "drops"])
+    assert drops() == both["drops"][len(first["drops"]) :]
+    assert got["d"][-len(drops()) :] == drops()  # (after its snapshot)
+    assert got["a"] == both["alarms"][len(first["alarms"]) :]
+
+
+def _by_sub(effects: list[Effect]) -> dict[Any, list[dict[str, Any]]]:
+    got: dict[Any, list[dict[str, Any]]] = {}
+    for e in effects:
+        if isinstance(e, DeliverAll | Deliver):
+            for sub in _subs(e):
+                got.setdefault(sub, []).append({k: v for k, v in e.event.items() if not k.startswith("__")})
+    return got
+
+
+def test_derived_events_delivered_only_here_are_in_no_custody_record() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=300))
+    b = _broker(d)
+    effects = _publish(b, events, 0)
+    assert _got(effects)["m"] == reference(d, events, ["compressed"])["compressed"]
+    held = [rec.event for rec in b.custodian.records.values()]
+    assert len(held) > len(events) // 2 and not any(PARTITION in e for e in held)  # (sources only)
+    counts: dict[Any, int] = {}
+    for e in effects:
+        if isinstance(e, DeliverAll | Deliver):
+            counts[e.event[EVENT_ID]] = counts.get(e.event[EVENT_ID], 0) + len(_subs(e))
+    b.settle_many(list(counts.items()))
+    b.flow_side.backups_confirmed()
+    b.settle_many([])
+    assert b.in_custody() == 0 and sorted(b.settled) == sorted(("pub", i) for i in range(len(events)))

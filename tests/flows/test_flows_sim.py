@@ -279,3 +279,33 @@ def test_each_broker_counts_the_events_through_the_routes_and_arcs_it_runs() -> 
     assert counts["S"] == len(ref["big_trades"])  # (the events that passed the select)
     assert counts["C4"] == counts["C5"] == len(ref["combined"])  # every combined event is a tick, folded
     assert counts["E4"] == len(ref["compressed"])  # what the expand published
+
+
+def test_owners_publish_drops_only_as_far_as_the_subscriptions_on_the_ring_need_them() -> None:
+    d = Deployment.from_file(STOCKS)
+    w = FlowWorld(3, seed=2)
+    w.deploy(d)
+    w.subscribe(1, "alarms", "alarms")
+    w.settle()
+    published: list[dict[str, Any]] = []
+    for b in w.brokers:
+        route = b._route_own
+        b._route_own = lambda evs, route=route: published.extend(evs) or route(evs)  # type: ignore[method-assign]
+    events = list(d.generate(events=1600))
+    w.publish(0, events[:1000])
+    w.settle(100)
+    first = reference(d, events[:1000], ["alarms", "drops"])
+    drops = [e for e in published if e[SPACE] == "drops"]
+    assert len(drops) == len(first["alarms"]) < len(first["drops"]) // 100  # (only those over 20)
+    w.subscribe(2, "late", "drops")  # (a subscription on another broker opens it)
+    w.settle(20)
+    published.clear()
+    w.publish(0, events[1000:])
+    w.settle(100)
+    both = reference(d, events, ["alarms", "drops"])
+    later = both["drops"][len(first["drops"]) :]
+    assert len([e for e in published if e[SPACE] == "drops"]) == len(later)
+    got = per_key(w.received("late"), "name")
+    for name, want in per_key(later, "name").items():
+        assert got[name][-len(want) :] == want  # (after its snapshot)
+    assert per_key(w.received("alarms"), "name") == per_key(both["alarms"], "name")

@@ -187,6 +187,19 @@ def test_backups_go_as_changes_and_a_holder_that_missed_one_gets_the_whole_state
         assert nd.backups.held[owner.me.id].state == owner.state and ("sub", "y") in owner.state
 
 
+def test_a_flush_sends_the_steps_changes_once_and_cancels_the_backup_timer() -> None:
+    r = ring(6, backup=2)
+    owner = r.by_id()[2]
+    sent = r.sim.metrics.sent_by_type
+    r.settle(20.0)
+    deltas = sent().get("BackupDelta", 0)
+    r.call(owner.addr, lambda c: c.set_state(("sub", "z"), "filter z") + c.flush_backups())
+    r.settle(20.0)
+    assert sent().get("BackupDelta", 0) - deltas == 2  # (one per holder: no empty copy after it)
+    for nd in [nd for nd in r.live if owner.me.id in nd.backups.held]:
+        assert nd.backups.held[owner.me.id].state == owner.state and ("sub", "z") in owner.state
+
+
 def test_a_slow_tester_is_asked_again_not_buried_with_the_suspect() -> None:
     """A suspects B and asks C to test it; C is busy and answers late, but A hears from C
     meanwhile: A asks again instead of burying both B and C (which split a ring of three)."""

@@ -83,11 +83,13 @@ from flowbus.model import Schema
 
 __all__ = [
     "HASH_FIELD",
+    "HASH_SPACE",
     "SPACE",
     "UNROUTED",
     "Deployment",
     "FlowSubscription",
     "Group",
+    "Reader",
     "SpaceInfo",
     "bus_name",
     "hash32",
@@ -111,6 +113,10 @@ HASH_FIELD = "__h"
 Event = Mapping[str, Any]
 TestFn = Callable[[Event, Any], bool]
 TransformFn = Callable[[Event, Any], Mapping[str, Any]]
+
+
+HASH_SPACE = 1 << 32
+"""The range of a key's hash: ``0 <= hash32(key) < HASH_SPACE``."""
 
 
 def hash32(key: Key) -> int:
@@ -151,6 +157,7 @@ class _Path:
     transform: TransformFn
     new_memo: Callable[[], Any]
     arcs: tuple[str, ...] = ()  # its route's name, then the arcs of the graph it stands for
+    hidden: bool = False  # whether the transform outputs a field named like a hidden one
 
     def run(self, event: Event) -> dict[str, Any] | None:
         """The event this path delivers for ``event`` (its hidden fields left out), or None."""
@@ -158,9 +165,12 @@ class _Path:
         if self.select is not ALWAYS and not self.select(event, m):
             return None
         try:
-            return _plain(self.transform(event, m))
+            out = self.transform(event, m)
         except Undefined:
             return None
+        if out is event or self.hidden or type(out) is not dict:
+            return _plain(out)
+        return out  # (a new dict of the route's outputs: nothing to leave out)
 
 
 _COUNTED = ("arcs counted",)  # (a key no space name or path id can be)
@@ -259,6 +269,18 @@ class Feed:
             return self.transform(event, memo)
         except Undefined:
             return None
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """What reads a derived space: a path from it into a space one can subscribe to, or a
+    group's feed. ``routed``: the space's events it takes, as the network routes them;
+    ``exact``: every event ``routed`` matches passes ``test`` (nothing was left out of it)."""
+
+    routed: Filter
+    exact: bool
+    test: TestFn
+    new_memo: Callable[[], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +526,7 @@ class Deployment:
             c.transform(route.outputs, route.requires, inputs=inputs),
             c.memo_factory(),
             (route.name, *route.via),
+            any(name.startswith("__") for name, _ in route.outputs),
         )
 
     def _schema_of(self, node: str) -> Schema:
@@ -591,30 +614,40 @@ class Deployment:
         return out
 
     @cached_property
-    def _readers(self) -> dict[str, list[tuple[TestFn, Callable[[], Any]]]]:
-        """Derived space -> the selects of what reads it: each path from it into a space one
-        can subscribe to, each feed of a group (``ALWAYS`` when one takes every event)."""
-        out: dict[str, list[tuple[TestFn, Callable[[], Any]]]] = {}
+    def readers(self) -> dict[str, tuple[Reader, ...]]:
+        """Derived space -> what reads it: each path from it into a space one can subscribe
+        to, each feed of a group (see :class:`Reader`)."""
+        out: dict[str, list[Reader]] = {}
         derived = {name for name, info in self.spaces.items() if info.derived}
         for name, info in self.spaces.items():
             if info.subscribable:
-                for (source, _), path in self._compiled_paths(name):
+                for (source, route), path in self._compiled_paths(name):
                     if source in derived:
-                        out.setdefault(source, []).append((path.select, path.new_memo))
+                        select = Filter.true() if route is None else route.select
+                        routed, exact = self._routable(source, select)
+                        out.setdefault(source, []).append(Reader(routed, exact, path.select, path.new_memo))
         for space, pairs in self.stamps.items():
             if space in derived:
-                out.setdefault(space, []).extend((feed.select, feed.new_memo) for _, feed in pairs)
-        return {space: [] if any(t is ALWAYS for t, _ in tests) else tests for space, tests in out.items()}
+                for _, feed in pairs:
+                    taken = Conjunction((
+                        Predicate(SPACE, Op.EQ, space),
+                        Predicate(feed.field, Op.GT, -1),
+                        Predicate(feed.field, Op.LE, HASH_SPACE - 1),
+                    ))  # fmt: skip
+                    out.setdefault(space, []).append(
+                        Reader(Filter((taken,)), True, feed.select, feed.new_memo)
+                    )
+        return {space: tuple(readers) for space, readers in out.items()}
 
-    def wanted(self, space: str, event: Event) -> bool:
+    def wanted(self, space: str, event: Event, readers: Sequence[Reader] | None = None) -> bool:
         """Whether an owner's ``event`` of derived ``space`` can reach anyone: some path from
         the space or some group's feed selects it (the pulled-back selects of the 000
         document's rewrite, applied where the event is made). An event nothing selects is
-        not published: ``drops`` carries the stock flow's every fall, ``alarms`` the few over 20."""
-        tests = self._readers.get(space)
-        if tests is None:
-            return False
-        return not tests or any(test(event, memo()) for test, memo in tests)
+        not published: ``drops`` carries the stock flow's every fall, ``alarms`` the few over 20.
+        ``readers``: only these of the space's readers (those some subscription needs now)."""
+        if readers is None:
+            readers = self.readers.get(space, ())
+        return any(r.test is ALWAYS or r.test(event, r.new_memo()) for r in readers)
 
     @cached_property
     def derived(self) -> dict[str, tuple[dict[Expr, str], Callable[[Event], dict[str, Any]]]]:

@@ -308,8 +308,11 @@ class RingNode(Core):
 
     def flush_backups(self) -> list[Effect]:
         """The changes of the state made so far, to the holders now (not at the step's end):
-        for a change that must be backed up before the step's other effects are relied on."""
-        return self._send_backups(force=True)
+        for a change that must be backed up before the step's other effects are relied on
+        (the copy the step's timer would have sent then has nothing to send: it is cancelled)."""
+        if not self.joined:
+            return []
+        return self._send_backups(force=True) + self.backups.flushed()
 
     def start_heartbeats(self, period: float) -> list[Effect]:
         """Turn on the ring-neighbour heartbeats (a ring built without them, then watched)."""

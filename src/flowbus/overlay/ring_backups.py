@@ -29,7 +29,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flowbus.core import Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Effect, Send, SetTimer
 from flowbus.overlay.ring_messages import BackupAck, BackupCopy, BackupDelta, BackupResync, Peer
 
 __all__ = ["Backups", "Held"]
@@ -85,6 +85,13 @@ class Backups:
 
     def timer_went_off(self) -> None:
         self._due = False
+
+    def flushed(self) -> list[Effect]:
+        """A copy has just gone with every change: the timer :meth:`soon` set is not needed."""
+        if not self._due:
+            return []
+        self._due = False
+        return [CancelTimer(("ring", "backup"))]
 
     def send(self, me: Peer, holders: tuple[Peer, ...], links: tuple[Peer, ...]) -> list[Effect]:
         """A new copy to ``holders``: the changes if they got the last one, else the whole

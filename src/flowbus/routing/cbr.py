@@ -234,6 +234,7 @@ class ContentRouter(Core):
         "_table",
         "advertising",
         "broker",
+        "changes",
         "covering",
         "dropped",
         "grouped",
@@ -255,6 +256,7 @@ class ContentRouter(Core):
         self.advertising = advertising
         self.grouped = grouped
         self.dropped = 0  # messages from former neighbours, ignored
+        self.changes = 0  # how many times a filter of the tables was set or removed
         self._neighbours: set[int] = set()
         self._former: set[int] = set()
         # direction -> origin -> filter (received), and origin -> direction -> filter
@@ -621,6 +623,7 @@ class ContentRouter(Core):
 
     def _set(self, d: int, o: Origin, f: Filter | None) -> list[Effect]:
         """Direction ``d`` now sends ``o`` with filter ``f`` (None: no longer)."""
+        self.changes += 1
         others = sorted(m for m in self._neighbours if m != d)
         before = [self._cand(m, o) for m in others]
         dirs = self._dirs.get(o)

@@ -27,7 +27,11 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   partition's holder into the expand's target space with deterministic ids
   (:func:`output_id`), carrying the partition, the key and the row's version in hidden
   fields, so that a late subscriber can start from a snapshot. Only those some path or feed
-  selects are published (:meth:`~flowbus.flow.deploy.Deployment.wanted`), and the holder
+  selects are published (:meth:`~flowbus.flow.deploy.Deployment.wanted`), and of those paths
+  and feeds (the space's *readers*) only the ones the network's subscriptions need now
+  (:class:`Gate`): each conjunction of a filter in the routing tables that may match the space
+  is covered by an exact reader, the most specific picked (none: every reader counts). With
+  only ``alarms`` subscribed, ``drops`` carries the drops over 20, not every fall. The holder
   routes them with its next publish, or after ``DERIVED_WAIT`` (5 ms) without one: a step of a
   few events then costs one pass of the matcher, not two
   (:meth:`~flowbus.routing.ring_flows.FlowSide.effects`); a big step's (``DERIVED_NOW``, 128
@@ -43,14 +47,26 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowbus import wire
 from flowbus.errors import UserError
+from flowbus.filters import Filter
+from flowbus.filters.ast import Conjunction, Op, Predicate
+from flowbus.filters.covering import covers, overlaps
 from flowbus.flow.collapse import Key, Row
-from flowbus.flow.deploy import SPACE, UNROUTED, Deployment, FlowSubscription, Group, count_arcs
+from flowbus.flow.deploy import (
+    HASH_SPACE,
+    SPACE,
+    UNROUTED,
+    Deployment,
+    FlowSubscription,
+    Group,
+    Reader,
+    count_arcs,
+)
 
 __all__ = [
     "SEEN",
@@ -65,8 +81,6 @@ __all__ = [
 
 SEEN = 20_000
 """How many folded event ids (and what their folds published) a partition keeps."""
-
-HASH_SPACE = 1 << 32
 
 PART = "part"
 """The first element of a partition subscription's id: ``("part", flow, deploy id, group, owner)``."""
@@ -181,6 +195,65 @@ class Partition:
         return out
 
 
+class Gate:
+    """Which readers of each derived space the network's subscriptions need now (see
+    "Derived events" in the module note): an owner publishes a derived event only if one of
+    them selects it."""
+
+    def __init__(self) -> None:
+        self.version: Any = None  # the routing tables' version the choices below are for
+        self._filters: Callable[[], Iterable[Filter]] = tuple
+        self._now: dict[tuple[str, str], Sequence[Reader]] = {}  # (flow version, space) -> readers
+        self._picks: dict[tuple[str, str], dict[Filter, frozenset[int] | None]] = {}
+
+    def update(self, version: Any, filters: Callable[[], Iterable[Filter]]) -> None:
+        """The routing tables are at ``version``; ``filters`` gives every filter in them."""
+        if version != self.version:
+            self.version = version
+            self._filters = filters
+            self._now.clear()
+
+    def readers(self, d: Deployment, space: str) -> Sequence[Reader]:
+        """The readers of ``space`` some filter of the tables needs (all of them when a
+        filter is covered by none that is exact: the gate then lets the readers decide)."""
+        got = self._now.get((d.version, space))
+        if got is None:
+            got = self._now[(d.version, space)] = self._choose(d, space)
+        return got
+
+    def _choose(self, d: Deployment, space: str) -> Sequence[Reader]:
+        readers = d.readers.get(space, ())
+        before = self._picks.get((d.version, space), {})
+        picks: dict[Filter, frozenset[int] | None] = {}
+        for f in self._filters():
+            if f not in picks:
+                picks[f] = before[f] if f in before else _picks(space, f, readers)
+        self._picks[(d.version, space)] = picks  # (only the filters there are now)
+        chosen: set[int] = set()
+        for p in picks.values():
+            if p is None:
+                return readers
+            chosen |= p
+        return tuple(r for i, r in enumerate(readers) if i in chosen)
+
+
+def _picks(space: str, f: Filter, readers: Sequence[Reader]) -> frozenset[int] | None:
+    """For each conjunction of ``f`` that may match an event of ``space``, the exact reader
+    covering it that takes the fewest events (the one with the most literals); None if one has
+    no such reader. Every event ``f`` matches then passes a picked reader's test."""
+    in_space = Filter((Conjunction((Predicate(SPACE, Op.EQ, space),)),))
+    out: set[int] = set()
+    for c in f.disjuncts:
+        one = Filter((c,))
+        if not overlaps(in_space, one):
+            continue
+        found = [i for i, r in enumerate(readers) if r.exact and covers(r.routed, one)]
+        if not found:
+            return None
+        out.add(max(found, key=lambda i: sum(len(x.literals) for x in readers[i].routed.disjuncts)))
+    return frozenset(out)
+
+
 class Waiting:
     """A subscription waiting for the snapshots of the partitions behind its derived spaces."""
 
@@ -202,6 +275,7 @@ class Flows:
         self.waiting: dict[Hashable, Waiting] = {}
         self.ended: list[Hashable] = []  # flow subscriptions ended by an undeploy (for the driver)
         self._by_space: dict[str, str] = {}  # bus space -> flow
+        self.gate = Gate()  # the readers of derived spaces some subscription needs now
 
     # -- the registry
 
@@ -295,6 +369,7 @@ class Flows:
         publish ``(id, bus event)`` (``results``: what this step noted of the event, for
         :func:`~flowbus.flow.deploy.count_arcs`)."""
         name, did, owner = part.sub_id[1], part.sub_id[2], part.owner
+        d, gate = part.deployment, self.gate
         changed: dict[Hashable, Any] = {}
         published: list[tuple[Any, dict[str, Any]]] = []
         kept: list[tuple[Any, ...]] = []  # what ``published`` is, in the fewest bytes (see outputs_of)
@@ -318,7 +393,7 @@ class Flows:
                 version = (prev[0] if prev is not None else 0) + 1
                 changed[k] = (version, new)
                 for i, (space, ev) in enumerate(outs):
-                    if not part.deployment.wanted(space, ev):
+                    if not d.wanted(space, ev, gate.readers(d, space)):
                         continue
                     kept.append((space, fold.state, repr(key), version, i, tuple(ev.items())))
                     published.append(_output(name, owner, *kept[-1]))
@@ -402,17 +477,32 @@ class Flows:
     def admit(self, sub_id: Hashable, event: Mapping[str, Any]) -> bool:
         """Whether a derived ``event`` goes to subscription ``sub_id`` now: not if its
         partition's snapshot is not in yet (it is held) or covers it already (dropped)."""
-        w = self.waiting.get(sub_id)
-        if w is None or PARTITION not in event:
-            return True
+        return bool(self.admitted([sub_id], event))
+
+    def admitted(self, sub_ids: Sequence[Hashable], event: Mapping[str, Any]) -> list[Hashable]:
+        """Of ``sub_ids`` (subscriptions to one flow), those ``event`` goes to now (see
+        :meth:`admit`; what it asks of the event is read once)."""
+        if PARTITION not in event:
+            return list(sub_ids)
+        waiting = self.waiting
         owner = event[PARTITION]
-        sub = self.subs[sub_id]
-        group = _group_of(self.deployments[sub.flow], event)
-        if (group, owner) in w.missing:
-            w.held.append(event)
-            return False
-        seen = w.versions.get((str(owner), event.get(STATE, ""), event.get(KEY, "")), 0)
-        return bool(event.get(VERSION, 0) > seen)
+        where = (str(owner), event.get(STATE, ""), event.get(KEY, ""))
+        version = event.get(VERSION, 0)
+        group: Any = waiting  # (not known yet)
+        out = []
+        for sub_id in sub_ids:
+            w = waiting.get(sub_id)
+            if w is not None:
+                if w.missing:
+                    if group is waiting:
+                        group = _group_of(self.deployments[self.subs[sub_id].flow], event)
+                    if (group, owner) in w.missing:
+                        w.held.append(event)
+                        continue
+                if version <= w.versions.get(where, 0):
+                    continue
+            out.append(sub_id)
+        return out
 
 
 def _group_of(d: Deployment, event: Mapping[str, Any]) -> str | None:

@@ -86,7 +86,7 @@ from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
 from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
-from flowbus.routing.flows import DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
+from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.ring_custody import EVENT_ID, Confirm, Custodian, Key
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
@@ -298,14 +298,21 @@ class RingBroker(Core):
         return self._out(self._route_own(stamped))
 
     def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
-        """Route events published here (in custody), in one matcher pass when the tree is whole."""
+        """Route events published here (in custody), in one matcher pass when the tree is whole.
+        A flow's derived event is in custody only where it leaves this broker (see
+        :meth:`FlowSide.custody_of <flowbus.routing.ring_flows.FlowSide.custody_of>`)."""
+        flows = self.flows.parts
         for event in events:
-            self._open(None, event)
+            if not flows or PARTITION not in event:
+                self._open(None, event)
         if not self.repair.orphans and not self._syncing:
-            return self.router.route_batch(events, self.addr)
-        out: list[Effect] = []
-        for event in events:
-            out.extend(self._extra(self.router.route_batch([event], self.addr), event, self.addr))
+            out = self.router.route_batch(events, self.addr)
+        else:
+            out = []
+            for event in events:
+                out.extend(self._extra(self.router.route_batch([event], self.addr), event, self.addr))
+        if flows and self.custody:
+            self.flow_side.custody_of(out)
         return out
 
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:

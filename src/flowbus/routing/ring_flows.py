@@ -12,8 +12,9 @@ How it works:
   broker's ``_out`` while flows are served). A delivery to a partition is folded: its state
   rows go into the ring state (backed up, flushed before anything of this step is relied
   on: the events folded are held in custody until every backup holder has that version,
-  :meth:`FlowSide.backups_confirmed`), and what the fold derives is routed with the next
-  publish here, or after ``DERIVED_WAIT``, or at once from a big step (``DERIVED_NOW``). A
+  :meth:`FlowSide.backups_confirmed`; a broker with no holders, alone, holds nothing), and
+  what the fold derives is routed with the next publish here, or after ``DERIVED_WAIT``, or
+  at once from a big step (``DERIVED_NOW``). A
   delivery to a flow subscription goes through its edge transforms, the results shared per
   event and space (one ``DeliverAll`` for the subscriptions that share one); a 2nd, 3rd...
   result of one event travels under an alias id the driver settles
@@ -33,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from flowbus.core import Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import UserError
+from flowbus.filters import Filter
 from flowbus.flow.deploy import SPACE, FlowSubscription
+from flowbus.routing import cbr
 from flowbus.routing.flows import (
     PARTITION,
     SEEN,
@@ -223,7 +226,10 @@ class FlowSide:
         before anything else of this step is relied on), to flow subscriptions transformed."""
         parts, subs = self.flows.parts, self.flows.subs
         out: list[Effect] = []
-        grouped = self.broker.router.grouped
+        router = self.broker.router
+        grouped = router.grouped
+        if parts:  # (what the folds publish: what some subscription of the network needs)
+            self.flows.gate.update(router.changes, self._table_filters)
         results: dict[int, dict[Any, Any]] = {}  # id(event) -> its paths' results (see _edge)
         publish: list[dict[str, Any]] = []
         folded: list[Key] = []  # the custody records of the events folded
@@ -250,8 +256,8 @@ class FlowSide:
             out.append(e)
         if folded:  # the folds' backup goes before what they publish; the events they
             out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
-            version = self.ring.backups.version  # the holders have that backup
-            for key in folded:
+            version = self.ring.backups.version  # the holders have that backup (if there
+            for key in folded if self.ring.backups.holders else ():  # are none, at once)
                 self.custodian.hold(key, ("backup", version))
                 self._backed_up.append((version, key))
         if publish:  # (routed with the next publish here, or after DERIVED_WAIT: one
@@ -263,6 +269,24 @@ class FlowSide:
                 self._derived_due = True
                 out.append(SetTimer(DERIVED_WAIT, DERIVED))
         return out
+
+    def custody_of(self, effects: list[Effect]) -> None:
+        """The derived events these effects send to other brokers go in custody (their
+        records open now; a partition here folding one opens its own, :meth:`_fold_into`).
+        One delivered only to flow subscriptions here needs no record: if this broker dies, the
+        partition's new holder publishes again what its folds published (:meth:`adopted`)."""
+        custodian = self.custodian
+        step = custodian.step
+        for e in effects:
+            if type(e) is Send and type(e.msg) is cbr.Publish:
+                event = e.msg.event
+                if PARTITION in event and event[EVENT_ID] not in step:
+                    custodian.open(None, event)
+
+    def _table_filters(self) -> list[Filter]:
+        """Every filter of the routing tables (local and from each neighbour)."""
+        tables, _ = self.broker.router.routing_state()
+        return [f for table in tables.values() for f in table.values()]
 
     def _deliver_all(
         self,
@@ -293,7 +317,7 @@ class FlowSide:
                     self._fold_into(part, sub_id, event, edges, publish, folded, results)
             elif not sub.shares(event):
                 edges.extend(self._edge(sub_id, sub, event, got))
-            elif not waits or flows.admit(sub_id, event):
+            else:
                 same = shared.get(sub.space)
                 if same is None:
                     shared[sub.space] = [sub_id]
@@ -302,6 +326,10 @@ class FlowSide:
         if rest:
             out.append(DeliverAll(tuple(rest), event) if len(rest) < len(e.subs) else e)
         for ids in shared.values():
+            if waits:
+                ids = flows.admitted(ids, event)
+                if not ids:
+                    continue
             result = self._shared_result(subs[ids[0]], event, got)
             if result is not None:
                 out.append(DeliverAll(tuple(ids), result))
@@ -319,6 +347,9 @@ class FlowSide:
     ) -> None:
         """A delivery to partition ``part``: folded (or buffered, if taken over a moment ago)."""
         key = self.custodian.step.get(event.get(EVENT_ID))
+        if key is None and PARTITION in event and self.broker.custody:  # (see custody_of)
+            self.custodian.open(None, event)
+            key = self.custodian.step.get(event.get(EVENT_ID))
         if part.buffer is not None:  # (taken over a moment ago: see adopted)
             part.buffer.append((event, key))
             self.custodian.hold(key, (FLOW_GRACE, sub_id))

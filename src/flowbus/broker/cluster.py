@@ -21,7 +21,9 @@ the ring by setting up new links"):
   mutual TLS with the certificate ``broker-N``.
 * With ``http`` (``cluster up --http HOST:PORT``) the first broker serves the web console
   (:mod:`flowbus.broker.console`); its URL is :attr:`Cluster.console_url`.
-* :meth:`Cluster.stop` terminates every broker and waits for it.
+* :meth:`Cluster.stop` terminates every broker (SIGTERM: each closes its store) and waits
+  ``STOP_WAIT`` seconds in all for them; one still running then is killed, so no broker
+  outlives ``cluster up``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ from flowbus.broker.process import OVERLOADED, console_of, start_process, wait_r
 from flowbus.net.certs import broker_name
 
 __all__ = ["Cluster"]
+
+
+STOP_WAIT = 10.0
+"""Seconds the brokers have, all together, to stop on SIGTERM before they are killed."""
 
 
 class Cluster:
@@ -94,9 +100,15 @@ class Cluster:
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()
+        deadline = time.monotonic() + STOP_WAIT
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.poll() is None:
+                self.say(f"broker pid {proc.pid} did not stop in {STOP_WAIT:g} s: killed")
+                proc.kill()
+                proc.wait()
 
     def _process(self, *, join: list[str]) -> subprocess.Popen[str]:
         i = len(self.procs)

@@ -133,11 +133,27 @@ class Interpretation:
 
     # ---------------------------------------------------------------- fold
 
-    def fold(self, state: State | None, events: Iterable[Mapping[str, Any]]) -> dict[Key, Row]:
-        """The state after ``events`` from ``state`` (``{}`` or None: the initial one); ``state`` is kept."""
-        table = self._checked_state(state, "state")
+    def fold(
+        self, state: State | None, events: Iterable[Mapping[str, Any]], *, delivered: bool = False
+    ) -> dict[Key, Row]:
+        """The state after ``events`` from ``state`` (``{}`` or None: the initial one); ``state`` is kept.
+
+        ``delivered``: ``state`` is one this method returned and the events are what a broker
+        delivered from a space of this rule set's event schema (checked when published), as a
+        subscription's queue folds them: the state is not checked again, and an event only for
+        its field names and NaN (the full check, and its error, when those differ).
+        """
+        if not delivered:
+            table = self._checked_state(state, "state")
+            for i, raw in enumerate(events):
+                self.bound.collapse(table, self._event(raw, "event", i))
+            return self._canonical(table)
+        table = dict(state or {})
+        names, collapse = self._names, self.bound.collapse
         for i, raw in enumerate(events):
-            self.bound.collapse(table, self._event(raw, f"event {i}"))
+            if type(raw) is not dict or raw.keys() != names or any(v != v for v in raw.values()):  # (NaN)
+                raw = self._event(raw, "event", i)
+            collapse(table, raw)
         return self._canonical(table)
 
     # ------------------------------------------------------------ catch up
@@ -155,7 +171,7 @@ class Interpretation:
         table = dict(start)
         own: dict[Key, list[dict[str, Value]]] = {}  # per key, the backlog events that changed its row
         for i, raw in enumerate(backlog):
-            event = self._event(raw, f"backlog event {i}")
+            event = self._event(raw, "backlog event", i)
             changed = self.bound.collapse(table, event)
             if changed is not None:
                 key = changed[0]
@@ -202,17 +218,23 @@ class Interpretation:
         reads |= {e.name for _, e in self.bound.ruleset.key if isinstance(e, Field)}
         return tuple(n for n in self.event if n in reads)
 
-    def _event(self, raw: Mapping[str, Any], where: str) -> dict[str, Value]:
+    @cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(self.event)
+
+    def _event(self, raw: Mapping[str, Any], what: str, i: int) -> dict[str, Value]:
+        """Event ``i`` of the ``what`` (``event``, ``backlog event``) checked against the event
+        schema (where it is, named only in an error: this runs per event)."""
         if not isinstance(raw, Mapping):
-            raise SchemaError(f"rule set {self.name!r}: {where} is not a mapping of fields, got {raw!r}")
+            raise SchemaError(f"rule set {self.name!r}: {what} {i} is not a mapping of fields, got {raw!r}")
         try:
             event = self.event.validate(raw)
         except SchemaError as exc:
-            raise SchemaError(f"rule set {self.name!r}: {where}: {exc}", field=exc.field) from None
+            raise SchemaError(f"rule set {self.name!r}: {what} {i}: {exc}", field=exc.field) from None
         for name, value in event.items():
             if isinstance(value, float) and math.isnan(value):
                 raise SchemaError(
-                    f"rule set {self.name!r}: {where}: field {name!r} is NaN, which equals nothing "
+                    f"rule set {self.name!r}: {what} {i}: field {name!r} is NaN, which equals nothing "
                     "(a state holding it could never be caught up with)",
                     field=name,
                 )

@@ -556,7 +556,8 @@ class Queues:
         mostly per call, and the state is only read by a catch-up)."""
         assert sub.collapse is not None  # (only subscriptions with a rule set keep events)
         taken, sub.taken = sub.taken, []
-        sub.seen = self.spaces.interpretation(sub.collapse, sub.space).fold(sub.seen, taken)
+        it = self.spaces.interpretation(sub.collapse, sub.space)
+        sub.seen = it.fold(sub.seen, taken, delivered=True)
 
     def _catch_up(self, sub: Subscription) -> None:
         """Replace the backlog of a subscription with a collapse rule set by its shortest

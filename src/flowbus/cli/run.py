@@ -369,11 +369,13 @@ def _session(name: str, target: Path, *, master: str | None, remote: str | None)
     """The session of the run: ``local[*]`` unless ``master`` or ``remote``; the JVM's log (and
     its Python workers' chatter) in the run's directory, ``_spark.log``, whether or not the live
     table draws: a terminal, a pipe or a CI log shows flowbus's own output only."""
-    from flowbus.spark.session import spark_session
+    from flowbus.spark.session import STREAMING_CONF, spark_session
 
+    conf = None if remote is not None else {"spark.sql.shuffle.partitions": "2"}
+    if conf is not None and (master is None or master.startswith("local")):
+        conf.update(STREAMING_CONF)  # (a cluster's executors are JVMs of their own)
     spark = spark_session(
-        master=master, remote=remote, app_name=f"flowbus-run-{name}",
-        conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
+        master=master, remote=remote, app_name=f"flowbus-run-{name}", conf=conf,
         jvm_log=(target / "_spark.log").resolve(),
     )  # fmt: skip
     if remote is None:

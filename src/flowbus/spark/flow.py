@@ -6,7 +6,9 @@ subscription path) and planned into event logs and stateful groups
 (:mod:`flowbus.flow.eventlog`). Then, in one Spark session:
 
 * per event log, a *delivery query* streams the log (one file per micro-batch
-  for the input log) and, in ``foreachBatch``, records the log's subscription
+  for the input log) and, in ``foreachBatch``, reads the micro-batch's files
+  as a Parquet scan (:func:`~flowbus.spark.groups.batch_frame`: each action
+  then decodes only the columns it needs), records the log's subscription
   points and applies the routes from its points: selects and transforms
   compiled to Columns (:mod:`flowbus.spark.columns`), lookup tables as literal
   maps, a route's rows kept only where its select holds and its outputs and
@@ -31,10 +33,12 @@ subscription path) and planned into event logs and stateful groups
   group's log, one file per micro-batch (a replay rewrites the same file), which
   the next level's queries stream.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
-  to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")`` -- a replayed
+  to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")``, the points of a
+  micro-batch side by side (from threads: their jobs share the cores) -- a replayed
   micro-batch rewrites its own directory, so with the checkpoints output is
   exactly once -- or the console, or a Python callback. A run resumes from its
-  checkpoints when started again on the same ``OUT``.
+  checkpoints when started again on the same ``OUT``; :mod:`flowbus.spark.readers`
+  reads the files back.
 
 Every output row carries ``_order``; sorted by it, a point's events come in the
 reference interpreter's order (see :mod:`flowbus.flow.plan`). It is bytes, 8
@@ -525,7 +529,6 @@ class SparkFlow:
                 targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
         # files side by side (the writes' tasks fill both cores); callbacks, console, bus one by one
         side = self.sink != "console" and self.callback is None
-        counts: dict[str, int] = {}
         with ThreadPoolExecutor(max(1, len(targets))) as pool:
             writing = {
                 t: pool.submit(self._write, t, _union(f), log.name, batch_id)
@@ -584,9 +587,10 @@ class SparkFlow:
             rows = rows.withColumn("_order", F.hex("_order"))
         observed = Observation(f"{point}-{log}-{batch_id}")
         writer = rows.observe(observed, F.count(F.lit(1)).alias("n")).write.mode("overwrite")
-        # _order is unique per row: a dictionary of it is built, then dropped (measured: 10% of a write)
-        writer = writer.option("parquet.enable.dictionary#_order", "false")
-        writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
+        if self.sink == "jsonl":
+            writer.json(str(path))
+        else:  # _order is unique per row: a dictionary of it would be built, then dropped (10% of a write)
+            writer.option("parquet.enable.dictionary#_order", "false").parquet(str(path))
         return int(observed.get.get("n", 0))
 
     def _write_matched(self, point: str, rows: DataFrame, log: str, batch_id: int) -> dict[str, int]:

@@ -84,3 +84,17 @@ def test_the_help_shows_the_bus_options() -> None:
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "flowbus://HOST:PORT" in text and "--sink" in text
+
+
+def test_the_warm_up_of_a_spark_run_is_the_generators_first_events_and_only_for_long_runs() -> None:
+    from flowbus.cli.run import WARM_UP, _warm_up_sample
+    from flowbus.flow import load_spec
+    from flowbus.flow.generators import generate
+
+    g = load_spec(Path(SPEC))
+    assert g.input is not None
+    assert _warm_up_sample(g, None, 10 * WARM_UP + 1, 3) == list(generate(g, events=WARM_UP, seed=3))
+    assert _warm_up_sample(g, None, 10 * WARM_UP, 3) == []  # a short run: none by default
+    assert _warm_up_sample(g, None, None, None) == []  # (an input of unknown size: directories, the bus)
+    assert _warm_up_sample(g, 7, 100, None) == list(generate(g, events=7, seed=g.input.seed))
+    assert _warm_up_sample(g, 0, 10**6, None) == []

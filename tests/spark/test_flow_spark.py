@@ -295,3 +295,30 @@ def test_the_bench_runs_the_stock_flow_on_spark_and_locally_with_the_same_delive
     assert "fold-g0" in engine["profile"]  # the state query's time in the per-key fold
     assert engine["cpu_s"] > 0 and engine["events_per_cpu_s"] > 0 and engine["local_events_per_cpu_s"] > 0
     assert [batch_size(n) for n in (1000, 100_000, 2_000_000, 10**8)] == [5000, 50_000, 1_000_000, 1_000_000]
+
+
+def test_a_delivery_reads_its_micro_batchs_files_from_the_checkpoints_source_log(
+    spark: Any, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from flowbus.spark.groups import batch_frame
+
+    schema = StructType([StructField("x", LongType())])
+    files = []
+    for b, n in ((8, 3), (9, 5), (9, 2)):
+        f = tmp_path / f"part-{len(files)}.parquet"
+        pq.write_table(pa.table({"x": list(range(n))}), f)
+        files.append((b, f))
+    log = tmp_path / "checkpoint" / "sources" / "0"
+    log.mkdir(parents=True)
+    entries = [json.dumps({"path": f.as_uri(), "timestamp": 1, "batchId": b}) for b, f in files]
+    (log / "9.compact").write_text("v1\n" + "\n".join(entries) + "\n")  # (batches 0-9, compacted)
+    (log / "10").write_text("v1\n")
+    handed = spark.createDataFrame([(1,)], schema)
+    df, rows = batch_frame(handed, schema, tmp_path / "checkpoint", 9)
+    assert rows == 7 and sorted(r.x for r in df.collect()) == [0, 0, 1, 1, 2, 3, 4]
+    df, rows = batch_frame(handed, schema, tmp_path / "elsewhere", 9)  # no source log: as handed
+    assert df is handed and rows == 1

@@ -1,6 +1,6 @@
 """``flowbus run`` on Spark (what ``make demo`` runs) shows flowbus's own output only, on a
 terminal or not: the JVM's warnings and its Python workers' chatter go to the run's
-``_spark.log``."""
+``_spark.log`` -- the warm-up's too."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def test_a_spark_run_into_a_pipe_prints_no_jvm_noise(tmp_path: Path) -> None:
             "--out",
             str(out),
             "--fresh",
+            "--warm-up",
+            "100",
         ],
         capture_output=True,
         text=True,
@@ -33,6 +35,7 @@ def test_a_spark_run_into_a_pipe_prints_no_jvm_noise(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "output compressed" in done.stdout + done.stderr  # (flowbus's own summary)
+    assert any(line.split()[1:4] == ["warm_up_events", "│", "100"] for line in done.stdout.splitlines())
     noisy = [line for line in (done.stdout + done.stderr).splitlines() if any(n in line for n in NOISE)]
     assert noisy == []
     log = (out / "_spark.log").read_text()

@@ -191,7 +191,8 @@ def _profile(flow: SparkFlow) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, q in flow.queries.items():
         phases: dict[str, float] = {}
-        progress = [p for p in q.recentProgress if p.numInputRows > 0]
+        # (a delivery reads its micro-batch's files itself: Spark counts no input rows for it)
+        progress = [p for p in q.recentProgress if "addBatch" in p.durationMs]
         for p in progress:
             for phase, ms in p.durationMs.items():
                 phases[phase] = phases.get(phase, 0.0) + ms / 1000

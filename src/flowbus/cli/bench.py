@@ -115,13 +115,13 @@ def bench_spark(
 ) -> None:
     """Spark: the stock flow rewritten vs hop by hop, flowbus run, state paths, bulk matching vs a join."""
     from flowbus.bench import spark_flow, spark_match
-    from flowbus.spark.session import spark_session
+    from flowbus.spark.session import STREAMING_CONF, spark_session
 
     try:
         spark = spark_session(
             master=master,
             app_name="flowbus-bench-spark",
-            conf={"spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "2"},
+            conf={"spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "2", **STREAMING_CONF},
         )
         spark.sparkContext.setLogLevel("ERROR")
         with progress_bar(True) as progress:

@@ -4,8 +4,12 @@ reference interpreter (``--engine local``).
 How it works, on Spark: the spec is loaded and checked, the input (the spec's generator,
 or ``--source POINT=DIR`` directories) is written to the run's input log under
 ``OUT/_flowbus``, the session starts (``local[*]`` unless ``--master`` names a
-cluster), and :class:`flowbus.spark.flow.SparkFlow` starts one query per event
-log and per stateful group. Without ``--follow`` the run ends when every query
+cluster; a long local run's JVM with ``STREAMING_CONF``), and while the input is
+ingested the flow runs once over the first ``--warm-up`` events of the spec's
+generator in a scratch directory (:meth:`flowbus.spark.flow.SparkFlow.warm_up`,
+as ``flowbus bench spark`` does: workers started, kernels loaded, the JVM's
+code compiled before the first micro-batch). Then :class:`flowbus.spark.flow.SparkFlow`
+starts one query per event log and per stateful group. Without ``--follow`` the run ends when every query
 has processed all its input; with it, new files in the source directories are
 ingested every second (and processed before the next look) until Ctrl-C or
 ``--timeout``. Queries are stopped on
@@ -26,6 +30,7 @@ import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -41,6 +46,13 @@ if TYPE_CHECKING:
     from flowbus.flow.graph import Graph
 
 __all__ = ["run", "run_spark"]
+
+WARM_UP = 2000
+"""Events of the default warm-up (``--warm-up``)."""
+LONG_RUN = 200_000
+"""Generated events from which a local run (or any ``--follow``) gets ``STREAMING_CONF``'s JVM: a run of
+300 events took 10 s longer with it (the JVM interprets until C2 compiles); at 2,000,000 events the
+JIT's CPU fell from 11-14 to about 4 CPU-s (docs/results/spark.md)."""
 
 
 def run(
@@ -99,6 +111,15 @@ def run(
             "aggregation for max/min/last/count/sum rule sets, expand per micro-batch)."
         ),
     ] = "state",
+    warm_up: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="spark: events of the spec's generator run through the flow first, in a scratch "
+            "directory, while the input is ingested (0: none; default 2,000 when the spec generates "
+            "more than ten times that).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run a flow spec: on Spark (Structured Streaming) by default, or the local reference interpreter."""
@@ -110,7 +131,7 @@ def run(
         _run_spark_cli(
             spec, master=master, remote=remote, events=events, seed=seed, out=out, sink=sink_format,
             batch_events=batch_events, sources=source or [], sinks=sink or [], follow=follow, timeout=timeout,
-            fresh=fresh, collapse=collapse, as_json=as_json,
+            fresh=fresh, collapse=collapse, warm_up=warm_up, as_json=as_json,
         )  # fmt: skip
         return
     try:
@@ -312,6 +333,7 @@ def run_spark(
     live: bool,
     err_console: Any,
     sinks: Sequence[str] = (),
+    warm_up: int | None = 0,
 ) -> dict[str, Any]:
     """Run ``spec`` on Spark; the summary as a JSON-able dict."""
     from flowbus.flow.spec import load_spec
@@ -339,7 +361,8 @@ def run_spark(
     from flowbus.spark.flow import SparkFlow
 
     t0 = time.perf_counter()
-    spark = _session(g.name, target, master=master, remote=remote)
+    long_run = follow or (total is not None and total >= LONG_RUN)
+    spark = _session(g.name, target, master=master, remote=remote, long_run=long_run)
     session_s = time.perf_counter() - t0
     summary = _Summary(total)
     flow = SparkFlow(
@@ -347,12 +370,17 @@ def run_spark(
         on_batch=summary.add, bus_sources=bus_in, bus_sinks=bus_out,
     )  # fmt: skip
     summary.expect(flow.plan.recorded)
-    if bus_in:
-        published = 0  # (the bus's events come in with the queries)
-    else:
-        published = (
-            flow.ingest_dirs(dirs) if dirs else _ingest_generated(flow, spec, g, events=total, seed=seed)
-        )
+    sample = _warm_up_sample(g, warm_up, total, seed)
+    with ThreadPoolExecutor(1) as pool:  # the warm-up beside the ingest, as the bench does
+        warming = pool.submit(flow.warm_up, sample) if sample else None
+        if bus_in:
+            published = 0  # (the bus's events come in with the queries)
+        else:
+            published = (
+                flow.ingest_dirs(dirs) if dirs else _ingest_generated(flow, spec, g, events=total, seed=seed)
+            )
+        if warming is not None:
+            warming.result()
     t1 = time.perf_counter()
     stopped_by = _drive(
         flow, dirs, follow=follow, timeout=timeout, summary=summary,
@@ -361,24 +389,41 @@ def run_spark(
     return _result(
         spec, flow, summary, target=target, sink=sink, published=published, stopped_by=stopped_by,
         master=remote if remote is not None else spark.sparkContext.master,
-        seconds=time.perf_counter() - t1, session_s=session_s,
+        seconds=time.perf_counter() - t1, session_s=session_s, warm_up=len(sample),
     )  # fmt: skip
 
 
-def _session(name: str, target: Path, *, master: str | None, remote: str | None) -> Any:
+def _session(name: str, target: Path, *, master: str | None, remote: str | None, long_run: bool) -> Any:
     """The session of the run: ``local[*]`` unless ``master`` or ``remote``; the JVM's log (and
     its Python workers' chatter) in the run's directory, ``_spark.log``, whether or not the live
-    table draws: a terminal, a pipe or a CI log shows flowbus's own output only."""
-    from flowbus.spark.session import spark_session
+    table draws: a terminal, a pipe or a CI log shows flowbus's own output only. A long local
+    run's JVM compiles with C2 alone (``STREAMING_CONF``; a short one starts faster with C1)."""
+    from flowbus.spark.session import STREAMING_CONF, spark_session
 
+    conf = None if remote is not None else {"spark.sql.shuffle.partitions": "2"}
+    if conf is not None and long_run and (master is None or master.startswith("local")):
+        conf.update(STREAMING_CONF)  # (a cluster's executors are JVMs of their own)
     spark = spark_session(
-        master=master, remote=remote, app_name=f"flowbus-run-{name}",
-        conf={"spark.sql.shuffle.partitions": "2"} if remote is None else None,
+        master=master, remote=remote, app_name=f"flowbus-run-{name}", conf=conf,
         jvm_log=(target / "_spark.log").resolve(),
     )  # fmt: skip
     if remote is None:
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _warm_up_sample(g: Graph, warm_up: int | None, total: int | None, seed: int | None) -> list[Any]:
+    """The events to warm the flow up with (:meth:`~flowbus.spark.flow.SparkFlow.warm_up`): the
+    first ``warm_up`` of the spec's generator; by default 2,000 when the run generates more than
+    ten times that (a short run would pay more than it saves)."""
+    from flowbus.flow.generators import generate
+
+    if g.input is None:
+        return []
+    if warm_up is None:
+        warm_up = WARM_UP if total is not None and total > 10 * WARM_UP else 0
+    s = seed if seed is not None else g.input.seed
+    return list(generate(g, events=warm_up, seed=s)) if warm_up else []
 
 
 def _ingest_generated(flow: Any, spec: Path, g: Graph, *, events: int | None, seed: int | None) -> int:
@@ -447,6 +492,7 @@ def _result(
     stopped_by: str,
     seconds: float,
     session_s: float,
+    warm_up: int,
 ) -> dict[str, Any]:
     """The run's summary document (what ``--json`` prints)."""
     points = list(flow.plan.recorded)
@@ -465,6 +511,7 @@ def _result(
         "seconds": seconds,
         "events_per_s": summary.events_in / seconds if seconds > 0 else None,
         "session_s": session_s,
+        "warm_up_events": warm_up,
         "stopped_by": stopped_by,
         "out": str(target),
         "format": sink,

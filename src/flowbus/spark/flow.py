@@ -6,7 +6,9 @@ subscription path) and planned into event logs and stateful groups
 (:mod:`flowbus.flow.eventlog`). Then, in one Spark session:
 
 * per event log, a *delivery query* streams the log (one file per micro-batch
-  for the input log) and, in ``foreachBatch``, records the log's subscription
+  for the input log) and, in ``foreachBatch``, reads the micro-batch's files
+  as a Parquet scan (:func:`~flowbus.spark.groups.batch_frame`: each action
+  then decodes only the columns it needs), records the log's subscription
   points and applies the routes from its points: selects and transforms
   compiled to Columns (:mod:`flowbus.spark.columns`), lookup tables as literal
   maps, a route's rows kept only where its select holds and its outputs and
@@ -31,10 +33,12 @@ subscription path) and planned into event logs and stateful groups
   group's log, one file per micro-batch (a replay rewrites the same file), which
   the next level's queries stream.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
-  to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")`` -- a replayed
+  to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")``, the points of a
+  micro-batch side by side (from threads: their jobs share the cores) -- a replayed
   micro-batch rewrites its own directory, so with the checkpoints output is
   exactly once -- or the console, or a Python callback. A run resumes from its
-  checkpoints when started again on the same ``OUT``.
+  checkpoints when started again on the same ``OUT``; :mod:`flowbus.spark.readers`
+  reads the files back.
 
 Every output row carries ``_order``; sorted by it, a point's events come in the
 reference interpreter's order (see :mod:`flowbus.flow.plan`). It is bytes, 8
@@ -83,12 +87,27 @@ from flowbus.matching import Matcher
 from flowbus.spark.bulk import Shipped, executor_matcher, ship
 from flowbus.spark.bus import register, spark_type
 from flowbus.spark.columns import ColumnCompiler
-from flowbus.spark.groups import AggregateBatches, FoldBatches, expands_need_no_backlog, log_schema
+from flowbus.spark.groups import (
+    AggregateBatches,
+    FoldBatches,
+    batch_frame,
+    expands_need_no_backlog,
+    log_schema,
+)
 from flowbus.spark.pipeline import BUS_LEVEL, BusEnd, BusIngest, publish_rows, run_id
+from flowbus.spark.readers import read_matched, read_outputs
 from flowbus.spark.routes import route_columns
 from flowbus.spark.state import GroupFolder
 
-__all__ = ["BatchReport", "GroupFolder", "SinkFormat", "SparkFlow", "read_outputs", "spark_type"]
+__all__ = [
+    "BatchReport",
+    "GroupFolder",
+    "SinkFormat",
+    "SparkFlow",
+    "read_matched",
+    "read_outputs",
+    "spark_type",
+]
 
 SinkFormat = Literal["parquet", "jsonl", "console"]
 CollapseMode = Literal["state", "aggregate"]
@@ -484,22 +503,20 @@ class SparkFlow:
 
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
         """Deliver micro-batch ``batch_id`` of ``log``, and fold it into the groups it feeds (alongside)."""
+        checkpoint = self.work / "checkpoints" / f"deliver-{log.name}"
+        df, rows_in = batch_frame(df, log_schema(self.graph, log), checkpoint, batch_id)
         folds = [g for g in self.plan.groups if g.log_in == log.name and not g.aggregate]
-        if not folds:
-            self._deliver(log, df, batch_id)
-            return
-        with ThreadPoolExecutor(len(folds)) as pool:
+        with ThreadPoolExecutor(max(1, len(folds))) as pool:
             folding = [pool.submit(self._fold_batch, g, df, batch_id) for g in folds]
-            self._deliver(log, df, batch_id)
+            self._deliver(log, df, batch_id, rows_in)
             for f in folding:
                 f.result()
 
-    def _deliver(self, log: Log, df: DataFrame, batch_id: int) -> None:
+    def _deliver(self, log: Log, df: DataFrame, batch_id: int, rows_in: int) -> None:
         t0 = time.perf_counter()
         self._session(df)
         # not cached: each write reads the micro-batch's Parquet file again (only the columns it
-        # needs), which costs less than building the cache (measured); the count reads the footers
-        rows_in = df.count()
+        # needs), which costs less than building the cache (measured)
         targets: dict[str, list[DataFrame]] = {}
         matched: list[tuple[str, DataFrame]] = []
         for point, routes in self._compiled[log.name]:
@@ -510,9 +527,20 @@ class SparkFlow:
                 matched.extend((point, m) for m in self._matched_rows(point, pdf))
             for _pos, route, cond, columns in routes:
                 targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
-        counts: dict[str, int] = {}
-        for target, frames in targets.items():
-            counts[target] = self._write(target, _union(frames), log.name, batch_id)
+        # files side by side (the writes' tasks fill both cores); callbacks, console, bus one by one
+        side = self.sink != "console" and self.callback is None
+        with ThreadPoolExecutor(max(1, len(targets))) as pool:
+            writing = {
+                t: pool.submit(self._write, t, _union(f), log.name, batch_id)
+                for t, f in targets.items()
+                if side and t not in self.bus_sinks
+            }
+            counts = {
+                t: self._write(t, _union(f), log.name, batch_id)
+                for t, f in targets.items()
+                if t not in writing
+            }
+            counts.update({t: f.result() for t, f in writing.items()})
         for point, frame in matched:
             counts.update(self._write_matched(point, frame, log.name, batch_id))
         self._report(BatchReport(f"deliver {log.name}", batch_id, rows_in, counts, time.perf_counter() - t0))
@@ -559,7 +587,10 @@ class SparkFlow:
             rows = rows.withColumn("_order", F.hex("_order"))
         observed = Observation(f"{point}-{log}-{batch_id}")
         writer = rows.observe(observed, F.count(F.lit(1)).alias("n")).write.mode("overwrite")
-        writer.parquet(str(path)) if self.sink == "parquet" else writer.json(str(path))
+        if self.sink == "jsonl":
+            writer.json(str(path))
+        else:  # _order is unique per row: a dictionary of it would be built, then dropped (10% of a write)
+            writer.option("parquet.enable.dictionary#_order", "false").parquet(str(path))
         return int(observed.get.get("n", 0))
 
     def _write_matched(self, point: str, rows: DataFrame, log: str, batch_id: int) -> dict[str, int]:
@@ -737,10 +768,7 @@ class SparkFlow:
 
 
 def _union(frames: Sequence[DataFrame]) -> DataFrame:
-    out = frames[0]
-    for f in frames[1:]:
-        out = out.unionByName(f)
-    return out
+    return reduce(DataFrame.unionByName, frames)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -754,35 +782,3 @@ def _first_line(exc: BaseException) -> str:
 def fingerprint(spec_text: str, generator: str, events: int, seed: int) -> str:
     digest = hashlib.sha256(spec_text.encode()).hexdigest()[:12]
     return f"{generator}:{events}:{seed}:{digest}"
-
-
-def read_outputs(
-    spark: SparkSession, out: Path, point: str, sink: SinkFormat = "parquet"
-) -> list[dict[str, Any]]:
-    """The events written for ``point`` (without ``_order``), in ``_order``."""
-    base = Path(out) / point
-    if not base.exists() or not any(base.iterdir()):
-        return []
-    reader = spark.read.parquet if sink == "parquet" else spark.read.json
-    df = reader(str(base / "*"))
-    if "_order" not in df.columns:  # JSON lines of micro-batches that delivered nothing
-        return []
-    rows = [r.asDict(recursive=True) for r in df.orderBy("_order").collect()]
-    return [{k: v for k, v in r.items() if k != "_order" and v is not None} for r in rows]
-
-
-def read_matched(spark: SparkSession, out: Path, point: str) -> dict[str, list[dict[str, Any]]]:
-    """The events delivered through ``point``'s matcher (Parquet), per subscription point, in ``_order``."""
-    base = Path(out) / f"{point}.matched"
-    if not base.is_dir():
-        return {}
-    frames = [spark.read.parquet(str(d)) for d in sorted(base.iterdir()) if d.is_dir() and any(d.iterdir())]
-    if not frames:
-        return {}
-    got: dict[str, list[dict[str, Any]]] = {}
-    for r in _union(frames).orderBy("_order").collect():
-        row = r.asDict(recursive=True)
-        target = row.pop("_target")
-        row.pop("_order")
-        got.setdefault(target, []).append({k: v for k, v in row.items() if v is not None})
-    return got

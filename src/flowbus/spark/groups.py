@@ -28,10 +28,12 @@ the same rows).
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,10 +58,14 @@ __all__ = [
     "AggregateBatches",
     "FoldBatches",
     "Versions",
+    "batch_frame",
     "expands_need_no_backlog",
     "log_schema",
     "write_log",
 ]
+
+
+_ROW_GROUP = 131_072
 
 
 def log_schema(g: Graph, log: Log) -> StructType:
@@ -69,13 +75,40 @@ def log_schema(g: Graph, log: Log) -> StructType:
     return StructType(fields)
 
 
+def batch_frame(df: DataFrame, schema: StructType, checkpoint: Path, batch_id: int) -> tuple[DataFrame, int]:
+    """Micro-batch ``batch_id`` of a log as a scan of its files, and its number of rows.
+
+    ``foreachBatch`` hands a micro-batch over as the rows its plan made (a
+    ``LogicalRDD``): every action on it decodes every column of the files into
+    rows again, where a scan of the batch's files reads only the columns each
+    action needs. The files are in the query's checkpoint, in Spark's source
+    log (``sources/0/<batch>`` or the ``.compact`` file holding it: a line of
+    JSON per file); the rows are read off their Parquet footers. Without that
+    log: ``df`` as handed, and a count job.
+    """
+    for name in (str(batch_id), f"{batch_id}.compact"):
+        log = checkpoint / "sources" / "0" / name
+        if log.is_file():
+            entries = [json.loads(line) for line in log.read_text().splitlines()[1:] if line.strip()]
+            files = [e["path"] for e in entries if e.get("batchId") == batch_id]
+            break
+    else:
+        return df, int(df.count())
+    scan = df.sparkSession.read.schema(schema).parquet(*files)
+    urls = [urlparse(f) for f in files]
+    if not all(u.scheme in ("", "file") for u in urls):
+        return scan, int(scan.count())
+    return scan, sum(pq.read_metadata(unquote(u.path)).num_rows for u in urls)
+
+
 def write_log(g: Graph, log: Log, directory: Path, batch_id: int, table: pa.Table) -> None:
     """Micro-batch ``batch_id``'s derived events as one file of ``log`` (nothing when there are none)."""
     if not table.num_rows:
         return
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".batch-{batch_id:06d}.tmp"
-    pq.write_table(table.cast(arrow_schema(g, log)), tmp)
+    # row groups of at most _ROW_GROUP rows: the next level's scans split the file into as many tasks
+    pq.write_table(table.cast(arrow_schema(g, log)), tmp, row_group_size=_ROW_GROUP)
     tmp.replace(directory / f"batch-{batch_id:06d}.parquet")
 
 

@@ -44,7 +44,7 @@ from flowbus.errors import FlowbusError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["flowbus_zip", "is_connect", "jvm_log_path", "spark_session"]
+__all__ = ["STREAMING_CONF", "flowbus_zip", "is_connect", "jvm_log_path", "spark_session"]
 
 _LOCAL_CONF = {
     "spark.ui.enabled": "false",
@@ -55,6 +55,15 @@ _LOCAL_CONF = {
     # workers of several queries starting at once take longer than the default 15 s
     "spark.python.authenticate.socketTimeout": "120s",
 }
+
+
+STREAMING_CONF = {
+    # a long run's JVM (flowbus run, the bench): C2 alone compiles less than tiered compilation,
+    # whose C1 and C2 threads took 11-14 CPU-s of a 2,000,000-event run against 4 (measured,
+    # docs/results/spark.md), and ParallelGC spends less than G1 on its short-lived rows
+    "spark.driver.extraJavaOptions": "-XX:-TieredCompilation -XX:+UseParallelGC",
+}
+"""Settings of a local session that runs a flow for long (a new JVM only: they set its flags)."""
 
 
 def _require_pyspark() -> None:

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+from tests.spark.flowgen import CODE, NUMBERS, TEXTS, _filter, _num
 
 from flowbus.errors import FlowError
 from flowbus.filters.ast import Filter, Undefined
@@ -15,7 +16,6 @@ from flowbus.filters.parser import parse
 from flowbus.flow.collapse import BoundRules, Rule, RuleSet
 from flowbus.flow.rulecode import key_function, step_function
 from flowbus.model import Schema
-from tests.spark.flowgen import CODE, NUMBERS, TEXTS, _filter, _num
 
 EVENT = {"k": "str", "a": "float", "b": "float"}
 STATE = {"k": "str", "top": "float", "total": "float", "n": "int"}
@@ -37,7 +37,9 @@ def _rule(rng: random.Random) -> Rule:
         sets[name] = rng.choice(["n + 1", "n - 1", "1", "n * 2"]) if name == "n" else _value(rng)
     when = Filter.true()
     if rng.random() < 0.7:
-        when = parse(f"({_filter(rng)}) & {rng.choice(STATE_LITERALS)}" if rng.random() < 0.5 else _filter(rng))
+        when = parse(
+            f"({_filter(rng)}) & {rng.choice(STATE_LITERALS)}" if rng.random() < 0.5 else _filter(rng)
+        )
     return Rule(tuple((n, parse_expression(e)) for n, e in sets.items()), when)
 
 

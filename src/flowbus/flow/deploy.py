@@ -72,11 +72,13 @@ from flowbus.filters.ast import (
 from flowbus.filters.compile import ALWAYS, Compiler, shared_subexpressions
 from flowbus.filters.substitute import substitute_filter
 from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.expand import Expander, expander
 from flowbus.flow.generators import generate
-from flowbus.flow.graph import Expand, Graph, Route, StateSpace
+from flowbus.flow.graph import Collapse, Expand, Graph, Route, StateSpace
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import StatefulGroup, plan
 from flowbus.flow.rewrite import exit_name, rewrite, route_shared
+from flowbus.flow.rulecode import KeyFn, StepFn, key_function, step_function
 from flowbus.flow.spec import graph_from_spec, lookup_table, read_spec
 from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
@@ -285,21 +287,59 @@ class Reader:
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """A state's expand arc: what the owner publishes on each change of a row."""
+    """A state's expand arc: what the owner publishes on each change of a row. The owner's
+    subscriber had the row before the change, so an arc that replays its collapse sends the
+    cause itself and one whose first rule writes any row in one event (``off_goal``) the
+    event read off the new row: what :meth:`Deliverer.events` answers, without its calls."""
 
     deliverer: Deliverer
     space: str  # the bus space it publishes into
     arc: str = ""
+    off_goal: Expander | None = None
+    index: tuple[int, ...] | None = None  # the state's columns it tracks (None: all of them)
+    fields: frozenset[str] = frozenset()  # a replaying arc's event fields
+
+    def events(self, key: Key, old: Row, new: Row, cause: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        """What the arc publishes when the row of ``key`` goes from ``old`` to ``new``."""
+        index = self.index
+        if index is None:
+            had, goal = old, new
+        else:
+            had, goal = tuple(old[i] for i in index), tuple(new[i] for i in index)
+        if goal == had:
+            return ()
+        fields = self.fields
+        if fields and fields <= cause.keys():
+            return (cause if len(cause) == len(fields) else {f: cause[f] for f in self.deliverer.fields},)
+        if self.off_goal is not None:
+            ev = self.off_goal.goal_event(key, goal)
+            if ev is not None:
+                return (ev,)
+        return self.deliverer.search(key, had, goal).events
+
+    @staticmethod
+    def of(rw: Graph, e: Expand, collapse: Collapse) -> Output:
+        """The expand arc ``e`` out of ``collapse``'s state as the owner runs it."""
+        d = Deliverer(rw, e, collapse)
+        x = expander(d.bound)
+        return Output(
+            d, bus_name(e.target), e.name,
+            x if x.off_goal is not None and not d.shortcut else None,
+            None if d.whole else tuple(d.index),
+            frozenset(d.fields) if d.shortcut else frozenset(),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Fold:
-    """One collapse arc of a group, into ``state``, and the expand arcs out of that state."""
+    """One collapse arc of a group, into ``state``, and the expand arcs out of that state;
+    ``step``: its rules as one compiled function (:mod:`flowbus.flow.rulecode`)."""
 
     arc: str
     state: str
     bound: BoundRules
     outputs: tuple[Output, ...]
+    step: StepFn
 
 
 @dataclass(frozen=True)
@@ -311,35 +351,37 @@ class Group:
     feeds: tuple[Feed, ...]
     folds: tuple[Fold, ...]
     counts: dict[str, int] = field(default_factory=dict, compare=False)  # (the deployment's)
+    key_fn: KeyFn | None = field(default=None, compare=False)  # the first fold's key, compiled
 
     def key_of(self, event: Mapping[str, Any]) -> Key | None:
         try:
-            return self.folds[0].bound.key_of(event)
+            return (self.key_fn or self.folds[0].bound.key_of)(event)
         except Undefined:
             return None
 
     def fold(
-        self, key: Key, event: Mapping[str, Any], row_of: Callable[[str, Key], Row | None]
-    ) -> list[tuple[Fold, Row, Row, list[tuple[str, dict[str, Any]]]]]:
-        """Fold ``event`` (a feed's input) for ``key``: per collapse whose row changed, the
-        fold, the old and new row and what its expand arcs publish (space, event)."""
+        self, key: Key, event: Mapping[str, Any], olds: Sequence[Row | None]
+    ) -> list[tuple[int, Row, list[tuple[str, Mapping[str, Any]]]]]:
+        """Fold ``event`` (a feed's input) for ``key``, whose rows are ``olds`` (per fold, None:
+        not seen yet): per collapse whose row changed, its position, its new row and what its
+        expand arcs publish (space, event)."""
         changes = []
         counts = self.counts
-        for f in self.folds:
+        for i, f in enumerate(self.folds):
             counts[f.arc] = counts.get(f.arc, 0) + 1
-            old = row_of(f.state, key)
+            old = olds[i]
             if old is None:
                 old = f.bound.initial
-            new = f.bound.step(key, old, event)
+            new = f.step(key, old, event)
             if new is None or new == old:
                 continue
-            published: list[tuple[str, dict[str, Any]]] = []
+            published: list[tuple[str, Mapping[str, Any]]] = []
             for out in f.outputs:
-                d = out.deliverer
-                _, events = d.events(key, d.project(old), old, new, event)
-                published.extend((out.space, dict(ev)) for ev in events)
-                counts[out.arc] = counts.get(out.arc, 0) + len(events)
-            changes.append((f, old, new, published))
+                events = out.events(key, old, new, event)
+                if events:
+                    published.extend((out.space, ev) for ev in events)
+                    counts[out.arc] = counts.get(out.arc, 0) + len(events)
+            changes.append((i, new, published))
         return changes
 
     def snapshot(self, key: Key, rows: Mapping[str, Row]) -> list[tuple[str, dict[str, Any]]]:
@@ -592,12 +634,12 @@ class Deployment:
         folds = []
         for collapse in g.collapses:
             outputs = tuple(
-                Output(Deliverer(rw, e, collapse), bus_name(e.target), e.name)
-                for e in rw.out_arcs(collapse.target)
-                if isinstance(e, Expand)
+                Output.of(rw, e, collapse) for e in rw.out_arcs(collapse.target) if isinstance(e, Expand)
             )
-            folds.append(Fold(collapse.name, collapse.target, bind_rules(rw, collapse), outputs))
-        return Group(g.name, self.name, tuple(feeds), tuple(folds), self.counts)
+            bound = bind_rules(rw, collapse)
+            folds.append(Fold(collapse.name, collapse.target, bound, outputs, step_function(bound)))
+        key_fn = key_function(folds[0].bound) if folds else None
+        return Group(g.name, self.name, tuple(feeds), tuple(folds), self.counts, key_fn)
 
     @cached_property
     def group_of_state(self) -> dict[str, str]:

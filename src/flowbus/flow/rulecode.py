@@ -21,8 +21,8 @@ generated code does is exactly what :meth:`BoundRules.step` does with its closur
 
 Function calls and lookups keep the compiler's closures (with its memo, so a shared
 call is made once per event, as before): the generated code calls them with the
-interpreter's environment ``(event, row, key)``. :func:`key_function` does the same
-for the key expressions, whose fields are read as the filter compiler reads them.
+interpreter's environment ``(event, row, key)``. :func:`key_function` writes out the
+key when its components are event fields, read as the filter compiler reads them.
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ class _Writer:
         """Statements setting ``out`` to whether ``lit`` holds (as the filter compiler's tests)."""
         if isinstance(lit, Predicate):
             if lit.op in ORDERING_OPS or lit.op in (Op.EQ, Op.NE) or lit.op in STRING_OPS:
+                assert lit.value is not None and not isinstance(lit.value, tuple)
                 lit = ExprPredicate(Field(lit.attr), lit.op, Const(lit.value), lit.negated)
             else:
                 self._resolved(lit, out, indent)
@@ -188,7 +189,11 @@ def step_function(bound: BoundRules) -> StepFn:
     """``bound``'s :meth:`~BoundRules.step` as one compiled function (see the module note)."""
     rules = bound.ruleset.rules
     exprs = [e for r in rules for _, e in r.sets] + [
-        side for r in rules for conj in r.when.disjuncts for lit in conj.expressions for side in (lit.left, lit.right)
+        side
+        for r in rules
+        for conj in r.when.disjuncts
+        for lit in conj.expressions
+        for side in (lit.left, lit.right)
     ]
     calls = [c for e in exprs for c in _calls(e)]
     shared = [c for c in dict.fromkeys(calls) if calls.count(c) > 1]
@@ -237,14 +242,15 @@ def _guard(w: _Writer, rule: Rule, indent: int) -> None:
 
 
 def key_function(bound: BoundRules) -> KeyFn:
-    """``bound``'s :meth:`~BoundRules.key_of` compiled: key fields read inline, other key
-    expressions by the compiler's closures (raises :class:`Undefined` as it does)."""
+    """``bound``'s :meth:`~BoundRules.key_of` compiled when every key component is an event
+    field, read as the filter compiler reads one (raises :class:`Undefined` as it does); else
+    ``bound.key_of`` itself."""
     exprs = dict(bound.ruleset.key)
-    if not all(isinstance(exprs[n], Field) for n in bound.key_names):
+    names = [e.name for n in bound.key_names if isinstance(e := exprs[n], Field)]
+    if len(names) != len(bound.key_names):
         return bound.key_of
     lines = ["def key_of(event):"]
-    for i, n in enumerate(bound.key_names):
-        name = exprs[n].name  # type: ignore[attr-defined]
+    for i, name in enumerate(names):
         lines += [
             f"    v{i} = event.get({name!r})",
             f"    t = type(v{i})",

@@ -14,6 +14,7 @@ from flowbus.filters.ast import Filter, Undefined
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.parser import parse
 from flowbus.flow.collapse import BoundRules, Rule, RuleSet
+from flowbus.flow.expand import expand_key, expander
 from flowbus.flow.rulecode import key_function, step_function
 from flowbus.model import Schema
 
@@ -110,3 +111,45 @@ def test_the_first_defined_rule_fires() -> None:
     assert step(("x",), (0.0, 1.0, 2), {"k": "x", "a": 3.0, "b": 2.0}) == (1.5, 1.0, 2)
     assert step(("x",), (0.0, 1.0, 2), {"k": "x", "a": 3.0, "b": 0.0}) == (0.0, 4.0, 3)
     assert step(("x",), (0.0, 1.0, 2), {"k": "x", "b": 0.0}) is None  # a undefined: no rule fires
+
+
+def _goal_rules(rng: random.Random) -> tuple[Rule, ...]:
+    """A first rule writing every column from an event field of its own (a or b, and n from n), or a
+    guarded or arithmetic one (no shortcut), then random rules."""
+    first = [("top", "a"), ("total", "b"), ("n", "n")]
+    rng.shuffle(first)
+    kind = rng.randrange(3)
+    sets = tuple((c, parse_expression(f"event.{f}" if f == "n" else f)) for c, f in first)
+    if kind == 1:
+        sets = ((sets[0][0], parse_expression("a + 1")), *sets[1:])
+    head = Rule(sets, parse("a > 0") if kind == 2 else Filter.true())
+    return (head, *(_rule(rng) for _ in range(rng.randint(0, 2))))
+
+
+def test_the_event_read_off_the_goal_is_what_the_search_finds() -> None:
+    """Expander.goal_event (the owners' expand shortcut) against expand_key, from random rows."""
+    rng = random.Random(7)
+    event = {**EVENT, "n": "int"}
+    shortcuts = 0
+    for _ in range(60):
+        try:
+            bound = BoundRules(
+                RuleSet("r", (("k", parse_expression("k")),), _goal_rules(rng)),
+                event=Schema.of(event), state=Schema.of(STATE), key_names=("k",),
+                components=("top", "total", "n"), initial=(0.0, 0.0, 0), functions={"code": CODE}, where="t",
+            )  # fmt: skip
+        except FlowError:
+            continue
+        x = expander(bound)
+        for _ in range(10):
+            start, goal = (
+                (rng.choice(VALUES[:9]), rng.choice(VALUES[:9]), rng.randrange(3)) for _ in range(2)
+            )
+            got = x.goal_event(("IBM",), goal)
+            if x.off_goal is None:
+                assert got is None
+            elif start != goal:
+                shortcuts += 1
+                found = expand_key(bound, ("IBM",), start, goal).events
+                assert len(found) == 1 and repr(got) == repr(found[0])  # (the same values, of the same types)
+    assert shortcuts > 50

@@ -78,7 +78,7 @@ from flowbus.flow.graph import Collapse, Expand, Graph, Route, StateSpace
 from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import StatefulGroup, plan
 from flowbus.flow.rewrite import exit_name, rewrite, route_shared
-from flowbus.flow.rulecode import KeyFn, StepFn, key_function, step_function
+from flowbus.flow.rulecode import KeyFn, StepFn, key_function, projection, step_function
 from flowbus.flow.spec import graph_from_spec, lookup_table, read_spec
 from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
@@ -296,16 +296,16 @@ class Output:
     space: str  # the bus space it publishes into
     arc: str = ""
     off_goal: Expander | None = None
-    index: tuple[int, ...] | None = None  # the state's columns it tracks (None: all of them)
+    project: Callable[[Row], Row] | None = None  # the state's columns it tracks (None: all of them)
     fields: frozenset[str] = frozenset()  # a replaying arc's event fields
 
     def events(self, key: Key, old: Row, new: Row, cause: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
         """What the arc publishes when the row of ``key`` goes from ``old`` to ``new``."""
-        index = self.index
-        if index is None:
+        project = self.project
+        if project is None:
             had, goal = old, new
         else:
-            had, goal = tuple(old[i] for i in index), tuple(new[i] for i in index)
+            had, goal = project(old), project(new)
         if goal == had:
             return ()
         fields = self.fields
@@ -325,7 +325,7 @@ class Output:
         return Output(
             d, bus_name(e.target), e.name,
             x if x.off_goal is not None and not d.shortcut else None,
-            None if d.whole else tuple(d.index),
+            None if d.whole else projection(d.index),
             frozenset(d.fields) if d.shortcut else frozenset(),
         )  # fmt: skip
 

@@ -27,7 +27,7 @@ key when its components are event fields, read as the filter compiler reads them
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import count
 from typing import Any
 
@@ -52,7 +52,7 @@ from flowbus.filters.compile import Compiler
 from flowbus.filters.values import canonical
 from flowbus.flow.collapse import BoundRules, Key, Row, Rule
 
-__all__ = ["KeyFn", "StepFn", "key_function", "step_function"]
+__all__ = ["KeyFn", "StepFn", "key_function", "projection", "step_function"]
 
 StepFn = Callable[[Key, Row, Mapping[str, Any]], Row | None]
 KeyFn = Callable[[Mapping[str, Any]], Key]
@@ -262,4 +262,11 @@ def key_function(bound: BoundRules) -> KeyFn:
     scope: dict[str, Any] = {"Undefined": Undefined, "canonical": canonical}
     exec(compile("\n".join(lines), f"<key {bound.where}>", "exec"), scope)
     fn: KeyFn = scope["key_of"]
+    return fn
+
+
+def projection(index: Sequence[int]) -> Callable[[Row], Row]:
+    """``row -> (row[i] for i in index)`` as one tuple display."""
+    items = "".join(f"row[{i}], " for i in index)
+    fn: Callable[[Row], Row] = eval(f"lambda row: ({items})")
     return fn

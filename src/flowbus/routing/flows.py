@@ -377,7 +377,8 @@ class Flows:
             src = feed.input(event)
             if src is None:
                 continue
-            count_arcs(d.counts, feed.arcs, results)
+            if feed.arcs:
+                count_arcs(d.counts, feed.arcs, results)
             key = group.key_of(src)
             if key is None:
                 continue

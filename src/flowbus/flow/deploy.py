@@ -72,7 +72,7 @@ from flowbus.filters.ast import (
 from flowbus.filters.compile import ALWAYS, Compiler, shared_subexpressions
 from flowbus.filters.substitute import substitute_filter
 from flowbus.flow.collapse import BoundRules, Key, Row
-from flowbus.flow.expand import Expander, expander
+from flowbus.flow.expand import expander
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import Collapse, Expand, Graph, Route, StateSpace
 from flowbus.flow.local import Deliverer
@@ -295,7 +295,7 @@ class Output:
     deliverer: Deliverer
     space: str  # the bus space it publishes into
     arc: str = ""
-    off_goal: Expander | None = None
+    off_goal: Callable[[Key, Row], Mapping[str, Any] | None] | None = None  # Expander.goal_event
     project: Callable[[Row], Row] | None = None  # the state's columns it tracks (None: all of them)
     fields: frozenset[str] = frozenset()  # a replaying arc's event fields
 
@@ -312,7 +312,7 @@ class Output:
         if fields and fields <= cause.keys():
             return (cause if len(cause) == len(fields) else {f: cause[f] for f in self.deliverer.fields},)
         if self.off_goal is not None:
-            ev = self.off_goal.goal_event(key, goal)
+            ev = self.off_goal(key, goal)
             if ev is not None:
                 return (ev,)
         return self.deliverer.search(key, had, goal).events
@@ -321,10 +321,9 @@ class Output:
     def of(rw: Graph, e: Expand, collapse: Collapse) -> Output:
         """The expand arc ``e`` out of ``collapse``'s state as the owner runs it."""
         d = Deliverer(rw, e, collapse)
-        x = expander(d.bound)
         return Output(
             d, bus_name(e.target), e.name,
-            x if x.off_goal is not None and not d.shortcut else None,
+            None if d.shortcut else expander(d.bound).goal_event,
             None if d.whole else projection(d.index),
             frozenset(d.fields) if d.shortcut else frozenset(),
         )  # fmt: skip

@@ -61,6 +61,7 @@ from typing import Any
 from flowbus.errors import ExpandError, FlowError
 from flowbus.filters.ast import Const, Expr, Field, Filter, value_key
 from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.rulecode import goal_function
 from flowbus.model import Value
 
 __all__ = [
@@ -143,7 +144,12 @@ class Expander:
         self.constants = bound.ruleset.constants()
         self.form = self._analyse()
         self._cover: dict[int, float] = {0: 0}
-        self.off_goal = self._off_goal()
+        plan = self._off_goal()
+        self.goal_event = None if plan is None else goal_function(plan)
+        """``(key, goal) -> event``: the one event read off ``goal`` when the first rule writes
+        any row in one event (see :meth:`_off_goal`) -- what :func:`expand_key` finds first from any
+        other row (:meth:`direct`'s first event, which that rule takes to the goal), without the
+        search; None from it: search. None: the rules have no such first rule."""
 
     def event_field(self, e: Expr) -> str | None:
         """The event field ``e`` reads, if ``e`` is just that field (``price`` or ``event.price``)."""
@@ -203,18 +209,6 @@ class Expander:
             *((f, -1 - pos, kind) for f, kind, pos in self.key_fields),
             *((f, col, kind) for col, f, kind in first.params),
         )
-
-    def goal_event(self, key: Key, goal: Row) -> dict[str, Value] | None:
-        """The one event read off ``goal`` when the first rule writes any row in one event (see
-        :meth:`_off_goal`): what :func:`expand_key` finds first from any other row (:meth:`direct`'s
-        first event, which that rule takes to the goal), without the search. None: search."""
-        out: dict[str, Value] = {}
-        for f, col, kind in self.off_goal or ():
-            value = key[-1 - col] if col < 0 else goal[col]
-            if col >= 0 and not _fits(kind, value):
-                return None
-            out[f] = _as(kind, value)
-        return out if self.off_goal is not None else None
 
     def can_end_in(self, shape: _Shape, key: Key, goal: Row) -> bool:
         """Can the rule of ``shape`` produce the goal's values (guards ignored)?"""

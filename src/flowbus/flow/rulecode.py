@@ -22,7 +22,8 @@ generated code does is exactly what :meth:`BoundRules.step` does with its closur
 Function calls and lookups keep the compiler's closures (with its memo, so a shared
 call is made once per event, as before): the generated code calls them with the
 interpreter's environment ``(event, row, key)``. :func:`key_function` writes out the
-key when its components are event fields, read as the filter compiler reads them.
+key when its components are event fields, read as the filter compiler reads them, and
+:func:`goal_function` the event an expand arc reads off a row (``Expander.goal_event``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from flowbus.filters.compile import Compiler
 from flowbus.filters.values import canonical
 from flowbus.flow.collapse import BoundRules, Key, Row, Rule
 
-__all__ = ["KeyFn", "StepFn", "key_function", "projection", "step_function"]
+__all__ = ["KeyFn", "StepFn", "goal_function", "key_function", "projection", "step_function"]
 
 StepFn = Callable[[Key, Row, Mapping[str, Any]], Row | None]
 KeyFn = Callable[[Mapping[str, Any]], Key]
@@ -269,4 +270,26 @@ def projection(index: Sequence[int]) -> Callable[[Row], Row]:
     """``row -> (row[i] for i in index)`` as one tuple display."""
     items = "".join(f"row[{i}], " for i in index)
     fn: Callable[[Row], Row] = eval(f"lambda row: ({items})")
+    return fn
+
+
+def goal_function(plan: Sequence[tuple[str, int, type]]) -> Callable[[Key, Row], dict[str, Any] | None]:
+    """``(key, goal) -> event`` with each ``(field, column, type)`` of ``plan`` read off the key
+    (column -1 - i: its component i) or the goal row: None when a goal value is not of the
+    field's type (a float field takes an int, as a float); one dict display."""
+    lines = ["def goal_event(key, goal):"]
+    items = []
+    for n, (f, col, kind) in enumerate(plan):
+        v = f"v{n}"
+        lines.append(f"    {v} = key[{-1 - col}]" if col < 0 else f"    {v} = goal[{col}]")
+        if col >= 0:
+            fits = _NUMERIC.format(v) if kind is float else f"type({v}) is {kind.__name__}"
+            lines.append(f"    if not {fits}: return None")
+        if kind is float:
+            lines.append(f"    if type({v}) is int: {v} = float({v})")
+        items.append(f"{f!r}: {v}")
+    lines.append(f"    return {{{', '.join(items)}}}")
+    scope: dict[str, Any] = {}
+    exec(compile("\n".join(lines), "<goal event>", "exec"), scope)
+    fn: Callable[[Key, Row], dict[str, Any] | None] = scope["goal_event"]
     return fn

@@ -141,7 +141,7 @@ class BoundRules:
         self.initial = initial
         self.where = where
         self._index = {c: i for i, c in enumerate(components)}
-        fns = with_builtins(functions)
+        fns = self.functions = with_builtins(functions)
         types = self._check_key(state, fns)
         self._check_rules(types, state, fns)
         self._compile(fns)
@@ -228,7 +228,7 @@ class BoundRules:
         exprs: list[Expr] = []
         for rule in self.ruleset.rules:
             exprs += expressions_of(rule.when) + [e for _, e in rule.sets]
-        c = Compiler(functions, shared_subexpressions(exprs), fields=self._read)
+        c = Compiler(functions, shared_subexpressions(exprs), fields=self.read)
         self._new_memo = c.memo_factory()
         self._rules: list[tuple[TestFn, Callable[[Any, Any], Row]]] = [
             (
@@ -238,7 +238,7 @@ class BoundRules:
             for rule in self.ruleset.rules
         ]
 
-    def _read(self, name: str) -> ExprFn:
+    def read(self, name: str) -> ExprFn:
         """How a rule reads ``name`` from its environment ``(event, row, key)``."""
         qualified = name.startswith(("event.", "state."))
         bare = name[6:] if qualified else name

@@ -38,7 +38,7 @@ content-based routing inside the network, all transforms move to the edge"):
   reading the event's space whose ``S`` holds and ``T`` is defined, with the hash of the key
   in a hidden field (:meth:`Deployment.stamp`); the owner of a hash range subscribes to its
   range of that field like any subscriber, and folds what it receives
-  (:meth:`Group.fold`). Each change of a row gives, per expand arc out of the state, the
+  (:meth:`~flowbus.flow.owners.Group.fold`). Each change of a row gives, per expand arc out of the state, the
   shortest sequence from the old row to the new one (:class:`~flowbus.flow.local.Deliverer`),
   which the owner publishes into the expand's target.
 """
@@ -71,12 +71,13 @@ from flowbus.filters.ast import (
 )
 from flowbus.filters.compile import ALWAYS, Compiler, shared_subexpressions
 from flowbus.filters.substitute import substitute_filter
-from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.collapse import Key
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import Expand, Graph, Route, StateSpace
-from flowbus.flow.local import Deliverer
+from flowbus.flow.owners import Fold, Group, Output
 from flowbus.flow.plan import StatefulGroup, plan
 from flowbus.flow.rewrite import exit_name, rewrite, route_shared
+from flowbus.flow.rulecode import key_function, step_function
 from flowbus.flow.spec import graph_from_spec, lookup_table, read_spec
 from flowbus.flow.validate import bind_rules
 from flowbus.model import Schema
@@ -281,82 +282,6 @@ class Reader:
     exact: bool
     test: TestFn
     new_memo: Callable[[], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """A state's expand arc: what the owner publishes on each change of a row."""
-
-    deliverer: Deliverer
-    space: str  # the bus space it publishes into
-    arc: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Fold:
-    """One collapse arc of a group, into ``state``, and the expand arcs out of that state."""
-
-    arc: str
-    state: str
-    bound: BoundRules
-    outputs: tuple[Output, ...]
-
-
-@dataclass(frozen=True)
-class Group:
-    """A stateful group: the collapses reading one space with one key, partitioned by hash."""
-
-    name: str
-    flow: str
-    feeds: tuple[Feed, ...]
-    folds: tuple[Fold, ...]
-    counts: dict[str, int] = field(default_factory=dict, compare=False)  # (the deployment's)
-
-    def key_of(self, event: Mapping[str, Any]) -> Key | None:
-        try:
-            return self.folds[0].bound.key_of(event)
-        except Undefined:
-            return None
-
-    def fold(
-        self, key: Key, event: Mapping[str, Any], row_of: Callable[[str, Key], Row | None]
-    ) -> list[tuple[Fold, Row, Row, list[tuple[str, dict[str, Any]]]]]:
-        """Fold ``event`` (a feed's input) for ``key``: per collapse whose row changed, the
-        fold, the old and new row and what its expand arcs publish (space, event)."""
-        changes = []
-        counts = self.counts
-        for f in self.folds:
-            counts[f.arc] = counts.get(f.arc, 0) + 1
-            old = row_of(f.state, key)
-            if old is None:
-                old = f.bound.initial
-            new = f.bound.step(key, old, event)
-            if new is None or new == old:
-                continue
-            published: list[tuple[str, dict[str, Any]]] = []
-            for out in f.outputs:
-                d = out.deliverer
-                _, events = d.events(key, d.project(old), old, new, event)
-                published.extend((out.space, dict(ev)) for ev in events)
-                counts[out.arc] = counts.get(out.arc, 0) + len(events)
-            changes.append((f, old, new, published))
-        return changes
-
-    def snapshot(self, key: Key, rows: Mapping[str, Row]) -> list[tuple[str, dict[str, Any]]]:
-        """What a subscriber that has seen nothing needs of ``key`` to reach ``rows`` (per state):
-        per expand arc, the shortest sequence from the initial row (A*)."""
-        out: list[tuple[str, dict[str, Any]]] = []
-        for f in self.folds:
-            row = rows.get(f.state)
-            if row is None:
-                continue
-            for o in f.outputs:
-                d = o.deliverer
-                goal = d.project(row)
-                start = d.project(f.bound.initial)
-                if goal != start:
-                    out.extend((o.space, dict(ev)) for ev in d.search(key, start, goal).events)
-        return out
 
 
 @dataclass(frozen=True)
@@ -592,12 +517,14 @@ class Deployment:
         folds = []
         for collapse in g.collapses:
             outputs = tuple(
-                Output(Deliverer(rw, e, collapse), bus_name(e.target), e.name)
+                Output.of(rw, e, collapse, bus_name(e.target))
                 for e in rw.out_arcs(collapse.target)
                 if isinstance(e, Expand)
             )
-            folds.append(Fold(collapse.name, collapse.target, bind_rules(rw, collapse), outputs))
-        return Group(g.name, self.name, tuple(feeds), tuple(folds), self.counts)
+            bound = bind_rules(rw, collapse)
+            folds.append(Fold(collapse.name, collapse.target, bound, outputs, step_function(bound)))
+        key_fn = key_function(folds[0].bound) if folds else None
+        return Group(g.name, self.name, tuple(feeds), tuple(folds), self.counts, key_fn)
 
     @cached_property
     def group_of_state(self) -> dict[str, str]:

@@ -59,8 +59,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowbus.errors import ExpandError, FlowError
-from flowbus.filters.ast import Const, Expr, Field, value_key
+from flowbus.filters.ast import Const, Expr, Field, Filter, value_key
 from flowbus.flow.collapse import BoundRules, Key, Row
+from flowbus.flow.rulecode import goal_function
 from flowbus.model import Value
 
 __all__ = [
@@ -143,6 +144,12 @@ class Expander:
         self.constants = bound.ruleset.constants()
         self.form = self._analyse()
         self._cover: dict[int, float] = {0: 0}
+        plan = self._off_goal()
+        self.goal_event = None if plan is None else goal_function(plan)
+        """``(key, goal) -> event``: the one event read off ``goal`` when the first rule writes
+        any row in one event (see :meth:`_off_goal`) -- what :func:`expand_key` finds first from any
+        other row (:meth:`direct`'s first event, which that rule takes to the goal), without the
+        search; None from it: search. None: the rules have no such first rule."""
 
     def event_field(self, e: Expr) -> str | None:
         """The event field ``e`` reads, if ``e`` is just that field (``price`` or ``event.price``)."""
@@ -183,6 +190,25 @@ class Expander:
         if all(m.bit_count() == k for m in self.masks) and len(self.masks) == math.comb(len(self.index), k):
             return Form("uniform unconstrained", k)
         return Form("unconstrained", k)
+
+    def _off_goal(self) -> tuple[tuple[str, int, type], ...] | None:
+        """When the first rule has no guard and sets every column from an event field of its own
+        (the key's fields and those make the whole event): each field's source, ``(field, column,
+        type)``, with column -1 - i for the key's component i. Else None."""
+        first = self.shapes[0] if self.shapes else None
+        if first is None or self.bound.ruleset.rules[0].when != Filter.true():
+            return None
+        fields = [f for _, f, _ in first.params]
+        if first.other or first.consts or first.keyed or len(set(fields)) != len(fields):
+            return None
+        if first.mask != (1 << len(self.index)) - 1 or len(self.key_fields) + len(fields) != len(
+            self.bound.event
+        ):
+            return None
+        return (
+            *((f, -1 - pos, kind) for f, kind, pos in self.key_fields),
+            *((f, col, kind) for col, f, kind in first.params),
+        )
 
     def can_end_in(self, shape: _Shape, key: Key, goal: Row) -> bool:
         """Can the rule of ``shape`` produce the goal's values (guards ignored)?"""

@@ -369,33 +369,30 @@ class Flows:
         publish ``(id, bus event)`` (``results``: what this step noted of the event, for
         :func:`~flowbus.flow.deploy.count_arcs`)."""
         name, did, owner = part.sub_id[1], part.sub_id[2], part.owner
-        d, gate = part.deployment, self.gate
+        d, gate, group = part.deployment, self.gate, part.group
         changed: dict[Hashable, Any] = {}
         published: list[tuple[Any, dict[str, Any]]] = []
         kept: list[tuple[Any, ...]] = []  # what ``published`` is, in the fewest bytes (see outputs_of)
-
-        def row_of(st: str, key: Key) -> Row | None:
-            k = ("frow", name, did, owner, st, key)
-            v = changed.get(k, state.get(k))
-            return None if v is None else v[1]
-
         for feed in part.feeds_of(event):
             src = feed.input(event)
             if src is None:
                 continue
-            count_arcs(part.deployment.counts, feed.arcs, results)
-            key = part.group.key_of(src)
+            if feed.arcs:
+                count_arcs(d.counts, feed.arcs, results)
+            key = group.key_of(src)
             if key is None:
                 continue
-            for fold, _, new, outs in part.group.fold(key, src, row_of):
-                k = ("frow", name, did, owner, fold.state, key)
-                prev = changed.get(k, state.get(k))
+            ks = [("frow", name, did, owner, f.state, key) for f in group.folds]
+            prevs = [changed.get(k, state.get(k)) for k in ks]
+            for i, new, outs in group.fold(key, src, [None if p is None else p[1] for p in prevs]):
+                prev = prevs[i]
                 version = (prev[0] if prev is not None else 0) + 1
-                changed[k] = (version, new)
-                for i, (space, ev) in enumerate(outs):
+                changed[ks[i]] = (version, new)
+                st = group.folds[i].state
+                for j, (space, ev) in enumerate(outs):
                     if not d.wanted(space, ev, gate.readers(d, space)):
                         continue
-                    kept.append((space, fold.state, repr(key), version, i, tuple(ev.items())))
+                    kept.append((space, st, repr(key), version, j, tuple(ev.items())))
                     published.append(_output(name, owner, *kept[-1]))
         changed[("fseen", part.sub_id, eid)] = tuple(kept)
         return changed, published

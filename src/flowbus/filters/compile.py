@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flowbus.errors import FilterError
@@ -52,7 +52,16 @@ from flowbus.filters.ast import (
 from flowbus.filters.values import canonical
 from flowbus.model import Value
 
-__all__ = ["ALWAYS", "Compiler", "ExprFn", "TestFn", "TransformFn", "expressions_of", "shared_subexpressions"]
+__all__ = [
+    "ALWAYS",
+    "Compiler",
+    "ExprFn",
+    "TestFn",
+    "TransformFn",
+    "expressions_of",
+    "shared_subexpressions",
+    "subexpressions",
+]
 
 Env = Any
 """What closures read fields from: an event mapping, or (event, row, key) inside collapse rules."""
@@ -72,6 +81,17 @@ def expressions_of(f: Filter) -> list[Expr]:
         for lit in conj.expressions:
             out += (lit.left, lit.right)
     return out
+
+
+def subexpressions(e: Expr) -> Iterator[Expr]:
+    """``e`` and every expression inside it, outermost first."""
+    yield e
+    if isinstance(e, BinOp):
+        yield from subexpressions(e.left)
+        yield from subexpressions(e.right)
+    elif isinstance(e, Call):
+        for a in e.args:
+            yield from subexpressions(a)
 
 
 def shared_subexpressions(exprs: Iterable[Expr]) -> list[Expr]:

@@ -41,7 +41,7 @@ from typing import Any
 
 from flowbus.errors import FlowError
 from flowbus.filters.ast import BinOp, Call, Conjunction, Const, Expr, Field, Filter, Op, Predicate, Undefined
-from flowbus.filters.compile import Compiler, expressions_of, shared_subexpressions
+from flowbus.filters.compile import Compiler, expressions_of, shared_subexpressions, subexpressions
 from flowbus.filters.substitute import never_defined, substitute_expr, substitute_filter
 from flowbus.flow.graph import (
     STATELESS,
@@ -102,25 +102,15 @@ def merge_transforms(first: Outputs, second: Outputs) -> Outputs:
     return tuple((name, substitute_expr(e, mapping)) for name, e in second)
 
 
-def _subexpressions(e: Expr) -> Iterator[Expr]:
-    yield e
-    if isinstance(e, BinOp):
-        yield from _subexpressions(e.left)
-        yield from _subexpressions(e.right)
-    elif isinstance(e, Call):
-        for a in e.args:
-            yield from _subexpressions(a)
-
-
 def _prune(requires: Sequence[Expr], outputs: Outputs) -> tuple[Expr, ...]:
     """Drop requirements implied by the outputs or by other requirements (fields are always present)."""
-    implied = {s for _, e in outputs for s in _subexpressions(e)}
+    implied = {s for _, e in outputs for s in subexpressions(e)}
     kept: dict[Expr, None] = {}
     for r in requires:
         if isinstance(r, (Field, Const)) or r in implied or r in kept:
             continue
         kept[r] = None
-    inner = {s for r in kept for s in _subexpressions(r) if s != r}
+    inner = {s for r in kept for s in subexpressions(r) if s != r}
     return tuple(r for r in kept if r not in inner)
 
 
@@ -203,10 +193,10 @@ class RoutePath:
     @property
     def shared(self) -> list[Expr]:
         """Subexpressions of both the select and the transform (computed once per event)."""
-        in_select = {s for e in expressions_of(self.step.select) for s in _subexpressions(e)}
-        in_transform = {s for _, e in self.step.outputs for s in _subexpressions(e)}
+        in_select = {s for e in expressions_of(self.step.select) for s in subexpressions(e)}
+        in_transform = {s for _, e in self.step.outputs for s in subexpressions(e)}
         common = [e for e in in_select & in_transform if isinstance(e, (BinOp, Call))]
-        outer = {s for e in common for s in _subexpressions(e) if s != e}
+        outer = {s for e in common for s in subexpressions(e) if s != e}
         return sorted((e for e in common if e not in outer), key=repr)
 
 

@@ -28,7 +28,7 @@ key when its components are event fields, read as the filter compiler reads them
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 from typing import Any
 
@@ -49,7 +49,7 @@ from flowbus.filters.ast import (
     compare,
     value_class,
 )
-from flowbus.filters.compile import Compiler
+from flowbus.filters.compile import Compiler, subexpressions
 from flowbus.filters.values import canonical
 from flowbus.flow.collapse import BoundRules, Key, Row, Rule
 
@@ -61,17 +61,6 @@ KeyFn = Callable[[Mapping[str, Any]], Key]
 _ERRORS = (Undefined, KeyError, ZeroDivisionError, OverflowError)
 _SYMBOL = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">="}
 _NUMERIC = "(type({0}) is int or type({0}) is float)"
-
-
-def _calls(e: Expr) -> Iterator[Call]:
-    if isinstance(e, Call):
-        yield e
-    if isinstance(e, BinOp):
-        yield from _calls(e.left)
-        yield from _calls(e.right)
-    elif isinstance(e, Call):
-        for a in e.args:
-            yield from _calls(a)
 
 
 class _Writer:
@@ -196,7 +185,7 @@ def step_function(bound: BoundRules) -> StepFn:
         for lit in conj.expressions
         for side in (lit.left, lit.right)
     ]
-    calls = [c for e in exprs for c in _calls(e)]
+    calls = [c for e in exprs for c in subexpressions(e) if isinstance(c, Call)]
     shared = [c for c in dict.fromkeys(calls) if calls.count(c) > 1]
     compiler = Compiler(bound.functions, shared, fields=bound.read)
     w = _Writer(bound, compiler)

@@ -12,7 +12,6 @@ tests/broker/test_console_browser.py`` writes them where the README shows them."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from tests.ports import consecutive_free_ports
 
 import flowbus
 from flowbus.flow import find_paths
@@ -94,24 +94,6 @@ class Ring:
     traffic: Traffic
 
 
-def _three_free_ports() -> int:
-    """A port p such that p, p + 1 and p + 2 are free on 127.0.0.1 (a moment ago)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + 2 > 65535:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in (base, base + 1, base + 2):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise AssertionError("no three consecutive free ports")
-
-
 def _cluster_lines(proc: subprocess.Popen[str]) -> list[str]:
     """What ``cluster up`` prints, up to the line saying the flow is deployed."""
     assert proc.stdout is not None
@@ -128,7 +110,7 @@ def _cluster_lines(proc: subprocess.Popen[str]) -> list[str]:
 def ring3(tmp_path_factory: pytest.TempPathFactory, _matching_compiled: None) -> Iterator[Ring]:
     """``flowbus cluster up --brokers 3 --flow STOCKS --http 127.0.0.1:0``, and traffic."""
     log = tmp_path_factory.mktemp("console-ring") / "cluster-log.txt"
-    port = _three_free_ports()
+    port = consecutive_free_ports(3)
     cmd = [sys.executable, "-m", "flowbus", "cluster", "up", "--brokers", "3", "--port", str(port),
            "--flow", str(STOCKS), "--http", "127.0.0.1:0"]  # fmt: skip
     with log.open("w") as stderr:

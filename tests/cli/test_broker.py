@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from tests.ports import consecutive_free_ports
 
 from flowbus.broker.process import start_process, wait_ready
 
@@ -86,9 +87,7 @@ def test_broker_start_refuses_bad_options() -> None:
 
 
 def test_cluster_up_and_ctrl_c() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = consecutive_free_ports(2)
     proc = subprocess.Popen(
         [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--http", "127.0.0.1:0"],
         stdout=subprocess.PIPE,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from tests.ports import consecutive_free_ports
 
 import flowbus
 
@@ -68,9 +68,7 @@ async def _grow(out: Lines, port: int) -> tuple[str | None, str | None, dict[str
 def test_a_loaded_ring_grows_by_one_broker_and_takes_it_in(tmp_path: Path) -> None:
     cfg = tmp_path / "broker.yaml"
     cfg.write_text("heartbeat: 0.5\nload_limit: 2\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = consecutive_free_ports(3)
     cmd = [
         *FLOWBUS,
         "cluster",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from tests.cli.test_broker import FLOWBUS, flowbus
 from tests.flows.world import canon, reference
+from tests.ports import consecutive_free_ports
 
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.flow.deploy import Deployment
@@ -112,9 +112,7 @@ def test_a_bad_spec_is_refused_before_anything_starts(tmp_path: Path) -> None:
 
 
 def test_cluster_up_deploys_its_flows_once_the_ring_is_up() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = consecutive_free_ports(2)
     proc = subprocess.Popen(
         [
             *FLOWBUS,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.cli.test_broker import FLOWBUS, flowbus
+from tests.ports import consecutive_free_ports
 
 from flowbus.broker.acl import new_token
 from flowbus.broker.process import start_process, wait_ready
@@ -110,9 +111,7 @@ def test_plain_text_to_the_tls_port_is_closed_without_a_traceback(
 def test_cluster_up_tls_is_a_mutual_tls_ring(tmp_path: Path) -> None:
     pki = tmp_path / "pki"
     assert flowbus("certs", "init", str(pki), "--brokers", "2", "--clients", "alice").returncode == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = consecutive_free_ports(2)
     proc = subprocess.Popen(
         [
             *FLOWBUS,

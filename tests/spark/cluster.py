@@ -7,8 +7,11 @@ How it works:
   is the pyspark package directory), each in its own session (process group):
   ``spark-class`` runs a launcher JVM and then ``exec``s the daemon's JVM, and
   the worker forks executor JVMs and their Python workers, all in that group.
-* The master's RPC and web UI ports are picked by binding 127.0.0.1:0 first; the
-  worker takes random ports for both (``--webui-port 0``). ``SPARK_LOCAL_IP``
+* Every daemon binds port 0 (the kernel's pick, never a port chosen ahead, which
+  another process of the parallel suite may take in between): the master's RPC and
+  web UI ports are read off its log (``Successfully started service 'sparkMaster'
+  on port N``) before the worker starts; its REST server (a fixed port, 6066) is
+  off. ``SPARK_LOCAL_IP``
   pins every bind address to 127.0.0.1, the worker gets a fresh ``--work-dir``
   (executor logs land there), and each daemon logs to a file under ``log_dir``.
 * Startup waits (60 s by default) until the master's ``/json/`` lists a worker
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -208,6 +212,7 @@ def _daemon_env(base: Path, work_dir: Path) -> dict[str, str]:
     env.update(
         SPARK_WORKER_DIR=str(work_dir),
         SPARK_DAEMON_MEMORY="256m",  # the master and the worker JVMs themselves; executors are apart
+        SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",  # else it binds 6066, shared by every master
         XDG_CACHE_HOME=str(base / "cache"),  # the executors' numba cache (see above)
     )
     return env
@@ -224,6 +229,23 @@ def _start(name: str, args: Sequence[str], env: dict[str, str], log_dir: Path) -
             cwd=log_dir,
             start_new_session=True,
         )
+
+
+def _bound_ports(cluster: StandaloneCluster, name: str, services: Sequence[str], timeout: float) -> list[int]:
+    """The ports the daemon ``name`` bound for ``services``, as its log reports them."""
+    patterns = [re.compile(rf"Successfully started service '{re.escape(s)}' on port (\d+)") for s in services]
+    deadline = time.monotonic() + timeout
+    while True:
+        text = (cluster.log_dir / f"{name}.log").read_text(errors="replace")
+        found = [m.group(1) for m in (p.search(text) for p in patterns) if m]
+        if len(found) == len(patterns):
+            return [int(port) for port in found]
+        proc = cluster.processes[name]
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Spark {name} exited with status {proc.returncode}\n{cluster.logs()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Spark {name} bound no {services} in {timeout:.0f} s\n{cluster.logs()}")
+        time.sleep(0.1)
 
 
 def _wait_alive(cluster: StandaloneCluster, timeout: float) -> None:
@@ -259,25 +281,18 @@ def standalone(
     log_dir, work_dir = base / "logs", base / "work"
     log_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
-    port, web_port = free_port(), free_port()
-    while web_port == port:
-        web_port = free_port()
-    cluster = StandaloneCluster(
-        master_url=f"spark://127.0.0.1:{port}",
-        base=base,
-        web_url=f"http://127.0.0.1:{web_port}",
-        work_dir=work_dir,
-        log_dir=log_dir,
-    )
+    cluster = StandaloneCluster(master_url="", base=base, web_url="", work_dir=work_dir, log_dir=log_dir)
     env = _daemon_env(base, work_dir)
     try:
         cluster.processes["master"] = _start(
             "master",
-            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(web_port)],
+            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+             "--webui-port", "0"],
             env,
             log_dir,
         )  # fmt: skip
+        port, web_port = _bound_ports(cluster, "master", ("sparkMaster", "MasterUI"), timeout)
+        cluster.master_url, cluster.web_url = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}"
         cluster.processes["worker"] = _start(
             "worker",
             ["org.apache.spark.deploy.worker.Worker", cluster.master_url, "--host", "127.0.0.1",

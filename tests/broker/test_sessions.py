@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from tests.broker.fakes import FakeCore, Writer, apply
 
 from flowbus.broker.adverts import Adverts
-from flowbus.broker.config import DEFAULT
+from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.queues import Queues, Subscription
@@ -18,7 +19,8 @@ from flowbus.broker.sessions import Session, Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
-from flowbus.net.codec import FrameDecoder, decode, encode
+from flowbus.errors import ConfigError
+from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
 WELCOME = p.Welcome("127.0.0.1:1", (), {})
 
@@ -101,3 +103,54 @@ def test_bye_ends_the_clients_subscriptions_and_advertisements() -> None:
         assert core.called("unadvertise") == [("c/ibm",)] and core.called("unsubscribe") == [("s",)]
 
     asyncio.run(main())
+
+
+def test_a_publishing_connection_is_read_once_a_step_interval_a_quiet_one_or_a_requester_at_once() -> None:
+    def publish(pseq: int) -> bytes:
+        return frame(encode(p.Publish("events", p.pack_publish([(pseq, {"x": pseq})]))))
+
+    async def turns() -> None:  # the loop turns, no time passes
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        server, core = sessions()
+        server.step_interval = 0.4
+        reader, writer = asyncio.StreamReader(), Writer()
+        advertise = encode(p.Advertise(1, "all", "events", "x > 0"))
+        task = asyncio.create_task(server.serve(p.Hello("c"), reader, writer, [advertise], FrameDecoder()))
+        await turns()
+        reader.feed_data(publish(1))  # the connection was quiet: taken at once
+        await turns()
+        assert [len(c[1]) for c in core.calls if c[0] == "publish"] == [1]
+        for pseq in range(2, 7):  # a stream: waits for the interval, then one step
+            reader.feed_data(publish(pseq))
+            await turns()
+        assert [len(c[1]) for c in core.calls if c[0] == "publish"] == [1]
+        await asyncio.sleep(0.6)
+        assert [len(c[1]) for c in core.calls if c[0] == "publish"] == [1, 5]
+        await asyncio.sleep(0.5)  # quiet for longer than the interval
+        reader.feed_data(publish(7))
+        await turns()
+        assert [len(c[1]) for c in core.calls if c[0] == "publish"] == [1, 5, 1]
+        reader.feed_eof()
+        await task
+        other, writer = asyncio.StreamReader(), Writer()  # no publishes: never held back
+        task = asyncio.create_task(server.serve(p.Hello("d"), other, writer, [], FrameDecoder()))
+        for req in (1, 2):
+            other.feed_data(frame(encode(p.Advertise(req, f"a{req}", "events", "x > 0"))))
+            await turns()
+        assert [m.req for m in written(writer) if isinstance(m, p.Reply)] == [1, 2]
+        other.feed_eof()
+        await task
+        server.queues.close()
+
+    asyncio.run(main())
+
+
+def test_step_interval_is_seconds_from_0_to_1() -> None:
+    assert BrokerConfig.from_mapping({"step_interval": 0}).step_interval == 0
+    assert DEFAULT.step_interval == 0.005
+    for bad in (-0.1, 2, "5ms", True):
+        with pytest.raises(ConfigError, match="step_interval"):
+            BrokerConfig.from_mapping({"step_interval": bad})

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import math
 import os
 import random
@@ -317,8 +316,7 @@ async def _flow_clients(
         inbox.total = 0
         for box in inbox.got:  # (nothing the probes made counts)
             box.clear()
-        gc.collect()
-        gc.freeze()
+        plain.hold_gc()
         cpu0, bcpu0, busy0 = time.process_time(), [plain._cpu_s(p.pid) for p in ring.procs], plain._busy_s()
         published, t0 = await _publish(conns[-1], setup.events, rate, progress, label)
         t_in = time.perf_counter() - t0
@@ -331,12 +329,12 @@ async def _flow_clients(
                 await asyncio.wait_for(inbox.done.wait(), 3.0)
             if inbox.total == before:
                 break
-        gc.unfreeze()
+        plain.release_gc()
         row.update(publish_s=t_in, events_per_s_in=len(setup.events) / t_in, deliveries=inbox.total)
         row["deliveries_per_s"] = inbox.total / (inbox.last - t0) if inbox.total else 0.0
         _judge(row, setup, inbox, published)
     finally:
-        gc.unfreeze()
+        plain.release_gc()
         _stop(ring, row)
         for c in conns:
             with contextlib.suppress(Exception):

@@ -14,6 +14,10 @@ A YAML file (``flowbus broker start --config FILE``)::
                                 # included); the rest go to SQLite. Keep it below the
                                 # clients' publish window (10,000 by default).
     linger: 30.0                # seconds a non-durable subscription outlives its connection
+    step_interval: 0.005        # seconds between two reads of a publishing client connection:
+                                # each read takes what arrived meanwhile, so a steady stream
+                                # of publishes goes to the core in fewer, larger steps; a
+                                # connection quiet for longer is read at once
     advertising: false          # publishers advertise first; subscriptions are forwarded
                                 # only towards brokers with an overlapping advertisement
     load_limit: null            # ring state entries (subscriptions...) a broker holds before
@@ -61,6 +65,7 @@ _LIMITS = (
     "window",
     "memory",
     "linger",
+    "step_interval",
     "advertising",
     "load_limit",
     "rate_limit",
@@ -79,6 +84,7 @@ class BrokerConfig:
     window: int = 500
     memory: int = 2000
     linger: float = 30.0
+    step_interval: float = 0.005  # seconds between two reads of a publishing client connection
     advertising: bool = False
     load_limit: int | None = None
     rate_limit: float | None = None
@@ -109,6 +115,10 @@ class BrokerConfig:
                 raise ConfigError(f"spaces: bad space name {name!r}")
         if not 1 <= self.backup <= 4:
             raise ConfigError(f"backup: 1..4 ring neighbours, got {self.backup!r}")
+        if isinstance(self.step_interval, bool) or not isinstance(self.step_interval, int | float):
+            raise ConfigError(f"step_interval: seconds >= 0 (0: read at once), got {self.step_interval!r}")
+        if not 0 <= self.step_interval <= 1:
+            raise ConfigError(f"step_interval: seconds from 0 to 1, got {self.step_interval!r}")
         if not self.heartbeat > 0 or not self.linger >= 0:
             raise ConfigError(f"heartbeat > 0 and linger >= 0, got {self.heartbeat!r}, {self.linger!r}")
         if self.window < 1 or self.memory < 1:

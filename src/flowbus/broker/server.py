@@ -153,6 +153,7 @@ class Broker:
             adverts=self.adverts,
             flows=self.flows,
             acl=config.acl,
+            step_interval=config.step_interval,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
         self.adapt = AdaptLog(core, self.address, log) if isinstance(core, RingBroker) else None

@@ -24,6 +24,16 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   :class:`~flowbus.errors.ProtocolError` for that connection only: the broker answers
   ``Error`` and closes it; nothing else changes. A read takes at most ``READ_BYTES``
   (16 KiB); after a full one the session lets the event loop turn (and write) first.
+* **Steps.** What one read brings is one step of the core (each run of publishes in one
+  call). A publishing connection is read at most every ``step_interval`` (the config's,
+  5 ms by default): after a read that held publishes, the next one waits out the rest of
+  the interval since the last one began, and takes what arrived meanwhile. A paced
+  publisher's events thus reach the core in steps of a few milliseconds' worth instead of
+  one per small frame: each step has costs its size does not change (the matcher's and the
+  folds' calls, a write per subscriber connection, the acknowledgements it brings), paid
+  fewer times. A connection quiet for longer than the interval is read at once, and one
+  that sent no publish (requests, acknowledgements) is never held back; a stream's events
+  wait at most the interval.
 * **Writing.** A :class:`Session` gathers what one step of the event loop has for its
   client (replies, deliveries, publish acknowledgements) and writes it once, at the end of
   the step: the acknowledgements in one ``PubAck``, the deliveries in ``Events`` frames of at
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +97,7 @@ class Session:
         self.subs: set[str] = set()  # the subscriptions attached to this connection
         self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
         self.closed = False
+        self.publishing = False  # whether its last read held publishes (a stream: see "Steps")
         self.cseq = 0  # the last delivery number on this connection
         self.inflight: dict[int, Sent] = {}  # delivery number -> what is sent, unacknowledged
         self._out: list[Any] = []
@@ -198,8 +210,10 @@ class Sessions:
         adverts: Adverts,
         flows: BrokerFlows,
         acl: Acl | None = None,
+        step_interval: float = 0.0,
     ) -> None:
         self.welcome = welcome
+        self.step_interval = step_interval  # seconds between two reads of one connection
         self.acl = acl or Acl()
         self.ledger = ledger
         self.queues = queues
@@ -237,9 +251,14 @@ class Sessions:
         self.by_client[hello.client] = session
         session.send(self.welcome())
         bye = False
+        loop, began = asyncio.get_running_loop(), -math.inf
         try:
             bye = self._take_all(session, early)
             while not bye and not session.closed:
+                wait = began + self.step_interval - loop.time()
+                if wait > 0 and session.publishing:  # (a stream: let more arrive, see "Steps")
+                    await asyncio.sleep(wait)
+                began = loop.time()
                 data = await reader.read(READ_BYTES)
                 if not data:
                     break
@@ -293,6 +312,7 @@ class Sessions:
         of the core (a busy broker then routes bigger batches: fewer passes of its matcher);
         True for ``Bye`` (what follows it is dropped)."""
         publishes: list[p.Publish] = []
+        session.publishing = False
         for body in bodies:
             msg = decode(body)
             if type(msg) is p.Publish:
@@ -301,10 +321,12 @@ class Sessions:
             if publishes:
                 self.ledger.publish(session, publishes)
                 publishes = []
+                session.publishing = True
             if self._take(session, msg):
                 return True
         if publishes:
             self.ledger.publish(session, publishes)
+            session.publishing = True
         return False
 
     def _take(self, session: Session, msg: Any) -> bool:

@@ -173,3 +173,29 @@ def test_bye_ends_the_subscriptions_that_are_not_durable() -> None:
         assert q.subscribe(c, p.Subscribe(4, "gone", "events", "x > 0", resume=True)) == (False, p.NOT_HERE)
 
     asyncio.run(main())
+
+
+def test_what_waits_for_a_durable_subscription_whose_client_left_goes_to_disk_and_is_settled() -> None:
+    """Its publishers are not kept waiting for a client that may be gone for long; it gets
+    the events, in order, when it is back."""
+
+    async def main() -> None:
+        q, core, store = queues(DEFAULT.with_(window=2))
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "d", "events", "x > 0", durable=True))
+        for n in (1, 2, 3):  # 1 and 2 in flight, 3 waiting in memory
+            q.on_deliver(0, "d", event(n))
+        await turn()
+        assert len(c.rows) == 2 and store.depth("d") == 0
+        q.session_ended(c, bye=True)
+        assert store.depth("d") == 3 and q.in_memory() == 0
+        assert core.called("settle")[-1] == ([(("pub", n), 1) for n in (1, 2, 3)],)
+        q.on_deliver(0, "d", event(4))  # (away: on disk, after them)
+        q.after_step()
+        back = Connection("c")
+        assert q.subscribe(back, p.Subscribe(2, "d", "events", "x > 0", resume=True)) == (True, None)
+        await turn()
+        assert [eid for _, _, eid, _ in back.rows] == [("pub", 1), ("pub", 2)]  # the window
+        q.close()
+
+    asyncio.run(main())

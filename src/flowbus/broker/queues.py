@@ -14,7 +14,9 @@ How it works (flowbus's own delivery guarantees, on the custody of
     the sender's custody. Beyond that, events are *spilled* to the SQLite queue and settled
     at once: the disk has them.
   - A subscription with no client attached (a durable one whose client is away, one taken
-    over from a dead broker) queues on disk straight away.
+    over from a dead broker) queues on disk straight away; when a durable subscription's
+    client leaves, what waited for it in memory goes to disk too (if none of its queue is
+    there yet: the order is kept), and is settled.
   - So a slow or absent subscriber costs this broker bounded memory, and holds a
     publisher's acknowledgements up for at most ``memory`` events (keep it below the
     clients' publish window): the rest wait on disk. Once anything is on disk, later
@@ -271,11 +273,12 @@ class Queues:
             if sub is None or sub.session is not session:
                 continue
             sub.detach(returned.get(sub, []))
-            if not sub.durable:
-                if bye:
-                    self._remove(sub)
-                else:
-                    self._start_linger(sub)
+            if sub.durable:
+                self._away(sub)
+            elif bye:
+                self._remove(sub)
+            else:
+                self._start_linger(sub)
 
     def restore(self) -> None:
         """Serve again the durable subscriptions the store holds (a restart)."""
@@ -482,6 +485,24 @@ class Queues:
         if sub.collapse is not None and (sub.pending or sub.on_disk):
             self._catch_up(sub)
         self._pump_soon(sub)
+
+    def _away(self, sub: Subscription) -> None:
+        """A durable subscription's client left: what waits for it in memory, still in the
+        sender's custody (its deliveries in flight included), goes to its SQLite queue in
+        order and is settled, as if the client had been away all along: a publisher is not
+        kept waiting for a subscriber that may be gone for long. Only when nothing of its
+        queue is on disk already (else those rows come first: the entries wait in memory)."""
+        pending = sub.pending
+        if sub.on_disk or not pending or any(where is not None for _, _, where in pending):
+            return
+        self.store.enqueue_many(
+            [(sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))) for eid, plain, _ in pending]
+        )
+        settle = [(eid, 1) for eid, _, _ in pending]
+        sub.on_disk += len(settle)
+        sub.in_memory -= len(settle)
+        pending.clear()
+        self._settle(settle)
 
     def _start_linger(self, sub: Subscription) -> None:
         if self.closed:

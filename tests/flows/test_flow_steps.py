@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.flows.world import reference
 
 from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
 from flowbus.flow.deploy import SPACE, Deployment
-from flowbus.routing.flows import PARTITION
 from flowbus.routing.cbr import ContentRouter
+from flowbus.routing.flows import PARTITION
 from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
 from flowbus.routing.ring_flows import FEW, FlowSide
 
@@ -73,7 +72,8 @@ def test_alone_a_small_steps_derived_events_go_in_that_step_without_a_matcher_pa
     b = _broker(d)
     passes: list[int] = []
     route = ContentRouter.route_batch
-    monkeypatch.setattr(ContentRouter, "route_batch", lambda r, evs, src: passes.append(len(evs)) or route(r, evs, src))
+    counted = lambda r, evs, src: passes.append(len(evs)) or route(r, evs, src)  # noqa: E731
+    monkeypatch.setattr(ContentRouter, "route_batch", counted)
     first = _publish(b, events[:3], 0)
     assert not [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED]
     second = _publish(b, events[3:], 3)

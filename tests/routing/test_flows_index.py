@@ -29,7 +29,7 @@ def _literal(rng: random.Random) -> str:
     if kind <= 4:
         return f"{neg}{field} {rng.choice(['<', '<=', '>', '>='])} {rng.choice([0, 1, 2.5, 7, -3])}"
     if kind == 5:
-        return f'{neg}{field} = {rng.choice(["1", "2.5", "true", chr(34) + "p" + chr(34)])}'
+        return f"{neg}{field} = {rng.choice(['1', '2.5', 'true', chr(34) + 'p' + chr(34)])}"
     if kind == 6:
         return f'{neg}{field} in {{1, "p", 2.5}}'
     if kind == 7:

@@ -68,7 +68,8 @@ class _Bucket:
     def build(self) -> None:
         for attr, by_value in self.by_field.items():
             self.fns[attr] = {v: _function(entries, self.space_lit) for v, entries in by_value.items()}
-            self.full[attr] = [(i, compiled(Filter((c,)))) for entries in by_value.values() for i, c, _ in entries]
+            every = [(i, c) for entries in by_value.values() for i, c, _ in entries]
+            self.full[attr] = [(i, compiled(Filter((c,)))) for i, c in every]
         self.rest_fn = _function(self.rest, self.space_lit) if self.rest else None
 
     def match(self, event: Event, found: list[int]) -> None:
@@ -94,7 +95,10 @@ def _indexable(lit: Literal) -> bool:
     )
 
 
-def _function(entries: Sequence[tuple[int, Conjunction, Literal | None]], space_lit: Literal | None) -> MatchFn:
+Entries = Sequence[tuple[int, Conjunction, Literal | None]]
+
+
+def _function(entries: Entries, space_lit: Literal | None) -> MatchFn:
     """One function adding to ``found`` the place of each of ``entries`` whose conjunction
     holds, its indexed literal and the bucket's space literal taken as true (see the module note)."""
     scope: dict[str, Any] = {}
@@ -105,7 +109,8 @@ def _function(entries: Sequence[tuple[int, Conjunction, Literal | None]], space_
         body.append(f"    if {' and '.join(conds) or 'True'}: found.append({i})")
     lines = ["def match(event, found):"]
     for attr, k in reads.items():
-        lines.append(f"    v{k} = event.get({attr!r}); t{k} = type(v{k}); n{k} = t{k} is int or t{k} is float")
+        lines.append(f"    v{k} = event.get({attr!r}); t{k} = type(v{k})")
+        lines.append(f"    n{k} = t{k} is int or t{k} is float")
     exec(compile("\n".join(lines + body + ["    return None"]), "<own index>", "exec"), scope)
     fn: MatchFn = scope["match"]
     return fn
@@ -167,11 +172,12 @@ class OwnIndex:
     def _bucket(self, c: Conjunction) -> _Bucket:
         for lit in c.literals:
             if type(lit) is Predicate and lit.attr == SPACE and lit.op is Op.EQ and not lit.negated:
-                if type(lit.value) is str:
-                    bucket = self._spaces.get(lit.value)
-                    if bucket is None:
-                        bucket = self._spaces[lit.value] = _Bucket(lit)
-                    return bucket
+                if type(lit.value) is not str:
+                    continue
+                bucket = self._spaces.get(lit.value)
+                if bucket is None:
+                    bucket = self._spaces[lit.value] = _Bucket(lit)
+                return bucket
         return self._every
 
     def route(self, events: Sequence[Event]) -> list[Effect] | None:

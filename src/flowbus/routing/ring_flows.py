@@ -13,8 +13,10 @@ How it works:
   rows go into the ring state (backed up, flushed before anything of this step is relied
   on: the events folded are held in custody until every backup holder has that version,
   :meth:`FlowSide.backups_confirmed`; a broker with no holders, alone, holds nothing), and
-  what the fold derives is routed with the next publish here, or after ``DERIVED_WAIT``, or
-  at once from a big step (``DERIVED_NOW``). A
+  what the fold derives is routed at once through :class:`OwnIndex` when no neighbour has a
+  subscription (as are the few events of a paced step published here: :meth:`FlowSide.route_few`;
+  no matcher pass), else with the next publish here, or after ``DERIVED_WAIT``, or at once
+  from a big step (``DERIVED_NOW``). A
   delivery to a flow subscription goes through its edge transforms, the results shared per
   event and space (one ``DeliverAll`` for the subscriptions that share one); a 2nd, 3rd...
   result of one event travels under an alias id the driver settles

@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.flows.world import reference
 
 from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
 from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.routing.cbr import ContentRouter
 from flowbus.routing.flows import PARTITION
 from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
+from flowbus.routing.ring_flows import FEW, FlowSide
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 SUBS = {
@@ -60,7 +63,32 @@ def test_shared_results_go_in_one_deliver_all_and_a_big_step_routes_what_it_deri
     assert got["m"] == want["compressed"]
 
 
-def test_a_small_steps_derived_events_wait_for_the_next_publish_or_the_timer() -> None:
+def test_alone_a_small_steps_derived_events_go_in_that_step_without_a_matcher_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=6))
+    want = reference(d, events, ["combined", "compressed"])
+    b = _broker(d)
+    passes: list[int] = []
+    route = ContentRouter.route_batch
+    counted = lambda r, evs, src: passes.append(len(evs)) or route(r, evs, src)  # noqa: E731
+    monkeypatch.setattr(ContentRouter, "route_batch", counted)
+    first = _publish(b, events[:3], 0)
+    assert not [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED]
+    second = _publish(b, events[3:], 3)
+    assert _got(first)["m"] + _got(second)["m"] == want["compressed"] and _got(first)["m"]
+    assert _got(first)["c1"] + _got(second)["c1"] == want["combined"]
+    assert passes == []  # (the broker's own index: no neighbour subscribes)
+    _publish(_broker(d), list(d.generate(events=FEW + 1)), 0)
+    assert passes == [FEW + 1]  # (more than a few: the matcher's pass costs less)
+
+
+def test_a_small_steps_derived_events_wait_for_the_next_publish_or_the_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a broker does when its neighbours subscribe (the matcher routes derived events)."""
+    monkeypatch.setattr(FlowSide, "_route_alone", lambda self, events: None)
     d = Deployment.from_file(STOCKS)
     events = list(d.generate(events=6))
     want = reference(d, events, ["compressed"])["compressed"]
@@ -88,8 +116,8 @@ def test_an_owner_publishes_the_derived_events_some_subscription_needs_and_all_o
     b.deploy(d, nonce=1)
     b.subscribe_flow("a", "alarms", "")
     published: list[dict[str, Any]] = []
-    route = b._route_own
-    b._route_own = lambda evs: published.extend(evs) or route(evs)  # type: ignore[method-assign]
+    route = b.flow_side._route_alone  # (alone, what the folds derive is routed there)
+    b.flow_side._route_alone = lambda evs: published.extend(evs) or route(evs)  # type: ignore[method-assign]
 
     def drops() -> list[dict[str, Any]]:
         return [

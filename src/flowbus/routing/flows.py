@@ -31,9 +31,11 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   and feeds (the space's *readers*) only the ones the network's subscriptions need now
   (:class:`Gate`): each conjunction of a filter in the routing tables that may match the space
   is covered by an exact reader, the most specific picked (none: every reader counts). With
-  only ``alarms`` subscribed, ``drops`` carries the drops over 20, not every fall. The holder
-  routes them with its next publish, or after ``DERIVED_WAIT`` (5 ms) without one: a step of a
-  few events then costs one pass of the matcher, not two
+  only ``alarms`` subscribed, ``drops`` carries the drops over 20, not every fall. When no
+  neighbour has a subscription (a broker alone), the holder routes them at once, through its
+  own index of its local subscriptions (:class:`~flowbus.routing.flows_index.OwnIndex`: no
+  matcher pass); else with its next publish, or after ``DERIVED_WAIT`` (5 ms) without one: a
+  step of a few events then costs one pass of the matcher, not two
   (:meth:`~flowbus.routing.ring_flows.FlowSide.effects`); a big step's (``DERIVED_NOW``, 128
   or more) go at once, in a pass of their own.
 * **Snapshots.** A subscription whose paths start at derived spaces asks, by a flood on the

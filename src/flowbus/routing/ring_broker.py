@@ -306,7 +306,8 @@ class RingBroker(Core):
             if not flows or PARTITION not in event:
                 self._open(None, event)
         if not self.repair.orphans and not self._syncing:
-            out = self.router.route_batch(events, self.addr)
+            few = self.flow_side.route_few(events) if flows else None  # (alone: no matcher pass)
+            out = self.router.route_batch(events, self.addr) if few is None else few
         else:
             out = []
             for event in events:

@@ -494,6 +494,8 @@ class SparkFlow:
         reader = self._spark().readStream.schema(log_schema(self.graph, log))
         if log.name == INPUT:
             reader = reader.option("maxFilesPerTrigger", self.files_per_batch)
+        else:  # a derived log: a directory of files per micro-batch, published at once (groups.FoldBatches)
+            reader = reader.option("recursiveFileLookup", "true")
         path = self._log_dir(log.name)
         path.mkdir(parents=True, exist_ok=True)
         return reader.parquet(str(path))

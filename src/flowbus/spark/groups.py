@@ -47,7 +47,7 @@ from flowbus.filters.ast import Field
 from flowbus.flow.aggregates import Aggregate, Aggregates
 from flowbus.flow.collapse import Key
 from flowbus.flow.collapse import Row as StateRow
-from flowbus.flow.eventlog import arrow_schema, order_key
+from flowbus.flow.eventlog import ROW_GROUP, arrow_schema, order_key
 from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import replays_collapse
@@ -63,9 +63,6 @@ __all__ = [
     "log_schema",
     "write_log",
 ]
-
-
-_ROW_GROUP = 131_072
 
 
 def log_schema(g: Graph, log: Log) -> StructType:
@@ -107,8 +104,8 @@ def write_log(g: Graph, log: Log, directory: Path, batch_id: int, table: pa.Tabl
         return
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".batch-{batch_id:06d}.tmp"
-    # row groups of at most _ROW_GROUP rows: the next level's scans split the file into as many tasks
-    pq.write_table(table.cast(arrow_schema(g, log)), tmp, row_group_size=_ROW_GROUP)
+    # row groups of at most ROW_GROUP rows: the next level's scans split the file into as many tasks
+    pq.write_table(table.cast(arrow_schema(g, log)), tmp, row_group_size=ROW_GROUP)
     tmp.replace(directory / f"batch-{batch_id:06d}.parquet")
 
 
@@ -199,7 +196,7 @@ class FoldBatches:
         states = _fresh(self.versions.staging(batch_id))
         fold = PartitionFold(
             ArrowFold(self.graph, self.group, self.log, to_arrow_schema(out), keys),
-            str(staged), str(states), arrow_schema(self.graph, self.log), _ROW_GROUP,
+            str(staged), str(states), arrow_schema(self.graph, self.log), ROW_GROUP,
         )  # fmt: skip
         both = rows.withColumn("_state", F.lit(None).cast(BinaryType()))
         both = both.unionByName(state, allowMissingColumns=True)

@@ -23,15 +23,18 @@ subscription path) and planned into event logs and stateful groups
   level), applies the routes into the collapsed space and hands the rows, with
   their key columns, to the group's runner
   (:mod:`flowbus.spark.groups`): by default each key's events are folded in
-  ``_order`` on the Python workers over Arrow (``groupBy(key).cogroup(state)
-  .applyInArrow``; plain aggregates with numpy, :mod:`flowbus.spark.vectorfold`),
+  ``_order`` on the Python workers over Arrow (the rows and the state
+  repartitioned by key, ``mapInArrow``; plain aggregates with numpy,
+  :mod:`flowbus.spark.vectorfold`), the workers writing the derived events,
   the state of each collapse and the row each expand arc last delivered kept
   per key in a state table versioned per micro-batch; every change sends the
   expand arc's subscriber the shortest equivalent sequence (the cause itself,
   or A*), as the reference interpreter does. With ``collapse="aggregate"``
   Spark's own aggregation folds plain aggregates, in a *state query* of its own. The derived events go to the
-  group's log, one file per micro-batch (a replay rewrites the same file), which
+  group's log, published per micro-batch at once (a replay writes the same rows), which
   the next level's queries stream.
+* a target fed from several points reads the micro-batch once: one filter and
+  one projection (``CASE _point``) where a union would scan it per point.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
   to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")``, the points of a
   micro-batch side by side (from threads: their jobs share the cores) -- a replayed

@@ -4,26 +4,26 @@ How it works: the delivery query of a group's input log (for Spark's own
 aggregation, a state query; :class:`flowbus.spark.flow.SparkFlow`) hands each
 micro-batch's rows (the routes into the collapsed space, and the names of the
 key's columns) to one of two runners, each writing the derived events of
-micro-batch ``b`` to the group's log as one file, ``batch-<b>.parquet``,
-written under a temporary name and renamed (the next level's delivery query
-streams that directory, and a replayed micro-batch rewrites the same file with
-the same rows).
+micro-batch ``b`` to the group's log, published at once (the next level's
+delivery query streams that directory, and a replayed micro-batch writes the
+same rows again).
 
-* :class:`FoldBatches` (``--collapse state``): the rows are grouped by key and
-  cogrouped with the group's *state table* (key columns, one pickled ``_state``
-  per key); :class:`~flowbus.spark.state.ArrowFold` folds each key's events in
-  ``_order`` on the Python workers, Arrow in and out, and returns the derived
-  events with the key's new state. The state table is kept per micro-batch
-  (:class:`Versions`): micro-batch ``b`` reads the version before ``b``, so a
-  replay starts from the same state and derives the same events -- exactly once
-  with the checkpoints, as the file sink was. Every key's state passes through
-  each micro-batch (a key with no events gives its row back unchanged): the
-  table's size is the number of keys.
+* :class:`FoldBatches` (``--collapse state``): the rows and the group's *state
+  table* (key columns, one pickled ``_state`` per key) are repartitioned by
+  key; on the Python workers :class:`~flowbus.spark.state.PartitionFold` folds
+  each key's events in ``_order`` (:class:`~flowbus.spark.state.ArrowFold`) and
+  writes its partition's derived events and new state as files of two hidden
+  directories, which the driver renames: ``batch-<b>/`` in the log, version
+  ``b`` of the state table (:class:`Versions`). Micro-batch ``b`` reads the
+  version before ``b``, so a replay starts from the same state and derives the
+  same events -- exactly once with the checkpoints, as the file sink was. Every
+  key's state passes through each micro-batch (a key with no events keeps its
+  row): the table's size is the number of keys.
 * :class:`AggregateBatches` (``--collapse aggregate``): Spark's streaming
   aggregation (``max``, ``max_by(x, _order)``, ``count``, ``sum``, update mode)
   folds in the JVM; per changed key, the expand arcs send the shortest sequence
   from the row they last delivered (kept per micro-batch, as the state table is)
-  to the new row.
+  to the new row; the driver writes them as one file, ``batch-<b>.parquet``.
 """
 
 from __future__ import annotations

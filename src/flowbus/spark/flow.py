@@ -99,7 +99,7 @@ from flowbus.spark.groups import (
 )
 from flowbus.spark.pipeline import BUS_LEVEL, BusEnd, BusIngest, publish_rows, run_id
 from flowbus.spark.readers import read_matched, read_outputs
-from flowbus.spark.routes import route_columns
+from flowbus.spark.routes import Branch, route_columns, scan_branches
 from flowbus.spark.state import GroupFolder
 
 __all__ = [
@@ -513,12 +513,12 @@ class SparkFlow:
     def _point_rows(self, df: DataFrame, log: Log, point: str) -> DataFrame:
         return df.where(F.col("_point") == point).select("_order", f"{log.column(point)}.*")
 
-    def _as_is(self, log: Log, point: str) -> _Branch:
+    def _as_is(self, log: Log, point: str) -> Branch:
         """A point's events as they are (the fields of its struct column)."""
         names = list(self.graph.event_space(point).schema.fields)
         struct = log.column(point)
         columns = {n: F.col(f"`{struct}`.`{n}`").alias(n) for n in names}
-        return _Branch(point, None, {"_order": F.col("_order"), **columns})
+        return Branch(point, None, {"_order": F.col("_order"), **columns})
 
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
         """Deliver micro-batch ``batch_id`` of ``log``, and fold it into the groups it feeds (alongside)."""
@@ -536,7 +536,7 @@ class SparkFlow:
         self._session(df)
         # not cached: each write reads the micro-batch's Parquet file again (only the columns it
         # needs), which costs less than building the cache (measured)
-        targets: dict[str, list[_Branch]] = {}
+        targets: dict[str, list[Branch]] = {}
         matched: list[tuple[str, DataFrame]] = []
         for point, routes in self._compiled[log.name]:
             if point in self.plan.recorded:
@@ -545,17 +545,17 @@ class SparkFlow:
                 pdf = self._point_rows(df, log, point)
                 matched.extend((point, m) for m in self._matched_rows(point, pdf))
             for _pos, route, cond, columns in routes:
-                targets.setdefault(route.target, []).append(_Branch.of(point, route, cond, columns))
+                targets.setdefault(route.target, []).append(Branch.of(point, route, cond, columns))
         # files side by side (the writes' tasks fill both cores); callbacks, console, bus one by one
         side = self.sink != "console" and self.callback is None
         with ThreadPoolExecutor(max(1, len(targets))) as pool:
             writing = {
-                t: pool.submit(self._write, t, _scan(df, f), log.name, batch_id)
+                t: pool.submit(self._write, t, scan_branches(df, f), log.name, batch_id)
                 for t, f in targets.items()
                 if side and t not in self.bus_sinks
             }
             counts = {
-                t: self._write(t, _scan(df, f), log.name, batch_id)
+                t: self._write(t, scan_branches(df, f), log.name, batch_id)
                 for t, f in targets.items()
                 if t not in writing
             }
@@ -648,8 +648,8 @@ class SparkFlow:
             else:
                 struct = log_in.column(feed.point)
                 cond, columns = self._route_columns(feed.point, feed.route, feed.position, struct)
-                branches.append(_Branch.of(feed.point, feed.route, cond, columns))
-        rows = _scan(src, branches)
+                branches.append(Branch.of(feed.point, feed.route, cond, columns))
+        rows = scan_branches(src, branches)
         compiler = ColumnCompiler(self.functions, dict(space.schema.fields))
         reserved = {*log_schema(self.graph, self.plan.log(group.log_out)).fieldNames(), "_state"}
         keys = []
@@ -784,67 +784,6 @@ class SparkFlow:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@dataclass(frozen=True)
-class _Branch:
-    """A point's events that go somewhere: the rows of ``point`` where ``cond`` holds (all if None),
-    as ``columns`` (name -> column over the log's columns)."""
-
-    point: str
-    cond: Column | None
-    columns: dict[str, Column]
-
-    @staticmethod
-    def of(point: str, route: Route, cond: Column, columns: list[Column]) -> _Branch:
-        """The branch of ``route`` (its columns from :meth:`SparkFlow._route_columns`)."""
-        names = ["_order", *(n for n, _ in route.outputs)]
-        return _Branch(point, cond, dict(zip(names, columns, strict=True)))
-
-
-def _scan(df: DataFrame, branches: Sequence[_Branch]) -> DataFrame:
-    """The rows of ``branches`` over log rows ``df``, in as few passes over ``df`` as the points allow.
-
-    Branches of distinct points become one pass: each row is of one point, so
-    one filter (its point's condition) and one projection (each column the
-    branch of the row's point: ``CASE _point``) serve them all -- where a
-    union would scan the micro-batch once per branch. Branches of one point
-    (several routes to one target) go to further passes, unioned.
-    """
-    passes: list[list[_Branch]] = []
-    for b in branches:
-        free = next((p for p in passes if all(_apart(o, b) for o in p)), None)
-        if free is None:
-            passes.append([b])
-        else:
-            free.append(b)
-    return _union([_one_pass(df, p) for p in passes])
-
-
-def _apart(a: _Branch, b: _Branch) -> bool:
-    """Can ``a`` and ``b`` share a pass: other points, the same columns?"""
-    return a.point != b.point and a.columns.keys() == b.columns.keys()
-
-
-def _one_pass(df: DataFrame, branches: list[_Branch]) -> DataFrame:
-    def at(b: _Branch) -> Column:
-        here = F.col("_point") == F.lit(b.point)
-        return here if b.cond is None else here & b.cond
-
-    if len(branches) == 1:
-        return df.where(at(branches[0])).select(*branches[0].columns.values())
-    columns = []
-    first, *rest = branches
-    for name in first.columns:
-        case = F.when(F.col("_point") == F.lit(first.point), first.columns[name])
-        for b in rest:
-            case = case.when(F.col("_point") == F.lit(b.point), b.columns[name])
-        columns.append(case.alias(name))
-    return df.where(reduce(lambda a, b: a | b, (at(b) for b in branches))).select(*columns)
-
-
-def _union(frames: Sequence[DataFrame]) -> DataFrame:
-    return reduce(DataFrame.unionByName, frames)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -138,10 +138,10 @@ class Versions:
 
     def publish(self, batch_id: int) -> None:
         """Make what :meth:`staging` holds version ``batch_id`` (replacing one saved before: a replay)."""
-        target = self.directory / f"{batch_id}{self.suffix}"
-        if target.is_dir():
-            shutil.rmtree(target)
-        self.staging(batch_id).replace(target)
+        target, staged = self.directory / f"{batch_id}{self.suffix}", self.staging(batch_id)
+        if target.is_dir() or staged.is_dir():  # (a file replaces a file at once)
+            _remove(target)
+        staged.replace(target)
         for b in self._saved():
             if b < batch_id - 1:
                 _remove(self.directory / f"{b}{self.suffix}")
@@ -169,7 +169,8 @@ class FoldBatches:
         self.group = group
         self.log = log
         self.log_dir = work / "logs" / log.name
-        self.versions = Versions(work / "state" / group.name, ".state")
+        # (a version is a directory of the workers' files; a single file before them, still read)
+        self.versions = Versions(work / "state" / group.name, ".parquet")
 
     def run(self, rows: DataFrame, keys: list[str], batch_id: int) -> int:
         """Fold micro-batch ``batch_id``'s ``rows``; the number of derived events.
@@ -186,7 +187,7 @@ class FoldBatches:
         spark = rows.sparkSession
         state_schema = StructType([rows.schema[k] for k in keys] + [StructField("_state", BinaryType())])
         before = self.versions.before(batch_id)
-        if before is None or not any(before.glob("*.parquet")):
+        if before is None or (before.is_dir() and not any(before.glob("*.parquet"))):
             state = spark.createDataFrame([], state_schema)
         else:
             state = spark.read.schema(state_schema).parquet(str(before))

@@ -517,7 +517,7 @@ class SparkFlow:
         """A point's events as they are (the fields of its struct column)."""
         names = list(self.graph.event_space(point).schema.fields)
         struct = log.column(point)
-        columns = {n: F.col(f"`{struct}`.`{n}`").alias(n) for n in names}
+        columns = {n: F.col(struct).getField(n).alias(n) for n in names}
         return Branch(point, None, {"_order": F.col("_order"), **columns})
 
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:

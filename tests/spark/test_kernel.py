@@ -169,3 +169,44 @@ def test_random_numeric_rule_sets_fold_over_columns_as_the_interpreter_does() ->
             pair.batch("K", *_shuffled(rng, i * 40, events))
         compiled += pair.columnar > 0
     assert compiled >= 4  # the others met an int past 2**53 (c * y) or a NaN
+
+
+def test_a_partition_of_keys_is_folded_key_by_key_and_written_as_two_files(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from flowbus.flow.eventlog import arrow_schema
+    from flowbus.spark.state import PartitionFold
+
+    pair = _Pair(load_spec(STOCKS))
+    g, log = pair.fast.graph, pair.fast.log
+    rng = random.Random(5)
+    names = ["IBM", "HP", "IBM", "SUN", "HP", "IBM"] * 40
+    orders, events = _shuffled(rng, 0, [{"name": n, "price": round(rng.uniform(50, 52), 1)} for n in names])
+    schema = pair.fast.out
+    rows: dict[str, list[Any]] = {f.name: [None] * len(events) for f in schema}
+    rows["_order"], rows["_k0"] = orders, [e["name"] for e in events]
+    old = {"OLD": pickle.dumps(({}, {}))}  # a key with a state and no events: kept as it is
+    for f in schema:
+        rows[f.name] += ["OLD" if f.name == "_k0" else old["OLD"] if f.name == "_state" else None]
+    for n in pair.group_fields:
+        rows[n] = [e[n] for e in events] + [None]
+    fields = [*schema, *(pa.field(n, t) for n, t in pair.group_fields.items())]
+    table = pa.table({f.name: pa.array(rows[f.name], f.type) for f in fields})
+    fold = PartitionFold(pair.slow, str(tmp_path / "log"), str(tmp_path / "state"), arrow_schema(g, log), 100)
+    summary = fold.run(table.to_batches(max_chunksize=97), partition=3, attempt=7).to_pylist()
+    derived = pq.read_table(tmp_path / "log" / "part-00003.parquet")
+    state = pq.read_table(tmp_path / "state" / "part-00003.parquet").to_pylist()
+    assert summary == [{"partition": 3, "derived": derived.num_rows, "keys": 4}]
+    groups = pq.read_metadata(tmp_path / "log" / "part-00003.parquet").num_row_groups
+    assert groups == -(-derived.num_rows // 100)
+    by_key = {r["_k0"]: r["_state"] for r in state}
+    assert by_key.pop("OLD") == old["OLD"] and not list((tmp_path / "log").glob(".*"))
+    for key in ("IBM", "HP", "SUN"):  # each key as ArrowFold folds it alone
+        mine = [i for i, e in enumerate(events) if e["name"] == key]
+        alone = table.take(pa.array(mine))
+        out = pair.fast((pa.scalar(key),), alone, pa.table({"_state": pa.array([], pa.binary())}))
+        assert out.column("_state")[-1].as_py() == by_key[key]
+        want = out.slice(0, out.num_rows - 1).select(derived.column_names).cast(derived.schema)
+        got = [r for r in derived.to_pylist() if r["_order"] in set(want.column("_order").to_pylist())]
+        assert got == want.to_pylist() and got
+    assert derived.num_rows > 0 and derived.schema == arrow_schema(g, log)

@@ -32,7 +32,15 @@ from flowbus.flow.graph import EventSpace, Graph
 from flowbus.flow.plan import Log
 from flowbus.model import Schema
 
-__all__ = ["ARROW_TYPES", "InputLog", "arrow_schema", "order_key", "read_source_dir", "struct_type"]
+__all__ = [
+    "ARROW_TYPES",
+    "ROW_GROUP",
+    "InputLog",
+    "arrow_schema",
+    "order_key",
+    "read_source_dir",
+    "struct_type",
+]
 
 ARROW_TYPES: Mapping[type, pa.DataType] = {
     str: pa.string(),
@@ -40,6 +48,12 @@ ARROW_TYPES: Mapping[type, pa.DataType] = {
     float: pa.float64(),
     bool: pa.bool_(),
 }
+
+
+ROW_GROUP = 131_072
+"""Rows per Parquet row group in an event log's files: Spark splits a file between tasks by bytes,
+a row group going to the split holding its middle, so a file of one row group is scanned by one
+task; row groups of this size spread a micro-batch's scans over every core."""
 
 
 def order_key(*parts: int) -> bytes:
@@ -117,7 +131,7 @@ class InputLog:
         table = pa.Table.from_pylist(self._rows, schema=self.schema)
         path = self.directory / f"part-{self.files:06d}.parquet"
         tmp = self.directory / f".part-{self.files:06d}.parquet.tmp"
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP)
         # one second apart: a file source orders files by modification time
         stamp = 1_000_000_000 + self.files
         os.utime(tmp, (stamp, stamp))

@@ -186,9 +186,10 @@ def _quote(name: str) -> str:
 class ColumnCompiler:
     """Compiles expressions and filters over one schema with one set of functions."""
 
-    def __init__(self, functions: FunctionsLike, schema: Mapping[str, type] | None) -> None:
+    def __init__(self, functions: FunctionsLike, schema: Mapping[str, type] | None, struct: str = "") -> None:
         self._functions = functions
         self._schema = schema
+        self._struct = _quote(struct) + "." if struct else ""  # fields of this struct column, if named
         self._maps: dict[tuple[str, str], dict[str, Column]] = {}  # built once: each lit is a JVM call
 
     # ------------------------------------------------------------ expressions
@@ -237,7 +238,7 @@ class ColumnCompiler:
                 "ints past 64 bits (cast it to decimal(18 + scale, scale), long or double)",
                 function="",
             )
-        col = F.col(_quote(name))
+        col = F.col(self._struct + _quote(name))
         k = _KIND_OF_TYPE.get(kind, "other")
         if k == "int":
             col = col.cast("long")

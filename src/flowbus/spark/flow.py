@@ -23,15 +23,18 @@ subscription path) and planned into event logs and stateful groups
   level), applies the routes into the collapsed space and hands the rows, with
   their key columns, to the group's runner
   (:mod:`flowbus.spark.groups`): by default each key's events are folded in
-  ``_order`` on the Python workers over Arrow (``groupBy(key).cogroup(state)
-  .applyInArrow``; plain aggregates with numpy, :mod:`flowbus.spark.vectorfold`),
+  ``_order`` on the Python workers over Arrow (the rows and the state
+  repartitioned by key, ``mapInArrow``; plain aggregates with numpy,
+  :mod:`flowbus.spark.vectorfold`), the workers writing the derived events,
   the state of each collapse and the row each expand arc last delivered kept
   per key in a state table versioned per micro-batch; every change sends the
   expand arc's subscriber the shortest equivalent sequence (the cause itself,
   or A*), as the reference interpreter does. With ``collapse="aggregate"``
   Spark's own aggregation folds plain aggregates, in a *state query* of its own. The derived events go to the
-  group's log, one file per micro-batch (a replay rewrites the same file), which
+  group's log, published per micro-batch at once (a replay writes the same rows), which
   the next level's queries stream.
+* a target fed from several points reads the micro-batch once: one filter and
+  one projection (``CASE _point``) where a union would scan it per point.
 * sinks: per subscription point and micro-batch, Parquet or JSON lines written
   to ``OUT/<point>/<log>-<batch>`` with ``mode("overwrite")``, the points of a
   micro-batch side by side (from threads: their jobs share the cores) -- a replayed
@@ -96,7 +99,7 @@ from flowbus.spark.groups import (
 )
 from flowbus.spark.pipeline import BUS_LEVEL, BusEnd, BusIngest, publish_rows, run_id
 from flowbus.spark.readers import read_matched, read_outputs
-from flowbus.spark.routes import route_columns
+from flowbus.spark.routes import Branch, route_columns, scan_branches
 from flowbus.spark.state import GroupFolder
 
 __all__ = [
@@ -392,11 +395,15 @@ class SparkFlow:
 
     # -------------------------------------------------------- compiling
 
-    def _compiler(self, point: str) -> ColumnCompiler:
-        return ColumnCompiler(self.functions, dict(self.graph.event_space(point).schema.fields))
+    def _compiler(self, point: str, struct: str = "") -> ColumnCompiler:
+        return ColumnCompiler(self.functions, dict(self.graph.event_space(point).schema.fields), struct)
 
-    def _route_columns(self, point: str, route: Route, position: int) -> tuple[Column, list[Column]]:
-        cond, outputs = route_columns(route, self._compiler(point))
+    def _route_columns(
+        self, point: str, route: Route, position: int, struct: str = ""
+    ) -> tuple[Column, list[Column]]:
+        """The route's condition and output columns over the point's fields (as columns, or as the
+        fields of the log's ``struct`` column)."""
+        cond, outputs = route_columns(route, self._compiler(point, struct))
         schema = self.graph.event_space(route.target).schema
         cast = [
             c.cast(spark_type(schema.fields[name])).alias(name)
@@ -413,7 +420,10 @@ class SparkFlow:
                 self._matched[point] = _MatchedPoint(routes)
                 compiled.append((point, []))
                 continue
-            compiled.append((point, [(pos, r, *self._route_columns(point, r, pos)) for pos, r in routes]))
+            struct = log.column(point)
+            compiled.append(
+                (point, [(pos, r, *self._route_columns(point, r, pos, struct)) for pos, r in routes])
+            )
         return compiled
 
     def replace_routes(self, point: str, routes: Sequence[Route]) -> None:
@@ -494,12 +504,21 @@ class SparkFlow:
         reader = self._spark().readStream.schema(log_schema(self.graph, log))
         if log.name == INPUT:
             reader = reader.option("maxFilesPerTrigger", self.files_per_batch)
+        else:  # a derived log: a directory of files per micro-batch, published at once (groups.FoldBatches)
+            reader = reader.option("recursiveFileLookup", "true")
         path = self._log_dir(log.name)
         path.mkdir(parents=True, exist_ok=True)
         return reader.parquet(str(path))
 
     def _point_rows(self, df: DataFrame, log: Log, point: str) -> DataFrame:
         return df.where(F.col("_point") == point).select("_order", f"{log.column(point)}.*")
+
+    def _as_is(self, log: Log, point: str) -> Branch:
+        """A point's events as they are (the fields of its struct column)."""
+        names = list(self.graph.event_space(point).schema.fields)
+        struct = log.column(point)
+        columns = {n: F.col(struct).getField(n).alias(n) for n in names}
+        return Branch(point, None, {"_order": F.col("_order"), **columns})
 
     def _deliver_batch(self, log: Log, df: DataFrame, batch_id: int) -> None:
         """Deliver micro-batch ``batch_id`` of ``log``, and fold it into the groups it feeds (alongside)."""
@@ -517,26 +536,26 @@ class SparkFlow:
         self._session(df)
         # not cached: each write reads the micro-batch's Parquet file again (only the columns it
         # needs), which costs less than building the cache (measured)
-        targets: dict[str, list[DataFrame]] = {}
+        targets: dict[str, list[Branch]] = {}
         matched: list[tuple[str, DataFrame]] = []
         for point, routes in self._compiled[log.name]:
-            pdf = self._point_rows(df, log, point)
             if point in self.plan.recorded:
-                targets.setdefault(point, []).append(pdf)
+                targets.setdefault(point, []).append(self._as_is(log, point))
             if point in self._matched:
+                pdf = self._point_rows(df, log, point)
                 matched.extend((point, m) for m in self._matched_rows(point, pdf))
             for _pos, route, cond, columns in routes:
-                targets.setdefault(route.target, []).append(pdf.where(cond).select(*columns))
+                targets.setdefault(route.target, []).append(Branch.of(point, route, cond, columns))
         # files side by side (the writes' tasks fill both cores); callbacks, console, bus one by one
         side = self.sink != "console" and self.callback is None
         with ThreadPoolExecutor(max(1, len(targets))) as pool:
             writing = {
-                t: pool.submit(self._write, t, _union(f), log.name, batch_id)
+                t: pool.submit(self._write, t, scan_branches(df, f), log.name, batch_id)
                 for t, f in targets.items()
                 if side and t not in self.bus_sinks
             }
             counts = {
-                t: self._write(t, _union(f), log.name, batch_id)
+                t: self._write(t, scan_branches(df, f), log.name, batch_id)
                 for t, f in targets.items()
                 if t not in writing
             }
@@ -622,15 +641,15 @@ class SparkFlow:
         log_in = self.plan.log(group.log_in)
         space = self.graph.event_space(group.space)
         names = list(space.schema.fields)
-        frames = []
+        branches = []
         for feed in group.feeds:
-            pdf = self._point_rows(src, log_in, feed.point)
             if feed.route is None:
-                frames.append(pdf.select("_order", *names))
+                branches.append(self._as_is(log_in, feed.point))
             else:
-                cond, columns = self._route_columns(feed.point, feed.route, feed.position)
-                frames.append(pdf.where(cond).select(*columns))
-        rows = _union(frames)
+                struct = log_in.column(feed.point)
+                cond, columns = self._route_columns(feed.point, feed.route, feed.position, struct)
+                branches.append(Branch.of(feed.point, feed.route, cond, columns))
+        rows = scan_branches(src, branches)
         compiler = ColumnCompiler(self.functions, dict(space.schema.fields))
         reserved = {*log_schema(self.graph, self.plan.log(group.log_out)).fieldNames(), "_state"}
         keys = []
@@ -765,10 +784,6 @@ class SparkFlow:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _union(frames: Sequence[DataFrame]) -> DataFrame:
-    return reduce(DataFrame.unionByName, frames)
 
 
 def _first_line(exc: BaseException) -> str:

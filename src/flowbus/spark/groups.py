@@ -4,55 +4,55 @@ How it works: the delivery query of a group's input log (for Spark's own
 aggregation, a state query; :class:`flowbus.spark.flow.SparkFlow`) hands each
 micro-batch's rows (the routes into the collapsed space, and the names of the
 key's columns) to one of two runners, each writing the derived events of
-micro-batch ``b`` to the group's log as one file, ``batch-<b>.parquet``,
-written under a temporary name and renamed (the next level's delivery query
-streams that directory, and a replayed micro-batch rewrites the same file with
-the same rows).
+micro-batch ``b`` to the group's log, published at once (the next level's
+delivery query streams that directory, and a replayed micro-batch writes the
+same rows again).
 
-* :class:`FoldBatches` (``--collapse state``): the rows are grouped by key and
-  cogrouped with the group's *state table* (key columns, one pickled ``_state``
-  per key); :class:`~flowbus.spark.state.ArrowFold` folds each key's events in
-  ``_order`` on the Python workers, Arrow in and out, and returns the derived
-  events with the key's new state. The state table is kept per micro-batch
-  (:class:`Versions`): micro-batch ``b`` reads the version before ``b``, so a
-  replay starts from the same state and derives the same events -- exactly once
-  with the checkpoints, as the file sink was. Every key's state passes through
-  each micro-batch (a key with no events gives its row back unchanged): the
-  table's size is the number of keys.
+* :class:`FoldBatches` (``--collapse state``): the rows and the group's *state
+  table* (key columns, one pickled ``_state`` per key) are repartitioned by
+  key; on the Python workers :class:`~flowbus.spark.state.PartitionFold` folds
+  each key's events in ``_order`` (:class:`~flowbus.spark.state.ArrowFold`) and
+  writes its partition's derived events and new state as files of two hidden
+  directories, which the driver renames: ``batch-<b>/`` in the log, version
+  ``b`` of the state table (:class:`Versions`). Micro-batch ``b`` reads the
+  version before ``b``, so a replay starts from the same state and derives the
+  same events -- exactly once with the checkpoints, as the file sink was. Every
+  key's state passes through each micro-batch (a key with no events keeps its
+  row): the table's size is the number of keys.
 * :class:`AggregateBatches` (``--collapse aggregate``): Spark's streaming
   aggregation (``max``, ``max_by(x, _order)``, ``count``, ``sum``, update mode)
   folds in the JVM; per changed key, the expand arcs send the shortest sequence
   from the row they last delivered (kept per micro-batch, as the state table is)
-  to the new row.
+  to the new row; the driver writes them as one file, ``batch-<b>.parquet``.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from flowbus.filters.ast import Field
 from flowbus.flow.aggregates import Aggregate, Aggregates
 from flowbus.flow.collapse import Key
 from flowbus.flow.collapse import Row as StateRow
-from flowbus.flow.eventlog import arrow_schema, order_key
+from flowbus.flow.eventlog import ROW_GROUP, arrow_schema, order_key
 from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import replays_collapse
 from flowbus.spark.bus import schema_struct
-from flowbus.spark.state import ArrowFold, Fold
+from flowbus.spark.state import ArrowFold, Fold, PartitionFold
 
 __all__ = [
     "AggregateBatches",
@@ -63,9 +63,6 @@ __all__ = [
     "log_schema",
     "write_log",
 ]
-
-
-_ROW_GROUP = 131_072
 
 
 def log_schema(g: Graph, log: Log) -> StructType:
@@ -107,14 +104,15 @@ def write_log(g: Graph, log: Log, directory: Path, batch_id: int, table: pa.Tabl
         return
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".batch-{batch_id:06d}.tmp"
-    # row groups of at most _ROW_GROUP rows: the next level's scans split the file into as many tasks
-    pq.write_table(table.cast(arrow_schema(g, log)), tmp, row_group_size=_ROW_GROUP)
+    # row groups of at most ROW_GROUP rows: the next level's scans split the file into as many tasks
+    pq.write_table(table.cast(arrow_schema(g, log)), tmp, row_group_size=ROW_GROUP)
     tmp.replace(directory / f"batch-{batch_id:06d}.parquet")
 
 
 class Versions:
-    """One file per micro-batch under ``directory``: the version micro-batch ``b`` reads is the last
-    one saved before ``b``; saving ``b`` keeps ``b`` and the one before (a replay of ``b`` needs it)."""
+    """One file or directory per micro-batch under ``directory``: the version micro-batch ``b`` reads is
+    the last one saved before ``b``; saving ``b`` keeps ``b`` and the one before (a replay of ``b``
+    needs it)."""
 
     def __init__(self, directory: Path, suffix: str) -> None:
         self.directory = directory
@@ -129,50 +127,91 @@ class Versions:
         earlier = [b for b in self._saved() if b < batch_id]
         return self.directory / f"{earlier[-1]}{self.suffix}" if earlier else None
 
+    def staging(self, batch_id: int) -> Path:
+        """Where version ``batch_id`` is made before :meth:`publish` (hidden: not a version yet)."""
+        return self.directory / f".{batch_id}.tmp"
+
     def save(self, batch_id: int, write: Callable[[Path], object]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f".{batch_id}.tmp"
-        write(tmp)
-        tmp.replace(self.directory / f"{batch_id}{self.suffix}")
+        write(self.staging(batch_id))
+        self.publish(batch_id)
+
+    def publish(self, batch_id: int) -> None:
+        """Make what :meth:`staging` holds version ``batch_id`` (replacing one saved before: a replay)."""
+        target, staged = self.directory / f"{batch_id}{self.suffix}", self.staging(batch_id)
+        if target.is_dir() or staged.is_dir():  # (a file replaces a file at once)
+            _remove(target)
+        staged.replace(target)
         for b in self._saved():
             if b < batch_id - 1:
-                (self.directory / f"{b}{self.suffix}").unlink(missing_ok=True)
+                _remove(self.directory / f"{b}{self.suffix}")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _fresh(directory: Path) -> Path:
+    _remove(directory)
+    directory.mkdir(parents=True)
+    return directory
 
 
 class FoldBatches:
-    """A group's micro-batches folded per key on the Python workers (:class:`ArrowFold`)."""
+    """A group's micro-batches folded per key on the Python workers, which write the derived log's
+    files and the state's (:class:`PartitionFold`); the driver publishes both directories."""
 
     def __init__(self, graph: Graph, group: StatefulGroup, log: Log, work: Path) -> None:
         self.graph = graph
         self.group = group
         self.log = log
         self.log_dir = work / "logs" / log.name
+        # (a version is a directory of the workers' files; a single file before them, still read)
         self.versions = Versions(work / "state" / group.name, ".parquet")
 
     def run(self, rows: DataFrame, keys: list[str], batch_id: int) -> int:
-        """Fold micro-batch ``batch_id``'s ``rows``; the number of derived events."""
+        """Fold micro-batch ``batch_id``'s ``rows``; the number of derived events.
+
+        The rows and the state table before ``batch_id`` are repartitioned by
+        key, each partition folded and written by the worker holding it into
+        two hidden directories, ``logs/<log>/.batch-<b>.tmp`` and the state's
+        staging directory; once every task is done, the driver renames them
+        ``batch-<b>`` (the next level's delivery query streams the log's
+        directories: all of a micro-batch's files appear at once) and the
+        state's version ``b``. A replay writes the same rows again: a
+        ``batch-<b>`` already published is kept, the state's version replaced.
+        """
         spark = rows.sparkSession
         state_schema = StructType([rows.schema[k] for k in keys] + [StructField("_state", BinaryType())])
         before = self.versions.before(batch_id)
-        if before is None:
+        if before is None or (before.is_dir() and not any(before.glob("*.parquet"))):
             state = spark.createDataFrame([], state_schema)
         else:
             state = spark.read.schema(state_schema).parquet(str(before))
         out = StructType(log_schema(self.graph, self.log).fields + state_schema.fields)
-        fold = ArrowFold(self.graph, self.group, self.log, to_arrow_schema(out), keys)
-        # a function of (key, events, stored): PySpark counts a callable object's ``self`` as an argument
-        table = (
-            rows.groupBy(*keys)
-            .cogroup(state.groupBy(*keys))
-            .applyInArrow(lambda key, events, stored: fold(key, events, stored), out)
-            .toArrow()
-        )
-        is_state = pc.is_null(table.column("_point"))
-        derived = table.filter(pc.invert(is_state)).select(log_schema(self.graph, self.log).fieldNames())
-        write_log(self.graph, self.log, self.log_dir, batch_id, derived)
-        states = table.filter(is_state).select(state_schema.fieldNames())
-        self.versions.save(batch_id, lambda path: pq.write_table(states, path))
-        return int(derived.num_rows)
+        staged = _fresh(self.log_dir / f".batch-{batch_id:06d}.tmp")
+        self.versions.directory.mkdir(parents=True, exist_ok=True)
+        states = _fresh(self.versions.staging(batch_id))
+        fold = PartitionFold(
+            ArrowFold(self.graph, self.group, self.log, to_arrow_schema(out), keys),
+            str(staged), str(states), arrow_schema(self.graph, self.log), ROW_GROUP,
+        )  # fmt: skip
+        both = rows.withColumn("_state", F.lit(None).cast(BinaryType()))
+        both = both.unionByName(state, allowMissingColumns=True)
+        parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+        summary = StructType([StructField(f.name, LongType()) for f in PartitionFold.SUMMARY])
+        # (a function of the batches: PySpark would count a callable object's ``self`` as an argument)
+        written = both.repartition(parts, *keys).mapInArrow(lambda b: fold(b), summary).collect()
+        target = self.log_dir / f"batch-{batch_id:06d}"
+        if target.is_dir() or not any(staged.glob("*.parquet")):  # published before (a replay), or none
+            shutil.rmtree(staged)
+        else:
+            staged.replace(target)
+        self.versions.publish(batch_id)
+        return sum(int(r["derived"]) for r in written)
 
 
 class AggregateBatches:

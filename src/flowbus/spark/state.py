@@ -17,11 +17,15 @@ slowly on a busy machine misses the JVM's connect-back deadline.
 from __future__ import annotations
 
 import heapq
+import os
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from flowbus.filters.ast import Undefined
 from flowbus.flow.collapse import BoundRules, Key
@@ -34,7 +38,7 @@ from flowbus.flow.validate import bind_rules
 from flowbus.spark.columnfold import ColumnFold
 from flowbus.spark.vectorfold import VectorFold
 
-__all__ = ["ArrowFold", "Fold", "GroupFolder"]
+__all__ = ["ArrowFold", "Fold", "GroupFolder", "PartitionFold"]
 
 
 class Fold:
@@ -160,28 +164,37 @@ class ArrowFold:
         self._columns = None
 
     def __call__(self, key: tuple[pa.Scalar, ...], events: pa.Table, stored: pa.Table) -> pa.Table:
+        values = [k.as_py() for k in key]
+        blob = stored.column("_state")[0].as_py() if stored.num_rows else None
+        derived, state = self.fold_key(values, events, blob)
+        tail = self._rows([], values, state)
+        return tail if derived is None else pa.concat_tables([derived, tail])
+
+    def fold_key(
+        self, key: Sequence[Any], events: pa.Table, blob: bytes | None
+    ) -> tuple[pa.Table | None, bytes | None]:
+        """Key ``key``'s derived events (rows of ``out``, None when there are none) and new pickled
+        state, from its stored state ``blob`` (None: none yet) over ``events``."""
         if self._folder is None:  # built once per Python worker
             self._folder = GroupFolder(self.graph, self.group)
             self._columns = ColumnFold.of(self.graph, self.group, self.log, self._folder.folds, self.out)
         folder = self._folder
-        values = [k.as_py() for k in key]
-        blob = stored.column("_state")[0].as_py() if stored.num_rows else None
         if not events.num_rows:  # no new event: the key's state stays as it was
-            return self._rows([], values, blob)
+            return None, blob
         if self._columns is not None:
             got = self._columns.fold(pickle.loads(blob) if blob is not None else None, events)
             if got is not None:
                 state, derived = got
-                tail = self._rows([], values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
-                return tail if derived is None else pa.concat_tables([derived, tail])
+                return derived, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         fields = folder.fields
         columns = [events.column(f).to_pylist() for f in fields]
         batch = [
             (order, {f: v for f, v in zip(fields, row, strict=True) if v is not None})
             for order, *row in zip(events.column("_order").to_pylist(), *columns, strict=True)
         ]
-        state, derived = folder.fold(pickle.loads(blob) if blob is not None else None, batch)
-        return self._rows(derived, values, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        state, out = folder.fold(pickle.loads(blob) if blob is not None else None, batch)
+        rows = self._rows(out, list(key), None) if out else None
+        return rows, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _rows(
         self, derived: list[tuple[int, bytes, dict[str, Any]]], key: list[Any], blob: bytes | None
@@ -200,3 +213,103 @@ class ArrowFold:
         for k, v in zip(self.keys, key, strict=True):
             columns[k] = [None] * n + ([v] if blob is not None else [])
         return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in self.out], schema=self.out)
+
+
+class PartitionFold:
+    """One partition of a group's micro-batch, folded and written where it is: what ``mapInArrow`` runs.
+
+    Its rows are the micro-batch's events and the group's stored state (rows
+    whose ``_state`` is set), repartitioned by key, so each key's events and
+    state are in one partition. The events are grouped by key with numpy, each
+    key folded by :class:`ArrowFold`; the derived events are written as
+    ``log_dir/part-<partition>.parquet`` (schema ``log_schema``, row groups of
+    ``row_group`` rows) and every key's new state (the stored one for a key
+    without events) as ``state_dir/part-<partition>.parquet``, each under a
+    hidden temporary name first and renamed. A task run again writes the same
+    rows to the same names. It returns one small row: the partition, the
+    derived events and the keys it wrote.
+    """
+
+    SUMMARY = pa.schema([("partition", pa.int64()), ("derived", pa.int64()), ("keys", pa.int64())])
+
+    def __init__(
+        self, fold: ArrowFold, log_dir: str, state_dir: str, log_schema: pa.Schema, row_group: int
+    ) -> None:
+        self.fold = fold
+        self.log_dir = log_dir
+        self.state_dir = state_dir
+        self.log_schema = log_schema
+        self.row_group = row_group
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        partition, attempt = (task.partitionId(), task.taskAttemptId()) if task is not None else (0, 0)
+        yield self.run(list(batches), partition, attempt)
+
+    def run(self, batches: list[pa.RecordBatch], partition: int, attempt: int) -> pa.RecordBatch:
+        """Fold and write ``batches`` (partition ``partition``); the summary row."""
+        derived, keys = 0, 0
+        if batches:
+            table = pa.Table.from_batches(batches)
+            has_state = pc.is_valid(table.column("_state"))
+            tables, state = self._fold(table.filter(pc.invert(has_state)), table.filter(has_state))
+            if tables:
+                out = pa.concat_tables(tables).select(self.log_schema.names).cast(self.log_schema)
+                derived = out.num_rows
+                self._write(out, self.log_dir, partition, attempt)
+            keys = state.num_rows
+            if keys:
+                self._write(state, self.state_dir, partition, attempt)
+        return pa.RecordBatch.from_pylist(
+            [{"partition": partition, "derived": derived, "keys": keys}], schema=self.SUMMARY
+        )
+
+    def _fold(self, events: pa.Table, stored: pa.Table) -> tuple[list[pa.Table], pa.Table]:
+        """The derived events of each key of ``events``, and the table of every key's state."""
+        names = self.fold.keys
+        blobs = stored.column("_state").to_pylist()
+        keys = zip(*(stored.column(k).to_pylist() for k in names), strict=True)
+        state = dict(zip(keys, blobs, strict=True))
+        tables: list[pa.Table] = []
+        if events.num_rows:
+            codes = _key_codes([events.column(k) for k in names])
+            ordered = events.take(pa.array(np.argsort(codes, kind="stable")))
+            counts = np.bincount(codes)
+            starts = np.cumsum(counts) - counts
+            for start, n in zip(starts.tolist(), counts.tolist(), strict=True):
+                if not n:
+                    continue
+                rows = ordered.slice(start, n)
+                key = tuple(rows.column(k)[0].as_py() for k in names)
+                got, state[key] = self.fold.fold_key(key, rows, state.get(key))
+                if got is not None:
+                    tables.append(got)
+        kept = [(key, blob) for key, blob in state.items() if blob is not None]
+        arrays = [
+            pa.array([key[i] for key, _ in kept], stored.schema.field(k).type) for i, k in enumerate(names)
+        ]
+        arrays.append(pa.array([blob for _, blob in kept], pa.binary()))
+        return tables, pa.Table.from_arrays(arrays, names=[*names, "_state"])
+
+    def _write(self, table: pa.Table, directory: str, partition: int, attempt: int) -> None:
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".part-{partition:05d}-{attempt}.tmp")
+        pq.write_table(table, tmp, row_group_size=self.row_group)
+        os.replace(tmp, os.path.join(directory, f"part-{partition:05d}.parquet"))
+
+
+def _key_codes(columns: Sequence[pa.ChunkedArray]) -> np.ndarray:
+    """One number per row, equal where the rows' key values are (null included), from 0 up."""
+    codes: np.ndarray | None = None
+    for column in columns:
+        encoded = pc.dictionary_encode(column.combine_chunks())
+        # (a null value has a null index: code 0, the others 1 up)
+        c = np.asarray(pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), 1), 0))
+        if codes is None:
+            codes = c
+        else:
+            codes = np.unique(codes * (int(c.max()) + 1) + c, return_inverse=True)[1].astype(np.int64)
+    assert codes is not None
+    return codes

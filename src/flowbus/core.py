@@ -104,3 +104,9 @@ class Core(Protocol):
     def on_send_failed(self, dst: int, msg: Any, now: float) -> Sequence[Effect]:
         """``msg`` could not reach ``dst`` (the failure notice of an acknowledged link)."""
         return []
+
+    def prepare(self) -> None:
+        """Called by a driver now and then (the runtime's ``PREPARE_EVERY``): a core may build
+        ahead what its next messages would otherwise wait for (a broker, its indexes after the
+        subscriptions changed). It changes no answer and returns no effects; by default nothing."""
+        return None

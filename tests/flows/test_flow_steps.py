@@ -162,3 +162,29 @@ def test_derived_events_delivered_only_here_are_in_no_custody_record() -> None:
     b.flow_side.backups_confirmed()
     b.settle_many([])
     assert b.in_custody() == 0 and sorted(b.settled) == sorted(("pub", i) for i in range(len(events)))
+
+
+def test_prepare_builds_what_the_next_events_need_once_the_tables_stop_changing() -> None:
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=FEW + 8))
+    b, plain = _broker(d), _broker(d)
+    for x in (b, plain):
+        for i in range(40):  # (enough for the router's matcher)
+            x.subscribe_flow(f"p{i}", "combined", f"price >= {i}")
+    local = b.router._match[b.addr]  # (the router's index of the local subscriptions)
+    gate, own = b.flows.gate, b.flow_side.own
+
+    def ready() -> bool:
+        return local.uses_matcher and gate.version == own.version == b.router.changes
+
+    b.prepare()
+    assert not ready()  # (a first look: the tables may still be changing)
+    b.prepare()
+    assert ready() and {s for _, s in gate._now} == {"compressed", "drops"}
+    b.subscribe_flow("late", "big_trades", "")
+    b.prepare()
+    assert not ready()  # (changed since the last call: not yet)
+    b.prepare()
+    assert ready()
+    plain.subscribe_flow("late", "big_trades", "")
+    assert _by_sub(_publish(b, events, 0)) == _by_sub(_publish(plain, events, 0))  # (the same answers)

@@ -12,7 +12,7 @@ from typing import Any
 from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.net.codec import frame
-from flowbus.net.runtime import Directory, Runtime
+from flowbus.net.runtime import PREPARE_EVERY, Directory, Runtime
 from flowbus.overlay.chordal_ring import RingNode, RingRoute
 
 HB = 0.1  # heartbeat period (s): failures are found within a few tenths of a second
@@ -170,5 +170,29 @@ def test_the_messages_of_one_read_are_one_step_of_on_messages() -> None:
         finally:
             await peer.close()
             await rt.close()
+
+    asyncio.run(main())
+
+
+def test_the_core_is_asked_to_prepare_now_and_then_until_the_runtime_closes() -> None:
+    async def main() -> None:
+        class Preparing(Echo):
+            def __init__(self) -> None:
+                super().__init__()
+                self.prepared = 0
+
+            def prepare(self) -> None:
+                self.prepared += 1
+
+        core = Preparing()
+        rt = Runtime(0, core, Directory())
+        await rt.start()
+        try:
+            await _until(lambda: core.prepared >= 3, timeout=5.0)
+        finally:
+            await rt.close()
+        calls = core.prepared
+        await asyncio.sleep(3 * PREPARE_EVERY)
+        assert core.prepared == calls  # (none after close)
 
     asyncio.run(main())

@@ -47,6 +47,8 @@ the simulator does. A :class:`Directory` says where each address listens.
   links) sees each batch going out and each run coming in, and returns what may pass.
 * **Slow links for tests.** ``delay[peer] = seconds``: what arrives from ``peer`` waits that
   long before the core takes it, in order (a link made slow without touching the core).
+* **Preparing.** Every ``PREPARE_EVERY`` seconds the core's ``prepare()`` is called (a broker
+  builds then, at a quiet moment, the indexes its next events would otherwise wait for).
 * :meth:`Runtime.call` runs a local call (``subscribe``, ``publish``, ``join``...) on the
   core and carries out the effects it returns.
 
@@ -118,6 +120,11 @@ def where_of(addr: int) -> tuple[str, int] | None:
     return socket.inet_ntoa((addr >> 16).to_bytes(4, "big")), addr & 0xFFFF
 
 
+PREPARE_EVERY = 0.05
+"""How often the core is asked to prepare (seconds): a broker's indexes are then ready about
+two ticks after its subscriptions stop changing (see :meth:`flowbus.core.Core.prepare`)."""
+
+
 class Runtime:
     """One core on real sockets (see the module note)."""
 
@@ -161,6 +168,7 @@ class Runtime:
         self._opening: dict[int, asyncio.Lock] = {}
         self._queued: dict[int, list[Any]] = {}  # dst -> messages waiting for its connection
         self._timers: dict[Hashable, asyncio.TimerHandle] = {}
+        self._prepare: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -177,6 +185,8 @@ class Runtime:
         self._gate.start(sock)
         self.port = sock.getsockname()[1]
         self.directory.set(self.addr, self.host, self.port)
+        if getattr(self.core, "prepare", None) is not None:  # (a test's core may have none)
+            self._prepare = asyncio.get_running_loop().call_later(PREPARE_EVERY, self._prepare_tick)
 
     @property
     def refused(self) -> int:
@@ -194,6 +204,8 @@ class Runtime:
     async def close(self) -> None:
         """Stop listening, close every connection, drop every timer."""
         self._closed = True
+        if self._prepare is not None:
+            self._prepare.cancel()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -215,6 +227,10 @@ class Runtime:
     def apply(self, effects: Sequence[Effect]) -> None:
         """Carry out effects a driver got from a local call on the core."""
         self._apply(effects)
+
+    def _prepare_tick(self) -> None:
+        self.core.prepare()
+        self._prepare = asyncio.get_running_loop().call_later(PREPARE_EVERY, self._prepare_tick)
 
     # -- effects
 

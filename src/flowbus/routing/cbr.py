@@ -428,6 +428,12 @@ class ContentRouter(Core):
         """An advertisement (``f``) or its removal (None) from neighbour ``src``."""
         return self._adv_set(src, o, f) if _newer(self._adv_seen[src], o, seq) else []
 
+    def prepare(self) -> None:
+        """Build now what the next events would build first (each direction's matcher, up to
+        date with the tables): for a quiet moment after the subscriptions changed."""
+        for index in self._match.values():
+            index.prepare()
+
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         raise ProtocolError(f"broker {self.broker}: no timer {key!r} (the router sets none)")
 

@@ -678,6 +678,18 @@ class RouteIndex:
                 self._flush(m)
         return m
 
+    def prepare(self) -> None:
+        """Bring the matcher up to date now (a quiet moment), as the next events would: they
+        then do not wait for it to be built or to take the changes (answers are the same)."""
+        if len(self._filters) < MATCHER_MIN:
+            return
+        m = self._matcher
+        if m is None:
+            m = self._matcher = Matcher()
+            self._install(m, list(self._filters.items()))
+        elif self._fresh or self._stale:
+            self._flush(m)
+
     def _flush(self, m: Matcher) -> None:
         for k in self._stale:
             m.remove(k)

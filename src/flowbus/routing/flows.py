@@ -359,6 +359,15 @@ class Flows:
 
     # -- a partition's folds
 
+    def prepare(self, version: Any, filters: Callable[[], Iterable[Filter]]) -> None:
+        """The gate's choice for every space the partitions here publish into, made now for
+        the tables at ``version`` (``filters``: theirs) rather than by the next fold."""
+        self.gate.update(version, filters)
+        for part in self.parts.values():
+            for fold in part.group.folds:
+                for output in fold.outputs:
+                    self.gate.readers(part.deployment, output.space)
+
     def fold(
         self,
         part: Partition,

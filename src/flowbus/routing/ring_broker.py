@@ -167,6 +167,7 @@ class RingBroker(Core):
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
         self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
+        self._tables = (-1, -1)  # the router's changes at the last prepare() and those prepared for
         self.repair = Repair(self.ring, self.router, self.custodian)  # kept events (ring_repair.py)
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._adopted: dict[Hashable, tuple[int, Hashable]] = {}  # taken-over sub -> its origin
@@ -315,6 +316,21 @@ class RingBroker(Core):
         if flows and self.custody:
             self.flow_side.custody_of(out)
         return out
+
+    def prepare(self) -> None:
+        """Once the routing tables have not changed between two calls (the driver calls every
+        ``PREPARE_EVERY``), build what the next events would: the router's matchers, the flows'
+        gate and own index. A burst of subscriptions is prepared for once, when it ends, and the
+        first events after it do not wait for ~0.1-0.3 s of building (400 subscriptions)."""
+        changes = self.router.changes
+        last, done = self._tables
+        self._tables = (changes, done)
+        if changes == done or changes != last:  # (prepared already, or still changing)
+            return
+        self._tables = (changes, changes)
+        self.router.prepare()
+        if self.flows.parts:
+            self.flow_side.prepare()
 
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         """The driver is done with the delivery of ``event_id`` to ``sub_id`` (its client

@@ -285,6 +285,15 @@ class FlowSide:
                 out.append(SetTimer(DERIVED_WAIT, DERIVED))
         return out
 
+    def prepare(self) -> None:
+        """What the next step would choose or build first for the tables as they are now: the
+        gate's readers of the spaces the partitions here publish into, the lone broker's own
+        index (see :meth:`RingBroker.prepare <flowbus.routing.ring_broker.RingBroker.prepare>`)."""
+        if not self.flows.parts:
+            return
+        self.flows.prepare(self.broker.router.changes, self._table_filters)
+        self._route_alone([])
+
     def route_few(self, events: list[dict[str, Any]]) -> list[Effect] | None:
         """What routing events published here gives, when they are few (a paced step's) and
         no neighbour has a subscription (see :meth:`_route_alone`); None: the router routes them."""

@@ -436,19 +436,18 @@ class Deployment:
         return made
 
     def _compile_path(self, space: str, source: str, route: Route | None) -> _Path:
+        # (never the identity transform: a new dict of the space's fields, made by one generated
+        # dict display, costs less than the input event copied without its hidden fields)
         if route is None:
             schema = list(self.spaces[space].schema)
             c = Compiler(self.functions)
-            return _Path(
-                source, ALWAYS, c.transform([(n, Field(n)) for n in schema], inputs=schema), c.memo_factory()
-            )
+            return _Path(source, ALWAYS, c.transform([(n, Field(n)) for n in schema]), c.memo_factory())
         c = Compiler(self.functions, route_shared([route]))
         select = ALWAYS if route.select == Filter.true() else c.filter(route.select)
-        inputs = list(self._schema_of(route.source))
         return _Path(
             source,
             select,
-            c.transform(route.outputs, route.requires, inputs=inputs),
+            c.transform(route.outputs, route.requires),
             c.memo_factory(),
             (route.name, *route.via),
             any(name.startswith("__") for name, _ in route.outputs),

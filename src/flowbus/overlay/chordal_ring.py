@@ -302,6 +302,13 @@ class RingNode(Core):
         self.backups.set(key, value)
         return self.backups.soon() if self.joined else []
 
+    def set_states(self, changes: Mapping[Hashable, Any]) -> list[Effect]:
+        """:meth:`set_state` for each of ``changes`` (one copy for them all, as there)."""
+        backups = self.backups
+        for key, value in changes.items():
+            backups.set(key, value)
+        return backups.soon() if self.joined and changes else []
+
     def del_state(self, key: Hashable) -> list[Effect]:
         self.backups.delete(key)
         return self.backups.soon() if self.joined else []

@@ -69,11 +69,13 @@ class Backups:
 
     def set(self, key: Hashable, value: Any) -> None:
         self.state[key] = value
-        self._changed[key] = value
+        if self.holders:  # (with none, the next copy to any is of the whole state)
+            self._changed[key] = value
 
     def delete(self, key: Hashable) -> None:
         self.state.pop(key, None)
-        self._changed[key] = _GONE
+        if self.holders:
+            self._changed[key] = _GONE
 
     def soon(self) -> list[Effect]:
         """A copy is wanted: on a timer of delay 0, so the changes of one step of the
@@ -97,6 +99,10 @@ class Backups:
         """A new copy to ``holders``: the changes if they got the last one, else the whole
         state; the holders that are no longer hear so."""
         self.version += 1
+        if not holders and not self.holders:  # (alone: a copy to no one)
+            self._changed = {}
+            self._whole = False
+            return []
         copy: BackupCopy | BackupDelta
         if holders == self.holders and not self._whole:
             changed = self._changed

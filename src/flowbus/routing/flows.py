@@ -81,6 +81,8 @@ __all__ = [
     "ranges_of",
 ]
 
+ROWS_KEPT = 100_000
+"""How many keys a partition keeps the ring state keys (and repr) of, for its folds."""
 SEEN = 20_000
 """How many folded event ids (and what their folds published) a partition keeps."""
 
@@ -179,6 +181,18 @@ class Partition:
     seen: deque[Any] = field(default_factory=deque)
     buffer: list[tuple[Mapping[str, Any], Any]] | None = None  # taken over: (event, custody key) gathered
     _by_space: dict[Any, tuple[Any, ...]] = field(default_factory=dict)  # space -> its feeds
+    _rows: dict[Any, tuple[list[Any], str]] = field(default_factory=dict)  # key -> row keys, repr
+
+    def rows_of(self, key: Key) -> tuple[list[Any], str]:
+        """The ring state keys of ``key``'s rows (one per fold of the group) and its repr."""
+        got = self._rows.get(key)
+        if got is None:
+            if len(self._rows) >= ROWS_KEPT:
+                self._rows.clear()
+            _, name, did, _, _ = self.sub_id
+            rows = [("frow", name, did, self.owner, f.state, key) for f in self.group.folds]
+            got = self._rows[key] = (rows, repr(key))
+        return got
 
     def feeds_of(self, event: Mapping[str, Any]) -> list[Any]:
         """The feeds of the group that bring ``event`` to this partition (its key's hash in range)."""
@@ -379,7 +393,7 @@ class Flows:
         """Fold ``event`` into ``part``: the ring state entries to set, and the events to
         publish ``(id, bus event)`` (``results``: what this step noted of the event, for
         :func:`~flowbus.flow.deploy.count_arcs`)."""
-        name, did, owner = part.sub_id[1], part.sub_id[2], part.owner
+        name, owner = part.sub_id[1], part.owner
         d, gate, group = part.deployment, self.gate, part.group
         changed: dict[Hashable, Any] = {}
         published: list[tuple[Any, dict[str, Any]]] = []
@@ -393,18 +407,21 @@ class Flows:
             key = group.key_of(src)
             if key is None:
                 continue
-            ks = [("frow", name, did, owner, f.state, key) for f in group.folds]
-            prevs = [changed.get(k, state.get(k)) for k in ks]
+            ks, rkey = part.rows_of(key)
+            prevs = [changed.get(k) or state.get(k) for k in ks]  # (a row's value is never empty)
             for i, new, outs in group.fold(key, src, [None if p is None else p[1] for p in prevs]):
                 prev = prevs[i]
                 version = (prev[0] if prev is not None else 0) + 1
                 changed[ks[i]] = (version, new)
+                if not outs:
+                    continue
                 st = group.folds[i].state
                 for j, (space, ev) in enumerate(outs):
                     if not d.wanted(space, ev, gate.readers(d, space)):
                         continue
-                    kept.append((space, st, repr(key), version, j, tuple(ev.items())))
-                    published.append(_output(name, owner, *kept[-1]))
+                    record = (space, st, rkey, version, j, tuple(ev.items()))
+                    kept.append(record)
+                    published.append(_output(name, owner, *record))
         changed[("fseen", part.sub_id, eid)] = tuple(kept)
         return changed, published
 

@@ -437,9 +437,7 @@ class FlowSide:
         if ("fseen", part.sub_id, eid) in state:
             return [], []
         changed, published = self.flows.fold(part, eid, event, state, results)
-        out: list[Effect] = []
-        for key, value in changed.items():
-            out += self.ring.set_state(key, value)
+        out = self.ring.set_states(changed)
         part.seen.append(eid)
         while len(part.seen) > SEEN:
             out += self.ring.del_state(("fseen", part.sub_id, part.seen.popleft()))

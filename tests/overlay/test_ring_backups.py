@@ -110,3 +110,17 @@ def test_after_a_takeover_or_a_share_the_next_copy_is_whole() -> None:
     ((_, copy),) = [(e.dst, e.msg) for e in b.send(ME, (R,), LINKS)]
     assert isinstance(copy, BackupCopy)
     assert b.load_of(ME.id) is None
+
+
+def test_alone_the_changes_are_not_kept_and_the_first_holder_gets_the_whole_state() -> None:
+    b = Backups()
+    b.send(ME, (), LINKS)  # (alone: a copy to no one)
+    b.set("a", 1)
+    b.set("b", 2)
+    b.delete("a")
+    assert b.send(ME, (), LINKS) == [] and not b._changed  # (nothing kept for no holder)
+    b.set("c", 3)
+    whole = BackupCopy(ME, 3, {"b": 2, "c": 3}, LINKS, (R,))
+    assert b.send(ME, (R,), LINKS) == [Send(R.addr, whole)]
+    b.set("d", 4)  # (a holder now: the changes go as a delta)
+    assert b.send(ME, (R,), LINKS) == [Send(R.addr, BackupDelta(ME, 4, 3, {"d": 4}, (), LINKS, (R,)))]

@@ -49,7 +49,7 @@ import hashlib
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +120,9 @@ HASH_SPACE = 1 << 32
 """The range of a key's hash: ``0 <= hash32(key) < HASH_SPACE``."""
 
 
+@lru_cache(maxsize=1 << 16)
 def hash32(key: Key) -> int:
-    """A stable 32-bit hash of a state key (the same in every process)."""
+    """A stable 32-bit hash of a state key (the same in every process; the recent keys' kept)."""
     return zlib.crc32(repr(key).encode())
 
 
@@ -216,13 +217,15 @@ class FlowSubscription:
         self._check = check
         self._memo = Compiler({}).new_memo()
         self.sources = frozenset(self._by_source)
-        self._routed = frozenset(s for s in exact if len(self._by_source.get(s, ())) == 1)
+        self.routed = frozenset(s for s in exact if len(self._by_source.get(s, ())) == 1)
+        """The spaces whose events the network routed over this subscription's one exact path
+        (see :meth:`shares`)."""
         self.counts = counts
 
     def shares(self, event: Event) -> bool:
         """Whether what this subscription receives of ``event`` is what every subscription to
         its space receives: the network routed the event over the one exact path from its space."""
-        return event.get(SPACE, "") in self._routed and UNROUTED not in event
+        return event.get(SPACE, "") in self.routed and UNROUTED not in event
 
     def deliver(self, event: Event, results: dict[Any, Any] | None = None) -> list[dict[str, Any]]:
         """What the subscriber receives for ``event`` (a bus event: its space in ``__space``).

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from flowbus.core import Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import UserError
 from flowbus.filters import Filter
-from flowbus.flow.deploy import SPACE, FlowSubscription
+from flowbus.flow.deploy import SPACE, UNROUTED, FlowSubscription
 from flowbus.routing import cbr
 from flowbus.routing.flows import (
     PARTITION,
@@ -345,6 +345,7 @@ class FlowSide:
         event = e.event
         got = results.setdefault(id(event), {})
         waits = bool(flows.waiting) and PARTITION in event  # (see Flows.admit: a derived event)
+        space = event.get(SPACE, "") if UNROUTED not in event else None  # (sub.shares, inlined)
         rest: list[Hashable] = []
         shared: dict[str, list[Hashable]] = {}
         edges: list[Effect] = []
@@ -356,7 +357,7 @@ class FlowSide:
                     rest.append(sub_id)
                 else:
                     self._fold_into(part, sub_id, event, edges, publish, folded, results)
-            elif not sub.shares(event):
+            elif space not in sub.routed:
                 edges.extend(self._edge(sub_id, sub, event, got))
             else:
                 same = shared.get(sub.space)

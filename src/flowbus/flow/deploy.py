@@ -49,7 +49,7 @@ import hashlib
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +120,8 @@ HASH_SPACE = 1 << 32
 """The range of a key's hash: ``0 <= hash32(key) < HASH_SPACE``."""
 
 
-@lru_cache(maxsize=1 << 16)
 def hash32(key: Key) -> int:
-    """A stable 32-bit hash of a state key (the same in every process; the recent keys' kept)."""
+    """A stable 32-bit hash of a state key (the same in every process)."""
     return zlib.crc32(repr(key).encode())
 
 

@@ -229,8 +229,8 @@ class Runtime:
         self._apply(effects)
 
     def _prepare_tick(self) -> None:
-        self.core.prepare()
         self._prepare = asyncio.get_running_loop().call_later(PREPARE_EVERY, self._prepare_tick)
+        self.core.prepare()  # (after the next tick is set: a failure here stops no later one)
 
     # -- effects
 

@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --baseline activemq --json
 	$(BIN)/flowbus bench floor --json
 	$(BIN)/flowbus bench flow-bus --brokers 1,3 --events 100000 --subs 100 --json
+	$(BIN)/flowbus bench flow-core --events 20000 --repeats 5 --json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

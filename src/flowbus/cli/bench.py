@@ -299,6 +299,28 @@ def bench_flow_bus(
         out.print(table(result))
 
 
+@bench_app.command("flow-core")
+def bench_flow_core(
+    events: Annotated[int, typer.Option(min=1, help="Source events of the stock flow per repeat.")] = 20_000,
+    subs: Annotated[int, typer.Option(min=1, help="Filtered subscriptions per subscription space.")] = 100,
+    step: Annotated[int, typer.Option(min=1, help="Events published per step of the core.")] = 200,
+    repeats: Annotated[int, typer.Option(min=1, help="Times the flow and plain cores alternate.")] = 5,
+    seed: Annotated[int, typer.Option(help="Seed of the subscription filters.")] = 1,
+    as_json: JsonOption = False,
+) -> None:
+    """The flow's routing core alone against plain routing's, in one process (no sockets)."""
+    from flowbus.bench.flow_core import run, table
+
+    with progress_bar(True) as progress:
+        result = run(
+            events=events, subscriptions=subs, step=step, repeats=repeats, seed=seed, progress=progress
+        )
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        out.print(table(result))
+
+
 @bench_app.command("floor")
 def bench_floor(
     rounds: Annotated[int, typer.Option(min=1, help="Batches of 2,000 deliveries timed per step.")] = 200,

@@ -38,7 +38,7 @@ content-based routing inside the network, all transforms move to the edge"):
   reading the event's space whose ``S`` holds and ``T`` is defined, with the hash of the key
   in a hidden field (:meth:`Deployment.stamp`); the owner of a hash range subscribes to its
   range of that field like any subscriber, and folds what it receives
-  (:meth:`~flowbus.flow.owners.Group.fold`). Each change of a row gives, per expand arc out of the state, the
+  (:meth:`flowbus.routing.flows.Flows.fold`). Each change of a row gives, per expand arc out of the state, the
   shortest sequence from the old row to the new one (:class:`~flowbus.flow.local.Deliverer`),
   which the owner publishes into the expand's target.
 """

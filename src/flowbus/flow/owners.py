@@ -104,31 +104,6 @@ class Group:
         except Undefined:
             return None
 
-    def fold(
-        self, key: Key, event: Mapping[str, Any], olds: Sequence[Row | None]
-    ) -> list[tuple[int, Row, list[tuple[str, Mapping[str, Any]]]]]:
-        """Fold ``event`` (a feed's input) for ``key``, whose rows are ``olds`` (per fold, None:
-        not seen yet): per collapse whose row changed, its position, its new row and what its
-        expand arcs publish (space, event)."""
-        changes = []
-        counts = self.counts
-        for i, f in enumerate(self.folds):
-            counts[f.arc] = counts.get(f.arc, 0) + 1
-            old = olds[i]
-            if old is None:
-                old = f.bound.initial
-            new = f.step(key, old, event)
-            if new is None or new == old:
-                continue
-            published: list[tuple[str, Mapping[str, Any]]] = []
-            for out in f.outputs:
-                events = out.events(key, old, new, event)
-                if events:
-                    published.extend((out.space, ev) for ev in events)
-                    counts[out.arc] = counts.get(out.arc, 0) + len(events)
-            changes.append((i, new, published))
-        return changes
-
     def snapshot(self, key: Key, rows: Mapping[str, Row]) -> list[tuple[str, dict[str, Any]]]:
         """What a subscriber that has seen nothing needs of ``key`` to reach ``rows`` (per state):
         per expand arc, the shortest sequence from the initial row (A*)."""

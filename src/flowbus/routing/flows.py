@@ -395,6 +395,7 @@ class Flows:
         :func:`~flowbus.flow.deploy.count_arcs`)."""
         name, owner = part.sub_id[1], part.owner
         d, gate, group = part.deployment, self.gate, part.group
+        counts = group.counts
         changed: dict[Hashable, Any] = {}
         published: list[tuple[Any, dict[str, Any]]] = []
         kept: list[tuple[Any, ...]] = []  # what ``published`` is, in the fewest bytes (see outputs_of)
@@ -408,20 +409,29 @@ class Flows:
             if key is None:
                 continue
             ks, rkey = part.rows_of(key)
-            prevs = [changed.get(k) or state.get(k) for k in ks]  # (a row's value is never empty)
-            for i, new, outs in group.fold(key, src, [None if p is None else p[1] for p in prevs]):
-                prev = prevs[i]
-                version = (prev[0] if prev is not None else 0) + 1
-                changed[ks[i]] = (version, new)
-                if not outs:
+            for f, k in zip(group.folds, ks, strict=True):  # each collapse: its row, maybe changed
+                counts[f.arc] = counts.get(f.arc, 0) + 1
+                prev = changed.get(k) or state.get(k)  # (version, row); never empty
+                old = f.bound.initial if prev is None else prev[1]
+                new = f.step(key, old, src)
+                if new is None or new == old:
                     continue
-                st = group.folds[i].state
-                for j, (space, ev) in enumerate(outs):
-                    if not d.wanted(space, ev, gate.readers(d, space)):
+                version = (prev[0] if prev is not None else 0) + 1
+                changed[k] = (version, new)
+                j = 0  # (the change's i-th output over its expand arcs: its id)
+                for out in f.outputs:  # what each expand arc out of the state publishes
+                    evs = out.events(key, old, new, src)
+                    if not evs:
                         continue
-                    record = (space, st, rkey, version, j, tuple(ev.items()))
-                    kept.append(record)
-                    published.append(_output(name, owner, *record))
+                    counts[out.arc] = counts.get(out.arc, 0) + len(evs)
+                    space = out.space
+                    readers = gate.readers(d, space)
+                    for ev in evs:
+                        if d.wanted(space, ev, readers):
+                            record = (space, f.state, rkey, version, j, tuple(ev.items()))
+                            kept.append(record)
+                            published.append(_output(name, owner, *record))
+                        j += 1
         changed[("fseen", part.sub_id, eid)] = tuple(kept)
         return changed, published
 

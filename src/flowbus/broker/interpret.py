@@ -74,11 +74,12 @@ from typing import Any, NoReturn
 import yaml
 
 from flowbus.errors import FlowbusError, FlowError, SchemaError
-from flowbus.filters.ast import Expr, Field, Functions
+from flowbus.filters.ast import Expr, Field, Functions, Undefined
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import BoundRules, Key, Row, RuleSet
 from flowbus.flow.expand import rows_from_json, shorten
 from flowbus.flow.infer import NUMBERS, check_expr, hint, with_builtins
+from flowbus.flow.rulecode import KeyFn, StepFn, key_function, step_function
 from flowbus.flow.spec import FlowBuilder
 from flowbus.model import Schema, Value, type_name
 
@@ -149,11 +150,19 @@ class Interpretation:
                 self.bound.collapse(table, self._event(raw, "event", i))
             return self._canonical(table)
         table = dict(state or {})
-        names, collapse = self._names, self.bound.collapse
+        names, initial = self._names, self.bound.initial
+        key_of, step = self._compiled
         for i, raw in enumerate(events):
             if type(raw) is not dict or raw.keys() != names or any(v != v for v in raw.values()):  # (NaN)
                 raw = self._event(raw, "event", i)
-            collapse(table, raw)
+            try:  # (BoundRules.collapse, with the rules compiled)
+                key = key_of(raw)
+            except Undefined:
+                continue
+            old = table.get(key, initial)
+            new = step(key, old, raw)
+            if new is not None and new != old:
+                table[key] = new
         return self._canonical(table)
 
     # ------------------------------------------------------------ catch up
@@ -217,6 +226,12 @@ class Interpretation:
             reads |= {n.removeprefix("event.") for n in rule.reads()}
         reads |= {e.name for _, e in self.bound.ruleset.key if isinstance(e, Field)}
         return tuple(n for n in self.event if n in reads)
+
+    @cached_property
+    def _compiled(self) -> tuple[KeyFn, StepFn]:
+        """The rule set's key and step as compiled functions (:mod:`flowbus.flow.rulecode`: the
+        interpreter's answers; a subscription's queue folds every event it delivers)."""
+        return key_function(self.bound), step_function(self.bound)
 
     @cached_property
     def _names(self) -> frozenset[str]:

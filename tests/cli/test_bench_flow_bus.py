@@ -83,3 +83,22 @@ def test_the_check_catches_a_lost_event_and_a_key_out_of_order() -> None:
     # a stateless space takes any order
     combined = [(0.0, e) for e in reversed(ref.outputs["combined"])]
     assert flow_bus.check("combined", combined, list(range(len(combined))), ref, published)[0]
+
+
+def test_the_goals_are_judged_on_their_rows_and_the_ratio_per_broker_count() -> None:
+    def row(kind: str, brokers: int, rate: float | None, **more: object) -> dict[str, object]:
+        return {"kind": kind, "brokers": brokers, "rate": rate, "deliveries_match": True, **more}
+
+    rows = [
+        row("flow", 1, None, flow_vs_plain=0.54),
+        row("plain", 1, None),
+        row("flow", 1, 5000.0, flow_vs_plain=1.0, latency_p99_ms=12.0),
+        row("flow", 3, None, flow_vs_plain=0.43),
+        row("flow", 3, 5000.0, flow_vs_plain=0.98, latency_p99_ms=511.0),
+    ]
+    goals = flow_bus.goals_met(rows, 5000.0)
+    assert goals["flow_vs_plain_at_least_0.5"] is False  # (the ring of three's 0.43)
+    assert goals["flow_vs_plain_at_least_0.5_by_brokers"] == {"1": True, "3": False}
+    assert goals["p99_under_50_ms_paced_1_broker"] is True and goals["deliveries_match"] is True
+    rows[2]["latency_p99_ms"] = 50.0
+    assert flow_bus.goals_met(rows, 5000.0)["p99_under_50_ms_paced_1_broker"] is False

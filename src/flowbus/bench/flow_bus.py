@@ -467,6 +467,32 @@ def _plain_row(brokers: int, rate: float, events: list[Event], filters: list[str
     return row
 
 
+@dataclass
+class Workload:
+    """Both rows' input, made offline: the flow's (its deployment, events, subscriptions and
+    what each should get) and plain's (events, and as many filters as give the same deliveries)."""
+
+    deployment: Deployment
+    setup: _Setup
+    plain_events: list[Event]
+    plain_filters: list[str]
+    plain_counts: np.ndarray
+
+
+def workload(events: int, subscriptions: int, seed: int) -> Workload:
+    """The stock flow's ``events`` generated source events, ``subscriptions`` seeded filters per
+    subscription space and the reference, and the plain baseline's events and filters."""
+    spec = stock_flow_spec()
+    d = Deployment.from_file(spec)
+    evs = list(d.generate(events=events))
+    ref = reference(d, evs)
+    filters = flow_filters(ref, subscriptions, seed)
+    setup = _Setup(spec, evs, ref, filters, expected_indices(ref, filters))
+    plain_events = plain.make_events(events, seed)
+    pfilters, pcounts = plain_filters(plain_events, setup.deliveries, seed)
+    return Workload(d, setup, plain_events, pfilters, pcounts)
+
+
 def run(
     *,
     brokers: Sequence[int] = (1, 3),
@@ -482,15 +508,10 @@ def run(
     """Per broker count, flat out and paced at ``rate``: a flow row and its plain baseline (see
     the module note). ``subscriptions``: K per subscription space; ``profile_dir``: run each
     broker under cProfile, writing ``broker-<kind>-b<B>-r<rate>-<i>.prof`` there."""
-    spec = stock_flow_spec()
-    d = Deployment.from_file(spec)
     t = time.perf_counter()
-    evs = list(d.generate(events=events))
-    ref = reference(d, evs)
-    filters = flow_filters(ref, subscriptions, seed)
-    setup = _Setup(spec, evs, ref, filters, expected_indices(ref, filters))
-    plain_events = plain.make_events(events, seed)
-    pfilters, pcounts = plain_filters(plain_events, setup.deliveries, seed)
+    w = workload(events, subscriptions, seed)
+    setup, filters, ref = w.setup, w.setup.filters, w.setup.ref
+    plain_events, pfilters, pcounts = w.plain_events, w.plain_filters, w.plain_counts
     offline_s = time.perf_counter() - t
     rows = []
     with tempfile.TemporaryDirectory(prefix="flowbus-bench-") as tmp:

@@ -25,16 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flowbus.bench import broker as plain
-from flowbus.bench.flow_bus import (
-    SPACES,
-    Progress,
-    _Setup,
-    expected_indices,
-    flow_filters,
-    plain_filters,
-    reference,
-)
-from flowbus.bench.workloads import stock_flow_spec
+from flowbus.bench.flow_bus import SPACES, Progress, workload
 from flowbus.broker.config import DEFAULT
 from flowbus.broker.overlays import new_core
 from flowbus.broker.spaces import Spaces
@@ -124,14 +115,16 @@ def run(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The flow's core and plain's, alternately ``repeats`` times (see the module note)."""
-    d = Deployment.from_file(stock_flow_spec())
-    generated = list(d.generate(events=events))
-    ref = reference(d, generated)
-    filters = flow_filters(ref, subscriptions, seed)
-    setup = _Setup(stock_flow_spec(), generated, ref, filters, expected_indices(ref, filters))
-    flow_events = [{**e, SPACE: s} for s, e in generated]
-    plain_events = [{**e, SPACE: plain.SPACE} for e in plain.make_events(events, seed)]
-    pfilters, pcounts = plain_filters(plain_events, setup.deliveries, seed)
+    w = workload(events, subscriptions, seed)
+    d, setup, filters, pfilters, pcounts = (
+        w.deployment,
+        w.setup,
+        w.setup.filters,
+        w.plain_filters,
+        w.plain_counts,
+    )
+    flow_events = [{**e, SPACE: s} for s, e in setup.events]
+    plain_events = [{**e, SPACE: plain.SPACE} for e in w.plain_events]
     flow_us: list[float] = []
     plain_us: list[float] = []
     deliveries: dict[str, list[int]] = {"flow": [], "plain": []}

@@ -11,8 +11,9 @@ from tests.flows.world import reference
 
 from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
 from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.routing import flows
 from flowbus.routing.cbr import ContentRouter
-from flowbus.routing.flows import PARTITION
+from flowbus.routing.flows import LOG, PARTITION, log_entry, log_folds
 from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
 from flowbus.routing.ring_flows import FEW, FlowSide
 
@@ -188,3 +189,42 @@ def test_prepare_builds_what_the_next_events_need_once_the_tables_stop_changing(
     assert ready()
     plain.subscribe_flow("late", "big_trades", "")
     assert _by_sub(_publish(b, events, 0)) == _by_sub(_publish(plain, events, 0))  # (the same answers)
+
+
+def test_a_fold_log_entry_is_one_flat_tuple_that_reads_back_as_its_folds() -> None:
+    folds = [
+        (("pub", 1), ()),  # (a fold that published nothing)
+        (("pub", 2), (("compressed", "max_cur", "('IBM',)", 7, 0, (("name", "IBM"), ("price", 1.0))),)),
+        ("p3", (("drops", "trends", "('HP',)", 3, 0, (("n", 1), ("x", None))), ("s", "t", "k", 3, 1, ()))),
+        ((("nested", 1), 4), (("s", "t", "k", 1, 0, (("b", True), ("i", 1), ("f", 1.0))),)),
+    ]
+    entry = log_entry(folds)
+    assert [x for x in entry if isinstance(x, tuple)] == [f[0] for f in folds if f[0] != "p3"]  # (ids only)
+    back = log_folds(entry)
+    assert back == folds and [type(v) for _, k in back for r in k for _, v in r[5]] == [
+        str, float, int, type(None), bool, int, float,
+    ]  # fmt: skip
+    assert log_folds(()) == []
+
+
+def _logs(b: RingBroker) -> dict[Any, tuple[Any, ...]]:
+    return {k: v for k, v in b.ring.state.items() if isinstance(k, tuple) and k[0] == LOG}
+
+
+def test_a_partition_logs_a_steps_folds_in_one_entry_and_drops_the_oldest_it_no_longer_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(flows, "SEEN", 250)
+    d = Deployment.from_file(STOCKS)
+    events = list(d.generate(events=400))
+    b = _broker(d)
+    (part,) = b.flows.parts.values()
+    for step in range(4):  # (four steps of 100 events)
+        _publish(b, events[100 * step : 100 * (step + 1)], 100 * step)
+        logs = _logs(b)
+        assert sorted(k[2] for k in logs) == list(range(max(0, step - 2), step + 1))  # (>= 250 ids kept)
+    folded = [eid for k in sorted(logs) for eid, _ in log_folds(logs[k])]
+    assert folded == [("pub", i) for i in range(100, 400) if ("pub", i) in part.seen] and len(folded) >= 250
+    assert sorted(part.seen) == sorted(folded)
+    again = _by_sub(_publish(b, events[300:], 300))  # (ids in the log: folded no more)
+    assert "m" not in again and part.next_log == 4

@@ -19,10 +19,13 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   in the ring state: backed up on its ring neighbours and taken over with the rest of its
   state when it dies. A broker that joins later owns nothing of the flows already deployed.
 * **Rows** live in the ring state too, under ``("frow", flow, deploy id, partition, state,
-  key) -> (version, row)``, so a takeover carries them; so does the id of each event a
-  partition folded, with what that fold published (``("fseen", partition, event id)``, the
-  last :data:`SEEN` per partition): the broker that takes a partition over folds no event twice
-  and publishes again what the dead owner may not have sent (its id de-duplicates it).
+  key) -> (version, row)``, so a takeover carries them; so does the partition's *fold log*:
+  the id of each event it folded, with what that fold published, one entry per step
+  (``("fseen", partition, n)``, one flat tuple: :func:`log_entry`; the last entries holding
+  :data:`SEEN` ids or more): the broker that takes a partition over folds no event twice and
+  publishes again what the dead owner may not have sent (its id de-duplicates it). A step's
+  entry is one container on the wire, whatever its folds: a holder decodes a backup of a
+  busy step's few hundred folds with a few hundred Python calls, not thousands.
 * **Derived events** (what the expand arcs of a changed row give) are published by the
   partition's holder into the expand's target space with deterministic ids
   (:func:`output_id`), carrying the partition, the key and the row's version in hidden
@@ -77,6 +80,8 @@ __all__ = [
     "Flows",
     "SnapshotAsk",
     "SnapshotRows",
+    "log_entry",
+    "log_folds",
     "output_id",
     "ranges_of",
 ]
@@ -84,7 +89,9 @@ __all__ = [
 ROWS_KEPT = 100_000
 """How many keys a partition keeps the ring state keys (and repr) of, for its folds."""
 SEEN = 20_000
-"""How many folded event ids (and what their folds published) a partition keeps."""
+"""How many folded event ids (and what their folds published) a partition keeps at least."""
+LOG = "fseen"
+"""The first element of a fold log entry's ring state key: ``("fseen", partition id, n)``."""
 
 PART = "part"
 """The first element of a partition subscription's id: ``("part", flow, deploy id, group, owner)``."""
@@ -159,6 +166,38 @@ def output_id(flow: str, space: str, key: Key, version: int, i: int) -> tuple[st
     return (f"{flow}/{space}/{key!r}", version * 1024 + i)
 
 
+def log_entry(folds: Sequence[tuple[Any, tuple[Any, ...]]]) -> tuple[Any, ...]:
+    """A fold log entry: ``folds`` (``(event id, what the fold published)``, see
+    :meth:`Flows.fold`) as one flat tuple: per fold its event id and how many events it
+    published, then per event its space, state, key, version, output number, the count of its
+    fields and those, name after value. Only an id that is a container stays one."""
+    flat: list[Any] = []
+    for eid, kept in folds:
+        flat += (eid, len(kept))
+        for space, state, rkey, version, j, fields in kept:
+            flat += (space, state, rkey, version, j, len(fields))
+            for pair in fields:
+                flat += pair
+    return tuple(flat)
+
+
+def log_folds(entry: tuple[Any, ...]) -> list[tuple[Any, tuple[Any, ...]]]:
+    """The folds of a log entry (:func:`log_entry` read back)."""
+    folds: list[tuple[Any, tuple[Any, ...]]] = []
+    i = 0
+    while i < len(entry):
+        eid, n = entry[i], entry[i + 1]
+        i += 2
+        kept = []
+        for _ in range(n):
+            space, state, rkey, version, j, m = entry[i : i + 6]
+            fields = entry[i + 6 : i + 6 + 2 * m]
+            kept.append((space, state, rkey, version, j, tuple(zip(fields[::2], fields[1::2], strict=True))))
+            i += 6 + 2 * m
+        folds.append((eid, tuple(kept)))
+    return folds
+
+
 def _output(
     flow: str, owner: int, space: str, state: str, key: str, version: int, i: int, fields: tuple[Any, ...]
 ) -> tuple[tuple[str, int], dict[str, Any]]:
@@ -178,10 +217,47 @@ class Partition:
     group: Group
     owner: int
     ranges: tuple[tuple[int, int], ...]
-    seen: deque[Any] = field(default_factory=deque)
+    seen: dict[Any, int] = field(default_factory=dict)  # event id folded -> its log entry's number
+    logs: deque[tuple[int, list[Any]]] = field(default_factory=deque)  # entries in the state: (n, ids)
+    log: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)  # this step's folds, not logged
+    next_log: int = 0
     buffer: list[tuple[Mapping[str, Any], Any]] | None = None  # taken over: (event, custody key) gathered
     _by_space: dict[Any, tuple[Any, ...]] = field(default_factory=dict)  # space -> its feeds
     _rows: dict[Any, tuple[list[Any], str]] = field(default_factory=dict)  # key -> row keys, repr
+
+    def folded(self, eid: Any, kept: tuple[Any, ...]) -> None:
+        """Event ``eid`` was folded here, publishing what ``kept`` records (see :meth:`Flows.fold`):
+        in the log's next entry."""
+        self.seen[eid] = self.next_log
+        self.log.append((eid, kept))
+
+    def close_log(self) -> tuple[tuple[Any, ...], tuple[Any, ...], list[tuple[Any, ...]]]:
+        """This step's folds as the log's next entry: its ring state key and value, and the keys
+        of the oldest entries no longer needed (the others hold :data:`SEEN` ids or more)."""
+        n, folds = self.next_log, self.log
+        self.next_log, self.log = n + 1, []
+        self.logs.append((n, [eid for eid, _ in folds]))
+        return (LOG, self.sub_id, n), log_entry(folds), self._trim()
+
+    def adopt_log(self, n: int, entry: tuple[Any, ...]) -> list[tuple[Any, tuple[Any, ...]]]:
+        """A log entry of the partition's dead holder (taken over): its folds, now known here."""
+        folds = log_folds(entry)
+        self.logs.append((n, [eid for eid, _ in folds]))
+        for eid, _ in folds:
+            self.seen[eid] = n
+        self.next_log = max(self.next_log, n + 1)
+        return folds
+
+    def _trim(self) -> list[tuple[Any, ...]]:
+        logs, seen = self.logs, self.seen
+        gone: list[tuple[Any, ...]] = []
+        while len(logs) > 1 and len(seen) - len(logs[0][1]) >= SEEN:
+            m, ids = logs.popleft()
+            for eid in ids:
+                if seen.get(eid) == m:
+                    del seen[eid]
+            gone.append((LOG, self.sub_id, m))
+        return gone
 
     def rows_of(self, key: Key) -> tuple[list[Any], str]:
         """The ring state keys of ``key``'s rows (one per fold of the group) and its repr."""
@@ -385,13 +461,13 @@ class Flows:
     def fold(
         self,
         part: Partition,
-        eid: Any,
         event: Mapping[str, Any],
         state: Mapping[Hashable, Any],
         results: dict[Any, Any] | None = None,
-    ) -> tuple[dict[Hashable, Any], list[tuple[Any, dict[str, Any]]]]:
-        """Fold ``event`` into ``part``: the ring state entries to set, and the events to
-        publish ``(id, bus event)`` (``results``: what this step noted of the event, for
+    ) -> tuple[dict[Hashable, Any], list[tuple[Any, dict[str, Any]]], tuple[Any, ...]]:
+        """Fold ``event`` into ``part``: the ring state entries to set, the events to publish
+        ``(id, bus event)`` and those in the fewest bytes, for the log (:meth:`outputs_of`;
+        ``results``: what this step noted of the event, for
         :func:`~flowbus.flow.deploy.count_arcs`)."""
         name, owner = part.sub_id[1], part.owner
         d, gate, group = part.deployment, self.gate, part.group
@@ -432,12 +508,11 @@ class Flows:
                             kept.append(record)
                             published.append(_output(name, owner, *record))
                         j += 1
-        changed[("fseen", part.sub_id, eid)] = tuple(kept)
-        return changed, published
+        return changed, published, tuple(kept)
 
     @staticmethod
     def outputs_of(part: Partition, kept: Sequence[tuple[Any, ...]]) -> list[tuple[Any, dict[str, Any]]]:
-        """What a fold of ``part`` kept as its ``("fseen", ...)`` entry: the ``(id, bus
+        """What a fold of ``part`` kept for its log: the ``(id, bus
         event)`` it published (their derived attributes not stamped)."""
         return [_output(part.sub_id[1], part.owner, *record) for record in kept]
 

@@ -40,8 +40,8 @@ from flowbus.filters import Filter
 from flowbus.flow.deploy import SPACE, UNROUTED, FlowSubscription
 from flowbus.routing import cbr
 from flowbus.routing.flows import (
+    LOG,
     PARTITION,
-    SEEN,
     DeployRecord,
     Flows,
     FlowSync,
@@ -88,6 +88,7 @@ class FlowSide:
         self.flow_grace = flow_grace  # how long a taken-over partition gathers events
         self.aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
         self._backed_up: list[tuple[int, Key]] = []  # (backup version, custody record) of folds
+        self._logging: list[Partition] = []  # the partitions that folded in this step (their logs)
         self.derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED)
         self._derived_due = False  # (the DERIVED timer is set)
         self.own = OwnIndex()  # the local subscriptions, for derived events when none can leave
@@ -185,8 +186,8 @@ class FlowSide:
             if sub.flow == rec.name and sub_id in self.broker.subs:
                 out += self.broker.unsubscribe(sub_id)
                 self.flows.ended.append(sub_id)
-        rows = ("frow", rec.name, rec.deploy_id)
-        for key in [k for k in self.ring.state if isinstance(k, tuple) and k[:3] == rows]:
+        rows, flow = ("frow", rec.name, rec.deploy_id), (rec.name, rec.deploy_id)
+        for key in [k for k in self.ring.state if isinstance(k, tuple) and _of_flow(k, rows, flow)]:
             out += self.ring.del_state(key)
         return out
 
@@ -215,10 +216,14 @@ class FlowSide:
         part = self.flows.serve_partition(sub_id)
         if part is not None:
             again: list[dict[str, Any]] = []
-            for key, value in list(state.items()):
-                if isinstance(key, tuple) and key[:2] == ("fseen", sub_id):
-                    part.seen.append(key[2])
-                    again.extend({**ev, EVENT_ID: eid} for eid, ev in self.flows.outputs_of(part, value))
+            logs = sorted(
+                (key[2], value)
+                for key, value in state.items()
+                if isinstance(key, tuple) and key[:2] == (LOG, sub_id) and type(key[2]) is int
+            )
+            for n, entry in logs:
+                for _, kept in part.adopt_log(n, entry):
+                    again.extend({**ev, EVENT_ID: eid} for eid, ev in self.flows.outputs_of(part, kept))
             for event in again:
                 self.stamp(event)
             part.buffer = []
@@ -265,6 +270,8 @@ class FlowSide:
                         out.extend(edge)
                     continue
             out.append(e)
+        if self._logging:
+            out.extend(self._close_logs())
         if folded:  # the folds' backup goes before what they publish; the events they
             out.extend(self.ring.flush_backups())  # folded are confirmed upstream once
             version = self.ring.backups.version  # the holders have that backup (if there
@@ -283,6 +290,19 @@ class FlowSide:
             elif not self._derived_due:
                 self._derived_due = True
                 out.append(SetTimer(DERIVED_WAIT, DERIVED))
+        return out
+
+    def _close_logs(self) -> list[Effect]:
+        """This step's folds into each partition's log (one ring state entry a partition)."""
+        out: list[Effect] = []
+        ring = self.ring
+        for part in self._logging:
+            if part.log:
+                key, entry, gone = part.close_log()
+                out += ring.set_state(key, entry)
+                for old in gone:
+                    out += ring.del_state(old)
+        self._logging.clear()
         return out
 
     def prepare(self) -> None:
@@ -434,14 +454,13 @@ class FlowSide:
         self, part: Partition, event: Mapping[str, Any], results: dict[Any, Any] | None = None
     ) -> tuple[list[Effect], list[dict[str, Any]]]:
         eid = event.get(EVENT_ID)
-        state = self.ring.state
-        if ("fseen", part.sub_id, eid) in state:
+        if eid in part.seen:
             return [], []
-        changed, published = self.flows.fold(part, eid, event, state, results)
+        changed, published, kept = self.flows.fold(part, event, self.ring.state, results)
         out = self.ring.set_states(changed)
-        part.seen.append(eid)
-        while len(part.seen) > SEEN:
-            out += self.ring.del_state(("fseen", part.sub_id, part.seen.popleft()))
+        if not part.log:
+            self._logging.append(part)
+        part.folded(eid, kept)
         events = []
         for eid2, ev in published:
             ev[EVENT_ID] = eid2
@@ -495,3 +514,10 @@ def _joined(a: Effect, b: Effect) -> DeliverAll:
     assert isinstance(a, Deliver | DeliverAll) and isinstance(b, Deliver)  # (see _same_event)
     subs = a.subs if isinstance(a, DeliverAll) else (a.sub,)
     return DeliverAll((*subs, b.sub), b.event)
+
+
+def _of_flow(key: tuple[Any, ...], rows: tuple[Any, ...], flow: tuple[str, Any]) -> bool:
+    """Whether ring state ``key`` is a row (``rows``: its first three) or a fold log entry of ``flow``."""
+    if key[:3] == rows:
+        return True
+    return len(key) == 3 and key[0] == LOG and isinstance(key[1], tuple) and key[1][1:3] == flow

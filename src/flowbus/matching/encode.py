@@ -93,9 +93,28 @@ def _codes_of(column: list[Any], table: Mapping[Any, int], typed: bool) -> list[
         return out
 
 
-def _numbers(column: list[Any]) -> tuple[list[float], list[int] | None]:
+_FLOAT = frozenset({float})
+_FLOAT_OR_NONE = frozenset({float, type(None)})
+_NUMBER_OR_NONE = frozenset({float, int, type(None)})
+_EXACT = 2**53  # (an int this size or less is a double exactly)
+
+
+def _numbers(column: list[Any]) -> tuple[list[Any] | None, list[int] | None]:
     """The numbers of canonical values (NaN for a value that is not one): doubles, and
-    residuals (None when all are 0)."""
+    residuals (None when all are 0); None for the doubles when no value is a number. A column
+    of floats, and of ints that doubles hold exactly, and None, costs a pass in C and one in
+    a comprehension (numpy makes each int its double)."""
+    types = set(map(type, column))
+    if _FLOAT.issuperset(types):
+        return column, None
+    if types == {type(None)}:  # (no event of the batch has the attribute)
+        return None, None
+    if _FLOAT_OR_NONE.issuperset(types):
+        return [_NAN if x is None else x for x in column], None
+    if _NUMBER_OR_NONE.issuperset(types):
+        ints = [x for x in column if type(x) is int]
+        if min(ints) >= -_EXACT and max(ints) <= _EXACT:
+            return [_NAN if x is None else x for x in column], None
     vals: list[float] = []
     append = vals.append
     res: list[int] | None = None
@@ -122,32 +141,25 @@ def encode_mappings(
     typed: Sequence[bool],
     ranged: Sequence[bool],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(codes, vals, res)`` for events given as mappings: Python columns, turned into
-    arrays once (what a batch of a few events costs is mostly per call, not per value)."""
+    """``(codes, vals, res)`` for events given as mappings: a Python column per attribute,
+    put into the arrays made for the batch (what a batch of a few events costs is mostly per
+    call, not per value; the doubles start as NaN, and a column no event has a number in
+    stays so)."""
     n, a = len(events), len(names)
-    if a == 0:
-        return np.empty((n, 0), I32), np.empty((n, 0), F64), None
-    no_numbers = [np.nan] * n
-    code_cols: list[list[int]] = []
-    val_cols: list[list[float]] = []
-    res_cols: dict[int, list[int]] = {}
+    codes = np.empty((n, a), I32)
+    values = np.full((n, a), np.nan, F64)
+    res: np.ndarray | None = None
     for j, name in enumerate(names):
         column = _canonical([e.get(name) for e in events])
-        code_cols.append(_codes_of(column, tables[j], typed[j]))
+        codes[:, j] = _codes_of(column, tables[j], typed[j])
         if ranged[j]:
             vals, r = _numbers(column)
-            val_cols.append(vals)
+            if vals is not None:
+                values[:, j] = vals
             if r is not None:
-                res_cols[j] = r
-        else:
-            val_cols.append(no_numbers)
-    codes = np.ascontiguousarray(np.array(code_cols, I32).T)
-    values = np.ascontiguousarray(np.array(val_cols, F64).T)
-    res: np.ndarray | None = None
-    if res_cols:
-        res = np.zeros((n, a), I16)
-        for j, r in res_cols.items():
-            res[:, j] = r
+                if res is None:
+                    res = np.zeros((n, a), I16)
+                res[:, j] = r
     return codes, values, res
 
 
@@ -229,6 +241,8 @@ def _arrow_numbers(column: pa.ChunkedArray | pa.Array) -> Numbers:
         return k, res
     if pa.types.is_decimal(kind) or pa.types.is_integer(kind):
         vals, r = _numbers(_canonical(column.to_pylist()))
+        if vals is None:
+            return np.full(len(column), np.nan, F64), None
         return np.asarray(vals, F64), None if r is None else np.asarray(r, I16)
     return np.full(len(column), np.nan, F64), None
 

@@ -197,9 +197,11 @@ def test_a_fold_log_entry_is_one_flat_tuple_that_reads_back_as_its_folds() -> No
         (("pub", 2), (("compressed", "max_cur", "('IBM',)", 7, 0, (("name", "IBM"), ("price", 1.0))),)),
         ("p3", (("drops", "trends", "('HP',)", 3, 0, (("n", 1), ("x", None))), ("s", "t", "k", 3, 1, ()))),
         ((("nested", 1), 4), (("s", "t", "k", 1, 0, (("b", True), ("i", 1), ("f", 1.0))),)),
+        ((), ()),
+        ((-1, "x"), ()),
     ]
     entry = log_entry(folds)
-    assert [x for x in entry if isinstance(x, tuple)] == [f[0] for f in folds if f[0] != "p3"]  # (ids only)
+    assert [x for x in entry if isinstance(x, tuple)] == [(("nested", 1), 4)]  # (only an id of no scalars)
     back = log_folds(entry)
     assert back == folds and [type(v) for _, k in back for r in k for _, v in r[5]] == [
         str, float, int, type(None), bool, int, float,

@@ -166,14 +166,24 @@ def output_id(flow: str, space: str, key: Key, version: int, i: int) -> tuple[st
     return (f"{flow}/{space}/{key!r}", version * 1024 + i)
 
 
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+_ID = -1  # (before an id written as it is: one that is no tuple of scalars)
+
+
 def log_entry(folds: Sequence[tuple[Any, tuple[Any, ...]]]) -> tuple[Any, ...]:
     """A fold log entry: ``folds`` (``(event id, what the fold published)``, see
-    :meth:`Flows.fold`) as one flat tuple: per fold its event id and how many events it
-    published, then per event its space, state, key, version, output number, the count of its
-    fields and those, name after value. Only an id that is a container stays one."""
+    :meth:`Flows.fold`) as one flat tuple, one container on the wire: per fold its event id
+    (a tuple of scalars as its length and its items, any other id as -1 and itself) and how
+    many events it published, then per event its space, state, key, version, output number,
+    the count of its fields and those, name after value."""
     flat: list[Any] = []
     for eid, kept in folds:
-        flat += (eid, len(kept))
+        if type(eid) is tuple and _SCALARS.issuperset(map(type, eid)):
+            flat.append(len(eid))
+            flat += eid
+        else:
+            flat += (_ID, eid)
+        flat.append(len(kept))
         for space, state, rkey, version, j, fields in kept:
             flat += (space, state, rkey, version, j, len(fields))
             for pair in fields:
@@ -186,8 +196,13 @@ def log_folds(entry: tuple[Any, ...]) -> list[tuple[Any, tuple[Any, ...]]]:
     folds: list[tuple[Any, tuple[Any, ...]]] = []
     i = 0
     while i < len(entry):
-        eid, n = entry[i], entry[i + 1]
-        i += 2
+        size = entry[i]
+        if size == _ID:
+            eid, i = entry[i + 1], i + 2
+        else:
+            eid, i = entry[i + 1 : i + 1 + size], i + 1 + size
+        n = entry[i]
+        i += 1
         kept = []
         for _ in range(n):
             space, state, rkey, version, j, m = entry[i : i + 6]

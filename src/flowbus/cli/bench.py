@@ -269,6 +269,9 @@ def bench_flow_bus(
     rate: Annotated[float, typer.Option(min=1, help="The paced runs' source events/s.")] = 5_000.0,
     seed: Annotated[int, typer.Option(help="Seed of the subscription filters.")] = 1,
     clients: Annotated[int, typer.Option(min=1, help="Subscriber connections.")] = 4,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Flat-out pairs per broker count, alternating (the median counts).")
+    ] = 3,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Also write result.json, rows.csv and a PNG here.")
     ] = None,
@@ -284,7 +287,7 @@ def bench_flow_bus(
         with progress_bar(True) as progress:
             result = run(
                 brokers=_ints(brokers), events=events, subscriptions=subs, rate=rate, seed=seed,
-                clients=clients, profile_dir=profile_dir, progress=progress,
+                clients=clients, profile_dir=profile_dir, progress=progress, repeats=repeats,
             )  # fmt: skip
     except FlowbusError as exc:
         fail(str(exc))

@@ -646,9 +646,10 @@ def write(result: dict[str, Any], directory: Path) -> None:
     axes[1].text(
         x[-1] + 0.45, GOAL["latency_p99_ms"], "goal (1 broker, paced)", color="r", ha="right", va="bottom"
     )
-    fig.suptitle(
-        f"flowbus bench flow-bus: the stock flow vs plain content routing, {rows[0]['events']:,} events"
-    )
+    repeats = result.get("repeats", 1)
+    medians = f" (flat out: the median of {repeats} runs)" if repeats > 1 else ""
+    events = f"{rows[0]['events']:,} events"
+    fig.suptitle(f"flowbus bench flow-bus: the stock flow vs plain content routing, {events}{medians}")
     fig.tight_layout()
     fig.savefig(directory / "flow-bus.png", dpi=110)
     plt.close(fig)

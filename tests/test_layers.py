@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"broker"},
     {"experiments"},
     {"spark"},
-    {"bench"},
+    {"bench", "chaos"},
     {"cli"},
 ]
 """Bottom first. Packages of one layer do not import each other."""

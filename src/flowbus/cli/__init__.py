@@ -9,6 +9,7 @@
 * :mod:`flowbus.cli.demo` -- ``flowbus demo``;
 * :mod:`flowbus.cli.certs` -- ``flowbus certs init|token`` (TLS certificates, tokens);
 * :mod:`flowbus.cli.acl` -- ``flowbus acl reload`` (a running broker's rights read again);
+* :mod:`flowbus.cli.chaos` -- ``flowbus chaos run|mixes`` (fault campaigns, :mod:`flowbus.chaos`);
 * :mod:`flowbus.cli.common` -- what they share: consoles, ``fail``, ``emit``, the progress bar.
 
 Every benchmark takes ``--json`` and then prints exactly one JSON document on standard
@@ -22,7 +23,7 @@ from __future__ import annotations
 import typer
 
 from flowbus import __version__
-from flowbus.cli import acl, bench, broker, certs, demo, flow, match, run, sim
+from flowbus.cli import acl, bench, broker, certs, chaos, demo, flow, match, run, sim
 from flowbus.cli.common import out
 
 __all__ = ["app", "main"]
@@ -54,6 +55,7 @@ app.add_typer(broker.broker_app, name="broker")
 app.add_typer(broker.cluster_app, name="cluster")
 app.add_typer(certs.certs_app, name="certs")
 app.add_typer(acl.acl_app, name="acl")
+app.add_typer(chaos.chaos_app, name="chaos")
 
 
 def main() -> None:

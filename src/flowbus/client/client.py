@@ -41,7 +41,7 @@ import itertools
 import ssl
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, KeysView, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +195,9 @@ class Client:
 
     # -- publishing
 
-    async def publish(self, space: str, event: Mapping[str, Any]) -> None:
-        """Send ``event`` to ``space`` (waits while ``window`` publishes are unacknowledged)."""
+    async def publish(self, space: str, event: Mapping[str, Any]) -> int:
+        """Send ``event`` to ``space`` (waits while ``window`` publishes are unacknowledged);
+        its publish sequence number (what :attr:`pending` and :class:`PublishError` name)."""
         self._raise_errors()
         self._check(space, event)
         while len(self._unacked) >= self.window:
@@ -207,6 +208,7 @@ class Client:
         self._unacked[self._pseq] = (space, dict(event))
         self._to_send.append(self._pseq)
         self._flush_soon()
+        return self._pseq
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish so far is acknowledged (or refused: raises)."""
@@ -226,6 +228,12 @@ class Client:
     @property
     def unacknowledged(self) -> int:
         return len(self._unacked)
+
+    @property
+    def pending(self) -> KeysView[int]:
+        """The sequence numbers of the publishes not acknowledged (nor refused) yet, oldest
+        first (a live view: copy it to keep it)."""
+        return self._unacked.keys()
 
     def _check(self, space: str, event: Mapping[str, Any]) -> None:
         if self.closed:

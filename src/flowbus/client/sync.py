@@ -43,8 +43,10 @@ class SyncClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def publish(self, space: str, event: Mapping[str, Any]) -> None:
-        self._run(self.client.publish(space, event))
+    def publish(self, space: str, event: Mapping[str, Any]) -> int:
+        """:meth:`Client.publish`: the publish's sequence number."""
+        pseq: int = self._run(self.client.publish(space, event))
+        return pseq
 
     def flush(self, timeout: float | None = None) -> None:
         self._run(self.client.flush(timeout))

@@ -1,0 +1,288 @@
+"""A fault campaign: runs of (mix, seed), each on a fresh ring of real brokers, checked offline.
+
+How it works (:func:`run_one`):
+
+1. The hosts (:mod:`flowbus.chaos.hosts`: network namespaces as root, else loopback), the
+   brokers (:mod:`flowbus.chaos.brokers`), started one after the other into one ring.
+2. The schedule of the run's faults (:func:`flowbus.chaos.nemesis.schedule`, from the mix
+   and the seed), and the workload (:mod:`flowbus.chaos.workload`) in the clients' host,
+   publishing until some seconds after the last heal.
+3. Once the workload is ready, each fault is made at its time and healed at its end
+   (:class:`~flowbus.chaos.nemesis.Nemesis`); meanwhile every broker's console is polled
+   each second for the durable subscriptions it serves (``states.jsonl``).
+4. The workload ends by itself (its publishes acknowledged or refused, its subscriptions
+   quiet), the brokers are stopped by process id, the hosts removed, whatever happened.
+5. :func:`flowbus.chaos.check.check_run` gives the run's row; its timeline goes to
+   ``timeline.csv`` and ``timeline.png`` with the faults drawn as bands.
+
+:func:`run_campaign` runs each mix with each seed, and sums the rows
+(:func:`summarize`): the JSON document ``flowbus chaos run --json`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from flowbus.chaos.brokers import Brokers
+from flowbus.chaos.check import check_run, timeline
+from flowbus.chaos.hosts import Hosts, can_isolate, open_hosts
+from flowbus.chaos.nemesis import Fault, Mix, Nemesis, check_mixes, schedule
+from flowbus.chaos.workload import Client, Spec, SubSpec, filters_for
+from flowbus.errors import ExperimentError
+
+__all__ = ["TOTALS", "Campaign", "run_campaign", "run_one", "summarize"]
+
+TOTALS = (
+    "faults_injected",
+    "published",
+    "acknowledged",
+    "expected_deliveries",
+    "delivered",
+    "lost",
+    "lost_prefix",
+    "lost_middle",
+    "lost_postfix",
+    "duplicated",
+    "misrouted",
+    "phantom",
+    "out_of_order",
+    "hung_publishes",
+    "refused",
+    "unavailable_s",
+    "double_served_s",
+    "tracebacks",
+)
+"""The counts a campaign sums over its runs."""
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """A campaign's settings (``flowbus chaos run``'s options)."""
+
+    out: Path
+    mixes: tuple[str, ...] = ("short",)
+    seeds: int = 1
+    overlay: str = "chordal-ring"
+    brokers: int = 5
+    publishers: int = 2
+    rate: float = 150.0
+    subscribers: int = 5
+    subscriptions: int = 40
+    heartbeat: float = 1.0
+    tail: float = 12.0  # seconds of publishing after the last heal
+    isolate: bool | None = None  # None: namespaces if possible
+
+    def __post_init__(self) -> None:
+        if self.overlay not in ("chordal-ring", "pastry-irbr"):
+            raise ExperimentError(f"--overlay: chordal-ring or pastry-irbr, got {self.overlay!r}")
+        if not 3 <= self.brokers <= 12:
+            raise ExperimentError(f"--brokers: 3 to 12, got {self.brokers}")
+        if self.seeds < 1 or not 20 <= self.subscriptions <= 100 or self.subscribers < 1:
+            raise ExperimentError("--seeds >= 1, 20 to 100 subscriptions, >= 1 subscriber")
+
+    @property
+    def detect(self) -> float:
+        """About how long the brokers take to find a broker dead (heartbeats and a probe)."""
+        return 5.0 * self.heartbeat
+
+
+def _config(path: Path, c: Campaign) -> Path:
+    path.write_text(f"heartbeat: {c.heartbeat}\n")
+    return path
+
+
+def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, seed: int) -> Spec:
+    filters = filters_for(c.subscriptions, seed)
+    per = -(-c.subscriptions // c.subscribers)
+    subscribers = tuple(
+        Client(
+            f"sub{i}",
+            i % c.brokers,
+            tuple(
+                SubSpec(f"d{i}-{j}", filters[i * per + j]) for j in range(min(per, c.subscriptions - i * per))
+            ),
+        )
+        for i in range(c.subscribers)
+    )
+    publishers = tuple(Client(f"pub{i}", (2 * i + 1) % c.brokers) for i in range(c.publishers))
+    return Spec(
+        brokers=tuple(brokers),
+        publishers=publishers,
+        subscribers=subscribers,
+        out=str(out),
+        rate=c.rate,
+        publish_for=publish_for,
+        settle=max(30.0, 4 * c.detect),
+    )
+
+
+class _Poller(threading.Thread):
+    """Polls every broker's console each second: the durable subscriptions each serves."""
+
+    def __init__(self, brokers: Brokers, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.brokers = brokers
+        self.path = path
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with self.path.open("a") as f:
+            while not self.done.wait(1.0):
+                served, rings = {}, {}
+                for name in list(self.brokers.up):
+                    state = self.brokers.poll(name)
+                    if state is None:
+                        continue
+                    served[name] = [
+                        s["id"] for sp in state["spaces"] for s in sp["subscriptions"] if s["durable"]
+                    ]
+                    ring = state.get("ring", {})
+                    rings[name] = {
+                        "dead": len(ring.get("dead", [])),
+                        "suspects": len(ring.get("suspects", [])),
+                    }
+                f.write(json.dumps({"t": time.time(), "every": 1.0, "served": served, "rings": rings}) + "\n")
+                f.flush()
+
+
+def run_one(
+    c: Campaign, mix: Mix, seed: int, *, say: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
+    """One run of ``mix`` with ``seed`` (see the module note): its checked row."""
+    isolate = can_isolate()[0] if c.isolate is None else c.isolate
+    root = c.out / c.overlay / f"{mix.name}-{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in ("faults.jsonl", "states.jsonl"):
+        (root / stale).unlink(missing_ok=True)
+    names = [f"b{i}" for i in range(c.brokers)]
+    hosts = open_hosts([*names, "c"], root=root, isolate=isolate)
+    brokers = Brokers(hosts, names, root=root, config=_config(root / "broker.yaml", c), overlay=c.overlay)
+    try:
+        say(f"{mix.name} seed {seed}: starting {c.brokers} brokers")
+        brokers.start_all()
+        time.sleep(2.0 * c.heartbeat + 1.0)  # (the ring settles)
+        order = brokers.ring_order() if c.overlay == "chordal-ring" else names
+        if len(order) != c.brokers:
+            raise ExperimentError(f"only {len(order)} of {c.brokers} brokers answered after the start")
+        faults = schedule(mix, seed, brokers=c.brokers, detect=c.detect)
+        publish_for = faults[-1].end + c.tail
+        spec = _workload(c, [brokers.address(n) for n in names], root, publish_for, seed)
+        (root / "spec.json").write_text(spec.to_json())
+        nemesis = Nemesis(hosts, brokers, order=order, clients="c", log=root / "faults.jsonl")
+        poller = _Poller(brokers, root / "states.jsonl")
+        poller.start()
+        try:
+            _drive(hosts, spec, root, faults, nemesis, say=say, mix=mix, seed=seed)
+        finally:
+            poller.done.set()
+            poller.join()
+    finally:
+        brokers.close()
+        hosts.close()
+    row = {"mix": mix.name, "seed": seed, "overlay": c.overlay, "brokers": c.brokers, **check_run(root)}
+    _write_timeline(root, mix, seed)
+    (root / "row.json").write_text(json.dumps(row, indent=1))
+    return row
+
+
+def _drive(
+    hosts: Hosts,
+    spec: Spec,
+    root: Path,
+    faults: Sequence[Fault],
+    nemesis: Nemesis,
+    *,
+    say: Callable[[str], None],
+    mix: Mix,
+    seed: int,
+) -> None:
+    """The workload, and the faults at their times; waits for the workload to end."""
+    argv = [sys.executable, "-m", "flowbus.chaos.workload", str(root / "spec.json")]
+    with (root / "workload.log").open("w") as log:
+        proc = hosts.launch("c", argv, stdout=subprocess.PIPE, stderr=log)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("ready"):
+            raise ExperimentError(f"the workload did not start: see {root / 'workload.log'}")
+        t0 = float(line.split()[1])
+        steps = sorted(
+            [(f.start, 0, i) for i, f in enumerate(faults)] + [(f.end, 1, i) for i, f in enumerate(faults)]
+        )
+        for at, heal, i in steps:
+            time.sleep(max(0.0, t0 + at - time.time()))
+            fault = faults[i]
+            if heal:
+                nemesis.heal(fault)
+            else:
+                say(f"{mix.name} seed {seed}: {fault.kind} at {fault.start:.0f} s for {fault.duration:.1f} s")
+                nemesis.inject(fault)
+        proc.wait(timeout=spec.publish_for + 3 * spec.settle + 60.0)
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    if proc.returncode != 0:
+        raise ExperimentError(f"the workload failed (exit {proc.returncode}): see {root / 'workload.log'}")
+
+
+def _write_timeline(root: Path, mix: Mix, seed: int) -> None:
+    from flowbus.chaos.report import plot_timeline, write_csv
+
+    rows = timeline(root)
+    write_csv(root / "timeline.csv", rows)
+    faults = [json.loads(line) for line in (root / "faults.jsonl").read_text().splitlines() if line.strip()]
+    plot_timeline(root / "timeline.png", rows, faults, title=f"{mix.name}, seed {seed}")
+
+
+def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -> dict[str, Any]:
+    """The campaign's document: totals over the runs, the worst recovery, the rows."""
+    totals = {k: sum(r[k] for r in rows) for k in TOTALS}
+    return {
+        "overlay": overlay,
+        "isolated": isolated,
+        "runs": len(rows),
+        **totals,
+        "recovery_p99_s": max((r["recovery_p99_s"] for r in rows), default=0.0),
+        "recovery_max_s": max((r["recovery_max_s"] for r in rows), default=0.0),
+        "seeds": sorted({r["seed"] for r in rows}),
+        "rows": list(rows),
+    }
+
+
+def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Every mix of ``c`` with seeds 1..``c.seeds``; the summed document (see :func:`summarize`)."""
+    isolated, why = can_isolate()
+    if c.isolate is False:
+        isolated = False
+    elif c.isolate and not isolated:
+        raise ExperimentError(why)
+    if not isolated and why:
+        say(why)
+    mixes = check_mixes(c.mixes, isolated=isolated)
+    c = replace(c, isolate=isolated)
+    rows = []
+    for mix in mixes:
+        for seed in range(1, c.seeds + 1):
+            rows.append(run_one(c, mix, seed, say=say))
+            r = rows[-1]
+            say(
+                f"{mix.name} seed {seed}: {r['acknowledged']} acknowledged, {r['lost']} lost, "
+                f"{r['duplicated']} duplicated, {r['out_of_order']} out of order, {r['hung_publishes']} hung"
+            )
+    doc = summarize(rows, overlay=c.overlay, isolated=isolated)
+    from flowbus.chaos.report import write_campaign
+
+    write_campaign(c.out / c.overlay, doc)
+    return doc

@@ -1,0 +1,233 @@
+"""A campaign run checked offline: what was acknowledged against what each subscription got.
+
+How it works: the workload's logs (:mod:`flowbus.chaos.workload`) say what was published,
+when, and what became of each publish; what every subscription took, from which broker,
+when. Every event is recomputed from ``(publisher, k)`` and every filter evaluated by
+flowbus's own compiled filters (the semantics the brokers route by), so the check needs
+nothing from the brokers. :func:`check_run` gives one row:
+
+* ``acknowledged`` publishes, and the ``expected_deliveries`` they make (each acknowledged
+  event once to each subscription whose filter it matches); ``delivered``, those taken;
+  ``lost``, the others, split by when the event was published: before the first fault
+  (``lost_prefix``), until the last heal (``lost_middle``), after it (``lost_postfix``).
+* ``duplicated``: an event taken twice by one subscription (each extra time counts);
+  ``misrouted``: taken by a subscription whose filter it does not match; ``phantom``: taken
+  but never published; ``out_of_order``: taken after a later event of the same publisher.
+* ``hung_publishes``: neither acknowledged nor refused by the end; ``refused``: publishes
+  refused (by a broker, or a timeout: each with its reason, counted by reason).
+* ``recovery_p99_s`` / ``recovery_max_s``: per heal and subscription, how long after the heal
+  the last event it expects from before the heal came (0 if all had come before).
+* ``unavailable_s``: seconds in which a publisher got fewer than half of its rate's events
+  acknowledged (blocked or refused), summed over publishers.
+* ``double_served_s``: seconds in which two brokers' consoles listed one durable subscription
+  as served (from the campaign's polls, ``states.jsonl``).
+* ``tracebacks``: Python tracebacks in the brokers' and the workload's logs.
+
+:func:`timeline` bins the same logs by second for the plot (sent, acknowledged, taken,
+delivery latency percentiles).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from flowbus.chaos.workload import STRIDE, Spec, event_of
+from flowbus.filters import parse
+from flowbus.routing.memo import compiled
+
+__all__ = ["check_run", "timeline"]
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class _Publishes:
+    """What became of each publish: ``sent[q]`` its time, ``acked[q]``, ``refused[q]`` (reason)."""
+
+    def __init__(self, spec: Spec, rows: Iterable[dict[str, str]]) -> None:
+        index = {c.name: i for i, c in enumerate(spec.publishers)}
+        self.sent: dict[int, float] = {}
+        self.acked: dict[int, float] = {}
+        self.refused: dict[int, str] = {}
+        for row in rows:
+            q = index[row["publisher"]] * STRIDE + int(row["k"])
+            if row["sent"]:
+                self.sent[q] = float(row["sent"])
+            elif row["acked"]:
+                self.acked[q] = float(row["acked"])
+            else:
+                self.refused[q] = row["error"]
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def check_run(root: Path) -> dict[str, Any]:
+    """The row of the run whose files are in ``root`` (see the module note)."""
+    spec = Spec.from_json((root / "spec.json").read_text())
+    pubs = _Publishes(spec, _read_csv(root / "publishes.csv"))
+    faults = [json.loads(line) for line in _lines(root / "faults.jsonl")]
+    first = min((f["t"] for f in faults if f["what"] == "inject"), default=math.inf)
+    last = max((f["t"] for f in faults if f["what"] == "heal"), default=-math.inf)
+    subs = {s.id: compiled(parse(s.filter)) for c in spec.subscribers for s in c.subs}
+    events = {q: event_of(q // STRIDE, q % STRIDE) for q in pubs.sent}
+    expected = {
+        sid: {q for q in pubs.acked if match(events[q])} for sid, match in subs.items()
+    }  # (sub -> the acknowledged events it must get)
+    got: dict[str, Counter[int]] = defaultdict(Counter)
+    taken_at: dict[tuple[str, int], float] = {}
+    order_errors = misrouted = phantom = 0
+    highest: dict[tuple[str, int], int] = {}
+    for row in _read_csv(root / "deliveries.csv"):
+        sid, q, t = row["sub"], int(row["quantity"]), float(row["t"])
+        got[sid][q] += 1
+        if got[sid][q] > 1:
+            continue
+        taken_at[(sid, q)] = t
+        if q not in events:
+            phantom += 1
+            continue
+        if not subs[sid](events[q]):
+            misrouted += 1
+        key = (sid, q // STRIDE)
+        if q % STRIDE < highest.get(key, 0):
+            order_errors += 1
+        highest[key] = max(highest.get(key, 0), q % STRIDE)
+    lost = {"prefix": 0, "middle": 0, "postfix": 0}
+    delivered = 0
+    for sid, want in expected.items():
+        for q in want:
+            if got[sid][q]:
+                delivered += 1
+                continue
+            t = pubs.sent[q]
+            lost["prefix" if t < first else "postfix" if t > last else "middle"] += 1
+    heals = [f["t"] for f in faults if f["what"] == "heal"]
+    recovery = _recovery(heals, expected, pubs.sent, taken_at)
+    refused = Counter(_reason(r) for r in pubs.refused.values())
+    return {
+        "faults_injected": sum(1 for f in faults if f["what"] == "inject"),
+        "published": len(pubs.sent),
+        "acknowledged": len(pubs.acked),
+        "expected_deliveries": sum(len(w) for w in expected.values()),
+        "delivered": delivered,
+        "lost": sum(lost.values()),
+        **{f"lost_{k}": v for k, v in lost.items()},
+        "duplicated": sum(n - 1 for c in got.values() for n in c.values() if n > 1),
+        "misrouted": misrouted,
+        "phantom": phantom,
+        "out_of_order": order_errors,
+        "hung_publishes": refused.pop("hung", 0),
+        "refused": sum(refused.values()),
+        "refused_by_reason": dict(refused),
+        "recovery_p99_s": round(_percentile(recovery, 99), 3),
+        "recovery_max_s": round(max(recovery, default=0.0), 3),
+        "unavailable_s": _unavailable(spec, pubs),
+        "double_served_s": _double_served(root / "states.jsonl"),
+        "tracebacks": _tracebacks(root),
+    }
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _reason(error: str) -> str:
+    """A refusal's reason, as a short key (the text before its first colon)."""
+    return error.split(":", 1)[0].strip() or "refused"
+
+
+def _recovery(
+    heals: list[float],
+    expected: dict[str, set[int]],
+    sent: dict[int, float],
+    taken_at: dict[tuple[str, int], float],
+) -> list[float]:
+    """Per heal and subscription: the last expected event published before the heal, taken
+    how long after it (lost events are the checker's other count)."""
+    out = []
+    for h in heals:
+        for sid, want in expected.items():
+            late = [taken_at[(sid, q)] - h for q in want if sent[q] < h and (sid, q) in taken_at]
+            out.append(max(0.0, max(late, default=0.0)))
+    return out
+
+
+def _unavailable(spec: Spec, pubs: _Publishes) -> int:
+    """Publisher-seconds with fewer than half the rate's events acknowledged."""
+    if not pubs.sent:
+        return 0
+    start = min(pubs.sent.values())
+    per: Counter[tuple[int, int]] = Counter()
+    for q in pubs.acked:
+        per[(q // STRIDE, int(pubs.sent[q] - start))] += 1
+    seconds = int(spec.publish_for)
+    return sum(1 for p in range(len(spec.publishers)) for s in range(seconds) if per[(p, s)] < spec.rate / 2)
+
+
+def _double_served(path: Path) -> float:
+    """Seconds in which two brokers served one durable subscription (from the polls)."""
+    rounds = [json.loads(line) for line in _lines(path)]
+    seconds = 0.0
+    for r in rounds:
+        where: Counter[str] = Counter()
+        for subs in r["served"].values():
+            where.update(subs)
+        if any(n > 1 for n in where.values()):
+            seconds += r.get("every", 1.0)
+    return seconds
+
+
+def _tracebacks(root: Path) -> int:
+    return sum(
+        p.read_text(errors="replace").count("Traceback (most recent call last)")
+        for p in [*sorted((root / "logs").glob("*.log")), root / "workload.log"]
+        if p.exists()
+    )
+
+
+def timeline(root: Path) -> list[dict[str, Any]]:
+    """Per second of the run: events sent, acknowledged, taken; delivery latency p50, p99."""
+    spec = Spec.from_json((root / "spec.json").read_text())
+    pubs = _Publishes(spec, _read_csv(root / "publishes.csv"))
+    if not pubs.sent:
+        return []
+    start = min(pubs.sent.values())
+    sent, acked, taken = Counter[int](), Counter[int](), Counter[int]()
+    latency: dict[int, list[float]] = defaultdict(list)
+    for t in pubs.sent.values():
+        sent[int(t - start)] += 1
+    for t in pubs.acked.values():
+        acked[int(t - start)] += 1
+    for row in _read_csv(root / "deliveries.csv"):
+        q, t = int(row["quantity"]), float(row["t"])
+        s = int(t - start)
+        taken[s] += 1
+        if q in pubs.sent:
+            latency[s].append(t - pubs.sent[q])
+    end = max([*sent, *acked, *taken]) + 1
+    return [
+        {
+            "t": s,
+            "sent": sent[s],
+            "acked": acked[s],
+            "taken": taken[s],
+            "latency_p50_ms": round(1000 * _percentile(latency[s], 50), 1),
+            "latency_p99_ms": round(1000 * _percentile(latency[s], 99), 1),
+        }
+        for s in range(end)
+    ]

@@ -1,0 +1,273 @@
+"""The faults of a campaign: what each one does, the mixes they come in, and seeded schedules.
+
+How it works:
+
+* A :class:`Fault` is data: its kind, when it begins (seconds after the workload is ready),
+  how long it lasts, and the hosts it strikes, chosen when the schedule is made (ring
+  positions: ``adjacent`` means ring neighbours, by the brokers' ids).
+* A *mix* (:data:`MIXES`) names the kinds a run draws from; :func:`schedule` draws a run's
+  faults from it with a seeded generator: kinds, victims, durations, and the quiet time
+  after each heal (the recovery the checker measures). The same mix and seed give the same
+  schedule, whatever the machine.
+* :class:`Nemesis` carries a fault out on the hosts and brokers and heals it, and logs both
+  with their wall-clock times (``faults.jsonl``); a fault that cannot be made here (a
+  network fault on loopback) is an :class:`~flowbus.errors.ExperimentError` before the run
+  starts (:func:`check_mixes`).
+
+The kinds (``heal`` is what ends them):
+
+=================  ===================================================================
+``kill``           ``kill -9`` of one broker; heal: restarted on its address and data
+``kill-adjacent``  ``kill -9`` of two ring neighbours; heal: both restarted
+``kill-minority``  ``kill -9`` of a minority (2 of 5); heal: all restarted
+``pause``          ``SIGSTOP`` for longer than failure detection; heal: ``SIGCONT``
+``isolate``        one broker cut off from every other broker (its clients still reach it)
+``link-down``      one broker's link down: cut off from brokers and clients alike
+``split``          the ring split into a minority and a majority of consecutive brokers
+``cut-two``        the ring cut in two places (two arcs that cannot reach each other)
+``one-way``        one broker's packets to a ring neighbour dropped (not the other way)
+``bridge``         two sides that reach one bridge broker but not each other
+``client-cut``     the clients' link to one broker cut (publishes and deliveries in flight)
+``disk-full``      one broker's file system full (ENOSPC); heal: space given back
+``power-loss``     ``kill -9`` and what was not written to the disk lost; heal: restarted
+``restart``        ``SIGTERM`` of one broker and a restart on its data (a rolling step)
+=================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from flowbus.chaos.brokers import Brokers
+from flowbus.chaos.hosts import Hosts
+from flowbus.errors import ExperimentError
+
+__all__ = ["KINDS", "MIXES", "NETWORK", "Fault", "Mix", "Nemesis", "check_mixes", "schedule"]
+
+KINDS = (
+    "kill",
+    "kill-adjacent",
+    "kill-minority",
+    "pause",
+    "isolate",
+    "link-down",
+    "split",
+    "cut-two",
+    "one-way",
+    "bridge",
+    "client-cut",
+    "disk-full",
+    "power-loss",
+    "restart",
+)
+
+NETWORK = frozenset(
+    {"isolate", "link-down", "split", "cut-two", "one-way", "bridge", "client-cut", "disk-full", "power-loss"}
+)
+"""Kinds that need network namespaces and disks of their own (root)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """A named set of fault kinds a run draws from, ``faults`` of them per run."""
+
+    name: str
+    kinds: tuple[str, ...]
+    faults: int
+    about: str
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds or self.faults < 1:
+            raise ExperimentError(f"mix {self.name!r}: unknown kinds {unknown} or no faults")
+
+
+MIXES: dict[str, Mix] = {
+    m.name: m
+    for m in (
+        Mix(
+            "crash", ("kill", "kill-adjacent", "kill-minority"), 5, "kill -9 of one, two adjacent, a minority"
+        ),
+        Mix("pause", ("pause",), 5, "SIGSTOP longer than failure detection, then SIGCONT"),
+        Mix("isolate", ("isolate", "link-down"), 5, "one broker cut off (from brokers; from everyone)"),
+        Mix("split", ("split", "cut-two"), 5, "the ring split 2 + 3; cut in two places"),
+        Mix("partial", ("one-way", "bridge"), 5, "one-way drops; two sides and a bridge broker"),
+        Mix("clients", ("client-cut",), 6, "the clients' link to a broker cut, acknowledgements in flight"),
+        Mix("disk", ("disk-full", "power-loss"), 5, "a full disk; a power loss"),
+        Mix("membership", ("restart", "kill"), 5, "a rolling restart; crashes"),
+        Mix(
+            "mixed",
+            ("kill", "pause", "isolate", "split", "one-way", "client-cut", "disk-full", "restart"),
+            6,
+            "a bit of everything",
+        ),
+        Mix("short", ("kill", "pause", "isolate"), 3, "what CI runs (--short)"),
+        Mix("process", ("kill", "kill-adjacent", "pause", "restart"), 5, "faults of processes only"),
+    )
+}
+"""The mixes, by name (``flowbus chaos mixes`` lists them)."""
+
+
+def check_mixes(names: Sequence[str], *, isolated: bool) -> list[Mix]:
+    """The mixes ``names``; an :class:`ExperimentError` naming one unknown or not possible here."""
+    out = []
+    for name in names:
+        mix = MIXES.get(name)
+        if mix is None:
+            raise ExperimentError(f"unknown mix {name!r} (mixes: {', '.join(MIXES)})")
+        needs = sorted(set(mix.kinds) & NETWORK)
+        if needs and not isolated:
+            raise ExperimentError(f"mix {name!r} needs network namespaces (root) for {', '.join(needs)}")
+        out.append(mix)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault of a schedule: ``kind`` on ``targets`` from ``start`` for ``duration``
+    seconds (after the workload is ready); ``others`` is the far side of a partition."""
+
+    kind: str
+    start: float
+    duration: float
+    targets: tuple[int, ...]  # ring positions (0 .. n-1)
+    others: tuple[int, ...] = ()
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+def schedule(mix: Mix, seed: int, *, brokers: int, detect: float, warmup: float = 4.0) -> list[Fault]:
+    """``mix.faults`` faults drawn with ``seed`` for a ring of ``brokers``; ``detect`` is the
+    brokers' failure detection time (pauses and cuts last longer than it)."""
+    rng = random.Random(f"{mix.name}/{seed}")
+    t = warmup
+    out = []
+    for _ in range(mix.faults):
+        kind = rng.choice(mix.kinds)
+        duration = round(rng.uniform(detect + 2.0, detect + 10.0), 1)
+        if kind in ("kill", "kill-adjacent", "kill-minority", "power-loss", "restart"):
+            duration = round(rng.uniform(1.0, detect + 6.0), 1)  # (restarted before or after detection)
+        if kind == "client-cut":
+            duration = round(rng.uniform(0.5, 6.0), 1)
+        targets, others = _victims(kind, rng, brokers)
+        out.append(Fault(kind, round(t, 1), duration, targets, others))
+        t += duration + rng.uniform(detect + 4.0, detect + 8.0)
+    return out
+
+
+def _victims(kind: str, rng: random.Random, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ring positions a fault strikes (and, for a partition, the far side)."""
+    first = rng.randrange(n)
+    ring = [(first + i) % n for i in range(n)]
+    minority = (n - 1) // 2
+    if kind in ("kill-adjacent",):
+        return tuple(ring[:2]), ()
+    if kind == "kill-minority":
+        return tuple(sorted(rng.sample(range(n), minority))), ()
+    if kind == "split":
+        return tuple(ring[:minority]), tuple(ring[minority:])
+    if kind == "cut-two":
+        k = rng.randrange(1, n - 1)
+        return tuple(ring[:k]), tuple(ring[k:])
+    if kind == "one-way":
+        return (ring[0],), (ring[1],)
+    if kind == "bridge":
+        half = (n - 1) // 2
+        return tuple(ring[1 : 1 + half]), tuple(ring[1 + half :])  # (ring[0] reaches both)
+    return (first,), ()
+
+
+class Nemesis:
+    """Carries faults out on a run's hosts and brokers, and logs them (see the module note)."""
+
+    def __init__(
+        self, hosts: Hosts, brokers: Brokers, *, order: Sequence[str], clients: str, log: Path
+    ) -> None:
+        self.hosts = hosts
+        self.brokers = brokers
+        self.order = list(order)  # broker names in ring order (positions index it)
+        self.clients = clients
+        self.log = log
+        self.injected = 0
+
+    def _names(self, positions: Sequence[int]) -> list[str]:
+        return [self.order[i % len(self.order)] for i in positions]
+
+    def _note(self, what: str, fault: Fault, **more: Any) -> None:
+        row = {"t": time.time(), "what": what, **asdict(fault), "hosts": self._names(fault.targets), **more}
+        with self.log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def inject(self, fault: Fault) -> None:
+        victims, others = self._names(fault.targets), self._names(fault.others)
+        kind, hosts, brokers = fault.kind, self.hosts, self.brokers
+        self._note("inject", fault)
+        self.injected += 1
+        if kind in ("kill", "kill-adjacent", "kill-minority", "power-loss"):
+            for v in victims:
+                brokers.kill(v)
+            if kind == "power-loss":
+                for v in victims:
+                    hosts.power_loss(v)
+        elif kind == "pause":
+            for v in victims:
+                brokers.signal(v, signal.SIGSTOP)
+        elif kind == "restart":
+            for v in victims:
+                brokers.stop(v)
+        elif kind in ("isolate", "link-down"):
+            for v in victims:
+                if kind == "link-down":
+                    hosts.link(v, up=False)
+                else:
+                    for o in self.order:
+                        if o != v:
+                            hosts.cut(v, o)
+        elif kind in ("split", "cut-two", "bridge"):
+            for a in victims:
+                for b in others:
+                    hosts.cut(a, b)
+        elif kind == "one-way":
+            hosts.cut(victims[0], others[0], both=False)
+        elif kind == "client-cut":
+            hosts.cut(self.clients, victims[0])
+        elif kind == "disk-full":
+            hosts.fill(victims[0])
+        else:
+            raise ExperimentError(f"unknown fault kind {kind!r}")
+
+    def heal(self, fault: Fault) -> None:
+        victims, others = self._names(fault.targets), self._names(fault.others)
+        kind, hosts, brokers = fault.kind, self.hosts, self.brokers
+        if kind in ("kill", "kill-adjacent", "kill-minority", "power-loss", "restart"):
+            for v in victims:
+                brokers.start(v)
+        elif kind == "pause":
+            for v in victims:
+                brokers.signal(v, signal.SIGCONT)
+        elif kind == "link-down":
+            hosts.link(victims[0], up=True)
+        elif kind == "isolate":
+            for o in self.order:
+                if o != victims[0]:
+                    hosts.mend(victims[0], o)
+        elif kind in ("split", "cut-two", "bridge"):
+            for a in victims:
+                for b in others:
+                    hosts.mend(a, b)
+        elif kind == "one-way":
+            hosts.mend(victims[0], others[0], both=False)
+        elif kind == "client-cut":
+            hosts.mend(self.clients, victims[0])
+        elif kind == "disk-full":
+            hosts.drain(victims[0])
+        self._note("heal", fault)

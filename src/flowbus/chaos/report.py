@@ -1,0 +1,132 @@
+"""What a campaign leaves: CSV of its rows, each run's timeline as a plot with its faults drawn.
+
+How it works: :func:`plot_timeline` draws, per second of a run, the events sent and
+acknowledged (publishers) and taken (subscribers) above, the delivery latency (p50, p99,
+log scale) below, and each fault as a shaded band from its injection to its heal, named;
+:func:`write_campaign` writes ``campaign.json`` (what ``--json`` prints), ``rows.csv``
+(one row per run) and ``campaign.png`` (lost, duplicated, out of order and recovery per
+run, the goal's zero line visible at a glance).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_timeline", "write_campaign", "write_csv"]
+
+_COLOURS = {
+    "kill": "#d62728",
+    "kill-adjacent": "#d62728",
+    "kill-minority": "#d62728",
+    "power-loss": "#8c564b",
+    "restart": "#7f7f7f",
+    "pause": "#9467bd",
+    "disk-full": "#8c564b",
+    "client-cut": "#17becf",
+}
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    keys = [k for k in rows[0] if not isinstance(rows[0][k], dict | list)]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _bands(ax: Any, faults: Sequence[dict[str, Any]], start: float) -> None:
+    injected = {}
+    for f in faults:
+        key = (f["kind"], f["start"])
+        if f["what"] == "inject":
+            injected[key] = f["t"]
+        elif key in injected:
+            t0 = injected.pop(key) - start
+            ax.axvspan(t0, f["t"] - start, color=_COLOURS.get(f["kind"], "#ff7f0e"), alpha=0.15, lw=0)
+            ax.text(
+                t0,
+                1.0,
+                f" {f['kind']} {'+'.join(f['hosts'])}",
+                transform=ax.get_xaxis_transform(),
+                fontsize=7,
+                va="top",
+                rotation=90,
+            )
+
+
+def plot_timeline(
+    path: Path, rows: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]], *, title: str
+) -> None:
+    """The run's throughput and latency per second, the faults as bands (see the module note)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, height_ratios=(3, 2))
+    t = [r["t"] for r in rows]
+    for key, label in (("sent", "sent / s"), ("acked", "acknowledged / s"), ("taken", "taken / s")):
+        top.plot(t, [r[key] for r in rows], label=label, lw=1)
+    top.set_ylabel("events / s")
+    top.legend(loc="upper right", fontsize=8)
+    top.set_title(f"flowbus chaos: {title}")
+    for key, label in (("latency_p50_ms", "p50"), ("latency_p99_ms", "p99")):
+        bottom.plot(t, [max(r[key], 0.1) for r in rows], label=f"delivery latency {label}", lw=1)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("ms")
+    bottom.set_xlabel("seconds since the first publish")
+    bottom.legend(loc="upper right", fontsize=8)
+    start = _first_publish(path.parent)
+    for ax in (top, bottom):
+        _bands(ax, faults, start)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _first_publish(root: Path) -> float:
+    with (root / "publishes.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            if row["sent"]:
+                return float(row["sent"])
+    return 0.0
+
+
+def write_campaign(root: Path, doc: dict[str, Any]) -> None:
+    """``campaign.json``, ``rows.csv`` and ``campaign.png`` in ``root``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "campaign.json").write_text(json.dumps(doc, indent=1))
+    rows = doc["rows"]
+    write_csv(root / "rows.csv", rows)
+    if not rows:
+        return
+    labels = [f"{r['mix']}-{r['seed']}" for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.35 * len(rows)), 6), sharex=True)
+    x = range(len(rows))
+    width = 0.27
+    for i, key in enumerate(("lost", "duplicated", "out_of_order")):
+        top.bar([v + (i - 1) * width for v in x], [r[key] for r in rows], width, label=key)
+    top.axhline(0, color="black", lw=0.8)
+    top.set_ylabel("deliveries")
+    top.legend(fontsize=8)
+    top.set_title(f"flowbus chaos on {doc['overlay']}: {doc['runs']} runs, {doc['faults_injected']} faults")
+    bottom.bar(x, [r["recovery_p99_s"] for r in rows], color="#9467bd", label="recovery p99 (s)")
+    bottom.axhline(10, color="red", lw=0.8, ls="--", label="goal: 10 s")
+    bottom.set_ylabel("seconds")
+    bottom.set_xticks(list(x), labels, rotation=90, fontsize=7)
+    bottom.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(root / "campaign.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,319 @@
+"""A campaign's clients: publishers at a steady rate and durable subscribers, everything logged.
+
+How it works: one process (``python -m flowbus.chaos.workload SPEC.json``, run in the
+clients' host) reads a :class:`Spec` and runs
+
+* **publishers**, one client each, given every broker (their own first): event ``k`` of
+  publisher ``p`` is :func:`event_of` ``(p, k)``, whose ``quantity`` (``p * STRIDE + k``)
+  is its identity. Event ``k`` is published at ``start + k / rate`` (later if the client's
+  window is full: the publisher waits, as an application would). Each publish's sequence
+  number and time are logged; its acknowledgement is seen when the number leaves the
+  client's :attr:`~flowbus.client.Client.pending` (looked at every 20 ms), a refusal or a
+  timeout when the client raises :class:`~flowbus.errors.PublishError` naming it;
+* **subscribers**, one client each, given every broker (their own first), each with
+  durable subscriptions of mixed selectivity; every event taken is logged with the
+  subscription, the broker the client was connected to, and the time.
+
+It prints ``ready`` once every subscription is made (the campaign's clock of faults starts
+then), publishes for ``publish_for`` seconds, waits for the publishes to be acknowledged
+(at most ``settle`` seconds) and for the subscriptions to be quiet (``quiet`` seconds with
+no event, within ``settle`` too), then writes ``summary.json`` and exits. The logs are CSV
+files in ``out``, flushed every second (a run cut short keeps what came until then):
+``publishes.csv`` (``publisher,k,pseq,sent,acked,error``: one row when sent, one when
+resolved) and ``deliveries.csv`` (``sub,quantity,broker,t``).
+
+The campaign's checker (:mod:`flowbus.chaos.check`) recomputes every event from ``(p, k)``
+and every subscription's filter from the spec: nothing else is needed offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["STRIDE", "Spec", "SubSpec", "event_of", "filters_for", "main"]
+
+STRIDE = 10_000_000
+"""``quantity = publisher * STRIDE + k``: an event's identity, unique in a run."""
+
+SYMBOLS = 20
+EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE")
+
+# (filters of mixed selectivity: about 100 %, 40 %, 25 %, 12 %, 10 %, 5 %, 4 % of the events)
+_SHAPES = (
+    "level >= 1",
+    "level >= 4",
+    'exchange = "{x}"',
+    'exchange = "{x}" & price < 50',
+    "price > {hi}",
+    'symbol = "S{s}"',
+    'symbol in {{"S{s}", "S{t}"}} & level <= 2',
+)
+
+
+def event_of(publisher: int, k: int) -> dict[str, Any]:
+    """Event ``k`` (from 1) of publisher ``publisher``: the same in every process."""
+    rng = random.Random(publisher * STRIDE + k)
+    return {
+        "symbol": f"S{rng.randrange(SYMBOLS)}",
+        "price": round(rng.uniform(0.0, 100.0), 2),
+        "quantity": publisher * STRIDE + k,
+        "exchange": EXCHANGES[rng.randrange(len(EXCHANGES))],
+        "level": rng.randint(1, 5),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class SubSpec:
+    """A durable subscription: its name (the durable id) and filter over ``stocks``."""
+
+    id: str
+    filter: str
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """A publisher or subscriber client: its name, the broker it tries first, its subscriptions."""
+
+    name: str
+    first: int
+    subs: tuple[SubSpec, ...] = ()
+
+
+def filters_for(n: int, seed: int) -> list[str]:
+    """``n`` filters of mixed selectivity over ``stocks``, seeded."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        shape = _SHAPES[i % len(_SHAPES)]
+        s, t = rng.sample(range(SYMBOLS), 2)
+        out.append(shape.format(x=rng.choice(EXCHANGES), hi=round(rng.uniform(85.0, 95.0), 1), s=s, t=t))
+    return out
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the workload process runs (written as JSON by the campaign)."""
+
+    brokers: tuple[str, ...]
+    publishers: tuple[Client, ...]
+    subscribers: tuple[Client, ...]
+    out: str
+    rate: float = 150.0  # events a second, per publisher
+    publish_for: float = 60.0  # seconds of publishing
+    settle: float = 30.0  # seconds at most for acknowledgements and quiet after it
+    quiet: float = 3.0  # seconds with no event that make a subscription quiet
+    space: str = "stocks"
+    client: dict[str, Any] = field(default_factory=dict)  # options of flowbus.connect
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Spec:
+        raw = json.loads(text)
+        return cls(
+            brokers=tuple(raw["brokers"]),
+            publishers=tuple(_client(c) for c in raw["publishers"]),
+            subscribers=tuple(_client(c) for c in raw["subscribers"]),
+            **{k: raw[k] for k in ("out", "rate", "publish_for", "settle", "quiet", "space", "client")},
+        )
+
+    def brokers_from(self, first: int) -> list[str]:
+        """Every broker, ``first`` first (the others in ring order after it)."""
+        n = len(self.brokers)
+        return [self.brokers[(first + i) % n] for i in range(n)]
+
+
+def _client(raw: dict[str, Any]) -> Client:
+    return Client(raw["name"], raw["first"], tuple(SubSpec(**s) for s in raw["subs"]))
+
+
+class _Log:
+    """A CSV file written as rows come, flushed every second."""
+
+    def __init__(self, path: Path, header: list[str]) -> None:
+        self._f: TextIO = path.open("w", newline="")
+        self._w = csv.writer(self._f)
+        self._w.writerow(header)
+        self._flushed = time.monotonic()
+
+    def row(self, *values: Any) -> None:
+        self._w.writerow(values)
+        if time.monotonic() - self._flushed > 1.0:
+            self._f.flush()
+            self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class _Publisher:
+    """One publishing client: its events at a steady rate, each publish's fate logged."""
+
+    def __init__(self, spec: Spec, index: int, log: _Log) -> None:
+        self.spec = spec
+        self.index = index
+        self.log = log
+        self.sent: dict[int, int] = {}  # pseq -> k, not resolved yet
+        self.counts = {"sent": 0, "acked": 0, "refused": 0, "hung": 0}
+
+    async def run(self, start: float) -> None:
+        import flowbus
+        from flowbus.errors import PublishError
+
+        me = self.spec.publishers[self.index]
+        space, rate, until = self.spec.space, self.spec.rate, start + self.spec.publish_for
+        async with flowbus.connect(
+            *self.spec.brokers_from(me.first), name=me.name, **self.spec.client
+        ) as client:
+            watch = asyncio.ensure_future(self._watch(client))
+            k = 0
+            try:
+                while time.time() < until:
+                    k += 1
+                    await asyncio.sleep(max(0.0, start + k / rate - time.time()))
+                    while True:
+                        try:
+                            pseq = await client.publish(space, event_of(self.index, k))
+                            break
+                        except PublishError as e:
+                            self._resolved(e.pseq, error=e.reason)
+                    self.sent[pseq] = k
+                    self.counts["sent"] += 1
+                    self.log.row(me.name, k, pseq, f"{time.time():.4f}", "", "")
+                await self._drain(client, deadline=time.time() + self.spec.settle)
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+                self._acked(client)
+                for pseq in list(self.sent):
+                    self._resolved(pseq, error="hung: neither acknowledged nor refused at the end")
+                    self.counts["hung"] += 1
+
+    async def _drain(self, client: Any, *, deadline: float) -> None:
+        from flowbus.errors import PublishError
+
+        while time.time() < deadline:
+            try:
+                await client.flush(timeout=max(0.01, deadline - time.time()))
+                return
+            except PublishError as e:
+                self._resolved(e.pseq, error=e.reason)
+            except TimeoutError:
+                return
+
+    async def _watch(self, client: Any) -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            self._acked(client)
+
+    def _acked(self, client: Any) -> None:
+        pending = client.pending
+        for pseq in [p for p in self.sent if p not in pending]:
+            self._resolved(pseq)
+
+    def _resolved(self, pseq: int, *, error: str | None = None) -> None:
+        k = self.sent.pop(pseq, None)
+        if k is None:
+            return
+        name = self.spec.publishers[self.index].name
+        if error is None:
+            self.counts["acked"] += 1
+            self.log.row(name, k, pseq, "", f"{time.time():.4f}", "")
+        else:
+            self.counts["refused"] += 1
+            self.log.row(name, k, pseq, "", "", error)
+
+
+class _Subscriber:
+    """One subscribing client and its durable subscriptions, every event taken logged."""
+
+    def __init__(self, spec: Spec, index: int, log: _Log) -> None:
+        self.spec = spec
+        self.me = spec.subscribers[index]
+        self.log = log
+        self.last = time.time()  # when the last event came
+        self.taken = 0
+
+    async def run(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
+        import flowbus
+
+        async with flowbus.connect(
+            *self.spec.brokers_from(self.me.first), name=self.me.name, **self.spec.client
+        ) as client:
+            subs = [await client.subscribe(self.spec.space, s.filter, durable=s.id) for s in self.me.subs]
+            ready.set()
+            tasks = [
+                asyncio.ensure_future(self._take(client, s.id, sub))
+                for s, sub in zip(self.me.subs, subs, strict=True)
+            ]
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _take(self, client: Any, sub_id: str, sub: Any) -> None:
+        async for batch in sub.batches(1000):
+            now = time.time()
+            broker = client.broker or ""
+            for event in batch:
+                self.log.row(sub_id, event["quantity"], broker, f"{now:.4f}")
+            self.taken += len(batch)
+            self.last = now
+
+
+async def run(spec: Spec) -> dict[str, Any]:
+    """Run the workload (see the module note); its summary."""
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pub_log = _Log(out / "publishes.csv", ["publisher", "k", "pseq", "sent", "acked", "error"])
+    sub_log = _Log(out / "deliveries.csv", ["sub", "quantity", "broker", "t"])
+    stop = asyncio.Event()
+    subscribers = [_Subscriber(spec, i, sub_log) for i in range(len(spec.subscribers))]
+    readies = [asyncio.Event() for _ in subscribers]
+    sub_tasks = [asyncio.ensure_future(s.run(r, stop)) for s, r in zip(subscribers, readies, strict=True)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60.0)
+        start = time.time()
+        print(f"ready {start:.4f}", flush=True)
+        publishers = [_Publisher(spec, i, pub_log) for i in range(len(spec.publishers))]
+        await asyncio.gather(*(p.run(start) for p in publishers))
+        end = time.time() + spec.settle
+        while time.time() < end and any(time.time() - s.last < spec.quiet for s in subscribers):
+            await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*sub_tasks)
+    finally:
+        stop.set()
+        for t in sub_tasks:
+            t.cancel()
+        pub_log.close()
+        sub_log.close()
+    summary = {
+        "start": start,
+        "end": time.time(),
+        "publishers": [p.counts for p in publishers],
+        "taken": [s.taken for s in subscribers],
+    }
+    (out / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    spec = Spec.from_json(Path(args[0]).read_text())
+    asyncio.run(run(spec))
+
+
+if __name__ == "__main__":
+    main()

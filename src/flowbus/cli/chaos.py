@@ -1,0 +1,96 @@
+"""``flowbus chaos run`` and ``flowbus chaos mixes``: fault campaigns on real brokers
+(:mod:`flowbus.chaos`).
+
+``run`` prints each run's progress on standard error and, with ``--json``, one JSON document
+on standard output (totals over the runs, and ``rows``: one per run); without it, a table.
+Its files (each run's logs, CSV and timeline plot, and the campaign's ``campaign.json``,
+``rows.csv`` and ``campaign.png``) go under ``--out``. The exit status is 0 when the
+campaign ran, whatever it found: the document says what it found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flowbus.cli.common import JsonOption, emit, err, fail, out
+
+__all__ = ["chaos_app"]
+
+chaos_app = typer.Typer(
+    help="Fault campaigns on real brokers (network namespaces as root).", no_args_is_help=True
+)
+
+SHORT = ("short",)
+FULL = ("crash", "pause", "isolate", "split", "partial", "clients", "disk", "membership", "mixed")
+
+
+@chaos_app.command("mixes")
+def mixes(as_json: JsonOption = False) -> None:
+    """List the fault mixes."""
+    from flowbus.chaos.nemesis import MIXES, NETWORK
+
+    rows: list[dict[str, Any]] = [
+        {
+            "mix": m.name,
+            "faults_per_run": m.faults,
+            "kinds": " ".join(m.kinds),
+            "needs_root": bool(set(m.kinds) & NETWORK),
+            "about": m.about,
+        }
+        for m in MIXES.values()
+    ]
+    if as_json:
+        emit({"mixes": rows}, as_json=True, title="")
+        return
+    from rich.table import Table
+
+    table = Table(title="flowbus chaos mixes")
+    for col in ("mix", "faults/run", "kinds", "root", "about"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["mix"], str(r["faults_per_run"]), r["kinds"], "yes" if r["needs_root"] else "", r["about"]
+        )
+    out.print(table)
+
+
+@chaos_app.command("run")
+def run(
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory of the runs' logs, CSV and plots.")
+    ] = Path("out/chaos"),
+    overlay: Annotated[str, typer.Option(help="chordal-ring or pastry-irbr.")] = "chordal-ring",
+    brokers: Annotated[int, typer.Option(min=3, max=12, help="Brokers in the ring.")] = 5,
+    mix: Annotated[list[str] | None, typer.Option(help="A mix (repeatable; flowbus chaos mixes).")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds 1..N per mix.")] = 5,
+    short: Annotated[bool, typer.Option(help="The short campaign CI runs (mix short, one seed).")] = False,
+    loopback: Annotated[
+        bool, typer.Option(help="Faults of processes only, on 127.0.0.1, even as root.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a fault campaign: every mix with every seed (default: the full campaign)."""
+    from flowbus.chaos.campaign import Campaign, run_campaign
+    from flowbus.errors import FlowbusError
+
+    chosen = tuple(mix) if mix else SHORT if short else FULL
+    try:
+        campaign = Campaign(
+            out=out_dir,
+            mixes=chosen,
+            seeds=1 if short and not mix else seeds,
+            overlay=overlay,
+            brokers=brokers,
+            isolate=False if loopback else None,
+        )
+        doc = run_campaign(campaign, say=lambda text: err.print(f"[dim]chaos[/] {text}"))
+    except FlowbusError as e:
+        fail(str(e))
+    if as_json:
+        emit(doc, as_json=True, title="")
+        return
+    summary = {k: v for k, v in doc.items() if k != "rows"}
+    emit(summary, as_json=False, title=f"flowbus chaos on {overlay}")

@@ -105,6 +105,12 @@ class Core(Protocol):
         """``msg`` could not reach ``dst`` (the failure notice of an acknowledged link)."""
         return []
 
+    def on_peer_gone(self, dst: int, now: float) -> Sequence[Effect]:
+        """``dst``'s process is gone: its host refused a connection (nothing listens there).
+        A proof, unlike a failed send, which a partition or a paused peer also gives; it is
+        told before the failed sends it explains. By default nothing."""
+        return []
+
     def prepare(self) -> None:
         """Called by a driver now and then (the runtime's ``PREPARE_EVERY``): a core may build
         ahead what its next messages would otherwise wait for (a broker, its indexes after the

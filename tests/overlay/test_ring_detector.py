@@ -12,7 +12,6 @@ from flowbus.core import CancelTimer, Send, SetTimer
 from flowbus.errors import InternalError, ProtocolError
 from flowbus.overlay import ring_messages as msgs
 from flowbus.overlay.ring_detector import (
-    RETESTS,
     FailureDetector,
     Phase,
     Probing,
@@ -73,28 +72,53 @@ def test_failed_ends_the_suspicion() -> None:
     assert d.suspects == []
 
 
-def test_a_slow_tester_heard_lately_is_asked_again_up_to_retests_times() -> None:
+def test_a_tester_is_asked_again_later_then_the_test_goes_again() -> None:
+    """No verdict without the tester (busy, or cut off with the suspect): asked again, with
+    no limit, and never a burial of both."""
     d = asked()
-    d.heard(C.addr, 10.0)
-    for n in range(1, RETESTS + 1):
-        again = d.retest(ME, B, 10.0 + 2 * PT, window=FAR)
+    assert d.ask_later(B, 3.0) == [SetTimer(3.0, ask_key(B.id))]
+    assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C, waiting=True)
+    for n in range(1, 6):
+        again = d.ask_again(ME, B, FAR)
         assert again == [Send(C.addr, msgs.TestNeighbour(B, ME, FAR)), SetTimer(2 * PT, ask_key(B.id))]
-        assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C, retests=n)
-    before = records(d)
-    assert d.retest(ME, B, 10.0 + 2 * PT, window=FAR) == []  # asked enough: no change
-    assert records(d) == before
+        assert d.suspicion(B.id) == Suspicion(B, Phase.ASKED, C, asked=n)
 
 
-@pytest.mark.parametrize("heard", [None, 1.0])
-def test_a_tester_not_heard_lately_is_not_asked_again(heard: float | None) -> None:
+def test_a_tester_proven_gone_is_replaced_by_our_own_probe_and_buried_with_the_suspect() -> None:
     d = asked()
-    if heard is not None:
-        d.heard(C.addr, heard)
-    before = records(d)
-    assert d.retest(ME, B, 1.0 + 2 * PT + 0.5, window=FAR) == []
-    assert records(d) == before
-    assert d.end(B.id) == Suspicion(B, Phase.ASKED, C)  # the node buries B and C
-    assert d.suspects == []
+    assert d.probe_instead(ME, B) == [Send(B.addr, Probe(ME)), SetTimer(PT, probe_key(B.id))]
+    assert d.suspicion(B.id) == Suspicion(B, Phase.PROBING, B, also=(C,))
+    assert d.probing(B.id) == Probing(B, ME)
+
+
+def test_a_verdict_needs_a_proof_or_silence_past_the_guard() -> None:
+    d = FailureDetector(probe_timeout=PT, guard=10.0)
+    d.heard(B.addr, 100.0)
+    assert not d.conclusive(B, 109.0) and d.wait_left(B, 104.0) == 6.0
+    assert d.conclusive(B, 110.0) and d.wait_left(B, 111.0) == 0.0
+    d.gone(B.addr, 101.0)
+    assert d.is_gone(B.addr) and d.conclusive(B, 101.0)  # refused: its process is gone
+    d.heard(B.addr, 102.0)  # (something came from that address: it restarted)
+    assert not d.is_gone(B.addr) and not d.conclusive(B, 103.0)
+    assert FailureDetector(probe_timeout=PT).conclusive(B, 0.0)  # no guard: at once
+
+
+def test_a_reprobe_waits_at_least_until_the_guard() -> None:
+    d = FailureDetector(probe_timeout=PT, guard=10.0)
+    d.test(C, msgs.TestNeighbour(B, ME, FAR), 100.0)
+    d.heard(B.addr, 99.0)
+    assert d.reprobe(C, B, 101.0) == [Send(B.addr, Probe(C)), SetTimer(8.0, probe_key(B.id))]
+    assert d.probing(B.id) == Probing(B, ME, FAR, 101.0)  # (heard after this counts as an answer)
+    assert d.reprobe(C, B, 120.0) == [Send(B.addr, Probe(C)), SetTimer(PT, probe_key(B.id))]
+    assert d.reprobe(C, A, 120.0) == []  # (not probed)
+
+
+def test_echoes_keep_the_latest_heartbeat_acknowledged() -> None:
+    d = FailureDetector(probe_timeout=PT)
+    assert d.echoed(B.id) == float("-inf")
+    d.echo(B.id, 5.0)
+    d.echo(B.id, 3.0)  # (a late acknowledgement of an older heartbeat)
+    assert d.echoed(B.id) == 5.0
 
 
 def test_probe_ourselves_when_there_is_no_third_broker() -> None:
@@ -102,7 +126,7 @@ def test_probe_ourselves_when_there_is_no_third_broker() -> None:
     assert d.probe(ME, B) == [Send(B.addr, Probe(ME)), SetTimer(PT, probe_key(B.id))]
     assert d.suspicion(B.id) == Suspicion(B, Phase.PROBING, B)
     assert d.probing(B.id) == Probing(B, ME)
-    assert d.retest(ME, B, 1.0, window=FAR) == []  # (nobody else to ask)
+    assert d.ask_later(B, 1.0) == [] and d.ask_again(ME, B, FAR) == []  # (nobody else to ask)
 
 
 def test_our_own_probe_answered_ends_the_suspicion() -> None:
@@ -203,7 +227,8 @@ def test_late_or_unknown_answers_change_no_record() -> None:
     assert d.failed(A.id) == [CancelTimer(ask_key(A.id))]  # a Failed for no suspicion
     assert d.unanswered(A.id) is None  # a probe timer of a probe that is over
     assert d.end(A.id) is None  # a test timer of a suspicion that is over
-    assert d.retest(ME, A, 9.0, window=FAR) == []
+    assert d.ask_later(A, 1.0) == [] and d.ask_again(ME, A, FAR) == []  # a test timer too late
+    assert d.reprobe(ME, A, 9.0) == []
     assert not d.answered_late(A.id, A)
     assert records(d) == before
 
@@ -237,9 +262,9 @@ def test_records_and_options_are_checked() -> None:
         Suspicion(B, Phase.ASKED, B)
     with pytest.raises(InternalError, match="PROBING"):
         Suspicion(B, Phase.PROBING, C)
-    with pytest.raises(InternalError, match="retests"):
-        Suspicion(B, Phase.ASKED, C, retests=-1)
+    with pytest.raises(InternalError, match="asked again"):
+        Suspicion(B, Phase.ASKED, C, asked=-1)
     with pytest.raises(ProtocolError, match="probe timeout"):
         FailureDetector(probe_timeout=0.0)
-    with pytest.raises(ProtocolError, match="retests"):
-        FailureDetector(retests=-1)
+    with pytest.raises(ProtocolError, match="guard"):
+        FailureDetector(guard=-1.0)

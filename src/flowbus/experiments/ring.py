@@ -224,7 +224,7 @@ def _repairs(n: int, trials: int, seed: int) -> list[dict[str, Any]]:
 
 def _repair_messages(r: RingSim) -> int:
     sent = r.sim.metrics.sent_by_type()
-    return sum(v for k, v in sent.items() if k != "Heartbeat")
+    return sum(v for k, v in sent.items() if k not in ("Heartbeat", "HeartbeatAck"))
 
 
 def _one_repair(r: RingSim, cut: LinkFailure, kind: str, rng: random.Random) -> dict[str, Any]:

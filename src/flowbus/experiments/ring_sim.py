@@ -182,6 +182,9 @@ class _Counting(Core):
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         return self.core.on_send_failed(dst, msg, now)
 
+    def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
+        return self.core.on_peer_gone(dst, now)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.core, name)
 

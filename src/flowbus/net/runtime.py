@@ -12,6 +12,9 @@ the simulator does. A :class:`Directory` says where each address listens.
     behind it.
   - If connecting or writing fails, the core's ``on_send_failed(dst, msg, now)`` is called.
     This is the failure notice the simulator's ``failure_notice`` models, given here by TCP.
+    A refused connection (the peer's host answered: nothing listens there) is a proof that
+    the peer's process is gone, told first with ``on_peer_gone(dst, now)``; a timeout, an
+    unreachable host or network (a partition, a paused peer) proves nothing of the kind.
   - A reader on each outgoing connection notices when the peer closes it. The next send
     then opens a new connection, which fails if the peer is gone.
 * **Incoming.** A server accepts connections and decodes frames. The messages of one read
@@ -303,9 +306,11 @@ class Runtime:
             writer = await self._connection(dst)
             self._write(dst, writer, self._queued.pop(dst, []))
             await writer.drain()
-        except (OSError, ConnectionError, FlowbusError):
+        except (OSError, ConnectionError, FlowbusError) as e:
             msgs = self._queued.pop(dst, [])
             self._drop(dst)
+            if isinstance(e, ConnectionRefusedError):  # (its host answered: nothing listens)
+                self._gone(dst)
             for msg in msgs:
                 self._failed(dst, msg)
 
@@ -318,6 +323,11 @@ class Runtime:
     def _failed(self, dst: int, msg: Any) -> None:
         if not self._closed:
             self._apply(self.core.on_send_failed(dst, msg, self._now()))
+
+    def _gone(self, dst: int) -> None:
+        gone = getattr(self.core, "on_peer_gone", None)  # (a test's core may have none)
+        if not self._closed and gone is not None:
+            self._apply(gone(dst, self._now()))
 
     async def _connection(self, dst: int) -> asyncio.StreamWriter:
         writer = self._out.get(dst)

@@ -36,13 +36,31 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
   :class:`~flowbus.overlay.ring_detector.FailureDetector`'s (one record per suspect, its
   note has the state diagram); what is done about a verdict is this module's.
   - A asks C, B's other ring neighbour, to test B (``TestNeighbour``). C probes B.
-  - If B does not answer, C tells A ``Failed``. A and C then run *divide-neighbour(B)*:
-    they close the ring over B, tell the brokers whose windows held B, and ``Redirect``
-    B's other neighbours (its chords, known from B's backup) to A or C. The holder of
-    B's backup takes B's state over. All of this costs O(degree(B)) messages.
+  - If B does not answer and C's verdict is conclusive (B proven gone: a connection to it
+    refused; or silent at C for the guard), C tells A ``Failed``. If A agrees (the proof,
+    or B silent at A for the guard too), A and C run *divide-neighbour(B)*: A closes the
+    ring over B and tells C (``SetSide`` naming B dead), the brokers whose windows held B
+    are told, B's other neighbours (its chords, known from B's backup) are ``Redirect``-ed
+    to A or C. The holder of B's backup takes B's state over. All of this costs
+    O(degree(B)) messages.
   - If B answers, the failure was of the link A-B. A then sends B's traffic through C.
-  - If C is dead too (two adjacent failures), A looks for the next live broker beyond
-    them through its chords and walks back counter-clockwise to it (``Reconnect``).
+  - If C is proven gone too (two adjacent crashes), A probes B itself, and buries both once
+    B is found dead; it looks for the next live broker beyond them through its chords and
+    walks back counter-clockwise to it (``Reconnect``). If C cannot be reached but is not
+    proven gone, A asks it again and again, and buries nobody: B and C may be cut off
+    together and still serve each other.
+* Brokers alive but unreachable (not in the document; flowbus's own rule, measured by the
+  fault campaign, ``flowbus chaos``). Both of B's ring neighbours must find B dead (or it
+  must be proven gone) before its state is taken over, and a verdict without proof waits
+  until B has been silent for the guard (``GUARD`` heartbeats). Meanwhile B *serves* (its
+  driver acknowledges publishes and takes clients) only while a ring neighbour echoed one
+  of its heartbeats sent within the lease (``LEASE`` heartbeats, :meth:`RingNode.serving`),
+  so when its state is taken over, B has stopped serving already. Once found dead, a
+  broker is dead for good under its id: what it sends later (heartbeats, backups, probes)
+  is answered ``Dead``, and a broker told so goes inert (:attr:`RingNode.declared_dead`,
+  and ``Deliver(("ring", "dead"), ...)`` to its driver, which comes back as a new member).
+  A ring split in two takes nobody over (each broker at the cut still has a neighbour on
+  its side, and no verdict through the cut); it is one ring again when the links are back.
 * Link failure off the ring (section 3.4.2 b): when a chord A-B fails, A routes a
   ``TracedQuery`` to B through other links, each hop appending itself. B answers with
   ``LinkDown`` along the reversed trace, and A keeps the trace as its route to B.
@@ -67,7 +85,7 @@ from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.ring_backups import Backups
 from flowbus.overlay.ring_chords import Chords
-from flowbus.overlay.ring_detector import FailureDetector
+from flowbus.overlay.ring_detector import FailureDetector, Phase
 from flowbus.overlay.ring_load import LoadShare, Overloaded, ShareAck, ShareLedger
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
@@ -82,8 +100,10 @@ from flowbus.overlay.ring_messages import (
     BackupResync,
     ChordQuery,
     ChordReply,
+    Dead,
     Failed,
     Heartbeat,
+    HeartbeatAck,
     Insert,
     JoinAccept,
     JoinRequest,
@@ -103,7 +123,15 @@ from flowbus.overlay.ring_messages import (
     cw,
 )
 
-__all__ = ["MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
+__all__ = ["GUARD", "LEASE", "MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
+
+LEASE = 3
+"""A broker serves while a ring neighbour acknowledged one of its heartbeats sent within
+this many heartbeat periods (:meth:`RingNode.serving`)."""
+
+GUARD = 4
+"""A suspect is found dead without proof only once silent for this many heartbeat periods:
+past any lease it could still hold (the detector's ``guard``)."""
 
 
 # ---------------------------------------------------------------------------------- node
@@ -149,7 +177,11 @@ class RingNode(Core):
         self.load_limit = load_limit
         self.heartbeat = heartbeat
         self.ping_timeout = ping_timeout
-        self.detector = FailureDetector(probe_timeout=probe_timeout)
+        self.lease: float | None = LEASE * heartbeat if heartbeat is not None else None
+        self.detector = FailureDetector(
+            probe_timeout=probe_timeout, guard=GUARD * heartbeat if heartbeat is not None else 0.0
+        )
+        self.declared_dead: Dead | None = None  # the ring found us dead (we must come back anew)
         self.backups = Backups()
         self.succ: list[Peer] = []  # Right, Rightright (the nearest others clockwise)
         self.pred: list[Peer] = []  # Left, Leftleft (the nearest others counter-clockwise)
@@ -322,11 +354,28 @@ class RingNode(Core):
         return self._send_backups(force=True) + self.backups.flushed()
 
     def start_heartbeats(self, period: float) -> list[Effect]:
-        """Turn on the ring-neighbour heartbeats (a ring built without them, then watched)."""
+        """Turn on the ring-neighbour heartbeats (a ring built without them, then watched),
+        and with them the leases and the guard (see the module note)."""
         if not period > 0:
             raise ProtocolError(f"RingNode: the heartbeat period must be > 0, got {period!r}")
         self.heartbeat = period
+        self.lease = LEASE * period
+        self.detector.guard = GUARD * period
         return [SetTimer(period, ("ring", "heartbeat"))]
+
+    def serving(self, now: float) -> bool:
+        """Whether this broker may serve (acknowledge publishes, take subscriptions): it is
+        in the ring, not found dead, and a ring neighbour acknowledged one of its heartbeats
+        sent within the lease (alone, or without heartbeats, it always may)."""
+        if self.declared_dead is not None or self.id is None:
+            return False
+        if self.lease is None:
+            return True
+        near = {p.id for p in (self.left, self.right) if p is not None and p.id != self.id}
+        if not near:
+            return True
+        since = now - self.lease
+        return any(self.detector.echoed(i) >= since for i in near)
 
     def refresh_chords(self) -> list[Effect]:
         """(Re)build the chords by pointer doubling from Rightright."""
@@ -373,9 +422,22 @@ class RingNode(Core):
         handler = _HANDLERS.get(type(msg))
         if handler is None:
             raise ProtocolError(f"RingNode {self.addr}: unknown message {msg!r} from {src}")
+        if self.declared_dead is not None:
+            return []  # (found dead: we are not a member any more, whatever comes)
         return handler(self, src, msg, now)
 
+    def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
+        """``dst``'s process is gone (a refused connection): a proof for the detector's
+        verdicts (the failed sends it explains come next); a ring neighbour is suspected."""
+        self.detector.gone(dst, now)
+        if not self.joined or self.declared_dead is not None:
+            return []
+        near = next((p for p in (self.left, self.right) if p is not None and p.addr == dst), None)
+        return self._suspect(near) if near is not None and near.id != self.id else []
+
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
+        if self.declared_dead is not None:
+            return []
         match key:
             case ("ring", "join"):
                 return self._choose_bootstrap()
@@ -385,9 +447,9 @@ class RingNode(Core):
                 self.backups.timer_went_off()
                 return self._send_backups(force=True)
             case ("ring", "probe", int(suspect)):
-                return self._probe_expired(suspect, now)
+                return self._probe_expired(suspect, now, timer=True)
             case ("ring", "test", int(suspect)):
-                return self._test_expired(suspect, now)
+                return self._test_expired(suspect, now, timer=True)
             case ("ring", "share", int(seq)):
                 back, out = self.shares.expired(self.me, seq)
                 return out + self._take_back(back)
@@ -395,14 +457,15 @@ class RingNode(Core):
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """A send could not reach ``dst``: suspect it if it is a neighbour, re-route a route."""
+        if self.declared_dead is not None:
+            return []
         peer = next((p for p in self.links() if p.addr == dst), None) if self.joined else None
         out: list[Effect] = []
-        # (``msg.asker`` is this broker: a failed probe ends its test here only if it
-        # probed for a test of itself; else the probe's timer ends it)
-        if isinstance(msg, Probe) and self.detector.probing(msg.asker.id) is not None:
-            return self._probe_expired(self._peer_id(dst))
+        if isinstance(msg, Probe):  # (a verdict now only if the probed is proven gone)
+            probed = [i for i in self.detector.probed if self.detector.probing(i).suspect.addr == dst]  # type: ignore[union-attr]
+            return [e for i in probed for e in self._probe_expired(i, now, timer=False)]
         if isinstance(msg, TestNeighbour):
-            return self._test_expired(msg.suspect.id)
+            return self._test_expired(msg.suspect.id, now, timer=False)
         if isinstance(msg, ShareState) and msg.sender.addr == self.addr:  # not passed on: ours again
             _, out = self.shares.take_back(dst, msg.seq)
             out.extend(self._take_back(msg.entries))
@@ -475,6 +538,8 @@ class RingNode(Core):
     def _on_join_accept(self, src: int, msg: JoinAccept, now: float) -> list[Effect]:
         self.id = msg.id
         self._take(msg.window, closes=True)
+        for p in msg.window:  # (our lease starts here: they have just taken us in)
+            self.detector.echo(p.id, now)
         return self._after_change()
 
     def _on_insert(self, src: int, msg: Insert, now: float) -> list[Effect]:
@@ -547,6 +612,8 @@ class RingNode(Core):
         return self.backups.send(self.me, holders, tuple(self.links()))
 
     def _on_backup(self, src: int, msg: BackupCopy, now: float) -> list[Effect]:
+        if msg.owner.id in self.dead:  # (a copy of a state taken over already: not again)
+            return self._tell_dead(src, msg.owner)
         if self.backups.on_copy(msg, addr=self.addr) and self.id is not None:
             return [Send(msg.owner.addr, BackupAck(self.me, msg.version))]
         return []
@@ -556,6 +623,8 @@ class RingNode(Core):
         return []
 
     def _on_backup_delta(self, src: int, msg: BackupDelta, now: float) -> list[Effect]:
+        if msg.owner.id in self.dead:
+            return self._tell_dead(src, msg.owner)
         return self.backups.on_delta(src, msg, me=self.me)
 
     def _on_backup_resync(self, src: int, msg: BackupResync, now: float) -> list[Effect]:
@@ -576,19 +645,40 @@ class RingNode(Core):
             if silent and not self.detector.suspected(p.id) and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
-            out.append(Send(p.addr, Heartbeat(self.me, load)))
+            out.append(Send(p.addr, Heartbeat(self.me, load, now)))
         out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
         return out
 
     def _on_heartbeat(self, src: int, msg: Heartbeat, now: float) -> list[Effect]:
         """A neighbour is heard over our direct link: if we thought the link down (a broker
         too busy to answer a probe in time looks like that), it is up. Were the detour kept,
-        the neighbour would never be suspected again, and its death never noticed."""
+        the neighbour would never be suspected again, and its death never noticed. Its
+        heartbeat is acknowledged at once (its lease); one from a broker found dead is
+        answered ``Dead`` instead."""
+        if msg.peer.id in self.dead:
+            return self._tell_dead(src, msg.peer)
         self.detector.beat(msg.peer.id, now)
         self.loads.neighbours[msg.peer.id] = msg.load
         if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
             del self.detour[msg.peer.id]
+        return [Send(src, HeartbeatAck(self.me, msg.sent))] if self.joined else []
+
+    def _on_heartbeat_ack(self, src: int, msg: HeartbeatAck, now: float) -> list[Effect]:
+        self.detector.echo(msg.peer.id, msg.sent)
         return []
+
+    def _tell_dead(self, src: int, peer: Peer) -> list[Effect]:
+        """``peer``, found dead, still speaks (it was paused or cut off): tell it, and who
+        took its state over if we know."""
+        return [Send(src, Dead(peer, self.redirect.get(peer.id)))]
+
+    def _on_dead(self, src: int, msg: Dead, now: float) -> list[Effect]:
+        """The ring found us dead: from now on we are inert; the driver must come back as a
+        new member (a broker restarts, handing over what it holds)."""
+        if self.id is None or msg.peer.id != self.id or self.declared_dead is not None:
+            return []
+        self.declared_dead = msg
+        return [Deliver(("ring", "dead"), msg)]
 
     def _side_of(self, b: Peer) -> int:
         """1 if ``b`` is (or, dead, was) our Right, -1 our Left, 0 otherwise (a chord...)."""
@@ -618,9 +708,13 @@ class RingNode(Core):
         return self.detector.ask(me, b, c, self._far_side(side))
 
     def _on_test(self, src: int, msg: TestNeighbour, now: float) -> list[Effect]:
+        if msg.asker.id in self.dead:
+            return self._tell_dead(src, msg.asker)
         return self.detector.test(self.me, msg, now)
 
     def _on_probe(self, src: int, msg: Probe, now: float) -> list[Effect]:
+        if msg.asker.id in self.dead:
+            return self._tell_dead(src, msg.asker)
         return [Send(msg.asker.addr, ProbeAck(self.me))]
 
     def _on_probe_ack(self, src: int, msg: ProbeAck, now: float) -> list[Effect]:
@@ -632,57 +726,79 @@ class RingNode(Core):
         self.detour[msg.suspect.id] = (msg.via,)
         return out
 
-    def _probe_expired(self, suspect: int, now: float | None = None) -> list[Effect]:
-        """C's probe of B went unanswered: B is dead. C closes the ring with A.
+    def _probe_expired(self, suspect: int, now: float, *, timer: bool) -> list[Effect]:
+        """A probe of B got no answer: its timer ran out (``timer``), or its send failed.
 
-        Unless (``now`` given: the timer ran out, the send did not fail) something came
-        from B since the probe went: B is alive but slow to answer, as if it had."""
-        peer = self._known(suspect)
-        if now is not None and self.detector.answered_late(suspect, peer):
-            assert peer is not None
-            return self.detector.answered(self.me, peer)
-        probing = self.detector.unanswered(suspect)
+        A verdict only if it is conclusive (B proven gone, or silent for the guard; a failed
+        send is conclusive only with the proof); else B is probed again when the timer goes.
+        Something heard from B since the probe went, when the timer runs out, is an answer
+        (B busy, alive). Our own probe (PROBING) buries B, with the tester that died too; a
+        probe for an asker A tells A ``Failed``: A buries B if it agrees, and tells us."""
+        probing = self.detector.probing(suspect)
         if probing is None:
             return []
-        dead = peer or Peer(suspect, -1)
+        peer = self._known(suspect) or probing.suspect
+        if timer and self.detector.answered_late(suspect, peer):
+            return self.detector.answered(self.me, peer)
+        gone = self.detector.is_gone(peer.addr)
+        if not (gone or (timer and self.detector.conclusive(peer, now))):
+            return self.detector.reprobe(self.me, peer, now) if timer else []
+        self.detector.unanswered(suspect)
         me = self.me
-        if probing.asker == me:  # we tested it ourselves (a ring of two)
-            return self._bury((dead,))
-        side = self._side_of(dead)  # where B was, seen from C
-        out = self._bury((dead,))
-        if side:
-            out += self._set_side(side, (probing.asker, *probing.window), gone=(dead,))
-        out.append(Send(probing.asker.addr, Failed(dead, (me, *self._side(-side)))))
-        return out
+        if probing.asker == me:  # our own probe: a ring of two, or the tester died too
+            s = self.detector.suspicion(suspect)
+            also = s.also if s is not None else ()
+            return self._bury_beyond((peer, *also)) if also else self._bury((peer,))
+        side = self._side_of(peer)  # where B is, seen from C
+        return [Send(probing.asker.addr, Failed(peer, (me, *self._side(-side)), gone))]
 
     def _on_failed(self, src: int, msg: Failed, now: float) -> list[Effect]:
-        """C confirms B's failure: A closes the ring with C (divide-neighbour(B))."""
-        side = self._side_of(msg.suspect)
-        out = self.detector.failed(msg.suspect.id)
-        out += self._bury((msg.suspect,))
-        return out + (self._set_side(side, msg.window, gone=(msg.suspect,)) if side else [])
-
-    def _test_expired(self, suspect: int, now: float | None = None) -> list[Effect]:
-        """C did not answer: it is dead too. Find the first live broker beyond both and walk
-        back to the gap (``Reconnect``).
-
-        Unless C was heard from lately (``now`` given: the test's timer ran out, the send
-        did not fail): then C is alive but slow, busy, and is asked again, up to the
-        detector's ``retests`` times. Burying a live C along with B split a ring of three in two."""
-        b = next((p for p in self.window if p.id == suspect), None)
-        if b is not None and now is not None:
-            again = self.detector.retest(self.me, b, now, window=self._far_side(self._side_of(b)))
-            if again:
-                return again
-        ended = self.detector.end(suspect)
-        if b is None or ended is None:
+        """C found B dead: if we agree (B proven gone, or silent here for the guard too), we
+        close the ring with C (divide-neighbour(B)) and tell C, which buries B then; if B was
+        heard here lately, C is asked again once B's silence here reaches the guard."""
+        b = msg.suspect
+        if b.id in self.dead:
             return []
-        tester = ended.tester
+        if not (msg.gone or self.detector.conclusive(b, now)):
+            wait = self.detector.wait_left(b, now)
+            return self.detector.ask_later(b, wait + self.detector.probe_timeout / 4)
         side = self._side_of(b)
-        gone = (b,) if tester == b else (b, tester)
+        out = self.detector.failed(b.id)
+        far = (self.me, *self._far_side(side)) if side else ()
+        out += self._bury((b,))
+        if side:
+            out += self._set_side(side, msg.window, gone=(b,))
+            out.append(Send(src, SetSide(-side, far, (b,))))
+        return out
+
+    def _test_expired(self, suspect: int, now: float, *, timer: bool) -> list[Effect]:
+        """C did not answer our test of B (its timer ran out, or the send failed), or it is
+        time to ask again (a ``Failed`` we could not agree with yet).
+
+        C proven gone: we probe B ourselves, and bury both if B is found dead (two adjacent
+        crashes). Else C is asked again, now (its timer) or later (a failed send): C may be
+        busy, or cut off from us with B, and then no verdict is safe."""
+        s = self.detector.suspicion(suspect)
+        b = next((p for p in self.window if p.id == suspect), None)
+        if s is None or s.phase is not Phase.ASKED:
+            return []
+        if b is None:
+            self.detector.end(suspect)
+            return []
+        far = self._far_side(self._side_of(b))
+        if self.detector.is_gone(s.tester.addr):
+            return self.detector.probe_instead(self.me, b)
+        if timer:
+            return self.detector.ask_again(self.me, b, far)
+        return self.detector.ask_later(b, self.detector.probe_timeout)
+
+    def _bury_beyond(self, gone: tuple[Peer, ...]) -> list[Effect]:
+        """Adjacent brokers ``gone`` are dead: bury them, and walk from the first live broker
+        beyond them back to the gap (``Reconnect``)."""
+        side = self._side_of(gone[0])
         beyond = self._first_beyond(gone, side)
         out = self._bury(gone)
-        if beyond is not None:
+        if beyond is not None and side:
             out.append(Send(beyond.addr, Reconnect(self.me, gone, tuple(self._side(-side)), side)))
         return out
 
@@ -876,6 +992,8 @@ _HANDLERS: dict[type, _Handler] = {
     BackupResync: RingNode._on_backup_resync,
     BackupAck: RingNode._on_backup_ack,
     Heartbeat: RingNode._on_heartbeat,
+    HeartbeatAck: RingNode._on_heartbeat_ack,
+    Dead: RingNode._on_dead,
     TestNeighbour: RingNode._on_test,
     Probe: RingNode._on_probe,
     ProbeAck: RingNode._on_probe_ack,

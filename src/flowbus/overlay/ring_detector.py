@@ -10,6 +10,21 @@ decides; the ring node does the repair (burying, closing the ring, detours).
 * **Liveness.** When anything last came from each address (:meth:`heard`), and when each
   neighbour's last heartbeat came (:meth:`beat`). A neighbour silent for longer than the
   limit is suspected; a busy broker's heartbeats may come late, so anything heard counts.
+* **Verdicts: proof, or silence past the guard.** A broker alive but unreachable (paused,
+  cut off) looks like a dead one, and its state must not be taken over while it still
+  serves. So a suspect is found dead only when the verdict is *conclusive*
+  (:meth:`conclusive`): a connection to it was refused (:meth:`gone`: its host answered and
+  nothing listens, the process is gone), or nothing came from it for ``guard`` (longer than
+  the lease a broker serves on, :meth:`echo`: see the ring node's note). A probe or a test
+  that times out before then is sent again, not taken for a death; a tester that cannot be
+  reached and is not proven gone leaves the suspect suspected (two adjacent brokers paused,
+  or cut off together, are waited for: burying them could take over the state of brokers
+  that still serve each other).
+* **Leases.** Each heartbeat carries its send time; the neighbour echoes it back at once
+  (``HeartbeatAck``); :meth:`echoed` is the send time of the latest heartbeat each neighbour
+  acknowledged. A neighbour finds us silent only ``guard`` after the last heartbeat it
+  echoed, so while our lease (a shorter time since that send) runs, no neighbour can have
+  found us dead.
 * **Our suspicions** (A's side), a :class:`Suspicion` per suspect B, in one of three
   phases::
 
@@ -17,12 +32,15 @@ decides; the ring node does the repair (burying, closing the ring, detours).
       (none) --B a ring neighbour, no C-----> PROBING     Probe to B ourselves, "probe" timer
       (none) --B a chord--------------------> TRACING     (the node sends a traced query)
       ASKED  --Alive-----------------------> (none)       the link A-B failed: detour via C
-      ASKED  --Failed----------------------> (none)       B is dead: the node buries it
-      ASKED  --timer, C heard lately,
-               fewer than RETESTS retests--> ASKED(C, retests + 1)   TestNeighbour again
-      ASKED  --timer or send failed--------> (none)       B and C dead: bury both, Reconnect
+      ASKED  --Failed, conclusive here-----> (none)       B is dead: the node buries it
+      ASKED  --Failed, B heard lately------> ASKED(C)     asked again once the guard is past
+      ASKED  --timer or send failed,
+               C proven gone---------------> PROBING(B, also C)   we probe B ourselves
+      ASKED  --timer, C not proven gone----> ASKED(C, asked + 1)  asked again (C is busy,
+                                                           or cut off: no verdict without it)
       PROBING --ProbeAck-------------------> (none)       B is up
-      PROBING --probe timer----------------> (none)       B is dead
+      PROBING --probe timer, conclusive----> (none)       B is dead (and the ``also``, C)
+      PROBING --probe timer, not yet-------> PROBING      probed again
       TRACING --LinkDown-------------------> (none)       the trace is B's detour
       any    --B buried--------------------> (none)
 
@@ -33,8 +51,9 @@ decides; the ring node does the repair (burying, closing the ring, detours).
       Probing --ProbeAck-------------------> (none)       Alive to A (ours: suspicion ends)
       Probing --probe timer, B heard since
                 the probe went-------------> (none)       as if B had answered (busy, alive)
-      Probing --probe timer or send failed-> (none)       B is dead: the node buries it,
-                                                           closes the ring, Failed to A
+      Probing --probe timer, conclusive----> (none)       Failed to A (A buries B if it agrees,
+                                                           and tells us: we bury B then)
+      Probing --probe timer, not yet-------> Probing      probed again
 
 A broker can hold both records for one suspect at once (A and C may suspect B at the
 same time, each asking the other). An answer nobody waits for (a ``ProbeAck`` after its
@@ -53,10 +72,7 @@ from flowbus.core import CancelTimer, Effect, Send, SetTimer
 from flowbus.errors import InternalError, ProtocolError
 from flowbus.overlay.ring_messages import Alive, Peer, Probe, TestNeighbour
 
-__all__ = ["RETESTS", "FailureDetector", "Phase", "Probing", "Suspicion", "ask_key", "probe_key"]
-
-RETESTS = 3
-"""How many times a suspect's test is asked again of a tester that is slow but alive."""
+__all__ = ["FailureDetector", "Phase", "Probing", "Suspicion", "ask_key", "probe_key"]
 
 
 def probe_key(suspect: int) -> tuple[str, str, int]:
@@ -80,18 +96,22 @@ class Phase(Enum):
 @dataclass(frozen=True, slots=True)
 class Suspicion:
     """We suspect ``peer``: ``tester`` is the broker asked to test it (``peer`` itself
-    when we probe it or trace our link to it); ``retests`` counts the tests asked again."""
+    when we probe it or trace our link to it); ``asked`` counts the tests asked again;
+    ``waiting``: the next test goes when the ask timer does (not an answer overdue);
+    ``also``: brokers proven gone to bury with it (a tester that died too)."""
 
     peer: Peer
     phase: Phase
     tester: Peer
-    retests: int = 0
+    asked: int = 0
+    waiting: bool = False
+    also: tuple[Peer, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.phase is Phase.ASKED) == (self.tester == self.peer):
             raise InternalError(f"Suspicion of {self.peer}: {self.phase.name} with tester {self.tester}")
-        if self.retests < 0:
-            raise InternalError(f"Suspicion of {self.peer}: {self.retests} retests")
+        if self.asked < 0:
+            raise InternalError(f"Suspicion of {self.peer}: asked again {self.asked} times")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,20 +131,23 @@ class FailureDetector:
     """The failure detector of one ring broker (see the module note).
 
     ``probe_timeout`` is how long a tester waits for a probed broker (an asker waits
-    twice that for its tester); ``retests`` how many times a slow but live tester is asked
-    again."""
+    twice that for its tester); ``guard`` how long a suspect must have been silent for a
+    verdict without proof (0: at the first unanswered probe, the document's rule; a ring
+    with leases sets it past the lease)."""
 
-    def __init__(self, *, probe_timeout: float = 4.0, retests: int = RETESTS) -> None:
+    def __init__(self, *, probe_timeout: float = 4.0, guard: float = 0.0) -> None:
         if not probe_timeout > 0:
             raise ProtocolError(f"FailureDetector: the probe timeout must be > 0, got {probe_timeout!r}")
-        if retests < 0:
-            raise ProtocolError(f"FailureDetector: retests must be >= 0, got {retests!r}")
+        if not guard >= 0:
+            raise ProtocolError(f"FailureDetector: the guard must be >= 0, got {guard!r}")
         self.probe_timeout = probe_timeout
-        self.retests = retests
+        self.guard = guard
         self._suspicions: dict[int, Suspicion] = {}  # suspect id -> ours
         self._probing: dict[int, Probing] = {}  # suspect id -> the probe we run of it
         self._beats: dict[int, float] = {}  # peer id -> its last heartbeat (or Alive)
         self._heard: dict[int, float] = {}  # address -> when anything last came from it
+        self._gone: dict[int, float] = {}  # address -> when a connection to it was refused
+        self._echoed: dict[int, float] = {}  # peer id -> our send time of its latest HeartbeatAck
 
     # -- views
 
@@ -160,8 +183,39 @@ class FailureDetector:
     # -- liveness
 
     def heard(self, addr: int, now: float) -> None:
-        """Something came from ``addr``."""
+        """Something came from ``addr`` (a proof that it was gone is void: it restarted)."""
         self._heard[addr] = now
+        if self._gone:
+            self._gone.pop(addr, None)
+
+    def gone(self, addr: int, now: float) -> None:
+        """A connection to ``addr`` was refused: its host answered, nothing listens there."""
+        self._gone[addr] = now
+
+    def is_gone(self, addr: int) -> bool:
+        """Whether ``addr`` was proven gone (refused, and nothing heard from it since)."""
+        return addr in self._gone
+
+    def echo(self, peer_id: int, sent: float) -> None:
+        """``peer_id`` acknowledged our heartbeat sent at ``sent``."""
+        if sent > self._echoed.get(peer_id, -math.inf):
+            self._echoed[peer_id] = sent
+
+    def echoed(self, peer_id: int) -> float:
+        """The send time of our latest heartbeat ``peer_id`` acknowledged (-inf: none)."""
+        return self._echoed.get(peer_id, -math.inf)
+
+    def silence(self, peer: Peer, now: float) -> float:
+        """For how long nothing has come from ``peer`` (inf: never heard)."""
+        return now - max(self._beats.get(peer.id, -math.inf), self._heard.get(peer.addr, -math.inf))
+
+    def conclusive(self, peer: Peer, now: float) -> bool:
+        """Whether ``peer`` may be found dead now: proven gone, or silent for ``guard``."""
+        return peer.addr in self._gone or self.silence(peer, now) >= self.guard
+
+    def wait_left(self, peer: Peer, now: float) -> float:
+        """How long until ``peer``'s silence reaches the guard (0: it has)."""
+        return max(0.0, self.guard - self.silence(peer, now))
 
     def beat(self, peer_id: int, now: float) -> None:
         """A heartbeat came from ``peer_id`` (or a tester says it is alive)."""
@@ -212,18 +266,42 @@ class FailureDetector:
         self._suspicions.pop(suspect, None)
         return [CancelTimer(ask_key(suspect))]
 
-    def retest(self, me: Peer, b: Peer, now: float, *, window: tuple[Peer, ...]) -> list[Effect]:
-        """ASKED -> ASKED: the test of ``b`` timed out, but its tester was heard from lately
-        (busy, not dead): ask it again, up to ``retests`` times. No effects (and no change)
-        if it is not so: the suspicion is then to be ended (:meth:`end`)."""
+    def ask_later(self, b: Peer, delay: float) -> list[Effect]:
+        """ASKED -> ASKED (waiting): the tester is asked again in ``delay`` (it did not
+        answer and is not proven gone, or its verdict came before ours could)."""
         s = self._suspicions.get(b.id)
-        if s is None or s.tester == b or s.retests >= self.retests:
+        if s is None or s.phase is not Phase.ASKED:
             return []
-        heard = self._heard.get(s.tester.addr)
-        if heard is None or now - heard > 2 * self.probe_timeout:
+        self._suspicions[b.id] = replace(s, waiting=True)
+        return [SetTimer(max(delay, 0.0), ask_key(b.id))]
+
+    def ask_again(self, me: Peer, b: Peer, window: tuple[Peer, ...]) -> list[Effect]:
+        """ASKED (waiting, its timer gone off) -> ASKED: the test goes to the tester again."""
+        s = self._suspicions.get(b.id)
+        if s is None or s.phase is not Phase.ASKED:
             return []
-        self._suspicions[b.id] = replace(s, retests=s.retests + 1)
+        self._suspicions[b.id] = replace(s, asked=s.asked + 1, waiting=False)
         return self._ask(me, b, s.tester, window)
+
+    def probe_instead(self, me: Peer, b: Peer) -> list[Effect]:
+        """ASKED -> PROBING: the tester is proven gone; we probe ``b`` ourselves, and bury
+        the tester with it if ``b`` is found dead."""
+        s = self._suspicions.pop(b.id, None)
+        also = (s.tester,) if s is not None and s.phase is Phase.ASKED else ()
+        out = self.probe(me, b)
+        self._suspicions[b.id] = replace(self._suspicions[b.id], also=also)
+        return out
+
+    def reprobe(self, me: Peer, b: Peer, now: float) -> list[Effect]:
+        """Probing -> Probing: no verdict yet (not proven gone, not silent for the guard):
+        probe ``b`` again, the timer at least until its silence reaches the guard."""
+        probing = self._probing.get(b.id)
+        if probing is None:
+            return []
+        if probing.probed_at is not None:
+            self._probing[b.id] = replace(probing, probed_at=now)
+        delay = max(self.probe_timeout, self.wait_left(b, now))
+        return [Send(b.addr, Probe(me)), SetTimer(delay, probe_key(b.id))]
 
     def end(self, suspect: int) -> Suspicion | None:
         """Any phase -> (none): the test gave up, the trace found a path, or the suspect

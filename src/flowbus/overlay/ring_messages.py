@@ -26,8 +26,10 @@ __all__ = [
     "BackupResync",
     "ChordQuery",
     "ChordReply",
+    "Dead",
     "Failed",
     "Heartbeat",
+    "HeartbeatAck",
     "Insert",
     "JoinAccept",
     "JoinRequest",
@@ -134,6 +136,28 @@ class ChordReply:
 class Heartbeat:
     peer: Peer
     load: float = 0.0  # the sender's load (1.0: at its limit; see ring_load)
+    sent: float = 0.0  # the sender's clock when it sent it (echoed back: its lease)
+
+
+@wire.message("ring.heartbeat_ack")
+@dataclass(frozen=True, slots=True)
+class HeartbeatAck:
+    """``peer`` got the receiver's heartbeat sent at ``sent`` (the receiver's lease runs
+    from it: see :mod:`flowbus.overlay.ring_detector`)."""
+
+    peer: Peer
+    sent: float
+
+
+@wire.message("ring.dead")
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """The ring found ``peer`` dead and took its state over (``taker``, if the sender knows
+    who): an answer to a message from it. It is not a member any more, and must come back
+    as a new one."""
+
+    peer: Peer
+    taker: Peer | None = None
 
 
 @wire.message("ring.test_neighbour")
@@ -168,6 +192,7 @@ class Alive:
 class Failed:
     suspect: Peer
     window: tuple[Peer, ...]
+    gone: bool = False  # proven gone (a connection refused), not only silent past the guard
 
 
 @wire.message("ring.set_side")

@@ -84,6 +84,7 @@ from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
+from flowbus.overlay.ring_messages import Dead, Peer
 from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
@@ -174,6 +175,9 @@ class RingBroker(Core):
         self._seq = 0
         self._delivered: OrderedDict[Any, Any] = OrderedDict()  # event id -> its subs (tuple, set)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
+        self._fenced: dict[int, Peer] = {}  # address -> the dead broker that spoke from it last
+        self._told: dict[int, float] = {}  # address -> when it was last told it is dead
+        self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
         self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
         self.flows: Flows = self.flow_side.flows  # (routing/flows.py)
@@ -207,6 +211,11 @@ class RingBroker(Core):
     @property
     def node_id(self) -> int:
         return self.ring.me.id
+
+    def serving(self, now: float) -> bool:
+        """Whether this broker may serve its clients now (the ring node's lease: see
+        :meth:`RingNode.serving <flowbus.overlay.chordal_ring.RingNode.serving>`)."""
+        return self.ring.serving(now)
 
     def peer_addrs(self) -> list[int]:
         """The live brokers this one links to (the window and chords)."""
@@ -410,6 +419,13 @@ class RingBroker(Core):
     def _publishes_from(self, src: int, events: list[Mapping[str, Any]], now: float) -> list[Effect]:
         """Events a tree neighbour sent (what ``on_message`` does with each, in one pass)."""
         self.ring.heard_from(src, now)
+        if self._fenced and src in self._fenced:
+            return self._tell_dead(src, now)
+        if self.custody:  # (copies of events sent again: see ring_custody)
+            seen = self.custodian.seen
+            events = [e for e in events if not seen(src, e[EVENT_ID])]
+            if not events:
+                return self._out([])
         for event in events:
             self._open(src, event)
         if not self.repair.orphans and not self._syncing:
@@ -421,15 +437,21 @@ class RingBroker(Core):
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
+        if self._fenced and src in self._fenced and type(msg) not in RING_MESSAGES:
+            return self._tell_dead(src, now)  # (a broker found dead: nothing it sends counts)
         match msg:
             case Confirm(ids=ids):
                 for eid in ids:
                     self.custodian.release(src, eid)
                 return self._out([])
             case HandedOver():
+                if self.custody and self.custodian.seen(src, msg.event[EVENT_ID]):
+                    return self._out([])
                 self._open(src, msg.event)
                 return self._out(self.repair.handed_over(msg))
             case Delegated():
+                if self.custody and self.custodian.seen(src, msg.event[EVENT_ID]):
+                    return self._out([])
                 self._open(src, msg.event)
                 return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
             case Unshare(keys=keys):
@@ -482,9 +504,37 @@ class RingBroker(Core):
             derived = self.flow_side.on_derived_timer()
             return self._out(self._route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now)))
-        if key == ("ring", "heartbeat") and self.express.on:  # (links measured at each round)
-            out += self.express.beat_round(self.peer_addrs(), self.tree_neighbours(), now)
+        if key == ("ring", "heartbeat"):
+            if self.custody:  # (not through _out: they are in custody already)
+                out += self._resend_stale() + self._out([])
+            if self.express.on:  # (links measured at each round)
+                out += self.express.beat_round(self.peer_addrs(), self.tree_neighbours(), now)
         return out
+
+    def _resend_stale(self) -> list[Effect]:
+        """What has waited on a live neighbour for rounds, sent to it again (a message lost
+        in a broken connection, or dropped by a broker cut off for a while); what waits for a
+        neighbour's replacement, sent again if the neighbour is back (see ring_repair)."""
+        out: list[Effect] = []
+        gone = self.repair.dead_addrs()
+        for dst, rec in self.custodian.stale():
+            if dst in gone or dst in self._fenced:
+                continue
+            msg = rec.sent.get(dst) if rec.sent else None
+            out.append(Send(dst, msg if msg is not None else cbr.Publish(rec.event)))
+        return out + self.repair.retry_live()
+
+    def _tell_dead(self, src: int, now: float) -> list[Effect]:
+        """Events, confirmations... from a broker found dead are not taken (never confirmed:
+        its publishers must not be acknowledged): it is told, once a second at most."""
+        if now - self._told.get(src, -1.0) < 1.0:
+            return []
+        self._told[src] = now
+        dead = self._fenced[src]
+        return [Send(src, Dead(dead, self.ring.redirect.get(dead.id)))]
+
+    def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
+        return self._out(self._sync(self.ring.on_peer_gone(dst, now)))
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """A failed send (a routing message too) is a failure clue for the ring; the ring's
@@ -516,6 +566,8 @@ class RingBroker(Core):
             self._syncing.discard(src)
             return []
         if isinstance(msg, cbr.Publish):
+            if self.custody and self.custodian.seen(src, msg.event[EVENT_ID]):
+                return []  # (a copy sent again: see ring_custody)
             self._open(src, msg.event)  # (from a former neighbour: dropped, confirmed)
             self.ring.routed(now)  # (the ring's load: events routed a second)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
@@ -595,7 +647,10 @@ class RingBroker(Core):
                 if repair.retry and type(e.msg) is cbr.Publish and repair.behind_kept(e.dst, e.msg.event):
                     continue
                 if step:
-                    custodian.hold(step.get(e.msg.event[EVENT_ID]), e.dst)
+                    key = step.get(e.msg.event[EVENT_ID])
+                    custodian.hold(key, e.dst)
+                    if type(e.msg) is not cbr.Publish:
+                        custodian.note(key, e.dst, e.msg)
             out.append(e)
         out.extend(custodian.end_step())
         return self.express.route(out, SPACE) if self.express.on else out
@@ -678,6 +733,8 @@ class RingBroker(Core):
             out.extend(self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed))
         if ring.joined:
             repair.known.update((p.id, p.addr) for p in ring.links())
+        if ring.dead:
+            self._fence(ring, repair.known)
         wanted = self.tree_neighbours()
         if wanted != set(self.router.neighbours):
             added = wanted - set(self.router.neighbours)
@@ -699,6 +756,16 @@ class RingBroker(Core):
                     out.extend(self._routing_message(src, msg, 0.0))
         repair.drop_orphans()  # (adopted and routed by now)
         return out + repair.resend()
+
+    def _fence(self, ring: RingNode, known: Mapping[int, int]) -> None:
+        """The addresses of brokers found dead (not those a live member speaks from now: a
+        broker restarted on its address joins anew), when the dead or the window changed."""
+        live = tuple(p.addr for p in ring.links()) if ring.joined else ()
+        sig = (len(ring.dead), live)
+        if sig == self._fence_sig:
+            return
+        self._fence_sig = sig
+        self._fenced = {known[d]: Peer(d, known[d]) for d in ring.dead if d in known and known[d] not in live}
 
 
 def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple[Hashable, ...]) -> None:

@@ -16,11 +16,18 @@ How it works:
   :attr:`Custodian.settled`, or in :attr:`Custodian.refused` if a broker further on refused
   it (secure spaces); one from a neighbour is confirmed to it, or refused upstream.
   :meth:`Custodian.due` gives those messages once per step.
+* **Sent again.** A message written into a connection that then broke is lost without a
+  notice, and a neighbour cut off for a while, not found dead, may have dropped what came.
+  So each heartbeat round (:meth:`Custodian.stale`), what has waited ``RESEND_ROUNDS``
+  rounds on a neighbour is sent to it again; a receiver takes a copy of an event it is still
+  handling as nothing new (:meth:`Custodian.seen`), and answers one it is done with, from
+  the last ``DONE`` it finished, with its confirmation again (the first was lost).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +37,12 @@ from flowbus.routing.link_classes import Refused
 
 EVENT_ID = "__flowbus_event_id"
 """The field an event carries between brokers: (publishing broker, sequence number)."""
+
+RESEND_ROUNDS = 3
+"""Heartbeat rounds an event waits on a neighbour before it is sent to it again."""
+
+DONE = 50_000
+"""How many finished records (from other brokers) a broker remembers, to confirm a copy again."""
 
 
 def publish_order(eid: Any) -> tuple[str, int]:
@@ -50,11 +63,13 @@ class Confirm:
 class Record:
     """An event this broker is responsible for until everyone it handed it to is done."""
 
-    __slots__ = ("event", "local", "refused", "retries", "src", "waiting")
+    __slots__ = ("event", "local", "refused", "retries", "round", "sent", "src", "waiting")
 
-    def __init__(self, event: Mapping[str, Any], src: int | None) -> None:
+    def __init__(self, event: Mapping[str, Any], src: int | None, round: int = 0) -> None:
         self.event = event
         self.src = src  # the broker it came from; None: published here
+        self.round = round  # the heartbeat round it was (last) sent in
+        self.sent: dict[int, Any] | None = None  # neighbour -> the message, if not a Publish
         self.waiting: set[Hashable] = set()  # neighbour addrs it was handed to
         self.local = 0  # deliveries to subscriptions here not settled by the driver yet
         self.retries = 0  # kept for the broker that takes a dead one's place
@@ -76,20 +91,58 @@ class Custodian:
         self.refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
+        self.done: OrderedDict[Key, str | None] = OrderedDict()  # finished, from others: refusal
+        self.round = 0  # heartbeat rounds so far (see stale)
 
     def open(self, src: int | None, event: Mapping[str, Any]) -> None:
         """This step routes ``event`` (from ``src``; None: published here) in custody."""
         eid = event[EVENT_ID]
         key = (src, eid)
         if key not in self.records:
-            self.records[key] = Record(event, src)
+            self.records[key] = Record(event, src, self.round)
             self.by_id.setdefault(eid, set()).add(src)
         self.step[eid] = key
+
+    def seen(self, src: int, eid: Any) -> bool:
+        """Whether an event ``src`` sent is a copy of one we are handling (nothing to do), or
+        have finished (its confirmation or refusal is due again: the first was lost)."""
+        key = (src, eid)
+        if key in self.records:
+            return True
+        done = self.done
+        if key not in done:
+            return False
+        why = done[key]
+        if why is None:
+            self.confirms.setdefault(src, []).append(eid)
+        else:
+            self.refusals.setdefault(src, []).append((eid, why))
+        return True
 
     def hold(self, key: Key | None, party: Hashable) -> None:
         rec = self.records.get(key) if key is not None else None
         if rec is not None:
             rec.waiting.add(party)
+
+    def note(self, key: Key | None, dst: int, msg: Any) -> None:
+        """What went to ``dst`` was ``msg`` (not a plain Publish: sent again as it was)."""
+        rec = self.records.get(key) if key is not None else None
+        if rec is not None:
+            if rec.sent is None:
+                rec.sent = {}
+            rec.sent[dst] = msg
+
+    def stale(self) -> Iterator[tuple[int, Record]]:
+        """A heartbeat round: ``(neighbour, record)`` for each neighbour a record has waited on
+        for ``RESEND_ROUNDS`` rounds (the record counts as sent again now)."""
+        self.round += 1
+        due = self.round - RESEND_ROUNDS
+        for rec in list(self.records.values()):
+            if rec.round <= due and rec.waiting:
+                rec.round = self.round
+                for party in list(rec.waiting):
+                    if type(party) is int:
+                        yield party, rec
 
     def waiting_on(self, party: Hashable, eid: Any) -> list[Key]:
         keys = [(s, eid) for s in self.by_id.get(eid, ())]
@@ -120,6 +173,10 @@ class Custodian:
         srcs.discard(src)
         if not srcs:
             del self.by_id[eid]
+        if src is not None:
+            self.done[key] = rec.refused
+            if len(self.done) > DONE:
+                self.done.popitem(last=False)
         if rec.refused is not None:
             if src is None:
                 self.refused.append((eid, rec.refused))

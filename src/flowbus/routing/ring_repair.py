@@ -12,6 +12,10 @@ How it works:
   of the tree the dead broker led to, so nothing there had the event yet; across the tree's
   cut only the dead broker's own subscriptions are there, so the event goes as
   :class:`HandedOver`.
+* **Or to the same broker.** A neighbour whose sends failed but that is not found dead (cut
+  off for a while, then back) gets its kept events again at the next heartbeat round
+  (:meth:`Repair.retry_live`), in each publisher's order; were they kept for a new
+  neighbour only, they would wait for ever once the link came back.
 * **Delivered to what was taken over.** When this broker takes the dead one's
   subscriptions over itself (:meth:`Repair.taken_over`), the kept events are delivered to
   them, and a handed-over event is delivered to the subscriptions taken from its dead
@@ -197,6 +201,33 @@ class Repair:
             if rec is not None and key is not None:
                 rec.retries -= 1
                 self.custodian.step[event[EVENT_ID]] = key
+        self.retry, self.retry_for = keep, keep_for
+        return out
+
+    def retry_live(self) -> list[Effect]:
+        """Kept events whose side still has the neighbour they failed to reach, alive as far
+        as the ring knows: sent to it again (in each publisher's order)."""
+        if not self.retry or not self.ring.joined:
+            return []
+        dead = self.dead_addrs()
+        out: list[Effect] = []
+        keep, keep_for = [], []
+        kept = sorted(
+            zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
+        )
+        for (event, to, side), key in kept:
+            now = self.ring.right if side > 0 else self.ring.left
+            if now is None or now.addr != to or to in dead:
+                keep.append((event, to, side))
+                keep_for.append(key)
+                continue
+            tree = to in self.router.neighbours
+            out.append(Send(to, cbr.Publish(event) if tree else HandedOver(event, to)))
+            rec = self.custodian.records.get(key) if key is not None else None
+            if rec is not None and key is not None:
+                rec.retries -= 1
+                rec.waiting.add(to)
+                self.custodian.maybe_done(key)
         self.retry, self.retry_for = keep, keep_for
         return out
 

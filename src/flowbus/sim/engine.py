@@ -23,7 +23,9 @@ transport behaves like an acknowledged link: a message dropped because its
 destination is unreachable (crashed, or a ``"link"`` / ``"partition"`` drop) is
 reported back to its live sender ``d`` time units later through the core's
 ``on_send_failed(dst, msg, now)`` (a :class:`~flowbus.core.Core` that has nothing to do
-with it keeps the default, which does nothing); random loss is never reported. All
+with it keeps the default, which does nothing), after ``on_peer_gone(dst, now)`` when the
+destination crashed (what a refused connection tells on real sockets: its process is gone;
+a cut link or a partition proves nothing of the kind); random loss is never reported. All
 randomness derives from the master seed through ``rng(name)`` (SHA-256 of
 ``"{seed}/{name}"``, never the salted built-in ``hash``), so one config and seed give
 byte-identical results. The cores are :class:`flowbus.core.Core` objects: the asyncio
@@ -55,6 +57,7 @@ _TIMER: Final = 1
 _CRASH: Final = 2
 _CALL: Final = 3
 _FAILED: Final = 4
+_GONE: Final = 5
 
 UNREACHABLE: Final = frozenset({"crash", "link", "partition"})
 """The drop reasons a ``failure_notice`` reports to the sender (a dead peer, a cut link)."""
@@ -249,7 +252,7 @@ class Simulator:
         if kind == _MSG:
             if node in self._down:
                 self.metrics.lost("crash")
-                self._notify(x, node, y, now)
+                self._notify(x, node, y, now, gone=True)
                 return
             self.metrics.received += 1
             effects = self._cores[node].on_message(x, y, now)
@@ -267,6 +270,11 @@ class Simulator:
             if node in self._down:
                 return
             effects = self._cores[node].on_send_failed(x, y, now)
+        elif kind == _GONE:
+            gone = getattr(self._cores[node], "on_peer_gone", None)
+            if node in self._down or gone is None:
+                return
+            effects = gone(x, now)
         else:
             x()
             return
@@ -303,20 +311,23 @@ class Simulator:
             return
         if dst in self._down:
             metrics.lost("crash")
-            self._notify(src, dst, msg, now)
+            self._notify(src, dst, msg, now, gone=True)
             return
         r = self._fate(src, dst, msg, now)
         if r.__class__ is str:
             metrics.lost(r)  # type: ignore[arg-type]
             if r in UNREACHABLE:
-                self._notify(src, dst, msg, now)
+                self._notify(src, dst, msg, now, gone=r == "crash")
             return
         heapq.heappush(self._heap, (now + r, self._next_seq(), _MSG, dst, src, msg))  # type: ignore[operator]
 
-    def _notify(self, src: int, dst: int, msg: Any, now: float) -> None:
-        """Tell ``src`` (later) that ``msg`` could not reach ``dst``, if notices are on."""
+    def _notify(self, src: int, dst: int, msg: Any, now: float, *, gone: bool = False) -> None:
+        """Tell ``src`` (later) that ``msg`` could not reach ``dst``, if notices are on; a
+        crashed ``dst`` is ``gone`` (told first: a refused connection, on real sockets)."""
         if self.failure_notice is None or src not in self._cores:
             return
+        if gone:
+            heapq.heappush(self._heap, (now + self.failure_notice, self._next_seq(), _GONE, src, dst, None))
         heapq.heappush(self._heap, (now + self.failure_notice, self._next_seq(), _FAILED, src, dst, msg))
         self.metrics.failure_notices += 1
 

@@ -97,6 +97,7 @@ PINNED = {
     "ring.pong": "Pong(addr, sent)",
     "ring.probe": "Probe(asker)",
     "ring.probe_ack": "ProbeAck(peer)",
+    "ring.restarted": "Restarted(previous)",
     "ring.reconnect": "Reconnect(asker, dead, window, side)",
     "ring.redirect": "Redirect(dead, to)",
     "ring.route": "RingRoute(target, payload, hops)",

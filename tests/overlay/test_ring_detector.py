@@ -96,10 +96,10 @@ def test_a_verdict_needs_a_proof_or_silence_past_the_guard() -> None:
     d.heard(B.addr, 100.0)
     assert not d.conclusive(B, 109.0) and d.wait_left(B, 104.0) == 6.0
     assert d.conclusive(B, 110.0) and d.wait_left(B, 111.0) == 0.0
-    d.gone(B.addr, 101.0)
-    assert d.is_gone(B.addr) and d.conclusive(B, 101.0)  # refused: its process is gone
-    d.heard(B.addr, 102.0)  # (something came from that address: it restarted)
-    assert not d.is_gone(B.addr) and not d.conclusive(B, 103.0)
+    d.gone(B.id, 101.0)
+    assert d.is_gone(B.id) and d.conclusive(B, 101.0)  # refused: its process is gone
+    d.heard(B.addr, 102.0)  # (a process restarted on that address is another broker)
+    assert d.is_gone(B.id) and not d.conclusive(Peer(B.id + 1, B.addr), 103.0)
     assert FailureDetector(probe_timeout=PT).conclusive(B, 0.0)  # no guard: at once
 
 

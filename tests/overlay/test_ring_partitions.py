@@ -132,3 +132,20 @@ def test_a_crash_is_a_proof_buried_without_waiting_for_the_guard() -> None:
     r.settle(10 * HB)
     assert ring_errors(r.live) == []
     assert len(owners(r)[("sub", b.addr)]) == 1
+
+
+def test_a_broker_restarted_on_its_address_again_and_again_joins_one_ring() -> None:
+    """A kill -9 and a restart on the same address, twice, at times before and after the
+    ring found it dead: the new process is a new member; the ring stays one ring."""
+    r = ring(5, seed=3)
+    order = r.by_id()
+    b = order[1]
+    for gap in (2.0, 8 * HB, 0.5):
+        r.crash([b])
+        r.sim.run(until=r.sim.now + gap)
+        through = [nd.addr for nd in r.live if nd.joined and nd is not b][:3]
+        b = r.restart(b, through)
+        r.settle(15 * HB)
+        live = [nd for nd in r.live if nd.joined]
+        assert len(live) == 5 and ring_errors(live) == [], (gap, ring_errors(live))
+        assert not any(nd.suspects for nd in live)

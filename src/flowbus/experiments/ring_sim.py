@@ -35,7 +35,7 @@ from functools import partial
 from typing import Any
 
 from flowbus.core import Core, Effect
-from flowbus.overlay.chordal_ring import Peer, RingNode
+from flowbus.overlay.chordal_ring import ANNOUNCE, Peer, RingNode
 from flowbus.overlay.class_router import Classed, LinkBeat, LinkEcho
 from flowbus.overlay.multigraph import Multigraph
 from flowbus.overlay.ring_load import Overloaded, ShareAck
@@ -153,6 +153,24 @@ class RingSim:
     def crash(self, brokers: Iterable[RingNode]) -> None:
         for nd in brokers:
             self.sim.crash(nd.addr)
+
+    def restart(self, broker: RingNode, through: Sequence[int]) -> RingNode:
+        """A crashed ``broker`` restarted on its address: a new member, joining ``through``."""
+        node = RingNode(
+            broker.addr, backup=self.backup, heartbeat=self.heartbeat, probe_timeout=self.probe_timeout,
+            ping_timeout=self.probe_timeout, **self.node_options,
+        )  # fmt: skip
+        self.nodes[self.nodes.index(broker)] = node
+        self.sim.restart(broker.addr, _Counting(node, self._receivers))
+        old = [p.addr for p in broker.window] if broker.joined else []
+        if broker.joined:  # (announced first: its old neighbours bury the member it was)
+            self.call(node.addr, lambda c: c.announce(broker.me, [*old, *through]))
+            for _ in range(ANNOUNCE + 1):
+                self.sim.run(until=self.sim.now + self.probe_timeout)
+                if node.buried is not None:
+                    break
+        self.call(node.addr, lambda c: c.join(list(through)))
+        return node
 
     def by_id(self) -> list[RingNode]:
         """The live brokers in ring order."""

@@ -61,6 +61,11 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
   and ``Deliver(("ring", "dead"), ...)`` to its driver, which comes back as a new member).
   A ring split in two takes nobody over (each broker at the cut still has a neighbour on
   its side, and no verdict through the cut); it is one ring again when the links are back.
+* Restarts. A process restarted on a member's address is not that member: before joining it
+  tells the member's old neighbours (``Restarted``, :meth:`RingNode.announce`), a proof that
+  the member is gone; they bury it at once (its state taken over as after a crash) and
+  answer ``Dead`` with its taker, and the process joins as a new member. An id is never
+  given twice (a broker restarted into the same gap gets the next free one).
 * Link failure off the ring (section 3.4.2 b): when a chord A-B fails, A routes a
   ``TracedQuery`` to B through other links, each hop appending itself. B answers with
   ``LinkDown`` along the reversed trace, and A keeps the trace as its route to B.
@@ -115,6 +120,7 @@ from flowbus.overlay.ring_messages import (
     ProbeAck,
     Reconnect,
     Redirect,
+    Restarted,
     RingRoute,
     SetSide,
     ShareState,
@@ -123,7 +129,7 @@ from flowbus.overlay.ring_messages import (
     cw,
 )
 
-__all__ = ["GUARD", "LEASE", "MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
+__all__ = ["ANNOUNCE", "GUARD", "LEASE", "MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
 
 LEASE = 3
 """A broker serves while a ring neighbour acknowledged one of its heartbeats sent within
@@ -132,6 +138,9 @@ this many heartbeat periods (:meth:`RingNode.serving`)."""
 GUARD = 4
 """A suspect is found dead without proof only once silent for this many heartbeat periods:
 past any lease it could still hold (the detector's ``guard``)."""
+
+ANNOUNCE = 5
+"""How many times a restart is announced before joining without an answer (:meth:`RingNode.announce`)."""
 
 
 # ---------------------------------------------------------------------------------- node
@@ -182,6 +191,10 @@ class RingNode(Core):
             probe_timeout=probe_timeout, guard=GUARD * heartbeat if heartbeat is not None else 0.0
         )
         self.declared_dead: Dead | None = None  # the ring found us dead (we must come back anew)
+        self.previous: Peer | None = None  # the member we were before a restart (announce)
+        self.buried: Dead | None = None  # the ring's answer: it is buried (and who took it over)
+        self._told_restart: tuple[int, ...] = ()  # where the restart was announced
+        self._announced = 0  # how many times
         self.backups = Backups()
         self.succ: list[Peer] = []  # Right, Rightright (the nearest others clockwise)
         self.pred: list[Peer] = []  # Left, Leftleft (the nearest others counter-clockwise)
@@ -327,6 +340,29 @@ class RingNode(Core):
         out.append(SetTimer(self.ping_timeout, ("ring", "join")))
         return out
 
+    def announce(self, previous: Peer, peers: Sequence[int]) -> list[Effect]:
+        """Before joining: we are a new process on the address of ``previous`` (a restart).
+        ``Restarted`` goes to ``peers`` (its old ring neighbours and our join candidates),
+        again every ``ping_timeout`` until one answers ``Dead`` naming who took it over (at
+        most ``ANNOUNCE`` times); then ``Deliver(("ring", "buried"), Dead(...))`` tells the
+        driver (its taker is None if nobody answered with one), which joins next."""
+        if self.joined:
+            raise ProtocolError(f"RingNode {self.addr}: announce a restart before joining")
+        if not peers:
+            raise ProtocolError(f"RingNode {self.addr}: no broker to announce a restart to")
+        self.previous, self.buried = previous, None
+        self._told_restart, self._announced = tuple(sorted(set(peers))), 0
+        return self._announce()
+
+    def _announce(self) -> list[Effect]:
+        assert self.previous is not None
+        self._announced += 1
+        if self._announced > ANNOUNCE:  # (nobody knows it, or nobody took it over)
+            self.buried = Dead(self.previous, None)
+            return [Deliver(("ring", "buried"), self.buried)]
+        out: list[Effect] = [Send(a, Restarted(self.previous)) for a in self._told_restart]
+        return [*out, SetTimer(self.ping_timeout, ("ring", "announce"))]
+
     def set_state(self, key: Hashable, value: Any) -> list[Effect]:
         """Set a key of the backed-up state. The copy to the holders goes out on a timer of
         delay 0, so the changes of one step of the driver (a burst of subscriptions, say)
@@ -424,14 +460,18 @@ class RingNode(Core):
             raise ProtocolError(f"RingNode {self.addr}: unknown message {msg!r} from {src}")
         if self.declared_dead is not None:
             return []  # (found dead: we are not a member any more, whatever comes)
+        if self.id is None and type(msg) not in _BEFORE_JOINING:
+            return []  # (meant for a member: maybe the one we were before a restart)
         return handler(self, src, msg, now)
 
     def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
-        """``dst``'s process is gone (a refused connection): a proof for the detector's
-        verdicts (the failed sends it explains come next); a ring neighbour is suspected."""
-        self.detector.gone(dst, now)
+        """``dst``'s process is gone (a refused connection): a proof, for the detector's
+        verdicts, that the brokers we know at that address are gone (the failed sends it
+        explains come next); a ring neighbour is suspected."""
         if not self.joined or self.declared_dead is not None:
             return []
+        for p in self._at_addr(dst):
+            self.detector.gone(p.id, now)
         near = next((p for p in (self.left, self.right) if p is not None and p.addr == dst), None)
         return self._suspect(near) if near is not None and near.id != self.id else []
 
@@ -441,6 +481,8 @@ class RingNode(Core):
         match key:
             case ("ring", "join"):
                 return self._choose_bootstrap()
+            case ("ring", "announce"):
+                return [] if self.buried is not None or self.previous is None else self._announce()
             case ("ring", "heartbeat"):
                 return self._heartbeat_round(now)
             case ("ring", "backup"):
@@ -480,6 +522,14 @@ class RingNode(Core):
             if nxt is not None:
                 out.append(Send(nxt.addr, msg))
         return out
+
+    def _at_addr(self, addr: int) -> list[Peer]:
+        """The brokers we know at ``addr``: window, chords, suspects, testers, probed."""
+        d = self.detector
+        known = [*self.window, *self.chords.values(), *d.testers()]
+        known += [s.peer for i in d.suspects if (s := d.suspicion(i)) is not None]
+        known += [pr.suspect for i in d.probed if (pr := d.probing(i)) is not None]
+        return [p for p in dict.fromkeys(known) if p.addr == addr and p.id != self.id]
 
     def _peer_id(self, addr: int) -> int:
         for p in (*self.window, *self.chords.values(), *self.detector.testers()):
@@ -526,6 +576,8 @@ class RingNode(Core):
                 rr = self.rightright
                 assert rr is not None
                 return [Send(rr.addr, JoinRequest(msg.addr, msg.hops + 1))]
+        while new_id in self.dead or new_id == me.id:  # (an id is never given twice: a broker
+            new_id = (new_id + 1) % SPACE  # restarted into the same gap is another member)
         new = Peer(new_id, msg.addr)
         everyone = [me, *self.window]
         self._take([new])
@@ -674,8 +726,16 @@ class RingNode(Core):
 
     def _on_dead(self, src: int, msg: Dead, now: float) -> list[Effect]:
         """The ring found us dead: from now on we are inert; the driver must come back as a
-        new member (a broker restarts, handing over what it holds)."""
-        if self.id is None or msg.peer.id != self.id or self.declared_dead is not None:
+        new member (a broker restarts, handing over what it holds). Before joining, the
+        answer to our ``Restarted``: the member we were is buried (and who took it over)."""
+        if self.id is None:
+            if self.previous is None or msg.peer != self.previous or self.buried is not None:
+                return []
+            if msg.taker is None and self._announced < ANNOUNCE:
+                return []  # (not who took it over yet: asked again at the next announce)
+            self.buried = msg
+            return [CancelTimer(("ring", "announce")), Deliver(("ring", "buried"), msg)]
+        if msg.peer.id != self.id or self.declared_dead is not None:
             return []
         self.declared_dead = msg
         return [Deliver(("ring", "dead"), msg)]
@@ -710,7 +770,29 @@ class RingNode(Core):
     def _on_test(self, src: int, msg: TestNeighbour, now: float) -> list[Effect]:
         if msg.asker.id in self.dead:
             return self._tell_dead(src, msg.asker)
+        b = msg.suspect
+        if self.detector.is_gone(b.id):  # (a proof here: no probe needed)
+            return [Send(msg.asker.addr, Failed(b, (self.me, *self._side(-self._side_of(b))), True))]
         return self.detector.test(self.me, msg, now)
+
+    def _on_restarted(self, src: int, msg: Restarted, now: float) -> list[Effect]:
+        """A new process speaks from the address of ``msg.previous``: that member is gone (a
+        proof). Answered ``Dead`` once buried; a ring neighbour is suspected (or asked about
+        again) so that its burial comes at once."""
+        prev = msg.previous
+        if prev.id in self.dead:
+            return self._tell_dead(src, prev)
+        if prev.id == self.id or not any(p.id == prev.id for p in self._at_addr(prev.addr)):
+            return []
+        self.detector.gone(prev.id, now)
+        if prev not in (self.left, self.right):
+            return []
+        s = self.detector.suspicion(prev.id)
+        if s is None:
+            return self._suspect(prev)
+        if s.phase is Phase.ASKED:
+            return self.detector.ask_again(self.me, prev, self._far_side(self._side_of(prev)))
+        return []
 
     def _on_probe(self, src: int, msg: Probe, now: float) -> list[Effect]:
         if msg.asker.id in self.dead:
@@ -740,7 +822,7 @@ class RingNode(Core):
         peer = self._known(suspect) or probing.suspect
         if timer and self.detector.answered_late(suspect, peer):
             return self.detector.answered(self.me, peer)
-        gone = self.detector.is_gone(peer.addr)
+        gone = self.detector.is_gone(peer.id)
         if not (gone or (timer and self.detector.conclusive(peer, now))):
             return self.detector.reprobe(self.me, peer, now) if timer else []
         self.detector.unanswered(suspect)
@@ -786,7 +868,7 @@ class RingNode(Core):
             self.detector.end(suspect)
             return []
         far = self._far_side(self._side_of(b))
-        if self.detector.is_gone(s.tester.addr):
+        if self.detector.is_gone(s.tester.id):
             return self.detector.probe_instead(self.me, b)
         if timer:
             return self.detector.ask_again(self.me, b, far)
@@ -994,6 +1076,7 @@ _HANDLERS: dict[type, _Handler] = {
     Heartbeat: RingNode._on_heartbeat,
     HeartbeatAck: RingNode._on_heartbeat_ack,
     Dead: RingNode._on_dead,
+    Restarted: RingNode._on_restarted,
     TestNeighbour: RingNode._on_test,
     Probe: RingNode._on_probe,
     ProbeAck: RingNode._on_probe_ack,
@@ -1007,6 +1090,9 @@ _HANDLERS: dict[type, _Handler] = {
     TracedQuery: RingNode._on_traced,
     LinkDown: RingNode._on_link_down,
 }
+
+_BEFORE_JOINING = frozenset({Ping, Pong, JoinAccept, Dead})
+"""What a broker not in the ring yet reads (the rest is meant for a member)."""
 
 MESSAGES: frozenset[type] = frozenset(_HANDLERS)
 """The message types a :class:`RingNode` reads (a core it runs inside passes these on)."""

@@ -146,7 +146,7 @@ class FailureDetector:
         self._probing: dict[int, Probing] = {}  # suspect id -> the probe we run of it
         self._beats: dict[int, float] = {}  # peer id -> its last heartbeat (or Alive)
         self._heard: dict[int, float] = {}  # address -> when anything last came from it
-        self._gone: dict[int, float] = {}  # address -> when a connection to it was refused
+        self._gone: dict[int, float] = {}  # broker id -> when a connection to it was refused
         self._echoed: dict[int, float] = {}  # peer id -> our send time of its latest HeartbeatAck
 
     # -- views
@@ -183,18 +183,18 @@ class FailureDetector:
     # -- liveness
 
     def heard(self, addr: int, now: float) -> None:
-        """Something came from ``addr`` (a proof that it was gone is void: it restarted)."""
+        """Something came from ``addr``."""
         self._heard[addr] = now
-        if self._gone:
-            self._gone.pop(addr, None)
 
-    def gone(self, addr: int, now: float) -> None:
-        """A connection to ``addr`` was refused: its host answered, nothing listens there."""
-        self._gone[addr] = now
+    def gone(self, peer_id: int, now: float) -> None:
+        """Broker ``peer_id`` is gone: a connection to its address was refused (its host
+        answered, nothing listens there), or it came back as a new process. Kept by id: a
+        process restarted on the address is another broker, with an id of its own."""
+        self._gone[peer_id] = now
 
-    def is_gone(self, addr: int) -> bool:
-        """Whether ``addr`` was proven gone (refused, and nothing heard from it since)."""
-        return addr in self._gone
+    def is_gone(self, peer_id: int) -> bool:
+        """Whether broker ``peer_id`` was proven gone."""
+        return peer_id in self._gone
 
     def echo(self, peer_id: int, sent: float) -> None:
         """``peer_id`` acknowledged our heartbeat sent at ``sent``."""
@@ -211,7 +211,7 @@ class FailureDetector:
 
     def conclusive(self, peer: Peer, now: float) -> bool:
         """Whether ``peer`` may be found dead now: proven gone, or silent for ``guard``."""
-        return peer.addr in self._gone or self.silence(peer, now) >= self.guard
+        return peer.id in self._gone or self.silence(peer, now) >= self.guard
 
     def wait_left(self, peer: Peer, now: float) -> float:
         """How long until ``peer``'s silence reaches the guard (0: it has)."""

@@ -41,6 +41,7 @@ __all__ = [
     "ProbeAck",
     "Reconnect",
     "Redirect",
+    "Restarted",
     "RingRoute",
     "SetSide",
     "ShareState",
@@ -147,6 +148,15 @@ class HeartbeatAck:
 
     peer: Peer
     sent: float
+
+
+@wire.message("ring.restarted")
+@dataclass(frozen=True, slots=True)
+class Restarted:
+    """The sender is a new process on the address of ``previous``, which is gone: a proof
+    (its state may be taken over now). Answered ``Dead`` once the ring has buried it."""
+
+    previous: Peer
 
 
 @wire.message("ring.dead")

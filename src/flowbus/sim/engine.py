@@ -171,6 +171,15 @@ class Simulator:
         else:
             heapq.heappush(self._heap, (when, self._next_seq(), _CRASH, node, None, None))
 
+    def restart(self, node: int, core: Core) -> None:
+        """A crashed ``node`` comes back now as ``core``: a new process on the same address,
+        with none of the old one's state or timers (what a restarted broker is)."""
+        if node not in self._down:
+            raise SimError(f"restart: node {node} is not down")
+        self._down.discard(node)
+        self._cores[node] = core
+        self._timers[node] = {}
+
     def schedule(self, at: float, action: Callable[[], object]) -> None:
         """Call ``action()`` at time ``at`` (a control step: fail a link, heal a partition...)."""
         heapq.heappush(self._heap, (self._at(at), self._next_seq(), _CALL, EXTERNAL, action, None))

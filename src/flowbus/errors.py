@@ -197,7 +197,8 @@ class ClientError(FlowbusError):
 
 
 class PublishError(ClientError):
-    """A broker refused a published event: ``pseq`` numbers it, ``reason`` is the broker's."""
+    """A broker refused a published event, or the client gave it up (unacknowledged after its
+    ``publish_timeout``): ``pseq`` numbers it, ``reason`` is the broker's, or the client's."""
 
     def __init__(self, pseq: int, reason: str) -> None:
         self.pseq = pseq

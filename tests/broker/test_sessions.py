@@ -154,3 +154,45 @@ def test_step_interval_is_seconds_from_0_to_1() -> None:
     for bad in (-0.1, 2, "5ms", True):
         with pytest.raises(ConfigError, match="step_interval"):
             BrokerConfig.from_mapping({"step_interval": bad})
+
+
+def test_a_keepalive_tick_writes_keepalive_only_to_the_sessions_idle_since_the_last_tick() -> None:
+    async def turns() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        server, _ = sessions()
+        server.keepalive = 3600.0  # (the ticks are called below, one by one)
+        readers = {c: asyncio.StreamReader() for c in "ab"}
+        writers = {c: Writer() for c in "ab"}
+        tasks = [
+            asyncio.create_task(server.serve(p.Hello(c), readers[c], writers[c], [], FrameDecoder()))
+            for c in "ab"
+        ]
+        await turns()
+        assert server._tick is not None  # (one timer for all the sessions)
+        server._keepalive()  # both wrote their Welcome since the start: nothing
+        readers["a"].feed_data(frame(encode(p.Subscribe(1, "s", "events", "x > 1"))))
+        await turns()
+        server._keepalive()  # a wrote its Reply: nothing; b idle: a keepalive
+        server._keepalive()  # both idle since the last tick (a keepalive is no news)
+        assert written(writers["a"]) == [WELCOME, p.Reply(1, True), p.Keepalive()]
+        assert written(writers["b"]) == [WELCOME, p.Keepalive(), p.Keepalive()]
+        for c in "ab":
+            readers[c].feed_eof()
+        await asyncio.gather(*tasks)
+        server._keepalive()  # no session left: the timer stops
+        assert server._tick is None
+        server.queues.close()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_keepalive_is_seconds_over_0() -> None:
+    assert BrokerConfig.from_mapping({"keepalive": 0.25}).keepalive == 0.25
+    assert DEFAULT.keepalive == 1.0
+    for bad in (0, -1, "1s", True, None):
+        with pytest.raises(ConfigError, match="keepalive: seconds > 0"):
+            BrokerConfig.from_mapping({"keepalive": bad})

@@ -41,6 +41,7 @@ PINNED = {
     "client.error": "Error(what)",
     "client.events": "Events(batch)",
     "client.hello": "Hello(client, version, token)",
+    "client.keepalive": "Keepalive()",
     "client.nack": "Nack(pseq, error)",
     "client.pub_ack": "PubAck(batch)",
     "client.publish": "Publish(space, batch)",

@@ -18,6 +18,9 @@ A YAML file (``flowbus broker start --config FILE``)::
                                 # each read takes what arrived meanwhile, so a steady stream
                                 # of publishes goes to the core in fewer, larger steps; a
                                 # connection quiet for longer is read at once
+    keepalive: 1.0              # seconds: a client connection the broker wrote nothing to
+                                # for this long is sent a keepalive frame (clients drop a
+                                # broker they hear nothing from for their idle_timeout)
     advertising: false          # publishers advertise first; subscriptions are forwarded
                                 # only towards brokers with an overlapping advertisement
     load_limit: null            # ring state entries (subscriptions...) a broker holds before
@@ -66,6 +69,7 @@ _LIMITS = (
     "memory",
     "linger",
     "step_interval",
+    "keepalive",
     "advertising",
     "load_limit",
     "rate_limit",
@@ -85,6 +89,7 @@ class BrokerConfig:
     memory: int = 2000
     linger: float = 30.0
     step_interval: float = 0.005  # seconds between two reads of a publishing client connection
+    keepalive: float = 1.0  # seconds: a client connection written nothing for this long gets a keepalive
     advertising: bool = False
     load_limit: int | None = None
     rate_limit: float | None = None
@@ -119,6 +124,12 @@ class BrokerConfig:
             raise ConfigError(f"step_interval: seconds >= 0 (0: read at once), got {self.step_interval!r}")
         if not 0 <= self.step_interval <= 1:
             raise ConfigError(f"step_interval: seconds from 0 to 1, got {self.step_interval!r}")
+        if (
+            isinstance(self.keepalive, bool)
+            or not isinstance(self.keepalive, int | float)
+            or not self.keepalive > 0
+        ):
+            raise ConfigError(f"keepalive: seconds > 0, got {self.keepalive!r}")
         if not self.heartbeat > 0 or not self.linger >= 0:
             raise ConfigError(f"heartbeat > 0 and linger >= 0, got {self.heartbeat!r}, {self.linger!r}")
         if self.window < 1 or self.memory < 1:

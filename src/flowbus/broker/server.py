@@ -154,6 +154,7 @@ class Broker:
             flows=self.flows,
             acl=config.acl,
             step_interval=config.step_interval,
+            keepalive=config.keepalive,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
         self.adapt = AdaptLog(core, self.address, log) if isinstance(core, RingBroker) else None

@@ -38,6 +38,12 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   client (replies, deliveries, publish acknowledgements) and writes it once, at the end of
   the step: the acknowledgements in one ``PubAck``, the deliveries in ``Events`` frames of at
   most 2,000 rows.
+* **Keepalive.** One timer for all the sessions ticks every ``keepalive`` seconds (the
+  config's, 1 s by default); at each tick a session that wrote nothing since the last one
+  is written a ``Keepalive`` frame (ready-made bytes). A client thus hears from a live broker
+  at least every two ticks, and one that hears nothing for its ``idle_timeout`` (10 s by
+  default) takes the broker for paused or cut off and moves to another. The timer runs
+  while there are sessions.
 * **Deliveries per connection.** An event goes to a connection once, in one row naming
   every subscription of the connection it is for, numbered on the connection (``cseq``).
   The row waits in ``inflight`` until the client acknowledges its number (``Ack``: ranges
@@ -81,6 +87,9 @@ __all__ = ["EVENTS_PER_FRAME", "Session", "Sessions"]
 EVENTS_PER_FRAME = 2000
 """Deliveries per ``Events`` frame (frames stay well under the size limit)."""
 
+KEEPALIVE = frame(encode(p.Keepalive()))
+"""The keepalive frame, encoded once."""
+
 READ_BYTES = 1 << 14
 """What one read of a connection takes at most, one step of the core: a broker behind a paced
 publisher takes its backlog in steps of a few hundred events, each step's deliveries written
@@ -97,6 +106,7 @@ class Session:
         self.subs: set[str] = set()  # the subscriptions attached to this connection
         self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
         self.closed = False
+        self.wrote = False  # whether it wrote since the last keepalive tick
         self.publishing = False  # whether its last read held publishes (a stream: see "Steps")
         self.cseq = 0  # the last delivery number on this connection
         self.inflight: dict[int, Sent] = {}  # delivery number -> what is sent, unacknowledged
@@ -188,6 +198,15 @@ class Session:
         self._out, self._acks, self._events, self._last = [], [], [], None
         if msgs:
             self.writer.write(b"".join(frame(encode(m)) for m in msgs))
+            self.wrote = True
+
+    def tick(self) -> None:
+        """A keepalive tick: write ``Keepalive`` if nothing was written since the last one
+        (nor is due at the end of this step)."""
+        if self.wrote or self._flush_due or self.closed:
+            self.wrote = False
+        else:
+            self.writer.write(KEEPALIVE)
 
     def close(self) -> None:
         """Write what is gathered and close the connection."""
@@ -199,7 +218,8 @@ class Session:
 
 class Sessions:
     """The client connections of a broker (see the module note). ``welcome`` gives the
-    ``Welcome`` a new session is sent (the ring's brokers change)."""
+    ``Welcome`` a new session is sent (the ring's brokers change); ``keepalive``: seconds
+    between two keepalive ticks (None: no keepalives)."""
 
     def __init__(
         self,
@@ -211,9 +231,12 @@ class Sessions:
         flows: BrokerFlows,
         acl: Acl | None = None,
         step_interval: float = 0.0,
+        keepalive: float | None = None,
     ) -> None:
         self.welcome = welcome
         self.step_interval = step_interval  # seconds between two reads of one connection
+        self.keepalive = keepalive
+        self._tick: asyncio.TimerHandle | None = None  # the next keepalive tick
         self.acl = acl or Acl()
         self.ledger = ledger
         self.queues = queues
@@ -250,6 +273,8 @@ class Sessions:
             self._end(old, bye=False)
         self.by_client[hello.client] = session
         session.send(self.welcome())
+        if self._tick is None and self.keepalive is not None:
+            self._tick = asyncio.get_running_loop().call_later(self.keepalive, self._keepalive)
         bye = False
         loop, began = asyncio.get_running_loop(), -math.inf
         try:
@@ -274,6 +299,14 @@ class Sessions:
             self._end(session, bye=bye)
             if task is not None:
                 self._tasks.discard(task)
+
+    def _keepalive(self) -> None:
+        """A keepalive tick (see "Keepalive"): the next one is due while there are sessions."""
+        self._tick = None
+        for session in self.by_client.values():
+            session.tick()
+        if self.by_client and self.keepalive is not None:
+            self._tick = asyncio.get_running_loop().call_later(self.keepalive, self._keepalive)
 
     def _identity(self, hello: p.Hello, writer: asyncio.StreamWriter) -> str | None:
         """The client certificate's name (a client's, not a broker's), else the token's identity."""
@@ -384,6 +417,9 @@ class Sessions:
 
     def close(self) -> None:
         """Close every connection (the broker stops): nothing more is written."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
         for session in list(self.by_client.values()):
             session.closed = True
             session.writer.close()

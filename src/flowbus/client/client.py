@@ -17,7 +17,12 @@ How it works (the client protocol is in :mod:`flowbus.client.protocol`):
   it waits only when ``window`` publishes are unacknowledged (backpressure). The broker
   acknowledges a publish once every matching subscriber's broker has it in custody or on
   disk; :meth:`Client.flush` waits for that. An event the broker refused raises
-  :class:`PublishError` from the next ``publish`` or ``flush``.
+  :class:`PublishError` from the next ``publish`` or ``flush``; so does one not acknowledged
+  within ``publish_timeout`` seconds of its ``publish`` (None, the default: no limit). It is
+  given up: no longer unacknowledged, never sent again, its late acknowledgement ignored. A
+  timer checks the oldest unacknowledged publishes (every tenth of the timeout, between
+  0.05 and 1 s) while there are any; the reason says where the client was then (connected
+  to which broker, since when; or how long without one, and the last error).
 * **Subscribing.** A :class:`Subscription` is an async iterator of events. An event is
   acknowledged to the broker when the application takes it from the iterator.
 * **Reconnecting.** If the connection drops, the client connects to another broker of the
@@ -27,6 +32,15 @@ How it works (the client protocol is in :mod:`flowbus.client.protocol`):
   tries the next one). Every delivery carries its event's id; the client drops an id it
   has handed to the application already (at least the last ``dedup`` ids per subscription), so the
   application sees every event exactly once.
+* **Silent brokers.** A broker writes something to each client at least every two of its
+  ``keepalive`` periods (2 s by default; a ``Keepalive`` when it has nothing else). A broker
+  the client has heard nothing from for ``idle_timeout`` seconds (10 by default; None: wait
+  for ever) is taken for paused or cut off (the kernel may keep its TCP connection open all
+  the while): the client aborts the connection and reconnects to the next broker as if it
+  had been lost. This holds while it waits for ``Welcome`` and while it re-attaches its
+  subscriptions too (and opening a connection, TLS included, takes at most 5 s, or
+  ``idle_timeout`` if less). One timer per connection watches the time of the last read; a
+  read only notes the time.
 * **Status.** :attr:`Client.status` is one :class:`Status`: ``NEW`` until :meth:`Client.open`,
   ``CONNECTING`` while it looks for a broker (at first and after a drop), ``CONNECTED`` once a
   broker welcomed it and every subscription is re-attached, ``CLOSED`` after :meth:`Client.close`.
@@ -59,6 +73,11 @@ filter language's always-true filter (:meth:`flowbus.filters.Filter.true`). The 
 carries a filter's text, so the brokers see nothing new."""
 
 
+WATCH_TURNS = 4
+"""Turns of the event loop the idle watchdog waits, once a broker seems silent, before it
+drops the connection (what came meanwhile is read in those turns)."""
+
+
 class Status(enum.Enum):
     """Where a :class:`Client` is in its life."""
 
@@ -77,12 +96,17 @@ def connect(
     connect_timeout: float = 30.0,
     tls: ssl.SSLContext | None = None,
     token: str | None = None,
+    idle_timeout: float | None = 10.0,
+    publish_timeout: float | None = None,
 ) -> Client:
     """A client of the brokers at ``addresses`` (``"host:port"``); use it as
     ``async with connect(...) as client`` (or ``await client.open()`` / ``close()``).
     ``tls``: connect in TLS with this context (:func:`flowbus.net.tls.client_context`:
     the ring's authority, and a client certificate naming the identity, if any);
-    ``token``: the identity's token, sent in ``Hello`` (docs/security.md)."""
+    ``token``: the identity's token, sent in ``Hello`` (docs/security.md);
+    ``idle_timeout``: seconds without a frame from the broker before the client moves to
+    another (None: never); ``publish_timeout``: seconds a publish may stay unacknowledged
+    before it is given up with a :class:`PublishError` (None: no limit)."""
     return Client(
         addresses,
         name=name,
@@ -92,6 +116,8 @@ def connect(
         connect_timeout=connect_timeout,
         tls=tls,
         token=token,
+        idle_timeout=idle_timeout,
+        publish_timeout=publish_timeout,
     )
 
 
@@ -109,6 +135,8 @@ class Client:
         connect_timeout: float = 30.0,
         tls: ssl.SSLContext | None = None,
         token: str | None = None,
+        idle_timeout: float | None = 10.0,
+        publish_timeout: float | None = None,
     ) -> None:
         if not addresses:
             raise ClientError("connect: give at least one broker address (host:port)")
@@ -116,6 +144,11 @@ class Client:
             _split(a)
         if window < 1 or dedup < 1:
             raise ClientError(f"window and dedup are >= 1, got {window}, {dedup}")
+        for option, value in (("idle_timeout", idle_timeout), ("publish_timeout", publish_timeout)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            ):
+                raise ClientError(f"{option}: seconds > 0 or None, got {value!r}")
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
         self.window = window
         self.dedup = dedup
@@ -123,13 +156,17 @@ class Client:
         self.connect_timeout = connect_timeout
         self.tls = tls
         self.token = token
-        self._last_error: str | None = None  # why the last connection attempt failed
+        self.idle_timeout = idle_timeout
+        self.publish_timeout = publish_timeout
+        self._last_error: str | None = None  # why the last connection failed or ended
         self.spaces: dict[str, Schema | None] = {}
         self.broker: str | None = None  # the broker we are connected to
         self.reconnects = 0
         self._addresses: deque[str] = deque(dict.fromkeys(addresses))
         self._pseq = 0
-        self._unacked: OrderedDict[int, tuple[str, dict[str, Any]]] = OrderedDict()
+        # pseq -> (space, event, when it was published), in pseq order
+        self._unacked: OrderedDict[int, tuple[str, dict[str, Any], float]] = OrderedDict()
+        self._expiry: asyncio.TimerHandle | None = None  # the next check of publish_timeout
         self._to_send: list[int] = []
         self._errors: list[PublishError] = []
         self._acked = asyncio.Event()
@@ -149,6 +186,10 @@ class Client:
         self.status = Status.NEW
         self._homeless_since: float | None = None  # when a resume first found subscriptions
         # no broker serves (reset once all are re-attached): resume_timeout counts from it
+        self._since: float | None = None  # when the client last became connected, or lost it
+        self._heard = 0.0  # when the broker last sent something (read by the idle watchdog)
+        self._silent: str | None = None  # why the watchdog dropped the connection
+        self._watchdog: asyncio.Handle | None = None
 
     # -- life cycle
 
@@ -175,6 +216,9 @@ class Client:
     async def close(self) -> None:
         """Say goodbye (non-durable subscriptions end) and close."""
         self.status = Status.CLOSED
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._writer is not None and not self._writer.is_closing():
             self._flush()
             with contextlib.suppress(Exception):
@@ -205,13 +249,17 @@ class Client:
             await self._acked.wait()
             self._raise_errors()
         self._pseq += 1
-        self._unacked[self._pseq] = (space, dict(event))
+        loop = asyncio.get_running_loop()
+        self._unacked[self._pseq] = (space, dict(event), loop.time())
         self._to_send.append(self._pseq)
         self._flush_soon()
+        if self._expiry is None and self.publish_timeout is not None:
+            self._expiry = loop.call_later(_expiry_check(self.publish_timeout), self._expire)
         return self._pseq
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Wait until every publish so far is acknowledged (or refused: raises)."""
+        """Wait until every publish so far is acknowledged (or refused, or given up after
+        ``publish_timeout``: raises :class:`PublishError`)."""
 
         async def drained() -> None:
             while self._unacked:
@@ -252,6 +300,39 @@ class Client:
     def _raise_errors(self) -> None:
         if self._errors:
             raise self._errors.pop(0)
+
+    def _expire(self) -> None:
+        """Give up the publishes unacknowledged for ``publish_timeout`` (the oldest come
+        first: the check stops at the first younger one); again later while any are left."""
+        self._expiry = None
+        timeout = self.publish_timeout
+        if timeout is None or self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        now, unacked = loop.time(), self._unacked
+        expired = []
+        for pseq, (_, _, at) in unacked.items():
+            if now - at < timeout:
+                break
+            expired.append(pseq)
+        if expired:
+            reason = f"not acknowledged within {timeout:g} s ({self._whereabouts(now)})"
+            for pseq in expired:
+                del unacked[pseq]
+                self._errors.append(PublishError(pseq, reason))
+            self._acked.set()
+        if unacked:
+            self._expiry = loop.call_later(_expiry_check(timeout), self._expire)
+
+    def _whereabouts(self, now: float) -> str:
+        """Where the client has been lately: connected to which broker since when, or why not."""
+        since = "" if self._since is None else f" {now - self._since:.1f} s"
+        if self.status is Status.CONNECTED:
+            return f"connected to {self.broker} since{since}"
+        if self.broker is not None:
+            return f"re-attaching subscriptions at {self.broker}"
+        out = f"no broker reachable{' for' if since else ''}{since}"
+        return f"{out}: last error {self._last_error}" if self._last_error else out
 
     # -- subscribing
 
@@ -457,10 +538,10 @@ class Client:
             try:
                 host, port = _split(address)
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port, ssl=self.tls), 5.0
+                    asyncio.open_connection(host, port, ssl=self.tls), min(5.0, self.idle_timeout or 5.0)
                 )
             except (TimeoutError, OSError) as e:  # (an ssl.SSLError is an OSError: a bad certificate)
-                self._last_error = str(e) or type(e).__name__
+                self._last_error = f"{address}: {str(e) or type(e).__name__}"
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
@@ -469,8 +550,8 @@ class Client:
                 await self._serve(address, reader, writer)
             except FlowbusError as e:  # (refused, or the protocol broken: not again at once)
                 self._last_error, pause = str(e), 0.5
-            except (OSError, ConnectionError, asyncio.IncompleteReadError):
-                pass
+            except (OSError, ConnectionError, asyncio.IncompleteReadError) as e:
+                self._last_error = self._silent or f"{address}: {str(e) or type(e).__name__}"
             finally:
                 self._down()
                 writer.close()
@@ -481,6 +562,7 @@ class Client:
     def _down(self) -> None:
         if self.status is Status.CONNECTED:
             self.status = Status.CONNECTING
+            self._since = asyncio.get_running_loop().time()
         self._up.clear()
         self._writer = None
         self.broker = None
@@ -490,38 +572,79 @@ class Client:
                 fut.set_exception(ClientError("the connection to the broker was lost; try again"))
 
     async def _serve(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve the connection to ``address`` until it ends (raises why), watched for
+        silence (see "Silent brokers")."""
+        loop = asyncio.get_running_loop()
+        self._heard, self._silent = loop.time(), None
+        if self.idle_timeout is not None:
+            self._watchdog = loop.call_at(self._heard + self.idle_timeout, self._watch, address, writer)
+        try:
+            await self._session(address, reader, writer)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+                self._watchdog = None
+
+    def _watch(self, address: str, writer: asyncio.StreamWriter, turns: int = 0) -> None:
+        """The idle watchdog: due ``idle_timeout`` after the last read. If nothing came
+        meanwhile, it looks again for a few turns of the loop (bytes that arrived while the
+        loop was blocked take a turn or two to be read: a blocked loop is no silent broker),
+        then aborts the connection (closing it would wait for the unwritten bytes)."""
+        loop, idle = asyncio.get_running_loop(), self.idle_timeout
+        assert idle is not None
+        due = self._heard + idle
+        if loop.time() < due:
+            self._watchdog = loop.call_at(due, self._watch, address, writer)
+        elif turns < WATCH_TURNS:
+            self._watchdog = loop.call_soon(self._watch, address, writer, turns + 1)
+        else:
+            self._watchdog = None
+            self._silent = f"{address} sent nothing for {idle:g} s (idle_timeout)"
+            writer.transport.abort()
+
+    async def _read(self, reader: asyncio.StreamReader) -> bytes:
+        """What came from the broker (its time noted for the watchdog); ConnectionError at
+        the end of the connection."""
+        data = await reader.read(1 << 16)
+        if not data:
+            raise ConnectionError(self._silent or "the broker closed the connection")
+        self._heard = asyncio.get_running_loop().time()
+        return data
+
+    async def _session(
+        self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One connection's protocol: ``Hello``, ``Welcome``, advertisements and subscriptions
+        again, unacknowledged publishes again, then every message as it comes."""
         writer.write(frame(encode(p.Hello(self.name, token=self.token))))
         frames = FrameDecoder()
         welcome: p.Welcome | None = None
+        bodies: list[bytes] = []
         while welcome is None:
-            data = await reader.read(1 << 16)
-            if not data:
-                return
-            bodies = frames.feed(data)
-            if bodies:
-                first = decode(bodies[0])
+            bodies = frames.feed(await self._read(reader))
+            while bodies and welcome is None:
+                first = decode(bodies.pop(0))
+                if isinstance(first, p.Keepalive):
+                    continue
                 if isinstance(first, p.Error):
                     raise ClientError(f"{address} refused the connection: {first.what}")
                 if not isinstance(first, p.Welcome):
                     raise ClientError(f"{address} is not a flowbus broker (it said {type(first).__name__})")
                 welcome = first
-                bodies = bodies[1:]
         self._welcome(welcome)
         self._epoch += 1
         self._writer = writer
         for adv_id, (space, filt) in self._adverts.items():  # (before any publish is re-sent)
             writer.write(frame(encode(p.Advertise(next(self._req), adv_id, space, filt))))
         if not await self._resume(reader, frames, bodies):
-            return
+            raise ConnectionError(f"{address} does not serve every subscription (not here)")
         self.status = Status.CONNECTED
+        self._since = asyncio.get_running_loop().time()
         self._up.set()
         self._to_send = list(self._unacked)  # whatever was not acknowledged, again
         self._flush()
         while True:
-            data = await reader.read(1 << 16)
-            if not data:
-                return
-            for body in frames.feed(data):
+            for body in frames.feed(await self._read(reader)):
                 self._on_message(decode(body))
 
     def _welcome(self, w: p.Welcome) -> None:
@@ -565,10 +688,7 @@ class Client:
             while reqs:
                 bodies, early = early, []
                 if not bodies:
-                    data = await reader.read(1 << 16)
-                    if not data:
-                        raise ConnectionError("the broker closed the connection")
-                    bodies = frames.feed(data)
+                    bodies = frames.feed(await self._read(reader))
                 for body in bodies:
                     got = decode(body)
                     if isinstance(got, p.Reply) and got.req in reqs:
@@ -608,6 +728,8 @@ class Client:
                 sub = self._subs.pop(msg.sub_id, None)
                 if sub is not None:
                     sub._end(SubscribeError(f"subscription {msg.sub_id!r} ended: {msg.error}"))
+            case p.Keepalive():
+                pass  # (its coming is what counts: see "Silent brokers")
             case p.Error():
                 raise ClientError(f"the broker closed the connection: {msg.what}")
             case _:
@@ -628,6 +750,11 @@ class Client:
             else:  # (no subscription of ours wants it any more, or it was a duplicate)
                 self._taken.append(cseq)
                 self._flush_soon()
+
+
+def _expiry_check(publish_timeout: float) -> float:
+    """Seconds between two checks for publishes unacknowledged for ``publish_timeout``."""
+    return min(1.0, max(0.05, publish_timeout / 10))
 
 
 def _ranges(numbers: list[int]) -> list[tuple[int, int]]:

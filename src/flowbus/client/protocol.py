@@ -52,6 +52,9 @@ Broker -> client:
   identity was revoked: the broker closes it after this.
 * :class:`SubEnded` ``(sub_id, error)``: the broker ended the subscription (its client's
   identity lost the right to it): no more events come for it.
+* :class:`Keepalive` ``()``: the broker has written nothing else to the connection for a
+  while (its ``keepalive``, 1 s by default); a client hears from a live broker at least
+  every two of them, and takes a broker silent for longer than its ``idle_timeout`` for gone.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ __all__ = [
     "Error",
     "Events",
     "Hello",
+    "Keepalive",
     "ListFlows",
     "Nack",
     "PubAck",
@@ -382,6 +386,12 @@ class ReloadAcl:
 class SubEnded:
     sub_id: str
     error: str
+
+
+@wire.message("client.keepalive")
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """Broker -> client: nothing else was written to the connection since the last tick."""
 
 
 NOT_HERE = "not here"

@@ -12,6 +12,10 @@ Three branches say whose fault it is:
 * :class:`InternalError`: flowbus broke one of its own rules (two classes claiming one
   wire tag, say): a bug to report.
 
+:class:`StoreFull` is nobody's fault in that sense: the machine ran out of disk under a
+broker's store. The write that raised it changed nothing, and the same write succeeds once
+space returns; a broker keeps what it could not write in memory and writes it again.
+
 :class:`ClientError` is what a client call could not do: the broker refused it
 (:class:`PublishError`, :class:`SubscribeError`, with the broker's reason) or no broker
 could be reached.
@@ -32,6 +36,7 @@ could be reached.
     │   └── ExperimentError
     ├── ProtocolError ── FrameError
     ├── ClientError ── PublishError, SubscribeError
+    ├── StoreFull
     └── InternalError
 """
 
@@ -56,6 +61,7 @@ __all__ = [
     "SchemaError",
     "SimError",
     "StoreError",
+    "StoreFull",
     "SubscribeError",
     "SubscriptionError",
     "TopologyError",
@@ -208,6 +214,27 @@ class PublishError(ClientError):
 
 class SubscribeError(ClientError):
     """A broker refused a subscription or an unsubscription; the message says why."""
+
+
+# ----------------------------------------------------------------------------------- environment
+
+
+class StoreFull(FlowbusError):
+    """A broker's store could not write: its disk or database is full (SQLite's "database or
+    disk is full", or a "disk I/O error"). ``path`` names the store, ``operation`` the write
+    (``"queue 3 events"``), ``reason`` SQLite's words. The write was rolled back: the store is
+    as it was, and the same write may succeed once space returns.
+
+    Not a :class:`StoreError`: that one is a :class:`UserError`, a change refused because of
+    what the caller asked (a duplicate id), and asking again is refused again. Here the
+    request was fine and the machine was not; a caller keeps what it meant to write and
+    tries again later (the broker's queues and ledger do, :mod:`flowbus.broker.queues`)."""
+
+    def __init__(self, path: str, operation: str, reason: str) -> None:
+        self.path = path
+        self.operation = operation
+        self.reason = reason
+        super().__init__(f"the store {path} is full: cannot {operation} ({reason})")
 
 
 # -------------------------------------------------------------------------------------- internal

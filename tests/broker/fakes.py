@@ -51,6 +51,10 @@ class FakeCore:
         self.calls.append(("settle", list(counts)))
         return []
 
+    def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
+        self.calls.append(("refuse", list(items)))
+        return []
+
     def called(self, name: str) -> list[tuple[Any, ...]]:
         """The arguments of every call of ``name``, in order."""
         return [c[1:] for c in self.calls if c[0] == name]

@@ -1,12 +1,14 @@
 """The publish ledger without sockets: a batch published once, refused events named,
 re-sends acknowledged and not published twice, the SQLite mark kept below the lowest
-publish not settled (so a restart publishes again what might have been lost)."""
+publish not settled (so a restart publishes again what might have been lost); a mark a full
+store cannot take waits in memory and is written later."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tests.broker.fakes import FakeCore, Recorder, apply
+from tests.broker.full_disk import FullDisk
 
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
@@ -14,6 +16,7 @@ from flowbus.broker.ledger import Ledger
 from flowbus.broker.spaces import SPACE, Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
+from flowbus.errors import StoreFull
 
 
 def ledger(store: Store, config: BrokerConfig = DEFAULT) -> tuple[Ledger, FakeCore]:
@@ -94,3 +97,24 @@ def test_the_mark_in_sqlite_stays_below_the_lowest_publish_not_settled() -> None
     again.publish(c, [publish([(2, {"x": 2}), (3, {"x": 3})])])
     assert c.acks == [2]  # at or below the mark: acknowledged
     assert [eid for eid, _ in core.called("publish")[0][0]] == [("c", 3)]  # above: again
+
+
+def test_a_mark_the_full_store_cannot_take_waits_in_memory_and_is_written_later() -> None:
+    store = Store(":memory:")
+    led, core = ledger(store)
+    c = Recorder("c")
+    led.publish(c, [publish([(1, {"x": 1})])])
+    led.settled([("c", 1)], {"c": c})
+    disk = FullDisk.under(store)
+    led.publish(c, [publish([(2, {"x": 2}), (3, {"x": 3})])])  # (the mark 1 cannot be written)
+    assert len(core.called("publish")) == 2 and disk.failed == 1  # published all the same
+    assert store.last_seq("c") == 0 and isinstance(led.full, StoreFull)
+    led.settled([("c", 2), ("c", 3)], {"c": c})
+    assert c.acks == [1, 2, 3]  # (acknowledged: the disk has their events, or their subscribers)
+    led.retry()  # still full: it waits
+    assert store.last_seq("c") == 0 and disk.failed == 2
+    disk.full = False
+    led.retry()
+    assert store.last_seq("c") == 1 and led.full is None  # (lagging behind 3: safe)
+    led.publish(c, [publish([(4, {"x": 4})])])
+    assert store.last_seq("c") == 3

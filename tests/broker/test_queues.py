@@ -2,7 +2,9 @@
 its subscriptions there; the window, the memory bound and the spill to SQLite, in order;
 acknowledgements of a connection's deliveries settle what was in custody for each
 subscription; a lost connection puts the deliveries in flight back in front and lets a
-non-durable subscription linger, then end."""
+non-durable subscription linger, then end. A full store (faked): spills wait in memory, in
+order and in custody, until it takes them; past a limit a delivery is refused with the
+reason; a subscription it cannot record is refused; an acknowledgement it cannot write waits."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import asyncio
 from typing import Any
 
 from tests.broker.fakes import Connection, FakeCore, apply
+from tests.broker.full_disk import FullDisk
 
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.queues import Queues, Subscription
 from flowbus.broker.spaces import SPACE, Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
+from flowbus.errors import StoreFull
 from flowbus.routing.ring_broker import EVENT_ID
 
 
@@ -196,6 +200,170 @@ def test_what_waits_for_a_durable_subscription_whose_client_left_goes_to_disk_an
         assert q.subscribe(back, p.Subscribe(2, "d", "events", "x > 0", resume=True)) == (True, None)
         await turn()
         assert [eid for _, _, eid, _ in back.rows] == [("pub", 1), ("pub", 2)]  # the window
+        q.close()
+
+    asyncio.run(main())
+
+
+REASON = (
+    "broker 10.0.0.1:7000 cannot queue the event for subscription 'd': "
+    "its store is full (database or disk is full)"
+)
+
+
+def full_queues(config: BrokerConfig = DEFAULT) -> tuple[Queues, FakeCore, Store, FullDisk]:
+    """Queues on a store whose disk is full (``disk.full = False``: space is back)."""
+    core, store = FakeCore(), Store(":memory:")
+    q = Queues(
+        core=core, apply=apply, store=store, spaces=Spaces(config), config=config, name="broker 10.0.0.1:7000"
+    )
+    return q, core, store, FullDisk(store._db)
+
+
+def test_while_the_store_is_full_spills_wait_in_memory_in_order_unsettled_then_go_to_disk() -> None:
+    async def main() -> None:
+        q, core, store, disk = full_queues(DEFAULT.with_(window=2))
+        store._db = disk  # type: ignore[assignment]
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "d", "events", "x > 0", durable=True))
+        for n in (1, 2, 3):  # 1 and 2 in flight, 3 waiting in memory
+            q.on_deliver(0, "d", event(n))
+        q.after_step()
+        await turn()
+        disk.full = True
+        q.session_ended(c, bye=True)  # its client leaves: they are for the disk, which is full
+        for n in (4, 5):  # (away: for the disk, behind them)
+            q.on_deliver(0, "d", event(n))
+        q.after_step()
+        q.retry()  # (the broker's timer: still full)
+        await turn()
+        assert isinstance(q.full, StoreFull) and disk.failed >= 2
+        assert core.called("settle") == [] and store.depth("d") == 0  # in custody, in memory
+        assert [eid for eid, _, _ in q.subs["d"].held] == [("pub", n) for n in range(1, 6)]
+        assert q.in_memory() == 5 and q.spilled == 0
+        disk.full = False  # space is back
+        q.retry()
+        await turn()
+        assert q.full is None and store.depth("d") == 5 and q.spilled == 5 and q.in_memory() == 0
+        assert core.called("settle") == [([(("pub", n), 1) for n in range(1, 6)],)]
+        q.on_deliver(0, "d", event(6))  # (written at once again)
+        q.after_step()
+        back = Connection("c")
+        assert q.subscribe(back, p.Subscribe(2, "d", "events", "x > 0", resume=True)) == (True, None)
+        for upto in (2, 4, 6):
+            await turn()
+            q.ack(back, [(1, upto)])
+        assert [eid for _, _, eid, _ in back.rows] == [("pub", n) for n in range(1, 7)]  # in order
+        assert store.depth("d") == 0
+        q.close()
+
+    asyncio.run(main())
+
+
+def test_past_its_limit_a_subscription_refuses_deliveries_with_the_reason_and_keeps_its_order() -> None:
+    async def main() -> None:
+        q, core, store, disk = full_queues(DEFAULT.with_(memory=2))  # (a limit of 4 x 2 held)
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "d", "events", "x > 0", durable=True))
+        q.session_ended(c, bye=True)  # (away: every delivery is for the disk)
+        store._db = disk  # type: ignore[assignment]
+        disk.full = True
+        q.on_deliver(0, "d", event(1))
+        q.after_step()  # the store fails here
+        for n in range(2, 12):
+            q.on_deliver(0, "d", event(n))
+        q.after_step()
+        await turn()
+        assert [eid for eid, _, _ in q.subs["d"].held] == [("pub", n) for n in range(1, 9)]
+        assert core.called("refuse") == [([(("pub", n), REASON) for n in (9, 10, 11)],)]
+        assert q.refused == 3 and core.called("settle") == []
+        disk.full = False
+        q.retry()
+        q.on_deliver(0, "d", event(12))  # (room again: after the others)
+        q.after_step()
+        await turn()
+        assert core.called("settle") == [
+            ([(("pub", n), 1) for n in range(1, 9)],),
+            ([(("pub", 12), 1)],),
+        ]
+        back = Connection("c")
+        q.subscribe(back, p.Subscribe(2, "d", "events", "x > 0", resume=True))
+        await turn()
+        assert [eid for _, _, eid, _ in back.rows] == [("pub", n) for n in (*range(1, 9), 12)]
+        q.close()
+
+    asyncio.run(main())
+
+
+def test_an_attached_client_gets_what_waits_for_a_full_store_from_memory_in_order() -> None:
+    async def main() -> None:
+        q, core, store, disk = full_queues(DEFAULT.with_(window=2, memory=2))
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "d", "events", "x > 0"))
+        store._db = disk  # type: ignore[assignment]
+        disk.full = True
+        for n in range(1, 7):  # 1, 2 in flight; 3-6 past memory: held, the store full
+            q.on_deliver(0, "d", event(n))
+        q.after_step()
+        await turn()
+        assert [eid for _, _, eid, _ in c.rows] == [("pub", 1), ("pub", 2)] and q.full is not None
+        for upto in (2, 4, 6):  # the client takes them; nothing goes to disk, each settles when taken
+            q.ack(c, [(1, upto)])
+            await turn()
+        assert [eid for _, _, eid, _ in c.rows] == [("pub", n) for n in range(1, 7)]
+        assert [s for (s,) in core.called("settle")] == [
+            [(("pub", 1), 1), (("pub", 2), 1)],
+            [(("pub", 3), 1), (("pub", 4), 1)],
+            [(("pub", 5), 1), (("pub", 6), 1)],
+        ]
+        assert store.depth("d") == 0 and q.spilled == 0 and q.in_memory() == 0
+        q.retry()  # (nothing waits: the queues are no longer held back, though the store is full)
+        assert q.full is None
+        q.close()
+
+    asyncio.run(main())
+
+
+def test_a_subscription_the_full_store_cannot_record_is_refused_and_nothing_changes() -> None:
+    async def main() -> None:
+        q, core, store, disk = full_queues()
+        store._db = disk  # type: ignore[assignment]
+        disk.full = True
+        c = Connection("c")
+        assert q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0", durable=True)) == (
+            False,
+            "the store :memory: is full: cannot add subscription 's' (database or disk is full)",
+        )
+        assert q.subs == {} and c.subs == set() and core.calls == [] and store.subscriptions() == []
+        disk.full = False
+        assert q.subscribe(c, p.Subscribe(2, "s", "events", "x > 0", durable=True)) == (True, None)
+
+    asyncio.run(main())
+
+
+def test_an_acknowledgement_the_full_store_cannot_write_is_written_later_and_not_sent_again() -> None:
+    async def main() -> None:
+        q, _, store, disk = full_queues(DEFAULT.with_(window=2))
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "d", "events", "x > 0", durable=True))
+        q.session_ended(c, bye=True)
+        for n in range(1, 5):  # on disk (the store takes them)
+            q.on_deliver(0, "d", event(n))
+        q.after_step()
+        back = Connection("c")
+        q.subscribe(back, p.Subscribe(2, "d", "events", "x > 0", resume=True))
+        await turn()
+        store._db = disk  # type: ignore[assignment]
+        disk.full = True
+        q.ack(back, [(1, 2)])  # the rows cannot be deleted: later
+        await turn()
+        q.ack(back, [(3, 4)])
+        await turn()
+        assert [eid for _, _, eid, _ in back.rows] == [("pub", n) for n in range(1, 5)]  # none again
+        assert store.depth("d") == 4 and q.full is not None
+        disk.full = False
+        q.retry()
+        assert store.depth("d") == 0 and q.full is None
         q.close()
 
     asyncio.run(main())

@@ -1,14 +1,17 @@
 """A broker's SQLite store: WAL mode, durable subscriptions across a reopen, queues in
 order with acknowledgement and de-duplication, publisher sequence numbers, refused
-changes that leave the store unchanged."""
+changes that leave the store unchanged; a full disk (faked, and a real tmpfs as root) is a
+StoreFull naming the store and the write, and leaves the store unchanged too."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
+from tests.broker.full_disk import FULL, FullDisk, fill, tiny_disk
 
-from flowbus.broker.store import SCHEMA_VERSION, Store, StoreError
+from flowbus.broker.store import SCHEMA_VERSION, Store, StoreError, StoreFull
 
 
 def test_durable_state_survives_a_reopen(tmp_path: Path) -> None:
@@ -70,8 +73,6 @@ def test_refused_changes_leave_the_store_unchanged(tmp_path: Path) -> None:
 
 
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
-    import sqlite3
-
     path = tmp_path / "b.db"
     db = sqlite3.connect(path)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -99,3 +100,91 @@ def test_a_killed_broker_loses_no_committed_change(tmp_path: Path) -> None:
     s = Store(path)
     assert [r.sub_id for r in s.subscriptions()] == ["s"] and s.depth("s") == 100
     s.close()
+
+
+def _snapshot(s: Store) -> tuple[object, ...]:
+    return (s.subscriptions(), s.pending("s"), s.pending("t"), s.last_seq("p"), s.flows())
+
+
+@pytest.mark.parametrize(
+    ("at_commit", "error"),
+    [(False, FULL), (True, FULL), (False, "disk I/O error")],
+    ids=["statement", "commit", "ioerr"],
+)
+def test_a_full_disk_raises_store_full_and_leaves_the_database_as_it_was(
+    tmp_path: Path, at_commit: bool, error: str
+) -> None:
+    path = tmp_path / "b.db"
+    s = Store(path)
+    s.add_subscription("s", client="c", space="x", filter="a = 1", durable=True)
+    s.add_subscription("t", client="c", space="x", filter="a = 2", durable=False)
+    s.enqueue_many([("s", "p:1", b"one"), ("s", "p:2", b"two")])
+    s.accept("p", 3)
+    s.save_flows({"f": b"flow"})
+    before = _snapshot(s)
+    disk = FullDisk.under(s, at_commit=at_commit, error=error)
+    writes = {
+        "add subscription 'u'": lambda: s.add_subscription(
+            "u", client="c", space="x", filter="a = 3", durable=True
+        ),
+        "remove subscription 's'": lambda: s.remove_subscription("s"),
+        "drop the subscriptions of client 'c'": lambda: s.drop_client("c"),
+        "queue an event for subscription 's'": lambda: s.enqueue("s", "p:3", b"three"),
+        "queue 2 events": lambda: s.enqueue_many([("s", "p:3", b"three"), ("t", "p:3", b"three")]),
+        "acknowledge the queue of subscription 's' up to 99": lambda: s.ack("s", 99),
+        "record publisher 'p' at 9": lambda: s.accept("p", 9),
+        "save the deployed flows": lambda: s.save_flows({}),
+    }
+    for operation, write in writes.items():
+        with pytest.raises(StoreFull) as caught:
+            write()
+        assert str(caught.value) == f"the store {path} is full: cannot {operation} ({error})"
+        assert (caught.value.path, caught.value.operation, caught.value.reason) == (
+            str(path),
+            operation,
+            error,
+        )
+        assert s.full is caught.value
+        assert _snapshot(s) == before  # rolled back, the commit's failure too
+    assert disk.failed == len(writes)
+    disk.full = False  # space is back: the same writes go through, and the store says so
+    assert s.enqueue("s", "p:3", b"three") and s.full is None
+    assert [e.event_id for e in s.pending("s")] == ["p:1", "p:2", "p:3"]
+    s.close()
+    again = Store(path)  # (and what is on disk is what the store said)
+    assert [e.event_id for e in again.pending("s")] == ["p:1", "p:2", "p:3"] and again.last_seq("p") == 3
+    again.close()
+
+
+def test_other_sqlite_errors_are_not_store_full() -> None:
+    s = Store(":memory:")
+    s.add_subscription("s", client="c", space="x", filter="a = 1", durable=True)
+    FullDisk.under(s, error="database is locked")
+    with pytest.raises(sqlite3.OperationalError, match="database is locked") as caught:
+        s.enqueue("s", "p:1", b"one")
+    assert not isinstance(caught.value, StoreFull) and s.full is None
+    assert s.depth("s") == 0
+
+
+def test_a_real_full_disk_raises_store_full_and_space_back_makes_the_store_write_again(
+    tmp_path: Path,
+) -> None:
+    """Root only: a 2 MiB tmpfs, filled to ENOSPC."""
+    with tiny_disk(tmp_path / "disk") as disk:
+        s = Store(disk / "b.db")
+        try:
+            s.add_subscription("s", client="c", space="x", filter="a = 1", durable=True)
+            s.enqueue_many([("s", f"p:{i}", b"x" * 1000) for i in range(10)])
+            filler = fill(disk)
+            with pytest.raises(
+                StoreFull, match=r"is full: cannot queue 500 events \(database or disk is full\)"
+            ):
+                s.enqueue_many([("s", f"q:{i}", b"y" * 1000) for i in range(500)])
+            assert s.depth("s") == 10 and s.full is not None  # (unchanged, and readable)
+            with pytest.raises(StoreFull):  # (still full)
+                s.enqueue_many([("s", f"q:{i}", b"y" * 1000) for i in range(500)])
+            filler.unlink()
+            assert s.enqueue_many([("s", f"q:{i}", b"y" * 1000) for i in range(500)]) == 500
+            assert s.full is None and s.depth("s") == 510
+        finally:
+            s.close()

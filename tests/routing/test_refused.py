@@ -2,7 +2,8 @@
 on the way does not send on (its driver's link rule: a secure space's event before a plain
 link) is released hop by hop back to the publisher's broker, which lists the publish as
 refused with the reason instead of settled; nothing stays in custody, and what was
-delivered before the plain link stays delivered."""
+delivered before the plain link stays delivered. The same for a local delivery its broker's
+driver refuses (``RingBroker.refuse_local``: a queue whose store is full)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,31 @@ def test_link_classes_are_flooded_on_the_tree_newest_kept() -> None:
     assert brokers[-1].core.link_book.known[first.addr].links == (
         (brokers[1].addr, True),
     )  # (older: kept out)
+
+
+def test_a_local_delivery_refused_by_its_driver_refuses_the_publish_upstream_and_leaves_no_custody() -> None:
+    """``RingBroker.refuse_local``: a subscriber's broker whose queue cannot take a delivery
+    (its store full) refuses it; the reason travels back to the publisher's broker."""
+    sim, (first, middle, after, last), got = _ring(4)
+    full = "broker X cannot queue the event for subscription 'stuck': its store is full (disk)"
+
+    def delivered(node: int, sub: Hashable, event: Any, now: float) -> None:
+        eid = event[EVENT_ID]
+        got.append((node, sub, eid))
+        if sub == "stuck":  # (its driver refuses it instead of settling it)
+            sim.invoke(node, lambda c: c.core.refuse_local([(eid, full)]), at=now + 1.0)
+        else:
+            sim.invoke(node, lambda c: c.settle(sub, eid), at=now + 1.0)
+
+    sim.on_deliver = delivered
+    sim.invoke(last.addr, lambda c: c.core.subscribe("stuck", parse("x > 5")))
+    sim.invoke(after.addr, lambda c: c.core.subscribe("fine", parse("x > 1")))
+    sim.run(until=sim.now + 60)
+    sim.invoke(first.addr, lambda c: c.core.publish({"x": 9}, event_id=("p", 1)))  # both
+    sim.invoke(first.addr, lambda c: c.core.publish({"x": 3}, event_id=("p", 2)))  # fine only
+    sim.run(until=sim.now + 60)
+    assert sorted(g[1:] for g in got) == [("fine", ("p", 1)), ("fine", ("p", 2)), ("stuck", ("p", 1))]
+    assert first.core.refused == [(("p", 1), full)] and first.core.settled == [("p", 2)]
+    assert all(b.core.in_custody() == 0 for b in (first, middle, after, last))
+    last.core.refuse_local([(("p", 1), full)])  # (given up twice, or for an event not held: nothing)
+    assert first.core.refused == [(("p", 1), full)] and last.core.in_custody() == 0

@@ -6,7 +6,8 @@ flooded on the broker tree, the same at every broker). This part answers the cli
 requests (``Deploy``, ``Undeploy``, ``ListFlows``), deploys the ``--flow`` files a broker is
 started with once it has joined the ring, and after each step of the core writes the
 registry to the store when it changed, so that a restarted broker knows every flow before
-its neighbours sync it (:meth:`BrokerFlows.restore`). Only the chordal ring runs flows.
+its neighbours sync it (:meth:`BrokerFlows.restore`); if the store is full, at a later step.
+Only the chordal ring runs flows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from flowbus.broker.store import Store
 from flowbus.core import Effect
-from flowbus.errors import FlowbusError, UserError
+from flowbus.errors import FlowbusError, StoreFull, UserError
 from flowbus.flow.deploy import Deployment
 from flowbus.net.codec import decode, encode
 from flowbus.routing.flows import DeployRecord
@@ -114,10 +115,13 @@ class BrokerFlows:
         self._saved = dict(self.core.flows.records)
 
     def after_step(self) -> None:
-        """The registry to the store, if it changed."""
+        """The registry to the store, if it changed (a full store: at a later step)."""
         if self.core is None:
             return
         records = self.core.flows.records
         if records != self._saved:
+            try:
+                self.store.save_flows({name: encode(rec) for name, rec in records.items()})
+            except StoreFull:
+                return
             self._saved = dict(records)
-            self.store.save_flows({name: encode(rec) for name, rec in records.items()})

@@ -29,7 +29,10 @@ How it works (flowbus's own exactly-once publishing, on the custody of
   every publish was settled (or refused), not the highest taken (:meth:`Ledger._keep`).
   After a restart, a re-send at or below the mark is acknowledged; one above it (taken,
   maybe not settled when the broker died: its events waited in memory, in custody) is
-  published again, and its id de-duplicates it downstream.
+  published again, and its id de-duplicates it downstream. A mark the store cannot take
+  (:class:`~flowbus.errors.StoreFull`: its disk is full) is kept in memory and written
+  again with the publisher's next batch or the broker's retry (:meth:`Ledger.retry`); the
+  mark on disk lags meanwhile, which is safe.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.core import Effect
+from flowbus.errors import StoreFull
 
 if TYPE_CHECKING:
     from flowbus.broker.sessions import Session
@@ -81,6 +85,8 @@ class Ledger:
         self._in_flight: dict[EventId, None] = {}  # published here, not settled
         self._open: dict[str, list[int]] = {}  # publisher -> heap of its pseqs published here
         # (those still in _in_flight are not settled; the others are dropped lazily)
+        self._marks: dict[str, int] = {}  # publisher -> a mark the store did not take yet
+        self.full: StoreFull | None = None  # what the store failed with while a mark waits
 
     def publish(self, session: Session, msgs: Sequence[p.Publish]) -> None:
         """Take a client's batches (those one read brought): refuse, acknowledge (re-sends) or
@@ -184,7 +190,27 @@ class Ledger:
         again when its publisher re-sends it after the restart, not acknowledged and lost.
         (A mark lagging behind is safe: it only lets more re-sends be published again.)"""
         lowest = self._lowest_open(client)
-        self.store.accept(client, top if lowest is None else lowest - 1)  # (not above the kept one: no-op)
+        self._mark(client, top if lowest is None else lowest - 1)
+
+    def _mark(self, client: str, mark: int) -> None:
+        """Write ``client``'s mark (not above the kept one: no-op); if the store is full, it
+        waits in memory, written again later (:meth:`retry`)."""
+        mark = max(mark, self._marks.pop(client, mark))
+        try:
+            self.store.accept(client, mark)
+        except StoreFull as e:
+            self._marks[client] = mark
+            self.full = e
+            return
+        if not self._marks:
+            self.full = None
+
+    def retry(self) -> None:
+        """Write the marks the store did not take (until one fails again)."""
+        for client, mark in list(self._marks.items()):
+            self._mark(client, mark)
+            if client in self._marks:
+                return
 
     def _lowest_open(self, client: str) -> int | None:
         """The lowest ``pseq`` of ``client`` published here and not settled yet, if any."""

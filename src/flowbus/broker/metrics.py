@@ -24,7 +24,9 @@ How it works (``GET /metrics`` on the console, :mod:`flowbus.broker.console`):
   ``flowbus_ring_shared_out``, ``flowbus_ring_shared_in``), with an express space the links'
   measured latency (``flowbus_link_latency_seconds{peer, express}``) and
   ``flowbus_express_detours_total``, ``flowbus_express_fallbacks_total``; and
-  ``flowbus_in_custody``, ``flowbus_sessions``, ``flowbus_spilled_total``.
+  ``flowbus_in_custody``, ``flowbus_sessions``, ``flowbus_spilled_total``; the store's
+  ``flowbus_store_full`` (1 while its writes fail or wait in memory) and
+  ``flowbus_store_refused_total`` (deliveries refused meanwhile).
 
 :meth:`BrokerMetrics.counts` gives the same counts as plain data for the console's pages.
 """
@@ -152,7 +154,7 @@ class BrokerMetrics:
         for sub in queues.subs.values():
             r = row(sub.space)
             r["subscriptions"] += 1
-            r["queued"] += len(sub.pending) + sub.unacked + sub.on_disk
+            r["queued"] += len(sub.pending) + sub.unacked + sub.on_disk + len(sub.held)
             r["on_disk"] += sub.on_disk
         return out
 
@@ -187,8 +189,18 @@ class _StateCollector(Collector):
                 b.core.in_custody(),
             ),
             ("sessions", "Client connections.", len(b.sessions.by_client)),
+            (
+                "store_full",
+                "1 while the store cannot write (its disk full) or writes wait in memory for it.",
+                float(b.store_full() is not None),
+            ),
         )
         yield CounterMetricFamily("flowbus_spilled", "Deliveries spilled to SQLite.", value=b.queues.spilled)
+        yield CounterMetricFamily(
+            "flowbus_store_refused",
+            "Deliveries refused: their subscription held its limit in memory, the store full.",
+            value=b.queues.refused,
+        )
         core = b.core
         if isinstance(core, RingBroker) and b.ring_log is not None:
             ring = core.ring

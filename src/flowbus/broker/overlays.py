@@ -3,9 +3,9 @@
 How it works: a broker process drives one sans-IO routing core (:class:`flowbus.core.Core`)
 under the asyncio runtime. Beyond the messages and timers every core takes, a broker calls
 the local operations of :class:`BrokerCore`: join the network, subscribe and unsubscribe,
-advertise, publish a batch of events, settle deliveries (the custody of the ring broker), and
-it reads which publishes are settled (``settled``) and what a taken-over subscription was
-made with (``meta_of``). Two cores offer it:
+advertise, publish a batch of events, settle deliveries or refuse them (the custody of the
+ring broker), and it reads which publishes are settled (``settled``) and what a taken-over
+subscription was made with (``meta_of``). Two cores offer it:
 
 * ``chordal-ring`` (the default): :class:`~flowbus.routing.ring_broker.RingBroker`, the
   chordal ring with backups, failure repair, covering-based routing and custody;
@@ -60,6 +60,10 @@ class BrokerCore(Core, Protocol):
     def unadvertise(self, adv_id: Hashable) -> list[Effect]: ...
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]: ...
     def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]: ...
+    def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
+        """Local deliveries the broker gave up, ``(event id, reason)`` (a queue whose store is
+        full): their publishes are refused with the reason where the core keeps custody."""
+        ...
 
 
 def check_overlay(overlay: str, config: BrokerConfig) -> None:

@@ -13,7 +13,8 @@ How it works:
   finds it; another space or filter under the same name is refused.
 * **Read** (``QueueRead``): the rows at positions ``(after, upto]``, and the highest position
   queued (``top``). Nothing changes: a reader that dies re-reads the same rows.
-* **Acknowledge** (``QueueAck``): the rows up to a position leave the queue.
+* **Acknowledge** (``QueueAck``): the rows up to a position leave the queue (if the store is
+  full, the acknowledgement is refused, naming it: the reader acknowledges again later).
 * **Positions are one increasing sequence per broker**, over all its subscriptions: once a
   read has seen ``top`` for some subscriptions, no row at or below it can still come for
   any of them, so one position cuts several subscriptions consistently.
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]
 
 from flowbus.client import protocol as p
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, StoreFull
 from flowbus.filters import parse
 
 if TYPE_CHECKING:
@@ -81,7 +82,10 @@ class Pulls:
         if sub is None:
             return False, why, None
         store = self.queues.store
-        store.ack(sub.sub_id, msg.upto)
+        try:
+            store.ack(sub.sub_id, msg.upto)
+        except StoreFull as e:
+            return False, str(e), None
         sub.on_disk = store.depth(sub.sub_id)
         return True, None, {"top": store.top(sub.sub_id), "depth": sub.on_disk}
 

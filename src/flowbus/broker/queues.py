@@ -12,7 +12,7 @@ How it works (flowbus's own delivery guarantees, on the custody of
     deliveries are settled.
   - At most ``memory`` deliveries (those in flight included) are held in memory, still in
     the sender's custody. Beyond that, events are *spilled* to the SQLite queue and settled
-    at once: the disk has them.
+    once written (after the core's step): the disk has them.
   - A subscription with no client attached (a durable one whose client is away, one taken
     over from a dead broker) queues on disk straight away; when a durable subscription's
     client leaves, what waited for it in memory goes to disk too (if none of its queue is
@@ -21,6 +21,20 @@ How it works (flowbus's own delivery guarantees, on the custody of
     publisher's acknowledgements up for at most ``memory`` events (keep it below the
     clients' publish window): the rest wait on disk. Once anything is on disk, later
     events go there too, until the disk part is drained, so the order is kept.
+* **A full disk** (:class:`~flowbus.errors.StoreFull`). A spill is *held* (``held``, after
+  the disk part of the queue) until it is written, and settled only then. When the store
+  cannot take it, it stays held, in memory and in custody: its publisher is not
+  acknowledged. The store is tried again every ``RETRY_EVERY`` (the broker's timer,
+  :meth:`Queues.retry`), and by a step that holds more, at most every ``TOUCH_EVERY``;
+  once it takes them, they are written and settled as usual.
+  - Later deliveries to the subscription are held behind them, so nothing overtakes them;
+    with nothing on disk before them, the pump sends them to an attached client from memory.
+  - Once a write has failed, and until what waits is written, a subscription holds at most
+    ``HOLD_LIMIT`` times ``memory`` deliveries in memory; a further one is refused (the
+    core's ``refuse_local``), and its publisher gets ``Nack`` with the reason.
+  - A client's acknowledgement of disk rows the store cannot delete is kept and written
+    later; the rows were loaded, so they are not sent again meanwhile. A subscription the
+    store cannot record is refused (the reply names the store).
 * **The hot path: one delivery per event and connection.** The core's deliveries come one
   by one (:meth:`Queues.on_deliver`, the runtime's ``on_deliver``): an event's fields are
   stripped of the hidden ones (its id, its space) once for all its deliveries. A delivery to
@@ -30,8 +44,8 @@ How it works (flowbus's own delivery guarantees, on the custody of
   sent, unpacked and acknowledged once per connection, not once per subscription. The
   others wait in their subscription's queue: subscriptions with something queued are
   pumped once per turn of the event loop, a row per delivery, as their windows allow. The
-  spilled rows and their settles of one core step go to SQLite in one transaction and to
-  the core in one call, after the step (:meth:`Queues.after_step`).
+  spilled rows of one core step go to SQLite in one transaction, and their settles to the
+  core in one call, after the step (:meth:`Queues.after_step`).
 * **Connections.** A subscription is attached to at most one client connection. When it
   ends, the deliveries in flight go back to the front of the queue, for the next one. A
   non-durable subscription ends with a ``Bye``, or ``linger`` seconds after a lost
@@ -68,14 +82,14 @@ from flowbus.broker.spaces import SPACE, Spaces
 from flowbus.broker.store import QueuedEvent, Store
 from flowbus.client import protocol as p
 from flowbus.core import Effect
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, StoreError, StoreFull
 from flowbus.filters import parse
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 
 if TYPE_CHECKING:
     from flowbus.broker.sessions import Session
 
-__all__ = ["Entry", "Queues", "Settle", "Subscription"]
+__all__ = ["HOLD_LIMIT", "RETRY_EVERY", "TOUCH_EVERY", "Entry", "Queues", "Settle", "Subscription"]
 
 Entry = tuple[Any, dict[str, Any], int | None]
 """A queued delivery: (event id, event, where it is kept: None = in custody, settled when the
@@ -84,7 +98,27 @@ client acknowledges it; n > 0 = SQLite queue position; 0 = nowhere, a catch-up e
 Settle = tuple[Any, int]
 """Deliveries the core may forget: (event id, how many of its deliveries here)."""
 
+Held = tuple[Any, dict[str, Any], tuple[str, str, bytes]]
+"""A delivery for the SQLite queue, not written yet: (event id, event, its row)."""
+
+HOLD_LIMIT = 4
+"""While the store fails, a subscription holds at most this many times ``memory`` deliveries
+in memory (pending, in flight and held); a further one is refused."""
+
+RETRY_EVERY = 0.5
+"""Seconds between two tries of a store that failed, while anything waits for it."""
+
+TOUCH_EVERY = 0.05
+"""A step that holds more deliveries tries a failing store again at most this often (seconds)."""
+
 _HIDDEN = (EVENT_ID, SPACE)
+
+
+def _held(sub_id: str, eid: Any, plain: dict[str, Any]) -> Held:
+    """A delivery to ``sub_id`` for its SQLite queue, with its row (packed once)."""
+    return (eid, plain, (sub_id, repr(eid), msgpack.packb((list(eid), plain))))
+
+
 FOLD_EVERY = 512
 """A subscription with a collapse rule set folds what its client took every this many events."""
 _catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this process)
@@ -106,6 +140,7 @@ class Subscription:
     on_disk: int = 0  # events in the SQLite queue not loaded into pending
     disk_pos: int = 0  # the queue position of the last event loaded from disk
     in_memory: int = 0  # entries in pending/inflight still in custody
+    held: deque[Held] = field(default_factory=deque)  # for the SQLite queue, not written yet
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
     taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
     linger: asyncio.TimerHandle | None = None
@@ -146,7 +181,9 @@ class Subscription:
 
     def in_custody(self) -> list[Settle]:
         """The queued deliveries still in the sender's custody (call when detached)."""
-        return [(eid, 1) for eid, _, where in self.pending if where is None]
+        return [(eid, 1) for eid, _, where in self.pending if where is None] + [
+            (eid, 1) for eid, _, _ in self.held
+        ]
 
     def loaded(self, rows: list[QueuedEvent]) -> None:
         """Events of its SQLite queue, next in order, now pending."""
@@ -178,8 +215,10 @@ class Queues:
         store: Store,
         spaces: Spaces,
         config: BrokerConfig,
+        name: str = "this broker",
     ) -> None:
         self.core = core
+        self.name = name  # ("broker HOST:PORT": named in the reason of a refused delivery)
         self.apply = apply
         self.store = store
         self.spaces = spaces
@@ -191,8 +230,14 @@ class Queues:
         self.spilled = 0
         self.sent: Counter[str] = Counter()  # space -> events sent to subscribers' clients
         self.closed = False
-        self._spill: list[tuple[str, str, bytes]] = []  # SQLite queue rows of this core step
-        self._settling: list[Settle] = []  # (event id, 1): deliveries spilled in this step
+        self.full: StoreFull | None = None  # what the store failed with while writes wait for it
+        self.refused = 0  # deliveries refused: their subscription held its limit, the store full
+        self._holding: dict[Subscription, None] = {}  # subscriptions with deliveries held
+        self._touched = False  # (this step held deliveries)
+        self._tried = -1.0  # (the event loop's time of the last try of a failing store)
+        self._acks: dict[str, int] = {}  # subscription -> SQLite position acknowledged, not deleted yet
+        self._unrecorded: set[str] = set()  # subscriptions taken over the store has not recorded yet
+        self._refusing: list[tuple[Any, str]] = []  # (event id, reason): deliveries refused in this step
         self._pumps: set[Subscription] = set()  # to pump at the end of this turn of the loop
         self._pump_due = False
         self._plain_of: Any = None  # the last event delivered, and its fields without the
@@ -200,7 +245,7 @@ class Queues:
 
     def in_memory(self) -> int:
         """Deliveries held in memory, in custody, over every subscription."""
-        return sum(s.in_memory for s in self.subs.values())
+        return sum(s.in_memory + len(s.held) for s in self.subs.values())
 
     # -- a client's requests
 
@@ -249,12 +294,12 @@ class Queues:
                     sub.taken.append(event)
                     if len(sub.taken) >= FOLD_EVERY:
                         self._fold(sub)
-                if sub.pending or sub.on_disk:
+                if sub.pending or sub.on_disk or sub.held:
                     more.add(sub)
             if where is None and n:
                 settle.append((eid, n))
         for sub, where in disk.items():
-            self.store.ack(sub.sub_id, where)
+            self._ack_disk(sub.sub_id, where)
         if settle:
             self._settle(settle)
         for sub in more:
@@ -286,7 +331,8 @@ class Queues:
             if row.sub_id in self.subs:
                 continue
             if not row.durable:
-                self.store.remove_subscription(row.sub_id)
+                with contextlib.suppress(StoreFull):  # (a full store: removed at a later restart)
+                    self.store.remove_subscription(row.sub_id)
                 continue
             sub = Subscription(row.sub_id, row.client, row.space, row.filter, True, row.collapse)
             sub.on_disk = self.store.depth(row.sub_id)
@@ -349,6 +395,7 @@ class Queues:
                 session is not None
                 and not sub.pending
                 and not sub.on_disk
+                and not sub.held
                 and sub.unacked < window
                 and sub.in_memory < memory
             ):
@@ -371,7 +418,11 @@ class Queues:
         """Whether a delivery to ``sub`` (attached) goes to its connection now: nothing
         queued before it, room in its window and in memory."""
         return (
-            not sub.pending and not sub.on_disk and sub.unacked < self.window and sub.in_memory < self.memory
+            not sub.pending
+            and not sub.on_disk
+            and not sub.held
+            and sub.unacked < self.window
+            and sub.in_memory < self.memory
         )
 
     def _sent(self, sub: Subscription) -> None:
@@ -380,27 +431,116 @@ class Queues:
         self.sent[sub.space] += 1
 
     def _queue(self, sub: Subscription, eid: Any, plain: dict[str, Any]) -> None:
-        """A delivery to ``sub`` that waits: in its queue, or on disk (past ``memory``, or
-        its client away: settled after the step)."""
-        if sub.on_disk or sub.session is None or sub.in_memory >= self.memory:
-            self._spill.append((sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))))
-            sub.on_disk += 1
-            self._settling.append((eid, 1))
+        """A delivery to ``sub`` that waits: in its queue, or for its SQLite queue (past
+        ``memory``, its client away, or behind what is there already: see :meth:`_hold`)."""
+        if sub.held or sub.on_disk or sub.session is None or sub.in_memory >= self.memory:
+            self._hold(sub, eid, plain)
         else:
             sub.pending.append((eid, plain, None))
             sub.in_memory += 1
         self._pump_soon(sub)
 
+    def _hold(self, sub: Subscription, eid: Any, plain: dict[str, Any]) -> None:
+        """A delivery for ``sub``'s SQLite queue: held until it is written (after the step)
+        and settled then; refused if the store is failing and ``sub`` holds its limit."""
+        full = self.full
+        if full is not None and sub.in_memory + len(sub.held) >= HOLD_LIMIT * self.memory:
+            self.refused += 1
+            self._refusing.append(
+                (
+                    eid,
+                    f"{self.name} cannot queue the event for subscription {sub.sub_id!r}: "
+                    f"its store is full ({full.reason})",
+                )
+            )
+            return
+        sub.held.append(_held(sub.sub_id, eid, plain))
+        self._holding[sub] = None
+        self._touched = True
+
     def after_step(self) -> None:
-        """After a step of the core: what it spilled to SQLite, and settled in the core
-        soon (outside the step)."""
-        if self._spill:
-            spill, self._spill = self._spill, []
-            self.store.enqueue_many(spill)
-            self.spilled += len(spill)
-        if self._settling:
-            settling, self._settling = self._settling, []
-            asyncio.get_running_loop().call_soon(self._settle, settling)
+        """After a step of the core: what it held written to SQLite (if the store is failing:
+        tried again, at most every ``TOUCH_EVERY``) and settled in the core soon, what it
+        refused refused there (outside the step)."""
+        if self._holding and self._touched:
+            self._touched = False
+            if self.full is None:
+                settle = self._write(list(self._holding))
+                if settle:
+                    asyncio.get_running_loop().call_soon(self._settle, settle)
+            elif asyncio.get_running_loop().time() - self._tried >= TOUCH_EVERY:
+                self.retry()
+        if self._refusing:
+            refusing, self._refusing = self._refusing, []
+            asyncio.get_running_loop().call_soon(self._refuse, refusing)
+
+    def retry(self) -> None:
+        """Write what waits for the store, in order: acknowledged rows to delete, taken-over
+        subscriptions to record, each subscription's held deliveries (a transaction each,
+        settled soon), until one fails. :attr:`full` is None once nothing waits."""
+        if self.closed:
+            return
+        self._tried = asyncio.get_running_loop().time()
+        try:
+            for sub_id, upto in list(self._acks.items()):
+                self.store.ack(sub_id, upto)
+                del self._acks[sub_id]
+            self._record_adopted()
+        except StoreFull as e:
+            self.full = e
+            return
+        settle: list[Settle] = []
+        for sub in list(self._holding):
+            done = self._write([sub])
+            if done is None:
+                break
+            settle.extend(done)
+        if settle:
+            asyncio.get_running_loop().call_soon(self._settle, settle)
+        if not (self._holding or self._acks or self._unrecorded):
+            self.full = None
+
+    def _write(self, subs: list[Subscription]) -> list[Settle] | None:
+        """What ``subs`` hold, written to the SQLite queue in one transaction: now on disk, in
+        order after what was there, and to be settled (returned). None if the store is full:
+        it stays held (:attr:`full` says why)."""
+        rows = [row for sub in subs for _, _, row in sub.held]
+        try:
+            self._record_adopted()
+            if rows:
+                self.store.enqueue_many(rows)
+        except StoreFull as e:
+            self.full = e
+            return None
+        settle: list[Settle] = []
+        for sub in subs:
+            settle.extend((eid, 1) for eid, _, _ in sub.held)
+            sub.on_disk += len(sub.held)
+            sub.held.clear()
+            self._holding.pop(sub, None)
+            self._pump_soon(sub)
+        self.spilled += len(rows)
+        return settle
+
+    def _record_adopted(self) -> None:
+        """Record the subscriptions taken over that the store could not record then (their
+        rows' subscription must be known first); a :class:`StoreFull` if it still cannot."""
+        for sub_id in sorted(self._unrecorded):
+            sub = self.subs.get(sub_id)
+            if sub is not None:
+                with contextlib.suppress(StoreError):  # (recorded after all)
+                    self._record(sub)
+            self._unrecorded.discard(sub_id)
+
+    def _ack_disk(self, sub_id: str, upto: int) -> None:
+        """``sub_id``'s SQLite rows up to position ``upto`` are taken: deleted, or if the
+        store is full, kept to delete later (they were loaded: not sent again meanwhile)."""
+        upto = max(upto, self._acks.pop(sub_id, 0))
+        try:
+            self.store.ack(sub_id, upto)
+        except StoreFull as e:
+            self._acks[sub_id] = upto
+            self.full = e
 
     # -- serving a subscription
 
@@ -450,6 +590,7 @@ class Queues:
             sub = self.subs.pop(sub_id, None) if isinstance(sub_id, str) else None
             if sub is not None:
                 sub.detach()
+                self._drop_held(sub)
                 with contextlib.suppress(FlowbusError):
                     self.store.remove_subscription(sub.sub_id)
 
@@ -460,8 +601,13 @@ class Queues:
             return None
         sub = Subscription.from_meta(sub_id, meta)
         self.subs[sub_id] = sub
-        with contextlib.suppress(FlowbusError):
+        try:
             self._record(sub)
+        except StoreFull as e:  # (recorded later: before any row of its queue is written)
+            self._unrecorded.add(sub_id)
+            self.full = e
+        except FlowbusError:
+            pass
         if not sub.durable:
             self._start_linger(sub)
         return sub
@@ -482,7 +628,7 @@ class Queues:
             sub.linger = None
         sub.session = session
         session.subs.add(sub.sub_id)
-        if sub.collapse is not None and (sub.pending or sub.on_disk):
+        if sub.collapse is not None and (sub.pending or sub.on_disk or sub.held):
             self._catch_up(sub)
         self._pump_soon(sub)
 
@@ -491,18 +637,18 @@ class Queues:
         sender's custody (its deliveries in flight included), goes to its SQLite queue in
         order and is settled, as if the client had been away all along: a publisher is not
         kept waiting for a subscriber that may be gone for long. Only when nothing of its
-        queue is on disk already (else those rows come first: the entries wait in memory)."""
+        queue is on disk already (else those rows come first: the entries wait in memory).
+        If the store is full, they are held (before what was held already) until it is not."""
         pending = sub.pending
         if sub.on_disk or not pending or any(where is not None for _, _, where in pending):
             return
-        self.store.enqueue_many(
-            [(sub.sub_id, repr(eid), msgpack.packb((list(eid), plain))) for eid, plain, _ in pending]
-        )
-        settle = [(eid, 1) for eid, _, _ in pending]
-        sub.on_disk += len(settle)
-        sub.in_memory -= len(settle)
+        sub.held.extendleft(reversed([_held(sub.sub_id, eid, plain) for eid, plain, _ in pending]))
+        sub.in_memory -= len(pending)
         pending.clear()
-        self._settle(settle)
+        self._holding[sub] = None
+        settle = self._write([sub]) if self.full is None else None
+        if settle:
+            self._settle(settle)
 
     def _start_linger(self, sub: Subscription) -> None:
         if self.closed:
@@ -522,6 +668,7 @@ class Queues:
         if sub.linger is not None:
             sub.linger.cancel()
         settle = sub.in_custody()
+        self._drop_held(sub, settle=False)  # (settled with the rest below)
         if sub.sub_id in self.core.subs:
             self.apply(self.core.unsubscribe(sub.sub_id))
         if settle:
@@ -529,11 +676,26 @@ class Queues:
         with contextlib.suppress(FlowbusError):
             self.store.remove_subscription(sub.sub_id)
 
+    def _drop_held(self, sub: Subscription, *, settle: bool = True) -> None:
+        """``sub`` ends: what it held is not written (it is settled soon: dropped, as if
+        written; ``settle=False``: the caller settles it)."""
+        if self._holding.pop(sub, None) is not None and settle and sub.held:
+            asyncio.get_running_loop().call_soon(self._settle, [(eid, 1) for eid, _, _ in sub.held])
+        sub.held.clear()
+        self._acks.pop(sub.sub_id, None)
+        self._unrecorded.discard(sub.sub_id)
+
     def _settle(self, settling: list[Settle]) -> None:
         """The core may forget these deliveries: taken, on disk, or dropped."""
         if self.closed:
             return
         self.apply(self.core.settle_many(settling))
+
+    def _refuse(self, refusing: list[tuple[Any, str]]) -> None:
+        """These deliveries (``(event id, reason)``) are refused: their publishers are told."""
+        if self.closed:
+            return
+        self.apply(self.core.refuse_local(refusing))
 
     # -- pumping queues to clients
 
@@ -558,8 +720,11 @@ class Queues:
             return
         room = self.window - sub.unacked
         while room > 0:
-            if not sub.pending and sub.on_disk:
-                self._load(sub, room)
+            if not sub.pending:
+                if sub.on_disk:
+                    self._load(sub, room)
+                elif sub.held:
+                    self._unhold(sub, room)
             n = min(room, len(sub.pending))
             if not n:
                 break
@@ -569,6 +734,18 @@ class Queues:
 
     def _load(self, sub: Subscription, n: int) -> None:
         sub.loaded(self.store.pending(sub.sub_id, limit=max(n, 256), after=sub.disk_pos))
+
+    def _unhold(self, sub: Subscription, n: int) -> None:
+        """The next ``n`` held deliveries of ``sub`` (nothing of its queue on disk before
+        them: the store failed to take them), now pending: sent from memory, in custody."""
+        held, pending = sub.held, sub.pending
+        n = min(n, len(held))
+        for _ in range(n):
+            eid, plain, _ = held.popleft()
+            pending.append((eid, plain, None))
+        sub.in_memory += n
+        if not held:
+            self._holding.pop(sub, None)
 
     # -- collapse rule sets
 
@@ -588,12 +765,14 @@ class Queues:
             self._fold(sub)
         if sub.on_disk:
             self._load(sub, sub.on_disk + 1)
+        if sub.held and not sub.on_disk:  # (the store failed to take them: the backlog's end)
+            self._unhold(sub, len(sub.held))
         if len(sub.pending) < 2:
             return
         interpretation = self.spaces.interpretation(sub.collapse, sub.space)
         events = interpretation.catch_up(sub.seen, [e for _, e, _ in sub.pending])
         settle, disk = sub.caught_up(events)
         if disk:
-            self.store.ack(sub.sub_id, disk)
+            self._ack_disk(sub.sub_id, disk)
         if settle:
             self._settle(settle)

@@ -38,6 +38,11 @@ How it works:
 * **Durability.** Durable subscriptions, spilled queues and publisher sequence numbers are
   in SQLite (:mod:`flowbus.broker.store`). A broker restarted on its data directory serves
   its durable subscriptions again once it has joined the ring (:meth:`Broker.joined`).
+* **A full disk** (:class:`~flowbus.errors.StoreFull`). The parts keep what the store could
+  not take in memory (the queues' spills, in custody, up to their limit; the ledger's
+  marks) and the broker tries them again every ``RETRY_EVERY`` until nothing waits. Its log
+  has one warning when the store starts failing and one when it has caught up;
+  :meth:`Broker.stats` has ``store_full`` and ``store_refused`` (deliveries refused meanwhile).
 """
 
 from __future__ import annotations
@@ -56,14 +61,14 @@ from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.links import SecureLinks
 from flowbus.broker.overlays import BrokerCore, address_text, check_overlay, new_core
-from flowbus.broker.queues import Queues
+from flowbus.broker.queues import HOLD_LIMIT, RETRY_EVERY, Queues
 from flowbus.broker.reload import AclReload
 from flowbus.broker.ringlog import RingLog
 from flowbus.broker.sessions import Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
-from flowbus.errors import AccessError, ConfigError, FlowbusError
+from flowbus.errors import AccessError, ConfigError, FlowbusError, StoreFull
 from flowbus.flow.deploy import Deployment
 from flowbus.matching.matcher import warm_up
 from flowbus.net.admission import Admission
@@ -145,7 +150,14 @@ class Broker:
             adverts=self.adverts,
             admit=self._admit,
         )
-        self.queues = Queues(core=core, apply=runtime.apply, store=store, spaces=self.spaces, config=config)
+        self.queues = Queues(
+            core=core,
+            apply=runtime.apply,
+            store=store,
+            spaces=self.spaces,
+            config=config,
+            name=f"broker {self.address}",
+        )
         self.sessions = Sessions(
             welcome=self._welcome,
             ledger=self.ledger,
@@ -163,6 +175,8 @@ class Broker:
         )
         self.sessions.reload = self._reload_reply
         self._documents: list[str] = []  # flows to deploy once joined
+        self._store_failing: StoreFull | None = None  # (the store's failure, as logged)
+        self._store_retry: asyncio.TimerHandle | None = None
         self.console: Console | None = None  # the web console, if started with http
         runtime.on_deliver = self.queues.on_deliver
         runtime.on_deliver_all = self.queues.on_deliver_all
@@ -271,6 +285,9 @@ class Broker:
         self.queues.restore()
 
     async def close(self) -> None:
+        if self._store_retry is not None:
+            self._store_retry.cancel()
+            self._store_retry = None
         if self.console is not None:
             await self.console.close()
         self.queues.close()
@@ -297,6 +314,8 @@ class Broker:
             "queued_in_memory": self.queues.in_memory(),
             "refused_connections": self.runtime.refused,
             "secure_dropped": self.links.dropped if self.links else 0,
+            "store_full": self.store_full() is not None,  # (writes fail, or wait in memory)
+            "store_refused": self.queues.refused,  # deliveries refused while the store was full
             "adapt": self.adapt.view() if self.adapt is not None else None,  # (shares, express links)
         }
 
@@ -352,3 +371,41 @@ class Broker:
             self.ledger.refused(refused, self.sessions.by_client)
         if self.links is not None:
             self.links.after_step()
+        self._store_health()
+
+    def store_full(self) -> StoreFull | None:
+        """Why the store fails: what the parts' writes wait for, or the last write's failure."""
+        return self.queues.full or self.ledger.full or self.store.full
+
+    def _store_health(self) -> None:
+        """After a step or a retry: one warning when the store starts failing, one when it
+        takes writes again and nothing waits for it; tried again every ``RETRY_EVERY`` meanwhile."""
+        full = self.store_full()
+        if full is not None and self._store_failing is None:
+            self._store_failing = full
+            log.warning(
+                "broker %s: %s; what is for the disk waits in memory, in custody (at most %d "
+                "deliveries a subscription, then refused), tried again every %.1f s",
+                self.address,
+                full,
+                HOLD_LIMIT * self.config.memory,
+                RETRY_EVERY,
+            )
+        elif full is None and self._store_failing is not None:
+            self._store_failing = None
+            log.warning(
+                "broker %s: its store %s takes writes again; what waited is written "
+                "(%d deliveries refused so far)",
+                self.address,
+                self.store.path,
+                self.queues.refused,
+            )
+        if full is not None and self._store_retry is None and not self.queues.closed:
+            self._store_retry = asyncio.get_running_loop().call_later(RETRY_EVERY, self._retry_store)
+
+    def _retry_store(self) -> None:
+        """What waits for the store, tried again (the queues' and the ledger's)."""
+        self._store_retry = None
+        self.queues.retry()
+        self.ledger.retry()
+        self._store_health()

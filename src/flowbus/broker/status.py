@@ -121,7 +121,7 @@ def spaces_view(b: Broker, metrics: BrokerMetrics) -> list[dict[str, Any]]:
                 "durable": sub.durable,
                 "interpretation": sub.collapse or "",
                 "attached": sub.session is not None,
-                "queued": len(sub.pending) + sub.unacked + sub.on_disk,
+                "queued": len(sub.pending) + sub.unacked + sub.on_disk + len(sub.held),
                 "on_disk": sub.on_disk,
             }
         )

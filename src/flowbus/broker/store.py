@@ -20,19 +20,24 @@ How it works: one SQLite database per broker, in WAL mode (readers never block t
 
 Every change is one transaction. A refused change (a duplicate subscription id, an unknown
 one, a bad value) raises :class:`StoreError` and leaves the database as it was.
+
+A write the disk cannot take (SQLite's "database or disk is full", or a "disk I/O error")
+raises :class:`~flowbus.errors.StoreFull`, naming the store and the write; its transaction
+is rolled back, so the database is as it was. :attr:`Store.full` is that failure until a
+write commits again. Reads go on as usual.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowbus.errors import StoreError
+from flowbus.errors import StoreError, StoreFull
 
-__all__ = ["QueuedEvent", "Store", "StoreError", "SubscriptionRow"]
+__all__ = ["QueuedEvent", "Store", "StoreError", "StoreFull", "SubscriptionRow"]
 
 SCHEMA_VERSION = 3
 
@@ -62,6 +67,18 @@ CREATE TABLE IF NOT EXISTS flows (
 );
 """
 
+_FULL = (13, 10)  # SQLITE_FULL, SQLITE_IOERR (the primary codes: an extended one's low byte)
+_FULL_TEXT = ("database or disk is full", "disk i/o error")
+
+
+def _is_full(e: sqlite3.OperationalError) -> bool:
+    """Whether ``e`` says the disk could not take a write (not a busy lock, a bad statement...)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(code, int) and (code & 0xFF) in _FULL:
+        return True
+    text = str(e).lower()
+    return any(t in text for t in _FULL_TEXT)
+
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionRow:
@@ -85,6 +102,7 @@ class Store:
 
     def __init__(self, path: Path | str) -> None:
         self.path = str(path)
+        self.full: StoreFull | None = None  # the last write's failure, until a write commits again
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA foreign_keys = ON")
         if self.path != ":memory:":
@@ -111,14 +129,32 @@ class Store:
         return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+    def _tx(self, operation: str) -> Iterator[sqlite3.Connection]:
+        """One transaction, rolled back if anything fails in it (its commit too); a write the
+        disk cannot take is a :class:`StoreFull` naming ``operation``."""
+        db = self._db
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                self._rollback()
+                raise
+            db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            self._rollback()
+            if _is_full(e):
+                full = self.full = StoreFull(self.path, operation, str(e))
+                raise full from e
             raise
-        self._db.execute("COMMIT")
+        self.full = None
+
+    def _rollback(self) -> None:
+        """End the transaction under way, if SQLite has not ended it already (it rolls back by
+        itself after some errors, a full disk among them)."""
+        if self._db.in_transaction:
+            with suppress(sqlite3.Error):  # (nothing more can be done here; the next BEGIN tries again)
+                self._db.execute("ROLLBACK")
 
     # -- subscriptions
 
@@ -129,7 +165,7 @@ class Store:
             if not isinstance(value, str) or not value:
                 raise StoreError(f"add_subscription: {name} must be a non-empty string, got {value!r}")
         try:
-            with self._tx() as db:
+            with self._tx(f"add subscription {sub_id!r}") as db:
                 db.execute(
                     "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?)",
                     (sub_id, client, space, filter, int(durable), collapse),
@@ -139,13 +175,13 @@ class Store:
 
     def remove_subscription(self, sub_id: str) -> None:
         """Forget a subscription and its queue."""
-        with self._tx() as db:
+        with self._tx(f"remove subscription {sub_id!r}") as db:
             if db.execute("DELETE FROM subscriptions WHERE sub_id = ?", (sub_id,)).rowcount == 0:
                 raise StoreError(f"no subscription {sub_id!r}")
 
     def drop_client(self, client: str) -> list[str]:
         """A client's session ended: drop its non-durable subscriptions; their ids."""
-        with self._tx() as db:
+        with self._tx(f"drop the subscriptions of client {client!r}") as db:
             rows = db.execute(
                 "SELECT sub_id FROM subscriptions WHERE client = ? AND durable = 0 ORDER BY sub_id", (client,)
             ).fetchall()
@@ -163,7 +199,7 @@ class Store:
     def enqueue(self, sub_id: str, event_id: str, payload: bytes) -> bool:
         """Queue an event for a subscriber; False if it was queued already."""
         try:
-            with self._tx() as db:
+            with self._tx(f"queue an event for subscription {sub_id!r}") as db:
                 cur = db.execute(
                     "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)",
                     (sub_id, event_id, bytes(payload)),
@@ -175,7 +211,7 @@ class Store:
     def enqueue_many(self, items: list[tuple[str, str, bytes]]) -> int:
         """Queue many ``(sub_id, event_id, payload)`` in one transaction; how many were new."""
         try:
-            with self._tx() as db:
+            with self._tx(f"queue {len(items)} event{'' if len(items) == 1 else 's'}") as db:
                 before = db.total_changes
                 db.executemany(
                     "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)", items
@@ -195,7 +231,7 @@ class Store:
 
     def ack(self, sub_id: str, upto: int) -> int:
         """Acknowledge every queued event of ``sub_id`` with ``seq <= upto``; how many."""
-        with self._tx() as db:
+        with self._tx(f"acknowledge the queue of subscription {sub_id!r} up to {upto}") as db:
             return int(db.execute("DELETE FROM queue WHERE sub_id = ? AND seq <= ?", (sub_id, upto)).rowcount)
 
     def depth(self, sub_id: str) -> int:
@@ -221,7 +257,7 @@ class Store:
         """Record a publish; False (and nothing recorded) if ``seq`` was accepted before."""
         if type(seq) is not int or seq < 0:
             raise StoreError(f"a publisher sequence number is an int >= 0, got {seq!r}")
-        with self._tx() as db:
+        with self._tx(f"record publisher {publisher!r} at {seq}") as db:
             row = db.execute("SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)).fetchone()
             if row is not None and seq <= row[0]:
                 return False
@@ -236,7 +272,7 @@ class Store:
 
     def save_flows(self, records: dict[str, bytes]) -> None:
         """The deployed flows are these (name -> encoded record): the table replaced."""
-        with self._tx() as db:
+        with self._tx("save the deployed flows") as db:
             db.execute("DELETE FROM flows")
             db.executemany("INSERT INTO flows (name, record) VALUES (?, ?)", sorted(records.items()))
 

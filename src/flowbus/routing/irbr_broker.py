@@ -124,6 +124,10 @@ class IrbrBroker(Core):
     def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
         return []
 
+    def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
+        """No custody: the publishes were settled when routed; the deliveries are dropped."""
+        return []
+
     # -- the driver's entry points
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:

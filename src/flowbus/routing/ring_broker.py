@@ -351,6 +351,13 @@ class RingBroker(Core):
         self.custodian.settle_many(counts, self.flow_side.aliases)
         return self._out([])
 
+    def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
+        """The driver gave up local deliveries (``(event id, reason)``, one delivery each: a
+        subscription's queue could not take the event): settled as :meth:`settle_many` would,
+        and their events refused with the reason, upstream to the publisher (as :meth:`refuse`)."""
+        self.custodian.refuse_local(items, self.flow_side.aliases)
+        return self._out([])
+
     def in_custody(self) -> int:
         """How many events this broker holds until others are done with them."""
         return len(self.custodian.records)

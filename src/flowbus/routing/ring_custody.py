@@ -22,6 +22,9 @@ How it works:
   rounds on a neighbour is sent to it again; a receiver takes a copy of an event it is still
   handling as nothing new (:meth:`Custodian.seen`), and answers one it is done with, from
   the last ``DONE`` it finished, with its confirmation again (the first was lost).
+* **Refused here.** A local delivery the driver gives up (its subscription's queue full:
+  :meth:`Custodian.refuse_local`) counts as settled and refuses the record with the reason,
+  as a refusal from a broker further on does.
 """
 
 from __future__ import annotations
@@ -208,6 +211,28 @@ class Custodian:
                         self.maybe_done((src, event_id))  # (may change srcs: iterated on a copy)
                 if not n:
                     break
+
+    def refuse_local(self, items: Iterable[tuple[Hashable, str]], aliases: dict[Any, Any]) -> None:
+        """``(event id, reason)``: one local delivery of the event the driver gave up (its
+        subscription's queue could not take it). It counts as settled, and the event's record
+        is refused with the reason (the first one kept): its publish is refused, not settled,
+        once the record is done (an alias id refuses its event without counting, as in
+        :meth:`settle_many`)."""
+        by_id, records = self.by_id, self.records
+        for event_id, why in items:
+            n = 1
+            if aliases and event_id in aliases:
+                event_id, n = aliases.pop(event_id), 0
+            for src in list(by_id.get(event_id, ())):
+                rec = records[(src, event_id)]
+                if not rec.local:
+                    continue
+                if rec.refused is None:
+                    rec.refused = why
+                rec.local -= n
+                if not rec.local:
+                    self.maybe_done((src, event_id))
+                break
 
     def refuse(self, dst: int, items: Iterable[tuple[Any, str]]) -> None:
         """Broker ``dst`` is done with these events without carrying them on (see

@@ -107,6 +107,7 @@ PINNED = {
     "ring.share_state": "ShareState(sender, entries, seq)",
     "ring.test_neighbour": "TestNeighbour(suspect, asker, window)",
     "ring.traced_query": "TracedQuery(origin, target, trace)",
+    "ringbroker.again": "Again(msg)",
     "ringbroker.confirm": "Confirm(ids)",
     "ringbroker.delegated": "Delegated(subs, event)",
     "ringbroker.detour": "Detour(via, origin, event)",

@@ -20,8 +20,11 @@ from flowbus.sim import CoordinateLatency, Simulator
 class World:
     """Ring brokers in custody mode; the 'clients' settle each delivery ``ack_delay`` later."""
 
-    def __init__(self, n: int, seed: int, ack_delay: float = 3.0, grouped: bool = False) -> None:
-        self.sim = Simulator(seed=seed, transport=[CoordinateLatency(0.5, 2.0)], failure_notice=8.0)
+    def __init__(
+        self, n: int, seed: int, ack_delay: float = 3.0, grouped: bool = False, layers: tuple[Any, ...] = ()
+    ) -> None:
+        transport = [CoordinateLatency(0.5, 2.0), *layers]
+        self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
         self.got: list[tuple[int, Hashable, Any]] = []
         self.ack_delay = ack_delay
         self.sim.on_deliver = self._delivered
@@ -99,3 +102,35 @@ def test_events_held_by_a_dead_broker_are_re_sent(seed: int, grouped: bool) -> N
     settled = {eid for b in publishers for eid in b.settled}
     assert settled == set(events)
     assert all(b.in_custody() == 0 for b in publishers)
+
+
+class LoseFirstPublishes:
+    """Drops the first ``n`` event messages to ``dst`` without telling the sender: what a
+    connection that breaks with them in its buffer does."""
+
+    def __init__(self) -> None:
+        self.dst, self.left = -1, 0
+
+    def bind(self, host: object) -> object:
+        def decide(src: int, dst: int, msg: object, now: float) -> float | str:
+            if dst == self.dst and type(msg).__name__ == "Publish" and self.left:
+                self.left -= 1
+                return "loss"
+            return 0.0
+
+        return decide
+
+
+def test_an_event_lost_on_a_live_link_is_sent_again_and_delivered_once() -> None:
+    lose = LoseFirstPublishes()
+    w = World(4, seed=5, ack_delay=1.0, layers=(lose,))
+    ends = w.order()
+    w.sim.invoke(ends[-1].addr, lambda c: c.subscribe("far", parse("x > 1")))
+    w.sim.run(until=w.sim.now + 60)
+    lose.dst, lose.left = ends[-1].addr, 1
+    w.sim.invoke(ends[0].addr, lambda c: c.publish({"x": 5}, event_id=("p", 1)))
+    w.sim.run(until=w.sim.now + 200)
+    assert lose.left == 0
+    assert [g[1:] for g in w.got] == [("far", ("p", 1))]  # once, after the rounds
+    assert ends[0].settled == [("p", 1)]
+    assert all(b.in_custody() == 0 for b in w.brokers)

@@ -89,7 +89,7 @@ from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
-from flowbus.routing.ring_custody import EVENT_ID, Confirm, Custodian, Key
+from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Key
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
@@ -428,11 +428,6 @@ class RingBroker(Core):
         self.ring.heard_from(src, now)
         if self._fenced and src in self._fenced:
             return self._tell_dead(src, now)
-        if self.custody:  # (copies of events sent again: see ring_custody)
-            seen = self.custodian.seen
-            events = [e for e in events if not seen(src, e[EVENT_ID])]
-            if not events:
-                return self._out([])
         for event in events:
             self._open(src, event)
         if not self.repair.orphans and not self._syncing:
@@ -451,14 +446,14 @@ class RingBroker(Core):
                 for eid in ids:
                     self.custodian.release(src, eid)
                 return self._out([])
-            case HandedOver():
-                if self.custody and self.custodian.seen(src, msg.event[EVENT_ID]):
+            case Again(msg=again):  # (sent again: a copy of what is under way here is nothing new)
+                if self.custody and self.custodian.seen(src, again.event[EVENT_ID]):
                     return self._out([])
+                return self.on_message(src, again, now)
+            case HandedOver():
                 self._open(src, msg.event)
                 return self._out(self.repair.handed_over(msg))
             case Delegated():
-                if self.custody and self.custodian.seen(src, msg.event[EVENT_ID]):
-                    return self._out([])
                 self._open(src, msg.event)
                 return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
             case Unshare(keys=keys):
@@ -528,7 +523,7 @@ class RingBroker(Core):
             if dst in gone or dst in self._fenced:
                 continue
             msg = rec.sent.get(dst) if rec.sent else None
-            out.append(Send(dst, msg if msg is not None else cbr.Publish(rec.event)))
+            out.append(Send(dst, Again(msg if msg is not None else cbr.Publish(rec.event))))
         return out + self.repair.retry_live()
 
     def _tell_dead(self, src: int, now: float) -> list[Effect]:
@@ -573,8 +568,6 @@ class RingBroker(Core):
             self._syncing.discard(src)
             return []
         if isinstance(msg, cbr.Publish):
-            if self.custody and self.custodian.seen(src, msg.event[EVENT_ID]):
-                return []  # (a copy sent again: see ring_custody)
             self._open(src, msg.event)  # (from a former neighbour: dropped, confirmed)
             self.ring.routed(now)  # (the ring's load: events routed a second)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)

@@ -19,9 +19,10 @@ How it works:
 * **Sent again.** A message written into a connection that then broke is lost without a
   notice, and a neighbour cut off for a while, not found dead, may have dropped what came.
   So each heartbeat round (:meth:`Custodian.stale`), what has waited ``RESEND_ROUNDS``
-  rounds on a neighbour is sent to it again; a receiver takes a copy of an event it is still
-  handling as nothing new (:meth:`Custodian.seen`), and answers one it is done with, from
-  the last ``DONE`` it finished, with its confirmation again (the first was lost).
+  rounds on a neighbour is sent to it again, as :class:`Again`; a receiver takes a copy of an
+  event it is still handling as nothing new (:meth:`Custodian.seen`), answers one it is done
+  with, from the last ``DONE`` it finished, with its confirmation again (the first was lost),
+  and handles any other as if it came the first time.
 * **Refused here.** A local delivery the driver gives up (its subscription's queue full:
   :meth:`Custodian.refuse_local`) counts as settled and refuses the record with the reason,
   as a refusal from a broker further on does.
@@ -53,6 +54,16 @@ def publish_order(eid: Any) -> tuple[str, int]:
     if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
         return (repr(eid[0]), eid[1])
     return (repr(eid), 0)
+
+
+@wire.message("ringbroker.again")
+@dataclass(frozen=True, slots=True)
+class Again:
+    """``msg`` (an event's Publish, HandedOver or Delegated) sent again after it waited long
+    on the receiver (see the note): a copy of one under way there is dropped, one finished
+    there is confirmed again."""
+
+    msg: Any
 
 
 @wire.message("ringbroker.confirm")

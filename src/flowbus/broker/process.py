@@ -31,11 +31,16 @@ def start_process(
     tls: Path | None = None,
     tls_name: str | None = None,
     http: str | None = None,
+    advertise: str | None = None,
 ) -> subprocess.Popen[str]:
     """A broker in a process of its own (``flowbus broker start``); its standard error (the
     log) goes to the file ``log`` if one is given, else to ours. With ``tls`` (a ``certs
-    init`` directory), it serves and dials in TLS with the certificate ``tls_name``."""
+    init`` directory), it serves and dials in TLS with the certificate ``tls_name``. With
+    ``advertise`` (``"host:port"``), it listens on ``listen`` but is known in the ring and to
+    clients as ``advertise`` (its ready line names that address)."""
     cmd = [sys.executable, "-m", "flowbus", "broker", "start", "--listen", listen]
+    if advertise is not None:
+        cmd += ["--advertise", advertise]
     for j in join:
         cmd += ["--join", j]
     if data is not None:

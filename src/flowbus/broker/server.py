@@ -8,7 +8,10 @@ How it works:
   :class:`~flowbus.net.runtime.Runtime`, the asyncio driver of the same effects the
   simulator carries out. Peers and clients share the listening port; a client's first
   frame is ``Hello`` (:mod:`flowbus.client.protocol`). The broker's address in the ring is
-  its IPv4 address and port (:func:`~flowbus.net.runtime.addr_of`).
+  its IPv4 address and port (:func:`~flowbus.net.runtime.addr_of`): those it listens on, or
+  those it *advertises* (``advertise``, ``--advertise HOST:PORT``), where something else
+  listens and forwards to it (a proxy, a NAT's port): peers and clients are then told, and
+  dial, the advertised address only (:class:`~flowbus.client.protocol.Welcome`).
 * **The parts**, each with one concern, built once the socket is bound and the core and
   store exist (:meth:`Broker.start`), so none is ever half made:
 
@@ -79,7 +82,7 @@ from flowbus.routing.ring_broker import RingBroker
 if TYPE_CHECKING:
     from flowbus.broker.console import Console
 
-__all__ = ["Broker", "parse_address"]
+__all__ = ["Broker", "parse_address", "parse_advertised"]
 
 log = logging.getLogger("flowbus.broker")
 
@@ -90,6 +93,23 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"an address is HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+def parse_advertised(text: str) -> tuple[str, int]:
+    """An advertised ``"host:port"`` -> ``(ip, port)``: a host that resolves to an IPv4
+    address and a port 1..65535 (peers dial it), or a :class:`ConfigError` naming
+    ``--advertise``."""
+    try:
+        host, port = parse_address(text)
+    except ConfigError as e:
+        raise ConfigError(f"--advertise: {e}") from None
+    if port == 0:
+        raise ConfigError(f"--advertise: a port 1..65535 (peers dial it), got {text!r}")
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError as e:
+        raise ConfigError(f"--advertise: cannot resolve host {host!r}: {e}") from None
+    return ip, port
 
 
 def _admission(config: BrokerConfig, tls: BrokerTls | None) -> Admission:
@@ -118,11 +138,14 @@ class Broker:
         core: BrokerCore,
         runtime: Runtime,
         store: Store,
+        advertised: tuple[str, int] | None = None,
     ) -> None:
         """The broker of ``core``, driven by ``runtime`` (not started yet: the broker sets
-        its hooks), keeping its state in ``store``."""
+        its hooks), keeping its state in ``store``; listening on ``host:port``, known as
+        ``advertised`` if given (else as ``host:port``)."""
         self.host = host
         self.port = port
+        self.advertised = advertised
         self.addr = runtime.addr
         self.overlay = overlay
         self.config = config
@@ -197,6 +220,7 @@ class Broker:
         tls: BrokerTls | None = None,
         http: str | None = None,
         config_file: Path | str | None = None,
+        advertise: str | None = None,
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
@@ -205,8 +229,11 @@ class Broker:
         as it is), serving and dialing its peers in TLS with ``tls`` (mutual TLS between
         brokers), serving the web console on ``http`` (``"host:port"``; None: no console),
         reading its rights again from ``config_file`` on :meth:`reload_acl` (the file
-        ``config`` was read from). Wait for :meth:`joined` before counting on it."""
+        ``config`` was read from), known in the ring and to clients as ``advertise``
+        (``"host:port"`` where a forwarder to ``host:port`` listens; None: as ``host:port``).
+        Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
+        advertised = parse_advertised(advertise) if advertise is not None else None
         console_at = parse_address(http) if http is not None else None
         check_overlay(overlay, config)
         if any(c != "normal" for c in config.classes.values()) and overlay != "chordal-ring":
@@ -227,7 +254,7 @@ class Broker:
         try:
             sock.bind((host, port))
             port = sock.getsockname()[1]
-            addr = addr_of(host, port)
+            addr = addr_of(*(advertised or (host, port)))
             core = new_core(overlay, addr, config)
             if data is not None:
                 Path(data).mkdir(parents=True, exist_ok=True)
@@ -245,7 +272,14 @@ class Broker:
             admission=_admission(config, tls),
         )
         broker = cls(
-            host=host, port=port, overlay=overlay, config=config, core=core, runtime=runtime, store=store
+            host=host,
+            port=port,
+            overlay=overlay,
+            config=config,
+            core=core,
+            runtime=runtime,
+            store=store,
+            advertised=advertised,
         )
         broker._documents = documents
         broker.acl_reload.path = Path(config_file) if config_file is not None else None
@@ -269,7 +303,9 @@ class Broker:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``"host:port"`` as the ring and clients know it (the advertised one, if any)."""
+        host, port = self.advertised or (self.host, self.port)
+        return f"{host}:{port}"
 
     async def joined(self, *, timeout: float = 10.0) -> None:
         """Wait until this broker is a member of the ring; then restore durable subscriptions."""

@@ -7,6 +7,11 @@ restarts. The first broker starts the ring, the others join through those alread
 :class:`Brokers` starts, kills (``SIGKILL``), pauses (``SIGSTOP``/``SIGCONT``), stops
 (``SIGTERM``) and restarts them (on the same address and data), and reads their consoles'
 ``/api/state`` (:meth:`Brokers.poll`), all by process id.
+
+Behind proxies (``proxied``, the runs whose faults strike links: :mod:`flowbus.chaos.proxy`),
+a broker listens on ``127.0.0.1:7001`` in its host and advertises (``--advertise``) its
+host's ``IP:7000``, where its proxy listens: peers and clients reach it only through the
+proxy (the proxies are the campaign's to start first, and to stop).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from flowbus.broker.process import READY
 from flowbus.chaos.hosts import Hosts
+from flowbus.chaos.proxy import BEHIND
 from flowbus.errors import ExperimentError
 
 __all__ = ["Brokers"]
@@ -36,8 +42,18 @@ READY_WITHIN = 60.0  # seconds a starting broker has to print its ready line
 class Brokers:
     """The broker processes of a campaign run (see the module note)."""
 
-    def __init__(self, hosts: Hosts, names: Sequence[str], *, root: Path, config: Path, overlay: str) -> None:
+    def __init__(
+        self,
+        hosts: Hosts,
+        names: Sequence[str],
+        *,
+        root: Path,
+        config: Path,
+        overlay: str,
+        proxied: bool = False,
+    ) -> None:
         self.hosts = hosts
+        self.proxied = proxied
         self.names = list(names)
         self.root = root
         self.config = config
@@ -69,7 +85,11 @@ class Brokers:
         if name not in self.names:
             self.names.append(name)
         others = [self.address(n) for n in self.up if n not in self.paused]
-        argv = [sys.executable, "-m", "flowbus", "broker", "start", "--listen", self.address(name)]
+        argv = [sys.executable, "-m", "flowbus", "broker", "start"]
+        if self.proxied:
+            argv += ["--listen", BEHIND, "--advertise", self.address(name)]
+        else:
+            argv += ["--listen", self.address(name)]
         for a in others[:3]:
             argv += ["--join", a]
         argv += ["--data", str(self.hosts.data_dir(name)), "--config", str(self.config)]

@@ -3,7 +3,9 @@
 How it works (:func:`run_one`):
 
 1. The hosts (:mod:`flowbus.chaos.hosts`: network namespaces as root, else loopback), the
-   brokers (:mod:`flowbus.chaos.brokers`), started one after the other into one ring.
+   brokers (:mod:`flowbus.chaos.brokers`), started one after the other into one ring. If
+   the mix has faults of links (:func:`flowbus.chaos.nemesis.proxied`), each broker host
+   first gets its proxy (:mod:`flowbus.chaos.proxy`), and its broker runs behind it.
 2. The schedule of the run's faults (:func:`flowbus.chaos.nemesis.schedule`, from the mix
    and the seed), and the workload (:mod:`flowbus.chaos.workload`) in the clients' host,
    publishing until some seconds after the last heal.
@@ -11,12 +13,16 @@ How it works (:func:`run_one`):
    (:class:`~flowbus.chaos.nemesis.Nemesis`); meanwhile every broker's console is polled
    each second for the durable subscriptions it serves (``states.jsonl``).
 4. The workload ends by itself (its publishes acknowledged or refused, its subscriptions
-   quiet), the brokers are stopped by process id, the hosts removed, whatever happened.
-5. :func:`flowbus.chaos.check.check_run` gives the run's row; its timeline goes to
-   ``timeline.csv`` and ``timeline.png`` with the faults drawn as bands.
+   quiet), the brokers and then the proxies are stopped by process id, the hosts removed,
+   whatever happened.
+5. :func:`flowbus.chaos.check.check_run` gives the run's row (with the proxies' counters
+   summed in ``proxy``, if it had proxies: frames forwarded, dropped, duplicated,
+   reordered, delayed, connections cut); its timeline goes to ``timeline.csv`` and
+   ``timeline.png`` with the faults drawn as bands.
 
 :func:`run_campaign` runs each mix with each seed, and sums the rows
-(:func:`summarize`): the JSON document ``flowbus chaos run --json`` prints.
+(:func:`summarize`, and the proxies' counters, ``proxy``, if runs had them): the JSON
+document ``flowbus chaos run --json`` prints.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Any
 from flowbus.chaos.brokers import Brokers
 from flowbus.chaos.check import check_run, timeline
 from flowbus.chaos.hosts import Hosts, can_isolate, open_hosts
-from flowbus.chaos.nemesis import Fault, Mix, Nemesis, check_mixes, schedule
+from flowbus.chaos.nemesis import Fault, Mix, Nemesis, check_mixes, proxied, schedule
+from flowbus.chaos.proxy import COUNTS, Proxies
 from flowbus.chaos.workload import Client, Spec, SubSpec, filters_for
 from flowbus.errors import ExperimentError
 
@@ -160,12 +167,26 @@ def run_one(
     isolate = can_isolate()[0] if c.isolate is None else c.isolate
     root = c.out / c.overlay / f"{mix.name}-{seed}"
     root.mkdir(parents=True, exist_ok=True)
-    for stale in ("faults.jsonl", "states.jsonl"):
+    for stale in ("faults.jsonl", "states.jsonl", "where.json"):
         (root / stale).unlink(missing_ok=True)
     names = [f"b{i}" for i in range(c.brokers)]
+    if proxied(mix) and not isolate:
+        raise ExperimentError(f"mix {mix.name!r}: faults of links need network namespaces (root)")
     hosts = open_hosts([*names, "c"], root=root, isolate=isolate)
-    brokers = Brokers(hosts, names, root=root, config=_config(root / "broker.yaml", c), overlay=c.overlay)
+    proxies = Proxies(hosts, root=root, seed=seed) if proxied(mix) else None
+    brokers = Brokers(
+        hosts,
+        names,
+        root=root,
+        config=_config(root / "broker.yaml", c),
+        overlay=c.overlay,
+        proxied=proxies is not None,
+    )
     try:
+        if proxies is not None:
+            say(f"{mix.name} seed {seed}: starting {c.brokers} proxies")
+            for name in names:
+                proxies.start(name)
         say(f"{mix.name} seed {seed}: starting {c.brokers} brokers")
         brokers.start_all()
         time.sleep(2.0 * c.heartbeat + 1.0)  # (the ring settles)
@@ -176,7 +197,16 @@ def run_one(
         publish_for = faults[-1].end + c.tail
         spec = _workload(c, [brokers.address(n) for n in names], root, publish_for, seed)
         (root / "spec.json").write_text(spec.to_json())
-        nemesis = Nemesis(hosts, brokers, order=order, clients="c", log=root / "faults.jsonl")
+        nemesis = Nemesis(
+            hosts,
+            brokers,
+            order=order,
+            clients="c",
+            log=root / "faults.jsonl",
+            proxies=proxies,
+            publishers={p.name: names[p.first] for p in spec.publishers},
+            where=root / "where.json",
+        )
         poller = _Poller(brokers, root / "states.jsonl")
         poller.start()
         try:
@@ -185,9 +215,15 @@ def run_one(
             poller.done.set()
             poller.join()
     finally:
-        brokers.close()
-        hosts.close()
+        try:
+            brokers.close()
+            if proxies is not None:
+                proxies.close()
+        finally:
+            hosts.close()
     row = {"mix": mix.name, "seed": seed, "overlay": c.overlay, "brokers": c.brokers, **check_run(root)}
+    if proxies is not None:
+        row["proxy"] = proxies.stats()
     _write_timeline(root, mix, seed)
     (root / "row.json").write_text(json.dumps(row, indent=1))
     return row
@@ -249,11 +285,13 @@ def _write_timeline(root: Path, mix: Mix, seed: int) -> None:
 def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -> dict[str, Any]:
     """The campaign's document: totals over the runs, the worst recovery, the rows."""
     totals = {k: sum(r[k] for r in rows) for k in TOTALS}
+    proxy = {k: sum(r["proxy"][k] for r in rows if "proxy" in r) for k in COUNTS}
     return {
         "overlay": overlay,
         "isolated": isolated,
         "runs": len(rows),
         **totals,
+        **({"proxy": proxy} if any("proxy" in r for r in rows) else {}),
         "recovery_p99_s": max((r["recovery_p99_s"] for r in rows), default=0.0),
         "recovery_max_s": max((r["recovery_max_s"] for r in rows), default=0.0),
         "seeds": sorted({r["seed"] for r in rows}),
@@ -281,6 +319,8 @@ def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) ->
                 f"{mix.name} seed {seed}: {r['acknowledged']} acknowledged, {r['lost']} lost, "
                 f"{r['duplicated']} duplicated, {r['out_of_order']} out of order, {r['hung_publishes']} hung"
             )
+            if "proxy" in r:
+                say(f"{mix.name} seed {seed}: proxies " + ", ".join(f"{k} {r['proxy'][k]}" for k in COUNTS))
     doc = summarize(rows, overlay=c.overlay, isolated=isolated)
     from flowbus.chaos.report import write_campaign
 

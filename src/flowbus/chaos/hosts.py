@@ -13,6 +13,9 @@ How it works:
   route in ``a``'s namespace: connecting fails at once, and the packets of open connections
   vanish, so TCP retransmits until ``mend``); both ways takes a cut on each side, one way
   only one. ``link(h, up=False)`` takes the host's link down altogether (clients included).
+  Slower, lossy, duplicating or reordering links are not made here (the kernel may have no
+  ``netem``): a proxy in front of each broker makes them (:mod:`flowbus.chaos.proxy`,
+  launched in the broker's host like any program).
 * **Disks.** A host's data directory can be a small ext4 file system of its own on a loop
   device (:meth:`Namespaces.disk`): ``fill`` takes all its free space (a store then meets
   ``ENOSPC``), ``drain`` gives it back; ``power_loss`` keeps only what the kernel had written
@@ -50,7 +53,8 @@ REGISTRY = Path("/run/flowbus-chaos")
 """Where each campaign lists what it made (one JSON file per campaign process)."""
 
 BROKER_PORT = 7000
-"""The port every broker listens on in its own namespace."""
+"""The port every broker listens on in its own namespace (or, behind a proxy, the port the
+proxy listens on and the broker advertises: :mod:`flowbus.chaos.proxy`)."""
 
 
 class Hosts(Protocol):

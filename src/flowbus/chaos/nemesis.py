@@ -3,11 +3,20 @@
 How it works:
 
 * A :class:`Fault` is data: its kind, when it begins (seconds after the workload is ready),
-  how long it lasts, and the hosts it strikes, chosen when the schedule is made (ring
-  positions: ``adjacent`` means ring neighbours, by the brokers' ids).
+  how long it lasts, the hosts it strikes, chosen when the schedule is made (ring
+  positions: ``adjacent`` means ring neighbours, by the brokers' ids), and its parameters
+  (``params``: a link fault's delay, loss... an ``ack-cut``'s ``when``), drawn then too.
+* The faults of links (:data:`LINKS`, and ``ack-cut``) are made by the proxy in front of
+  each broker (:mod:`flowbus.chaos.proxy`): a run whose mix has one runs every broker
+  behind its own proxy, and a fault writes the proxies' rules; its heal removes them. A
+  link fault strikes one to three links between ring neighbours (link ``i`` joins
+  ``targets[i]`` and ``others[i]``), both ways. An ``ack-cut``'s ``targets[0]`` picks a
+  publisher instead: it strikes the broker that publisher is connected to when the fault
+  is made (the workload's ``where.json``), where its acknowledgements flow.
 * A *mix* (:data:`MIXES`) names the kinds a run draws from; :func:`schedule` draws a run's
   faults from it with a seeded generator: kinds, victims, durations, and the quiet time
-  after each heal (the recovery the checker measures). The same mix and seed give the same
+  after each heal (the recovery the checker measures); a mix with ``each`` set (``links``)
+  meets every one of its kinds once per round. The same mix and seed give the same
   schedule, whatever the machine.
 * :class:`Nemesis` carries a fault out on the hosts and brokers and heals it, and logs both
   with their wall-clock times (``faults.jsonl``); a fault that cannot be made here (a
@@ -31,6 +40,15 @@ The kinds (``heal`` is what ends them):
 ``disk-full``      one broker's file system full (ENOSPC); heal: space given back
 ``power-loss``     ``kill -9`` and what was not written to the disk lost; heal: restarted
 ``restart``        ``SIGTERM`` of one broker and a restart on its data (a rolling step)
+``delay``          1-3 broker links delayed 20-200 ms, with a jitter of 20-100 % of it
+                   (frames stay in order); heal: the rules removed
+``loss``           1-3 broker links losing 1-10 % of their frames
+``dup``            1-3 broker links forwarding 1-10 % of their frames twice
+``reorder``        1-3 broker links holding back 2-20 % of their frames 20-150 ms (later
+                   frames overtake them)
+``ack-cut``        the link of a publisher (drawn) to the broker it is connected to cut
+                   just ``before`` or ``after`` a publish acknowledgement (once; ``when``
+                   drawn); heal: the rule removed
 =================  ===================================================================
 """
 
@@ -40,16 +58,31 @@ import json
 import random
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowbus.chaos.brokers import Brokers
 from flowbus.chaos.hosts import Hosts
 from flowbus.errors import ExperimentError
 
-__all__ = ["KINDS", "MIXES", "NETWORK", "Fault", "Mix", "Nemesis", "check_mixes", "schedule"]
+if TYPE_CHECKING:
+    from flowbus.chaos.proxy import Proxies
+
+__all__ = [
+    "KINDS",
+    "LINKS",
+    "MIXES",
+    "NETWORK",
+    "PROXIED",
+    "Fault",
+    "Mix",
+    "Nemesis",
+    "check_mixes",
+    "proxied",
+    "schedule",
+]
 
 KINDS = (
     "kill",
@@ -66,22 +99,47 @@ KINDS = (
     "disk-full",
     "power-loss",
     "restart",
+    "delay",
+    "loss",
+    "dup",
+    "reorder",
+    "ack-cut",
 )
 
+LINKS = ("delay", "loss", "dup", "reorder")
+"""Kinds that strike links between brokers (through their proxies)."""
+
+PROXIED = frozenset({*LINKS, "ack-cut"})
+"""Kinds made by the brokers' proxies (:mod:`flowbus.chaos.proxy`)."""
+
 NETWORK = frozenset(
-    {"isolate", "link-down", "split", "cut-two", "one-way", "bridge", "client-cut", "disk-full", "power-loss"}
+    {
+        "isolate",
+        "link-down",
+        "split",
+        "cut-two",
+        "one-way",
+        "bridge",
+        "client-cut",
+        "disk-full",
+        "power-loss",
+        *PROXIED,
+    }
 )
 """Kinds that need network namespaces and disks of their own (root)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Mix:
-    """A named set of fault kinds a run draws from, ``faults`` of them per run."""
+    """A named set of fault kinds a run draws from, ``faults`` of them per run (``each``:
+    every kind once per round of ``len(kinds)`` faults, in a seeded order; else each fault's
+    kind drawn on its own)."""
 
     name: str
     kinds: tuple[str, ...]
     faults: int
     about: str
+    each: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -108,11 +166,18 @@ MIXES: dict[str, Mix] = {
             6,
             "a bit of everything",
         ),
+        Mix("links", LINKS, 4, "broker links delayed with jitter, lossy, duplicating, reordering", each=True),
+        Mix("acks", ("ack-cut",), 6, "a publisher's link cut just before or after a publish acknowledgement"),
         Mix("short", ("kill", "pause", "isolate"), 3, "what CI runs (--short)"),
         Mix("process", ("kill", "kill-adjacent", "pause", "restart"), 5, "faults of processes only"),
     )
 }
 """The mixes, by name (``flowbus chaos mixes`` lists them)."""
+
+
+def proxied(mix: Mix) -> bool:
+    """Whether a run of ``mix`` runs its brokers behind proxies (it has faults of links)."""
+    return bool(set(mix.kinds) & PROXIED)
 
 
 def check_mixes(names: Sequence[str], *, isolated: bool) -> list[Mix]:
@@ -132,17 +197,25 @@ def check_mixes(names: Sequence[str], *, isolated: bool) -> list[Mix]:
 @dataclass(frozen=True, slots=True)
 class Fault:
     """One fault of a schedule: ``kind`` on ``targets`` from ``start`` for ``duration``
-    seconds (after the workload is ready); ``others`` is the far side of a partition."""
+    seconds (after the workload is ready); ``others`` is the far side of a partition (of a
+    link fault: link ``i`` joins ``targets[i]`` and ``others[i]``); ``params``, what the
+    fault needs more: ``(name, value)`` pairs (a link's rules, an ``ack-cut``'s ``when``)."""
 
     kind: str
     start: float
     duration: float
     targets: tuple[int, ...]  # ring positions (0 .. n-1)
     others: tuple[int, ...] = ()
+    params: tuple[tuple[str, float | str], ...] = ()
 
     @property
     def end(self) -> float:
         return self.start + self.duration
+
+    @property
+    def rules(self) -> dict[str, float | str]:
+        """``params`` as a dict."""
+        return dict(self.params)
 
 
 def schedule(mix: Mix, seed: int, *, brokers: int, detect: float, warmup: float = 4.0) -> list[Fault]:
@@ -151,15 +224,23 @@ def schedule(mix: Mix, seed: int, *, brokers: int, detect: float, warmup: float 
     rng = random.Random(f"{mix.name}/{seed}")
     t = warmup
     out = []
+    round_: list[str] = []
     for _ in range(mix.faults):
-        kind = rng.choice(mix.kinds)
+        if mix.each:
+            if not round_:
+                round_ = rng.sample(mix.kinds, len(mix.kinds))
+            kind = round_.pop()
+        else:
+            kind = rng.choice(mix.kinds)
         duration = round(rng.uniform(detect + 2.0, detect + 10.0), 1)
         if kind in ("kill", "kill-adjacent", "kill-minority", "power-loss", "restart"):
             duration = round(rng.uniform(1.0, detect + 6.0), 1)  # (restarted before or after detection)
         if kind == "client-cut":
             duration = round(rng.uniform(0.5, 6.0), 1)
+        if kind == "ack-cut":
+            duration = round(rng.uniform(1.0, 5.0), 1)
         targets, others = _victims(kind, rng, brokers)
-        out.append(Fault(kind, round(t, 1), duration, targets, others))
+        out.append(Fault(kind, round(t, 1), duration, targets, others, _params(kind, rng)))
         t += duration + rng.uniform(detect + 4.0, detect + 8.0)
     return out
 
@@ -183,36 +264,119 @@ def _victims(kind: str, rng: random.Random, n: int) -> tuple[tuple[int, ...], tu
     if kind == "bridge":
         half = (n - 1) // 2
         return tuple(ring[1 : 1 + half]), tuple(ring[1 + half :])  # (ring[0] reaches both)
+    if kind in LINKS:  # (links between ring neighbours: those the events take)
+        starts = sorted(rng.sample(range(n), rng.randint(1, min(3, n))))
+        return tuple(starts), tuple((p + 1) % n for p in starts)
     return (first,), ()
+
+
+def _params(kind: str, rng: random.Random) -> tuple[tuple[str, float | str], ...]:
+    """A fault's parameters (a link fault's rules for the proxies, see the kinds' table)."""
+    if kind == "delay":
+        delay = round(rng.uniform(20.0, 200.0))
+        return (("delay_ms", delay), ("jitter_ms", round(delay * rng.uniform(0.2, 1.0))))
+    if kind == "loss":
+        return (("loss", round(rng.uniform(0.01, 0.10), 3)),)
+    if kind == "dup":
+        return (("dup", round(rng.uniform(0.01, 0.10), 3)),)
+    if kind == "reorder":
+        return (
+            ("reorder", round(rng.uniform(0.02, 0.20), 3)),
+            ("reorder_ms", round(rng.uniform(20.0, 150.0))),
+        )
+    if kind == "ack-cut":
+        return (("when", rng.choice(("before", "after"))),)
+    return ()
 
 
 class Nemesis:
     """Carries faults out on a run's hosts and brokers, and logs them (see the module note)."""
 
     def __init__(
-        self, hosts: Hosts, brokers: Brokers, *, order: Sequence[str], clients: str, log: Path
+        self,
+        hosts: Hosts,
+        brokers: Brokers,
+        *,
+        order: Sequence[str],
+        clients: str,
+        log: Path,
+        proxies: Proxies | None = None,
+        publishers: Mapping[str, str] | None = None,
+        where: Path | None = None,
     ) -> None:
         self.hosts = hosts
         self.brokers = brokers
         self.order = list(order)  # broker names in ring order (positions index it)
         self.clients = clients
         self.log = log
+        self.proxies = proxies  # the brokers' proxies (runs of mixes with faults of links)
+        self.publishers = dict(publishers or {})  # publisher -> the broker it is given first
+        self.where = where  # the workload's where.json: publisher -> "host:port" it is connected to
         self.injected = 0
+        self._struck: dict[Fault, list[str]] = {}  # ack-cut -> the broker it struck
 
     def _names(self, positions: Sequence[int]) -> list[str]:
         return [self.order[i % len(self.order)] for i in positions]
 
+    def _publisher(self, fault: Fault) -> str | None:
+        """An ``ack-cut``'s publisher (``targets[0]`` indexes them)."""
+        names = list(self.publishers)
+        return names[fault.targets[0] % len(names)] if names else None
+
+    def _victims(self, fault: Fault) -> list[str]:
+        """The brokers ``fault`` strikes: at its ring positions; an ``ack-cut``'s is the
+        broker its publisher is connected to when it is made (the workload's ``where``; else
+        the one the publisher is given first), where acknowledgements flow."""
+        if fault.kind != "ack-cut" or not self.publishers:
+            return self._names(fault.targets)
+        if fault in self._struck:
+            return self._struck[fault]
+        publisher = self._publisher(fault)
+        assert publisher is not None
+        victim = self.publishers[publisher]
+        try:
+            at = json.loads(self.where.read_text()).get(publisher) if self.where is not None else None
+        except (OSError, ValueError):
+            at = None
+        if isinstance(at, str):
+            victim = {self.brokers.address(n): n for n in self.order}.get(at, victim)
+        return [victim]
+
+    def _links(self, fault: Fault) -> list[tuple[str, str]]:
+        """A link fault's links (both ends)."""
+        return list(zip(self._names(fault.targets), self._names(fault.others), strict=True))
+
     def _note(self, what: str, fault: Fault, **more: Any) -> None:
-        row = {"t": time.time(), "what": what, **asdict(fault), "hosts": self._names(fault.targets), **more}
+        row = {"t": time.time(), "what": what, **asdict(fault), "hosts": self._victims(fault), **more}
+        row["params"] = fault.rules
+        if fault.kind in LINKS:
+            links = self._links(fault)
+            row["links"] = [list(link) for link in links]
+            row["hosts"] = sorted({h for link in links for h in link})
+        if fault.kind == "ack-cut":
+            row["publisher"] = self._publisher(fault)
         with self.log.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def _proxies(self, fault: Fault) -> Proxies:
+        if self.proxies is None:
+            raise ExperimentError(f"a {fault.kind} fault needs the brokers behind proxies")
+        return self.proxies
+
     def inject(self, fault: Fault) -> None:
-        victims, others = self._names(fault.targets), self._names(fault.others)
+        victims, others = self._victims(fault), self._names(fault.others)
+        if fault.kind == "ack-cut":
+            self._struck[fault] = victims
         kind, hosts, brokers = fault.kind, self.hosts, self.brokers
         self._note("inject", fault)
         self.injected += 1
-        if kind in ("kill", "kill-adjacent", "kill-minority", "power-loss"):
+        if kind in LINKS:
+            rules = {k: v for k, v in fault.params if isinstance(v, int | float)}
+            for a, b in self._links(fault):
+                self._proxies(fault).set_link(a, b, rules)
+        elif kind == "ack-cut":
+            self._proxies(fault).set_ack_cut(victims[0], self.clients, str(fault.rules["when"]))
+        elif kind in ("kill", "kill-adjacent", "kill-minority", "power-loss"):
             for v in victims:
                 brokers.kill(v)
             if kind == "power-loss":
@@ -246,9 +410,14 @@ class Nemesis:
             raise ExperimentError(f"unknown fault kind {kind!r}")
 
     def heal(self, fault: Fault) -> None:
-        victims, others = self._names(fault.targets), self._names(fault.others)
+        victims, others = self._victims(fault), self._names(fault.others)
         kind, hosts, brokers = fault.kind, self.hosts, self.brokers
-        if kind in ("kill", "kill-adjacent", "kill-minority", "power-loss", "restart"):
+        if kind in LINKS:
+            for a, b in self._links(fault):
+                self._proxies(fault).clear_link(a, b)
+        elif kind == "ack-cut":
+            self._proxies(fault).clear_ack_cut(victims[0])
+        elif kind in ("kill", "kill-adjacent", "kill-minority", "power-loss", "restart"):
             for v in victims:
                 brokers.start(v)
         elif kind == "pause":
@@ -271,3 +440,4 @@ class Nemesis:
         elif kind == "disk-full":
             hosts.drain(victims[0])
         self._note("heal", fault)
+        self._struck.pop(fault, None)

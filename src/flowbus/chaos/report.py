@@ -27,6 +27,11 @@ _COLOURS = {
     "pause": "#9467bd",
     "disk-full": "#8c564b",
     "client-cut": "#17becf",
+    "ack-cut": "#17becf",
+    "delay": "#bcbd22",
+    "loss": "#bcbd22",
+    "dup": "#bcbd22",
+    "reorder": "#bcbd22",
 }
 
 

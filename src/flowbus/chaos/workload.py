@@ -20,7 +20,9 @@ then), publishes for ``publish_for`` seconds, waits for the publishes to be ackn
 no event, within ``settle`` too), then writes ``summary.json`` and exits. The logs are CSV
 files in ``out``, flushed every second (a run cut short keeps what came until then):
 ``publishes.csv`` (``publisher,k,pseq,sent,acked,error``: one row when sent, one when
-resolved) and ``deliveries.csv`` (``sub,quantity,broker,t``).
+resolved) and ``deliveries.csv`` (``sub,quantity,broker,t``). ``where.json`` says, as it
+changes, the broker each publisher is connected to (``{publisher: "host:port"}``: the
+nemesis cuts a publisher's link at an acknowledgement there).
 
 The campaign's checker (:mod:`flowbus.chaos.check`) recomputes every event from ``(p, k)``
 and every subscription's filter from the spec: nothing else is needed offline.
@@ -156,13 +158,30 @@ class _Log:
         self._f.close()
 
 
+class _Where:
+    """``where.json``: the broker each publisher is connected to, written when one changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.brokers: dict[str, str] = {}
+
+    def set(self, publisher: str, broker: str | None) -> None:
+        if broker is None or self.brokers.get(publisher) == broker:
+            return
+        self.brokers[publisher] = broker
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.brokers))
+        tmp.replace(self.path)
+
+
 class _Publisher:
     """One publishing client: its events at a steady rate, each publish's fate logged."""
 
-    def __init__(self, spec: Spec, index: int, log: _Log) -> None:
+    def __init__(self, spec: Spec, index: int, log: _Log, where: _Where | None = None) -> None:
         self.spec = spec
         self.index = index
         self.log = log
+        self.where = where
         self.sent: dict[int, int] = {}  # pseq -> k, not resolved yet
         self.counts = {"sent": 0, "acked": 0, "refused": 0, "hung": 0}
 
@@ -214,6 +233,8 @@ class _Publisher:
 
     async def _watch(self, client: Any) -> None:
         while True:
+            if self.where is not None:
+                self.where.set(self.spec.publishers[self.index].name, client.broker)
             await asyncio.sleep(0.02)
             self._acked(client)
 
@@ -286,7 +307,8 @@ async def run(spec: Spec) -> dict[str, Any]:
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60.0)
         start = time.time()
         print(f"ready {start:.4f}", flush=True)
-        publishers = [_Publisher(spec, i, pub_log) for i in range(len(spec.publishers))]
+        where = _Where(out / "where.json")
+        publishers = [_Publisher(spec, i, pub_log, where) for i in range(len(spec.publishers))]
         await asyncio.gather(*(p.run(start) for p in publishers))
         end = time.time() + spec.settle
         while time.time() < end and any(time.time() - s.last < spec.quiet for s in subscribers):

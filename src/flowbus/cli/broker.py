@@ -98,6 +98,13 @@ def broker_start(
     listen: Annotated[
         str, typer.Option(help="HOST:PORT to listen on (port 0: any free port).")
     ] = "127.0.0.1:7001",
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT the ring and clients know (and dial) this broker by, if not --listen "
+            "(a proxy or forwarder there leads to --listen)."
+        ),
+    ] = None,
     join: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker of the ring to join.")] = None,
     data: Annotated[Path | None, typer.Option(help="Directory of the broker's SQLite store.")] = None,
     overlay: Annotated[
@@ -122,7 +129,7 @@ def broker_start(
     import logging
 
     from flowbus.broker.config import DEFAULT, BrokerConfig
-    from flowbus.broker.server import parse_address
+    from flowbus.broker.server import parse_address, parse_advertised
     from flowbus.net.tls import broker_tls
 
     level = logging.getLevelNamesMapping().get(log_level.upper())
@@ -133,6 +140,8 @@ def broker_start(
     )
     try:
         host, port = parse_address(listen)
+        if advertise is not None:
+            parse_advertised(advertise)
         cfg = BrokerConfig.load(config) if config is not None else DEFAULT
         contexts = broker_tls(tls, tls_name) if tls is not None else None
     except FlowbusError as e:
@@ -153,6 +162,7 @@ def broker_start(
             tls=contexts,
             http=http,
             config_file=config,
+            advertise=advertise,
         )
     )
 

@@ -24,7 +24,19 @@ chaos_app = typer.Typer(
 )
 
 SHORT = ("short",)
-FULL = ("crash", "pause", "isolate", "split", "partial", "clients", "disk", "membership", "mixed")
+FULL = (
+    "crash",
+    "pause",
+    "isolate",
+    "split",
+    "partial",
+    "clients",
+    "links",
+    "acks",
+    "disk",
+    "membership",
+    "mixed",
+)
 
 
 @chaos_app.command("mixes")

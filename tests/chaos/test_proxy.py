@@ -1,0 +1,255 @@
+"""The chaos proxy: its rules, each frame's fate (without sockets, seeded), one proxy on
+127.0.0.1 between a client and a fake broker, and the nemesis writing the proxies' rules."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import struct
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from flowbus.chaos.brokers import Brokers
+from flowbus.chaos.hosts import Hosts
+from flowbus.chaos.nemesis import LINKS, MIXES, NETWORK, Fault, Nemesis, proxied, schedule
+from flowbus.chaos.proxy import LinkRules, Proxies, Proxy, Rules, Shaper, frame_tag, split_frames
+from flowbus.client import protocol as p
+from flowbus.net.codec import encode, frame
+
+# ------------------------------------------------------------------------------------- the rules
+
+
+def test_rules_are_read_and_checked(tmp_path: Path) -> None:
+    doc = {
+        "links": {
+            "10.250.7.2": {"delay_ms": 40, "jitter_ms": 30, "loss": 0.05, "dup": 0.02, "reorder": 0.05}
+        },
+        "ack_cut": {"peer": "10.250.7.9", "when": "before"},
+    }
+    rules = Rules.parse(doc)
+    assert rules.links["10.250.7.2"] == LinkRules(40, 30, 0.05, 0.02, 0.05, 50)
+    assert rules.ack_cut is not None and (rules.ack_cut.peer, rules.ack_cut.when) == ("10.250.7.9", "before")
+    assert Rules.load(tmp_path / "none.json") == Rules()
+    for bad, what in [
+        ({"links": {"10.0.0.1": {"loss": 1.5}}}, "probability"),
+        ({"links": {"10.0.0.1": {"delay": 5}}}, "unknown fields"),
+        ({"links": {"here": {}}}, "not an IPv4"),
+        ({"links": {"10.0.0.1": {"delay_ms": -1}}}, "milliseconds"),
+        ({"ack_cut": {"peer": "10.0.0.1", "when": "during"}}, "before"),
+        ({"nemesis": 1}, "unknown keys"),
+    ]:
+        with pytest.raises(ValueError, match=what):
+            Rules.parse(bad)
+
+
+# ------------------------------------------------------------------------------ a frame's fate
+
+
+def fates(rules: LinkRules | None, n: int, *, seed: int = 1, every: float = 0.001) -> list[Any]:
+    shaper = Shaper(random.Random(seed))
+    return [shaper.decide(rules, 100.0 + i * every) for i in range(n)]
+
+
+def test_no_rules_forward_at_once_in_order() -> None:
+    out = fates(None, 10)
+    assert [f.copies for f in out] == [1] * 10
+    assert [f.release for f in out] == [100.0 + i * 0.001 for i in range(10)]
+
+
+def test_delay_and_jitter_keep_the_order_and_never_go_negative() -> None:
+    out = fates(LinkRules(delay_ms=40, jitter_ms=30), 2000)
+    waits = [f.release - (100.0 + i * 0.001) for i, f in enumerate(out)]
+    assert all(f.copies == 1 and not f.reordered for f in out)
+    assert all(a.release <= b.release for a, b in itertools.pairwise(out))  # (in order)
+    assert min(waits) >= 0.010 - 1e-9 and max(waits) <= 0.070 + 1e-9  # (40 ± 30, or behind the one ahead)
+    apart = fates(LinkRules(delay_ms=40, jitter_ms=30), 2000, every=0.1)  # (none behind another)
+    waits = [f.release - (100.0 + i * 0.1) for i, f in enumerate(apart)]
+    assert 0.037 < sum(waits) / len(waits) < 0.043 and min(waits) < 0.012 and max(waits) > 0.068
+    big_jitter = fates(LinkRules(delay_ms=5, jitter_ms=50), 500, every=1.0)  # (far apart: none waits)
+    assert all(f.release >= 100.0 + i * 1.0 for i, f in enumerate(big_jitter))  # (never before it came)
+    assert any(f.release == 100.0 + i * 1.0 for i, f in enumerate(big_jitter))  # (some wait 0)
+
+
+def test_loss_dup_and_reorder_at_their_rates_seeded() -> None:
+    rules = LinkRules(loss=0.1, dup=0.2, reorder=0.05, reorder_ms=60)
+    out = fates(rules, 20_000)
+    assert out == fates(rules, 20_000)  # (the same seed: the same fates)
+    assert out != fates(rules, 20_000, seed=2)
+    dropped = sum(f.copies == 0 for f in out)
+    kept = [f for f in out if f.copies]
+    assert 0.08 < dropped / len(out) < 0.12
+    assert 0.17 < sum(f.copies == 2 for f in kept) / len(kept) < 0.23
+    assert 0.04 < sum(f.reordered for f in kept) / len(kept) < 0.06
+
+
+def test_a_reordered_frame_is_overtaken() -> None:
+    shaper = Shaper(random.Random(1))
+    held = shaper.decide(LinkRules(delay_ms=10, reorder=1.0, reorder_ms=60), 100.0)
+    assert held.reordered and held.release == pytest.approx(100.07)
+    later = shaper.decide(LinkRules(delay_ms=10), 100.001)
+    assert not later.reordered and later.release == pytest.approx(100.011)
+    assert later.release < held.release
+    assert shaper.decide(None, 100.002).release == pytest.approx(100.011)  # (behind the one ahead)
+
+
+def test_frames_are_cut_whole_and_tagged() -> None:
+    ack = frame(encode(p.PubAck(p.pack_pubacks([1, 2]))))
+    hello = frame(encode(p.Hello("me")))
+    buf = bytearray(ack + hello[:7])
+    assert split_frames(buf) == [ack] and bytes(buf) == hello[:7]
+    buf += hello[7:]
+    assert split_frames(buf) == [hello] and not buf
+    assert frame_tag(ack) == "client.pub_ack"
+    assert frame_tag(hello) == "client.hello"
+    assert frame_tag(frame(encode((5, "x")))) == "tuple"
+
+
+# ------------------------------------------------------------------------------- on sockets
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+async def _frames(reader: asyncio.StreamReader, n: int) -> list[bytes]:
+    out = []
+    for _ in range(n):
+        (size,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 5))
+        out.append(await asyncio.wait_for(reader.readexactly(size), 5))
+    return out
+
+
+def test_a_proxy_on_loopback(tmp_path: Path) -> None:
+    """Frames both ways, duplicated by a rule, a pub_ack cut before it reaches the client,
+    and a reset when the broker is gone."""
+    rules = tmp_path / "rules.json"
+
+    async def main() -> None:
+        upstream: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+        async def accept(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await upstream.put((r, w))
+
+        broker = await asyncio.start_server(accept, "127.0.0.1", 0)
+        target = broker.sockets[0].getsockname()[:2]
+        proxy = Proxy(("127.0.0.1", 0), target, rules, seed=3)
+        await proxy.start()
+        host, port = proxy.address.split(":")
+        try:
+            # (no rules: frames pass both ways, whole, in order)
+            cr, cw = await asyncio.open_connection(host, int(port))
+            br, bw = await asyncio.wait_for(upstream.get(), 5)
+            cw.write(b"".join(_frame(b"up%d" % i) for i in range(3)))
+            assert await _frames(br, 3) == [b"up0", b"up1", b"up2"]
+            bw.write(_frame(b"down"))
+            assert await _frames(cr, 1) == [b"down"]
+
+            # (every frame from 127.0.0.1 twice, both ways; then an ack cut before)
+            rules.write_text(json.dumps({"links": {"127.0.0.1": {"dup": 1.0, "delay_ms": 5}}}))
+            await asyncio.sleep(0.3)
+            cw.write(_frame(b"twice"))
+            assert await _frames(br, 2) == [b"twice", b"twice"]
+            rules.write_text(json.dumps({"ack_cut": {"peer": "127.0.0.1", "when": "before"}}))
+            await asyncio.sleep(0.3)
+            bw.write(_frame(b"event") + frame(encode(p.PubAck(p.pack_pubacks([7])))))
+            assert await _frames(cr, 1) == [b"event"]
+            assert await asyncio.wait_for(cr.read(), 5) == b""  # (closed: the ack never came)
+            assert await asyncio.wait_for(br.read(), 5) == b""
+            cw.close()
+
+            # (disarmed once it fired: a new connection's acks pass)
+            cr, cw = await asyncio.open_connection(host, int(port))
+            br, bw = await asyncio.wait_for(upstream.get(), 5)
+            ack = frame(encode(p.PubAck(p.pack_pubacks([8]))))
+            bw.write(ack)
+            assert await asyncio.wait_for(cr.readexactly(len(ack)), 5) == ack
+            cw.close()
+            bw.close()
+
+            # (the broker gone: a connection is reset, not closed in order)
+            broker.close()
+            await broker.wait_closed()
+            cr, cw = await asyncio.open_connection(host, int(port))
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(cr.read(), 5)
+            cw.close()
+        finally:
+            broker.close()
+            await proxy.close()
+        stats = json.loads(Path(f"{rules}.stats.json").read_text())
+        assert stats["duplicated"] == 1 and stats["cuts"] == 1 and stats["resets"] == 1
+        assert stats["connections"] == 3 and stats["dropped"] == 1
+        assert stats["by_source"]["127.0.0.1"]["cuts"] == 1
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+# ------------------------------------------------------------------------------- the nemesis
+
+
+class FakeHosts:
+    def ip(self, host: str) -> str:
+        return f"10.250.7.{int(host[1:]) + 1}" if host != "c" else "10.250.7.9"
+
+    def address(self, host: str) -> str:
+        return f"{self.ip(host)}:7000"
+
+
+class FakeBrokers:
+    def address(self, name: str) -> str:
+        return FakeHosts().address(name)
+
+
+def test_the_new_mixes_are_seeded_and_need_namespaces() -> None:
+    links = schedule(MIXES["links"], 1, brokers=5, detect=5.0)
+    assert sorted(f.kind for f in links) == sorted(LINKS)  # (each kind once)
+    assert links == schedule(MIXES["links"], 1, brokers=5, detect=5.0)
+    for f in links:
+        assert 1 <= len(f.targets) == len(f.others) <= 3
+        assert all(b == (a + 1) % 5 for a, b in zip(f.targets, f.others, strict=True))  # (ring neighbours)
+        assert f.rules and set(f.rules) <= set(LinkRules.FIELDS)
+    acks = schedule(MIXES["acks"], 2, brokers=5, detect=5.0)
+    assert {f.kind for f in acks} == {"ack-cut"} and all(f.rules["when"] in ("before", "after") for f in acks)
+    assert proxied(MIXES["links"]) and proxied(MIXES["acks"]) and not proxied(MIXES["mixed"])
+    assert {"delay", "loss", "dup", "reorder", "ack-cut"} <= NETWORK
+
+
+def test_the_nemesis_writes_both_proxies_rules(tmp_path: Path) -> None:
+    hosts = cast(Hosts, FakeHosts())
+    proxies = Proxies(hosts, root=tmp_path)
+    nemesis = Nemesis(
+        hosts,
+        cast(Brokers, FakeBrokers()),
+        order=["b2", "b0", "b1"],
+        clients="c",
+        log=tmp_path / "faults.jsonl",
+        proxies=proxies,
+        publishers={"pub0": "b1", "pub1": "b2"},
+        where=tmp_path / "where.json",
+    )
+
+    def rules(name: str) -> Any:
+        return json.loads(proxies.rules_path(name).read_text())
+
+    delay = Fault("delay", 1.0, 5.0, (0,), (1,), (("delay_ms", 40), ("jitter_ms", 10)))
+    nemesis.inject(delay)  # (positions 0 and 1: b2 and b0)
+    assert rules("b2")["links"] == {"10.250.7.1": {"delay_ms": 40, "jitter_ms": 10}}
+    assert rules("b0")["links"] == {"10.250.7.3": {"delay_ms": 40, "jitter_ms": 10}}
+    nemesis.heal(delay)
+    assert rules("b2")["links"] == {} and rules("b0")["links"] == {}
+    cut = Fault("ack-cut", 9.0, 2.0, (4,), (), (("when", "after"),))  # (pub0: 4 % 2)
+    nemesis.inject(cut)  # (no where.json yet: the broker pub0 is given first)
+    assert rules("b1")["ack_cut"] == {"peer": "10.250.7.9", "when": "after"}
+    (tmp_path / "where.json").write_text(json.dumps({"pub0": "10.250.7.1:7000"}))  # (pub0 moved to b0)
+    nemesis.heal(cut)  # (the rule it set is removed, wherever pub0 is now)
+    assert "ack_cut" not in rules("b1")
+    again = Fault("ack-cut", 19.0, 2.0, (0,), (), (("when", "before"),))
+    nemesis.inject(again)
+    assert rules("b0")["ack_cut"] == {"peer": "10.250.7.9", "when": "before"}
+    noted = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert noted[0]["links"] == [["b2", "b0"]] and noted[0]["params"] == {"delay_ms": 40, "jitter_ms": 10}
+    assert [(n["hosts"], n["publisher"]) for n in noted[2:]] == [(["b1"], "pub0")] * 2 + [(["b0"], "pub0")]

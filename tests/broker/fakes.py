@@ -20,6 +20,9 @@ class FakeCore:
         self.settled: list[Any] = []
         self.calls: list[tuple[Any, ...]] = []
         self.metas: dict[Hashable, Any] = {}
+        self.version = 0  # the backup version a mark_backlog gives
+        self.confirmed = 0  # the backup version every holder has
+        self.awaits: dict[Hashable, int] = {}  # sub -> the broker whose backlog it awaits
 
     def meta_of(self, sub_id: Hashable) -> Any:
         return self.metas.get(sub_id)
@@ -53,6 +56,21 @@ class FakeCore:
 
     def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
         self.calls.append(("refuse", list(items)))
+        return []
+
+    def mark_backlog(self, sub_id: Hashable, on: bool) -> tuple[int, list[Effect]]:
+        self.calls.append(("backlog", sub_id, on))
+        return self.version, []
+
+    def backups_confirmed(self) -> int:
+        return self.confirmed
+
+    def awaited(self, sub_id: Hashable) -> int | None:
+        return self.awaits.get(sub_id)
+
+    def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:
+        self.calls.append(("backlog_done", sub_id, home))
+        self.awaits.pop(sub_id, None)
         return []
 
     def called(self, name: str) -> list[tuple[Any, ...]]:

@@ -367,3 +367,77 @@ def test_an_acknowledgement_the_full_store_cannot_write_is_written_later_and_not
         q.close()
 
     asyncio.run(main())
+
+
+def test_a_queue_that_goes_to_disk_is_known_to_the_ring_before_its_spill_is_settled() -> None:
+    """The first spill of a subscription marks its queue on disk in the ring state, and
+    settles only once the backups have that (a taker then waits for the backlog); the mark
+    goes when the queue on disk is empty again."""
+
+    async def main() -> None:
+        q, core, store = queues(DEFAULT.with_(window=1, memory=1))
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0", durable=True))
+        core.version = 7  # (the backup version of the mark; the holders have only 6)
+        core.confirmed = 6
+        for n in (1, 2, 3):
+            q.on_deliver(0, "s", event(n))
+        q.after_step()
+        await turn()
+        assert core.called("backlog") == [("s", True)] and store.depth("s") == 2
+        assert core.called("settle") == []  # (not before the mark is backed up)
+        core.confirmed = 7
+        q.after_step()
+        await turn()
+        assert core.called("settle") == [([(("pub", 2), 1), (("pub", 3), 1)],)]
+        for cseq in (1, 2, 3):  # (the client takes them all: the disk part is empty again)
+            q.ack(c, [(cseq, cseq)])
+            await turn()
+        assert store.depth("s") == 0 and core.called("backlog") == [("s", True), ("s", False)]
+
+    asyncio.run(main())
+
+
+def test_a_subscription_taken_over_awaits_the_backlog_of_its_former_broker() -> None:
+    """Taken over from a broker whose disk holds part of its queue: its events go to disk
+    here and none is sent until the backlog comes; the backlog goes before them."""
+    from flowbus.overlay.ring_messages import Peer
+    from flowbus.routing.ring_handover import Backlog
+
+    async def main() -> None:
+        q, core, store = queues()
+        meta = Subscription("s", "c", "events", "x > 0", True, None).meta()
+        core.subs.add("s")
+        core.metas["s"] = meta
+        core.awaits["s"] = 99
+        c = Connection("c")
+        for n in (3, 4):
+            q.on_deliver(0, "s", event(n))  # (taken over, delivered to before its client is back)
+        q.after_step()
+        assert q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0", durable=True, resume=True)) == (
+            True,
+            None,
+        )
+        await turn()
+        assert c.rows == [] and store.depth("s") == 2  # (waiting for the older events)
+        old = [(repr(("pub", n)), store_row(n)) for n in (1, 2)]
+        q.take_backlog(Backlog(Peer(5, 99), "s", meta, 0, tuple(old), True))
+        await turn()
+        assert [eid for _, _, eid, _ in c.rows] == [("pub", n) for n in (1, 2, 3, 4)]
+        assert core.called("backlog_done") == [("s", 99)] and q.subs["s"].awaiting is None
+        unknown = dict(meta, client="d")  # (a subscription not known here: served from now on)
+        q.take_backlog(Backlog(Peer(5, 99), "t", unknown, 0, ((repr(("pub", 9)), store_row(9)),), True))
+        assert (
+            "t" in q.subs
+            and store.depth("t") == 1
+            and ("t", '__space = "events" & x > 0') in [c[1:] for c in core.calls if c[0] == "subscribe"]
+        )
+
+    asyncio.run(main())
+
+
+def store_row(n: int) -> bytes:
+    """A queued event's payload, as a store holds it."""
+    import msgpack  # type: ignore[import-untyped]
+
+    return bytes(msgpack.packb([["pub", n], {"x": n}]))

@@ -33,7 +33,19 @@ from flowbus.net import (
 from flowbus.overlay import class_router, pastry, ring_load
 from flowbus.overlay import ring_messages as rm
 from flowbus.overlay.multigraph import LinkClass
-from flowbus.routing import cbr, express, flows, irbr, irbr_ack, link_classes, ring_broker, ring_share, scribe
+from flowbus.routing import (
+    cbr,
+    express,
+    flows,
+    irbr,
+    irbr_ack,
+    link_classes,
+    ring_broker,
+    ring_custody,
+    ring_handover,
+    ring_share,
+    scribe,
+)
 from strategies import canonical_filters
 
 BIG = 2**127 + 5
@@ -63,12 +75,18 @@ CASES: list[object] = [
     rm.ChordReply(level=1, chord=P3),
     rm.Heartbeat(peer=P1),
     rm.Heartbeat(peer=P2, load=1.25),
+    rm.Heartbeat(peer=P2, load=0.5, sent=12345.678),
+    rm.HeartbeatAck(peer=P3, sent=12345.678),
+    rm.Dead(peer=P2, taker=P3),
+    rm.Dead(peer=P2),
+    rm.Restarted(previous=P1),
     ring_load.Overloaded(peer=P1, load=1.5, rate=150.0, entries=10),
     rm.TestNeighbour(suspect=P2, asker=P1, window=(P1, P3)),
     rm.Probe(asker=P1),
     rm.ProbeAck(peer=P2),
     rm.Alive(suspect=P2, via=P3),
     rm.Failed(suspect=P2, window=()),
+    rm.Failed(suspect=P2, window=(P1,), gone=True),
     rm.SetSide(side=-1, peers=(P1, P2), dead=(P3,)),
     rm.Redirect(dead=P2, to=P3),
     rm.Reconnect(asker=P1, dead=(P2,), window=(P3, P1), side=1),
@@ -122,6 +140,10 @@ CASES: list[object] = [
     scribe.Publish(event=EVENT),
     scribe.Multicast(event={"a": 1}),
     scribe.Heartbeat(),
+    ring_custody.Again(cbr.Publish({"x": 1, "__flowbus_event_id": ("c", 1)})),
+    ring_handover.Backlog(P1, "sub-1", {"client": "c", "durable": True}, 2, (("('c', 1)", b"\x92"),), True),
+    ring_handover.BacklogAck("sub-1", 2),
+    bp.Keepalive(),
     # cbr
     cbr.Subscribe(origin=(1, "s1"), filter=F2, seq=5, withdraw=((2, "s2"), (3, 7))),
     cbr.Unsubscribe(origin=(1, "s1"), seq=6),

@@ -108,6 +108,8 @@ PINNED = {
     "ring.test_neighbour": "TestNeighbour(suspect, asker, window)",
     "ring.traced_query": "TracedQuery(origin, target, trace)",
     "ringbroker.again": "Again(msg)",
+    "ringbroker.backlog": "Backlog(previous, sub, meta, part, rows, last)",
+    "ringbroker.backlog_ack": "BacklogAck(sub, part)",
     "ringbroker.confirm": "Confirm(ids)",
     "ringbroker.delegated": "Delegated(subs, event)",
     "ringbroker.detour": "Detour(via, origin, event)",

@@ -21,6 +21,9 @@ A YAML file (``flowbus broker start --config FILE``)::
     keepalive: 1.0              # seconds: a client connection the broker wrote nothing to
                                 # for this long is sent a keepalive frame (clients drop a
                                 # broker they hear nothing from for their idle_timeout)
+    sync: full                  # the store's commits synced to the disk (full), or not
+                                # (normal: faster, but a power loss may take the last
+                                # ones back; a process crash never does; docs/guarantees.md)
     advertising: false          # publishers advertise first; subscriptions are forwarded
                                 # only towards brokers with an overlapping advertisement
     load_limit: null            # ring state entries (subscriptions...) a broker holds before
@@ -70,6 +73,7 @@ _LIMITS = (
     "linger",
     "step_interval",
     "keepalive",
+    "sync",
     "advertising",
     "load_limit",
     "rate_limit",
@@ -90,6 +94,7 @@ class BrokerConfig:
     linger: float = 30.0
     step_interval: float = 0.005  # seconds between two reads of a publishing client connection
     keepalive: float = 1.0  # seconds: a client connection written nothing for this long gets a keepalive
+    sync: str = "full"  # the store's syncing: full (each commit on the disk) or normal (broker/store.py)
     advertising: bool = False
     load_limit: int | None = None
     rate_limit: float | None = None
@@ -130,6 +135,8 @@ class BrokerConfig:
             or not self.keepalive > 0
         ):
             raise ConfigError(f"keepalive: seconds > 0, got {self.keepalive!r}")
+        if self.sync not in ("full", "normal"):
+            raise ConfigError(f"sync: full or normal, got {self.sync!r}")
         if not self.heartbeat > 0 or not self.linger >= 0:
             raise ConfigError(f"heartbeat > 0 and linger >= 0, got {self.heartbeat!r}, {self.linger!r}")
         if self.window < 1 or self.memory < 1:

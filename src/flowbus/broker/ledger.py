@@ -141,8 +141,10 @@ class Ledger:
             items.append(((client, pseq), fields))
         return top
 
-    def settled(self, eids: list[Any], sessions: Mapping[str, Session]) -> None:
-        """The core settled these publishes: acknowledge them to their clients if connected."""
+    def settled(self, eids: list[Any], sessions: Mapping[str, Session], *, tell: bool = True) -> None:
+        """The core settled these publishes: acknowledge them to their clients if connected
+        (not if ``tell`` is False: the broker lost its lease, its clients are going; a
+        re-send of one is acknowledged at once wherever it is settled)."""
         in_flight = self._in_flight
         if self.on_settled is not None:
             self.on_settled(eids)
@@ -151,7 +153,7 @@ class Ledger:
                 continue
             del in_flight[eid]
             if isinstance(eid, tuple):
-                session = sessions.get(eid[0])
+                session = sessions.get(eid[0]) if tell else None
                 if session is not None:
                     session.pub_ack(eid[1])
                 self._lowest_open(eid[0])  # (drops what is settled from the heap)

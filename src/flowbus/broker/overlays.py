@@ -65,6 +65,16 @@ class BrokerCore(Core, Protocol):
         full): their publishes are refused with the reason where the core keeps custody."""
         ...
 
+    def mark_backlog(self, sub_id: Hashable, on: bool) -> tuple[int, list[Effect]]:
+        """A subscription's queue has events on this broker's disk (``on``), or none any more
+        (what a taker must wait for: routing/ring_handover.py): the backup version to wait
+        for before relying on it, and the effects."""
+        ...
+
+    def backups_confirmed(self) -> int: ...
+    def awaited(self, sub_id: Hashable) -> int | None: ...
+    def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]: ...
+
 
 def check_overlay(overlay: str, config: BrokerConfig) -> None:
     """A :class:`ConfigError` if ``overlay`` is unknown or cannot serve ``config``."""

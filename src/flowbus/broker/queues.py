@@ -56,6 +56,15 @@ How it works (flowbus's own delivery guarantees, on the custody of
   dead broker had not finished (custody), and the client drops what it had seen (by event
   id). A taken-over subscription that gets a delivery before its client is back is served
   here from then on, on disk.
+* **Queues on disk are known to the ring** (:mod:`flowbus.routing.ring_handover`). When a
+  subscription's queue first goes to disk, the ring state says so (``mark_backlog``) and
+  what that write settles waits until the backups have it; when the queue on disk is empty
+  again, the entry goes. A subscription taken over from a broker whose disk holds part of
+  its queue *awaits* that backlog: its events go to disk here and none is sent until the
+  old broker, back as a new member, hands the rows over (:meth:`Queues.take_backlog`: put
+  before what was queued meanwhile).
+* **The lease** (:mod:`flowbus.broker.fence`). While the broker may not serve its clients,
+  nothing goes to a connection: deliveries wait in the queues.
 * **Catch-up** (the IFG's expand, Banavar et al. section 4.2). A subscription that names a
   collapse rule set gets, when its client comes back, instead of its backlog the shortest
   sequence of events equivalent to it (:mod:`flowbus.broker.interpret`), from the state
@@ -85,8 +94,10 @@ from flowbus.core import Effect
 from flowbus.errors import FlowbusError, StoreError, StoreFull
 from flowbus.filters import parse
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.routing.ring_handover import Backlog
 
 if TYPE_CHECKING:
+    from flowbus.broker.fence import Fence
     from flowbus.broker.sessions import Session
 
 __all__ = ["HOLD_LIMIT", "RETRY_EVERY", "TOUCH_EVERY", "Entry", "Queues", "Settle", "Subscription"]
@@ -141,6 +152,8 @@ class Subscription:
     disk_pos: int = 0  # the queue position of the last event loaded from disk
     in_memory: int = 0  # entries in pending/inflight still in custody
     held: deque[Held] = field(default_factory=deque)  # for the SQLite queue, not written yet
+    flagged: bool = False  # the ring state says its queue has events on this broker's disk
+    awaiting: int | None = None  # the former broker whose backlog of it is awaited (see note)
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
     taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
     linger: asyncio.TimerHandle | None = None
@@ -238,6 +251,8 @@ class Queues:
         self._acks: dict[str, int] = {}  # subscription -> SQLite position acknowledged, not deleted yet
         self._unrecorded: set[str] = set()  # subscriptions taken over the store has not recorded yet
         self._refusing: list[tuple[Any, str]] = []  # (event id, reason): deliveries refused in this step
+        self._gated: list[tuple[int, list[Settle]]] = []  # spills settled once backed up (version)
+        self.fence: Fence | None = None  # (the broker's lease: nothing to a connection without it)
         self._pumps: set[Subscription] = set()  # to pump at the end of this turn of the loop
         self._pump_due = False
         self._plain_of: Any = None  # the last event delivered, and its fields without the
@@ -336,17 +351,64 @@ class Queues:
                 continue
             sub = Subscription(row.sub_id, row.client, row.space, row.filter, True, row.collapse)
             sub.on_disk = self.store.depth(row.sub_id)
-            self.subs[row.sub_id] = sub
-            if row.sub_id in self.core.subs:
-                continue
-            if self.spaces.flow_of(row.space) is not None and isinstance(self.core, RingBroker):
+            self._serve_again(sub)
+
+    def _serve_again(self, sub: Subscription) -> None:
+        """Serve ``sub`` (known to the store) here: routed by the core (a flow's by its flow),
+        its queue on disk known to the ring."""
+        self.subs[sub.sub_id] = sub
+        if sub.sub_id not in self.core.subs:
+            if self.spaces.flow_of(sub.space) is not None and isinstance(self.core, RingBroker):
                 try:
-                    self.apply(self.core.subscribe_flow(sub.sub_id, row.space, row.filter, meta=sub.meta()))
+                    self.apply(self.core.subscribe_flow(sub.sub_id, sub.space, sub.filter, meta=sub.meta()))
                 except FlowbusError:  # (its flow was withdrawn meanwhile)
                     self.ended([sub.sub_id])
-                continue
-            filt = self.spaces.routing_filter(row.space, parse(row.filter))
-            self.apply(self.core.subscribe(sub.sub_id, filt, meta=sub.meta()))
+                    return
+            else:
+                filt = self.spaces.routing_filter(sub.space, parse(sub.filter))
+                self.apply(self.core.subscribe(sub.sub_id, filt, meta=sub.meta()))
+        if sub.on_disk and not sub.flagged:
+            self._flag([sub])
+
+    def take_backlog(self, msg: Backlog) -> int:
+        """A part of a subscription's queue from the broker that held it (back as a new
+        member, see :mod:`flowbus.broker.handover`): onto this disk, before what was queued
+        here meanwhile if the subscription awaited it (nothing of that was sent), else after
+        (the client drops what it had). A subscription not known here is served from now on.
+        The last part ends the waiting. How many rows were new here."""
+        sub = self.subs.get(msg.sub)
+        if sub is None and msg.sub in self.core.subs:
+            sub = self._adopt(msg.sub)
+        if sub is None:
+            sub = Subscription.from_meta(msg.sub, msg.meta)
+            self._record(sub)
+            self._serve_again(sub)
+            if not sub.durable:
+                self._start_linger(sub)
+        rows = list(msg.rows)
+        if sub.awaiting == msg.previous.addr and not any(w for _, _, w in sub.pending):
+            new = self.store.prepend(sub.sub_id, rows)
+            sub.disk_pos = 0
+        else:
+            new = self.store.enqueue_many([(sub.sub_id, e, b) for e, b in rows])
+        sub.on_disk += new
+        if msg.last:
+            self.apply(self.core.backlog_done(sub.sub_id, msg.previous.addr))
+            if sub.awaiting == msg.previous.addr:
+                sub.awaiting = None
+        if sub.on_disk and not sub.flagged:
+            self._flag([sub])
+        self._pump_soon(sub)
+        return new
+
+    def give_up_backlog(self, sub_id: str) -> None:
+        """Stop awaiting ``sub_id``'s backlog (its former broker did not come back in time):
+        what is here is served."""
+        sub = self.subs.get(sub_id)
+        if sub is not None and sub.awaiting is not None:
+            self.apply(self.core.backlog_done(sub_id, sub.awaiting))
+            sub.awaiting = None
+            self._pump_soon(sub)
 
     def close(self) -> None:
         """The broker stops: no more lingering or settling."""
@@ -370,7 +432,7 @@ class Queues:
             self._plain = {k: v for k, v in event.items() if k not in _HIDDEN}
         self.delivered += 1
         session = sub.session
-        if session is not None and self._straight_on(sub):
+        if session is not None and self._straight_on(sub) and (self.fence is None or self.fence.ok()):
             session.offer([sub], eid, self._plain)
             self._sent(sub)
         else:
@@ -384,6 +446,7 @@ class Queues:
         rows: dict[Session, list[Subscription]] = {}
         subs: dict[Any, Subscription] = self.subs  # (ids of other kinds: not ours)
         window, memory, straight = self.window, self.memory, 0
+        serving = self.fence is None or self.fence.ok()
         for sub_id in sub_ids:
             sub = subs.get(sub_id)
             if sub is None:
@@ -398,6 +461,8 @@ class Queues:
                 and not sub.held
                 and sub.unacked < window
                 and sub.in_memory < memory
+                and sub.awaiting is None
+                and serving
             ):
                 sub.unacked += 1
                 sub.in_memory += 1
@@ -423,6 +488,7 @@ class Queues:
             and not sub.held
             and sub.unacked < self.window
             and sub.in_memory < self.memory
+            and sub.awaiting is None
         )
 
     def _sent(self, sub: Subscription) -> None:
@@ -433,7 +499,13 @@ class Queues:
     def _queue(self, sub: Subscription, eid: Any, plain: dict[str, Any]) -> None:
         """A delivery to ``sub`` that waits: in its queue, or for its SQLite queue (past
         ``memory``, its client away, or behind what is there already: see :meth:`_hold`)."""
-        if sub.held or sub.on_disk or sub.session is None or sub.in_memory >= self.memory:
+        if (
+            sub.held
+            or sub.on_disk
+            or sub.session is None
+            or sub.in_memory >= self.memory
+            or sub.awaiting is not None
+        ):
             self._hold(sub, eid, plain)
         else:
             sub.pending.append((eid, plain, None))
@@ -473,6 +545,16 @@ class Queues:
         if self._refusing:
             refusing, self._refusing = self._refusing, []
             asyncio.get_running_loop().call_soon(self._refuse, refusing)
+        if self._gated:
+            self._release_gated()
+
+    def _release_gated(self) -> None:
+        """Settle the spills whose ring state entry (their queue on disk) is backed up now."""
+        confirmed = self.core.backups_confirmed()
+        ready = [s for v, s in self._gated if v <= confirmed]
+        if ready:
+            self._gated = [(v, s) for v, s in self._gated if v > confirmed]
+            asyncio.get_running_loop().call_soon(self._settle, [x for s in ready for x in s])
 
     def retry(self) -> None:
         """Write what waits for the store, in order: acknowledged rows to delete, taken-over
@@ -513,14 +595,38 @@ class Queues:
             self.full = e
             return None
         settle: list[Settle] = []
+        fresh = []
         for sub in subs:
             settle.extend((eid, 1) for eid, _, _ in sub.held)
             sub.on_disk += len(sub.held)
             sub.held.clear()
             self._holding.pop(sub, None)
             self._pump_soon(sub)
+            if not sub.flagged and sub.on_disk:
+                fresh.append(sub)
         self.spilled += len(rows)
+        if fresh:  # (the ring must know of a queue on disk before its spill is settled)
+            version = self._flag(fresh)
+            if version > self.core.backups_confirmed():
+                self._gated.append((version, settle))
+                return []
         return settle
+
+    def _flag(self, subs: list[Subscription]) -> int:
+        """The ring state says ``subs``' queues have events on this disk; the backup version
+        that says so."""
+        version = 0
+        for sub in subs:
+            sub.flagged = True
+            version, effects = self.core.mark_backlog(sub.sub_id, True)
+            self.apply(effects)
+        return version
+
+    def _unflag(self, sub: Subscription) -> None:
+        """``sub``'s queue on disk is empty again: the ring state says so no more."""
+        if sub.flagged and not sub.on_disk and not sub.held and not any(w for _, _, w in sub.pending):
+            sub.flagged = False
+            self.apply(self.core.mark_backlog(sub.sub_id, False)[1])
 
     def _record_adopted(self) -> None:
         """Record the subscriptions taken over that the store could not record then (their
@@ -541,6 +647,10 @@ class Queues:
         except StoreFull as e:
             self._acks[sub_id] = upto
             self.full = e
+            return
+        sub = self.subs.get(sub_id)
+        if sub is not None and sub.flagged and not sub.on_disk:
+            self._unflag(sub)
 
     # -- serving a subscription
 
@@ -600,6 +710,7 @@ class Queues:
         if not isinstance(sub_id, str) or not isinstance(meta, Mapping):
             return None
         sub = Subscription.from_meta(sub_id, meta)
+        sub.awaiting = self.core.awaited(sub_id)
         self.subs[sub_id] = sub
         try:
             self._record(sub)
@@ -628,7 +739,7 @@ class Queues:
             sub.linger = None
         sub.session = session
         session.subs.add(sub.sub_id)
-        if sub.collapse is not None and (sub.pending or sub.on_disk or sub.held):
+        if sub.collapse is not None and (sub.pending or sub.on_disk or sub.held) and sub.awaiting is None:
             self._catch_up(sub)
         self._pump_soon(sub)
 
@@ -716,7 +827,9 @@ class Queues:
     def _pump(self, sub: Subscription) -> None:
         """Send what the window has room for, loading from disk when memory is empty."""
         session = sub.session
-        if session is None or session.closed:
+        if session is None or session.closed or sub.awaiting is not None:
+            return
+        if self.fence is not None and not self.fence.ok():
             return
         room = self.window - sub.unacked
         while room > 0:

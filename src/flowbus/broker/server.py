@@ -51,8 +51,10 @@ How it works:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +62,9 @@ from flowbus.broker.acl import Acl
 from flowbus.broker.adapt import AdaptLog
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
+from flowbus.broker.fence import Fence
 from flowbus.broker.flows import BrokerFlows
+from flowbus.broker.handover import Rejoin
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.links import SecureLinks
 from flowbus.broker.overlays import BrokerCore, address_text, check_overlay, new_core
@@ -77,7 +81,9 @@ from flowbus.matching.matcher import warm_up
 from flowbus.net.admission import Admission
 from flowbus.net.runtime import Directory, Runtime, addr_of
 from flowbus.net.tls import BrokerTls
+from flowbus.overlay.ring_messages import Peer
 from flowbus.routing.ring_broker import RingBroker
+from flowbus.routing.ring_handover import Backlog, BacklogAck
 
 if TYPE_CHECKING:
     from flowbus.broker.console import Console
@@ -173,6 +179,11 @@ class Broker:
             adverts=self.adverts,
             admit=self._admit,
         )
+        self.fence = Fence(
+            serving=core.serving if isinstance(core, RingBroker) else None,
+            address=self.address,
+            close_all=self._close_clients,
+        )
         self.queues = Queues(
             core=core,
             apply=runtime.apply,
@@ -181,6 +192,7 @@ class Broker:
             config=config,
             name=f"broker {self.address}",
         )
+        self.queues.fence = self.fence
         self.sessions = Sessions(
             welcome=self._welcome,
             ledger=self.ledger,
@@ -190,6 +202,7 @@ class Broker:
             acl=config.acl,
             step_interval=config.step_interval,
             keepalive=config.keepalive,
+            fence=self.fence,
         )
         self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
         self.adapt = AdaptLog(core, self.address, log) if isinstance(core, RingBroker) else None
@@ -201,7 +214,11 @@ class Broker:
         self._store_failing: StoreFull | None = None  # (the store's failure, as logged)
         self._store_retry: asyncio.TimerHandle | None = None
         self.console: Console | None = None  # the web console, if started with http
-        runtime.on_deliver = self.queues.on_deliver
+        self.rejoin: Rejoin | None = None  # (coming back as a new ring member: broker/handover.py)
+        self.stepped_down = asyncio.Event()  # the ring found this broker dead: start it again
+        self._member: tuple[int, tuple[str, ...]] | None = None  # the membership last saved
+        self._member_seen = -1  # (the ring log's changes when it was)
+        runtime.on_deliver = self._deliver
         runtime.on_deliver_all = self.queues.on_deliver_all
         runtime.on_client = self.sessions.serve
         runtime.after_step = self._after_step
@@ -258,7 +275,7 @@ class Broker:
             core = new_core(overlay, addr, config)
             if data is not None:
                 Path(data).mkdir(parents=True, exist_ok=True)
-            store = Store(Path(data) / "broker.sqlite" if data is not None else ":memory:")
+            store = Store(Path(data) / "broker.sqlite" if data is not None else ":memory:", sync=config.sync)
         except BaseException:
             sock.close()
             raise
@@ -286,7 +303,7 @@ class Broker:
         try:
             broker.flows.restore()
             await runtime.start(sock=sock)
-            runtime.apply(core.join([addr_of(h, n) for h, n in peers]) if peers else core.start())
+            broker._enter([addr_of(h, n) for h, n in peers])
         except BaseException:
             sock.close()
             await broker.close()
@@ -320,7 +337,33 @@ class Broker:
         self._documents = []
         self.queues.restore()
 
+    def _enter(self, peers: list[int]) -> None:
+        """Join the ring through ``peers`` (none: start a new one); first, if the store says
+        this broker was a ring member, come back as a new one (broker/handover.py)."""
+        core, runtime = self.core, self.runtime
+        previous = self.store.membership() if isinstance(core, RingBroker) else None
+        window = [addr_of(*parse_address(a)) for a in previous[1]] if previous else []
+        candidates = peers or window
+        if previous is not None and candidates and isinstance(core, RingBroker):
+            self.rejoin = Rejoin(
+                core=core,
+                store=self.store,
+                apply=runtime.apply,
+                previous=Peer(previous[0], self.addr),
+                candidates=candidates,
+                announce_to=sorted({*window, *peers}),
+                address=self.address,
+            )
+            self.rejoin.start()
+            return
+        if previous is not None:  # (it was alone: nobody to tell; it serves its store again)
+            with contextlib.suppress(FlowbusError):
+                self.store.forget_membership()
+        runtime.apply(core.join(peers) if peers else core.start())
+
     async def close(self) -> None:
+        if self.rejoin is not None:
+            self.rejoin.cancel()
         if self._store_retry is not None:
             self._store_retry.cancel()
             self._store_retry = None
@@ -401,13 +444,61 @@ class Broker:
             self.queues.ended(ended)
         if core.settled:
             settled, core.settled = core.settled, []
-            self.ledger.settled(settled, self.sessions.by_client)
+            self.ledger.settled(settled, self.sessions.by_client, tell=self.fence.ok())
         if isinstance(core, RingBroker) and core.refused:  # (secure spaces: refused on the way)
             refused, core.refused = core.refused, []
             self.ledger.refused(refused, self.sessions.by_client)
         if self.links is not None:
             self.links.after_step()
         self._store_health()
+        if self.ring_log is not None and self.ring_log.changes != self._member_seen:
+            self._save_membership()
+
+    def _save_membership(self) -> None:
+        """The ring member this broker is, kept in the store (a restart announces it)."""
+        core = self.core
+        assert isinstance(core, RingBroker) and self.ring_log is not None
+        ring = core.ring
+        if not ring.joined or ring.declared_dead is not None:
+            return
+        member = (ring.me.id, tuple(address_text(p.addr) for p in ring.window))
+        if member != self._member:
+            try:
+                self.store.save_membership(*member)
+            except FlowbusError:  # (a full store: kept at the next change)
+                return
+            self._member = member
+        self._member_seen = self.ring_log.changes
+
+    # -- what the ring tells the broker itself (Deliver(("ring", ...)), not for a subscription)
+
+    def _deliver(self, addr: int, sub: Hashable, event: Any) -> None:
+        if type(sub) is tuple and sub[:1] == ("ring",):
+            self._ring_notice(sub[1], event)
+        else:
+            self.queues.on_deliver(addr, sub, event)
+
+    def _ring_notice(self, kind: Hashable, what: Any) -> None:
+        if kind == "dead":  # (found dead while alive: paused, or cut off)
+            self.fence.step_down()
+            self.stepped_down.set()
+        elif kind == "buried" and self.rejoin is not None:
+            self.rejoin.buried(what)
+        elif kind == "handover":
+            src, msg = what
+            if isinstance(msg, Backlog):
+                try:
+                    self.queues.take_backlog(msg)
+                except FlowbusError as e:  # (not taken: the sender tries again, then keeps it)
+                    log.warning("broker %s: backlog of %r not taken: %s", self.address, msg.sub, e)
+                    return
+                assert isinstance(self.core, RingBroker)  # (only the ring's brokers hand over)
+                self.runtime.apply(self.core.hand_over(src, BacklogAck(msg.sub, msg.part)))
+            elif isinstance(msg, BacklogAck) and self.rejoin is not None:
+                self.rejoin.acked(msg)
+
+    def _close_clients(self, reason: str) -> None:
+        self.sessions.close_clients(reason)
 
     def store_full(self) -> StoreFull | None:
         """Why the store fails: what the parts' writes wait for, or the last write's failure."""

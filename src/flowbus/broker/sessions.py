@@ -74,6 +74,7 @@ from flowbus.net.tls import identity
 
 if TYPE_CHECKING:
     from flowbus.broker.adverts import Adverts
+    from flowbus.broker.fence import Fence
     from flowbus.broker.flows import BrokerFlows
     from flowbus.broker.ledger import Ledger
     from flowbus.broker.queues import Entry, Queues, Subscription
@@ -232,10 +233,12 @@ class Sessions:
         acl: Acl | None = None,
         step_interval: float = 0.0,
         keepalive: float | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.welcome = welcome
         self.step_interval = step_interval  # seconds between two reads of one connection
         self.keepalive = keepalive
+        self.fence = fence  # (whether the broker may serve its clients: its ring lease)
         self._tick: asyncio.TimerHandle | None = None  # the next keepalive tick
         self.acl = acl or Acl()
         self.ledger = ledger
@@ -258,6 +261,8 @@ class Sessions:
     ) -> None:
         """Serve a client connection until it ends (the runtime's ``on_client``)."""
         revoked = self.acl.revocation(writer.get_extra_info("peercert"))
+        if revoked is None and self.fence is not None and not self.fence.ok():
+            revoked = self.fence.reason  # (cut off from the ring: the client goes elsewhere)
         if revoked is not None:
             writer.write(frame(encode(p.Error(revoked))))
             writer.close()
@@ -287,6 +292,8 @@ class Sessions:
                 data = await reader.read(READ_BYTES)
                 if not data:
                     break
+                if self.fence is not None and not self.fence.ok():  # (read after a pause: the
+                    raise ProtocolError(self.fence.reason)  # lease may be gone, nothing is taken)
                 bye = self._take_all(session, frames.feed(data))
                 if len(data) == READ_BYTES:  # (more may wait: let the loop write what this
                     await asyncio.sleep(0)  # step delivered before the next one is read)
@@ -414,6 +421,15 @@ class Sessions:
         self.queues.session_ended(session, bye=bye)
         if bye:  # (a lost connection keeps them: the client advertises again when back)
             self.adverts.withdraw_all(session)
+
+    def close_clients(self, reason: str) -> None:
+        """Close every client connection with ``Error(reason)`` (the broker lost its lease, or
+        the ring found it dead): the clients go to another broker."""
+        for session in list(self.by_client.values()):
+            session.send(p.Error(reason))
+            session.flush()
+            self._end(session, bye=False)
+            session.writer.close()
 
     def close(self) -> None:
         """Close every connection (the broker stops): nothing more is written."""

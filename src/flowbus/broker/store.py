@@ -17,6 +17,14 @@ How it works: one SQLite database per broker, in WAL mode (readers never block t
 * ``flows(name, record)``: the flows deployed on the network as this broker last knew them
   (:class:`~flowbus.routing.flows.DeployRecord`, msgpack), so that a restarted broker knows
   them before its tree neighbours sync it.
+* ``meta(key, value)``: the ring member this broker is (its id and its ring neighbours'
+  addresses, :meth:`Store.membership`): a broker restarted on its data comes back as a new
+  member and tells them the old one is gone (:mod:`flowbus.broker.handover`).
+
+**Syncing** (``sync``): ``"normal"`` (SQLite's ``synchronous=NORMAL`` in WAL mode) is
+durable across a process crash, which is what a broker's ``kill -9`` is, but a power loss
+(or a kernel's crash) may take the last transactions back; ``"full"`` syncs each
+transaction's commit to the disk (``synchronous=FULL``), so nothing committed is lost then.
 
 Every change is one transaction. A refused change (a duplicate subscription id, an unknown
 one, a bad value) raises :class:`StoreError` and leaves the database as it was.
@@ -39,7 +47,10 @@ from flowbus.errors import StoreError, StoreFull
 
 __all__ = ["QueuedEvent", "Store", "StoreError", "StoreFull", "SubscriptionRow"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+SYNC = ("full", "normal")
+"""The store's syncing settings (see the module note)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS subscriptions (
@@ -64,6 +75,10 @@ CREATE TABLE IF NOT EXISTS publishers (
 CREATE TABLE IF NOT EXISTS flows (
     name TEXT PRIMARY KEY,
     record BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );
 """
 
@@ -100,7 +115,9 @@ class QueuedEvent:
 class Store:
     """The durable state of one broker (see the module note)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, sync: str = "full") -> None:
+        if sync not in SYNC:
+            raise StoreError(f"sync: one of {', '.join(SYNC)}, got {sync!r}")
         self.path = str(path)
         self.full: StoreFull | None = None  # the last write's failure, until a write commits again
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -109,13 +126,13 @@ class Store:
             mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
                 raise StoreError(f"{self.path}: cannot use write-ahead logging (journal mode {mode})")
-            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute(f"PRAGMA synchronous = {sync.upper()}")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, 1, 2, SCHEMA_VERSION):
+        if version not in (0, 1, 2, 3, SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this flowbus reads {SCHEMA_VERSION}")
         if version == 0:  # a new database (executescript runs in a transaction of its own)
             self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
-        else:  # version 2 added the collapse rule set of a subscription, 3 the flows
+        else:  # version 2 added the collapse rule set of a subscription, 3 the flows, 4 meta
             alter = "ALTER TABLE subscriptions ADD COLUMN collapse TEXT;" if version == 1 else ""
             self._db.executescript(
                 f"BEGIN; {alter} {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
@@ -155,6 +172,28 @@ class Store:
         if self._db.in_transaction:
             with suppress(sqlite3.Error):  # (nothing more can be done here; the next BEGIN tries again)
                 self._db.execute("ROLLBACK")
+
+    # -- the ring member this broker is
+
+    def membership(self) -> tuple[int, tuple[str, ...]] | None:
+        """The ring id this broker had and its ring neighbours' addresses (``host:port``),
+        if it was a member when it stopped."""
+        rows = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('ring_id', 'window')"))
+        if "ring_id" not in rows:
+            return None
+        window = tuple(a for a in rows.get("window", "").split(",") if a)
+        return int(rows["ring_id"]), window
+
+    def save_membership(self, ring_id: int, window: tuple[str, ...]) -> None:
+        with self._tx("save the ring membership") as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [("ring_id", str(ring_id)), ("window", ",".join(window))],
+            )
+
+    def forget_membership(self) -> None:
+        with self._tx("forget the ring membership") as db:
+            db.execute("DELETE FROM meta WHERE key IN ('ring_id', 'window')")
 
     # -- subscriptions
 
@@ -219,6 +258,27 @@ class Store:
                 return int(db.total_changes - before)
         except sqlite3.IntegrityError:
             raise StoreError("a queued event names no known subscription") from None
+
+    def prepend(self, sub_id: str, rows: list[tuple[str, bytes]]) -> int:
+        """Queue ``(event_id, payload)`` rows of ``sub_id`` *before* what its queue holds (an
+        older part of it, handed over by its former broker: nothing of it was read yet): the
+        rows are numbered anew, in one transaction. How many were new."""
+        with self._tx(f"take over {len(rows)} queued events of {sub_id!r}") as db:
+            held = db.execute(
+                "SELECT event_id, payload FROM queue WHERE sub_id = ? ORDER BY seq", (sub_id,)
+            ).fetchall()
+            db.execute("DELETE FROM queue WHERE sub_id = ?", (sub_id,))
+            before = db.total_changes
+            db.executemany(
+                "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)",
+                [(sub_id, e, bytes(b)) for e, b in rows],
+            )
+            new = int(db.total_changes - before)
+            db.executemany(
+                "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)",
+                [(sub_id, e, bytes(b)) for e, b in held],
+            )
+            return new
 
     def pending(self, sub_id: str, *, limit: int = 1000, after: int = 0) -> list[QueuedEvent]:
         """The oldest ``limit`` unacknowledged events of a subscriber after queue position

@@ -178,31 +178,47 @@ def _overloaded(address: str, request: Any) -> None:
 
 
 async def _serve(**options: Any) -> None:
+    """Run a broker until SIGINT or SIGTERM. A broker the ring found dead while it was alive
+    (paused, cut off) steps down and starts again in this process, on its data, as a new
+    member (broker/handover.py): the ready line is printed once."""
     from flowbus.broker.server import Broker
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        broker = await Broker.start(**options)
-    except FlowbusError as e:
-        fail(str(e))
-    loop.add_signal_handler(signal.SIGHUP, partial(_reload_acl, broker))
-    try:
-        await broker.joined(timeout=30.0)
-    except FlowbusError as e:
+    ready = False
+    while not stop.is_set():
+        try:
+            broker = await Broker.start(**options)
+        except FlowbusError as e:
+            fail(str(e))
+        loop.add_signal_handler(signal.SIGHUP, partial(_reload_acl, broker))
+        try:
+            await broker.joined(timeout=60.0)
+        except FlowbusError as e:
+            await broker.close()
+            fail(str(e))
+        for name in sorted(broker.flows.list(), key=lambda f: f["name"]):
+            log_flow = f"flow {name['name']} {name['version']} deployed"
+            print(log_flow, file=sys.stderr, flush=True)
+        if broker.ring_log is not None:  # (over its limit: a line for cluster up --max-brokers)
+            broker.ring_log.on_overloaded = partial(_overloaded, broker.address)
+        if broker.console is not None:  # (a start again keeps the console's port)
+            options["http"] = broker.console.url.removeprefix("http://").rstrip("/")
+        if not ready:
+            console = f" console {broker.console.url}" if broker.console is not None else ""
+            print(f"{READY} {broker.address} pid {os.getpid()}{console}", flush=True)
+            ready = True
+        stopped = asyncio.ensure_future(stop.wait())
+        down = asyncio.ensure_future(broker.stepped_down.wait())
+        await asyncio.wait({stopped, down}, return_when=asyncio.FIRST_COMPLETED)
+        for f in (stopped, down):
+            f.cancel()
         await broker.close()
-        fail(str(e))
-    for name in sorted(broker.flows.list(), key=lambda f: f["name"]):
-        log_flow = f"flow {name['name']} {name['version']} deployed"
-        print(log_flow, file=sys.stderr, flush=True)
-    if broker.ring_log is not None:  # (over its limit: a line for cluster up --max-brokers)
-        broker.ring_log.on_overloaded = partial(_overloaded, broker.address)
-    console = f" console {broker.console.url}" if broker.console is not None else ""
-    print(f"{READY} {broker.address} pid {os.getpid()}{console}", flush=True)
-    await stop.wait()
-    await broker.close()
+        if not stop.is_set():
+            print(f"flowbus broker {broker.address}: found dead by the ring; starting again as a new member",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _events(event: str | None, space: str) -> list[tuple[str, dict[str, Any]]]:

@@ -128,6 +128,19 @@ class IrbrBroker(Core):
         """No custody: the publishes were settled when routed; the deliveries are dropped."""
         return []
 
+    def mark_backlog(self, sub_id: Hashable, on: bool) -> tuple[int, list[Effect]]:
+        """No takeover: a queue on disk concerns nobody else (no version to wait for)."""
+        return 0, []
+
+    def backups_confirmed(self) -> int:
+        return 0
+
+    def awaited(self, sub_id: Hashable) -> int | None:
+        return None
+
+    def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:
+        return []
+
     # -- the driver's entry points
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:

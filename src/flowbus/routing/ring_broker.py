@@ -91,6 +91,7 @@ from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, Snap
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Key
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
+from flowbus.routing.ring_handover import Backlog, BacklogAck, awaited, disk_key
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
 
@@ -274,6 +275,8 @@ class RingBroker(Core):
             return self.router.drop(origin_of(key)) + ([Send(to, Unshare((key,)))] if to is not None else [])
         self.repair.forget(sub_id)
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
+        for k in [k for k in self.ring.state if type(k) is tuple and k[:2] == ("disk", sub_id)]:
+            out += self.ring.del_state(k)
         return out + self.flow_side.unsubscribed(sub_id)
 
     def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
@@ -362,6 +365,38 @@ class RingBroker(Core):
         """How many events this broker holds until others are done with them."""
         return len(self.custodian.records)
 
+    # -- queues on disk and their handover (routing/ring_handover.py)
+
+    def mark_backlog(self, sub_id: Hashable, on: bool) -> tuple[int, list[Effect]]:
+        """``sub_id``'s queue has events on this broker's disk (``on``), or none any more: the
+        ring state says so (see ring_handover). The backup version to wait for before a
+        spill's settle is relied on (:meth:`backups_confirmed`), and the effects."""
+        key = disk_key(sub_id, self.addr)
+        if on:
+            out = self.ring.set_state(key, True)
+            out += self.ring.flush_backups()
+            return self.ring.version, out
+        return self.ring.version, self.ring.del_state(key) if key in self.ring.state else []
+
+    def backups_confirmed(self) -> int:
+        """The backup version every holder has acknowledged (see :meth:`mark_backlog`)."""
+        return self.ring.backups.confirmed()
+
+    def awaited(self, sub_id: Hashable) -> int | None:
+        """The address of the broker whose disk holds older events of ``sub_id``, taken over
+        here: its backlog is awaited (see ring_handover)."""
+        return awaited(self.ring.state, sub_id, self.addr)
+
+    def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:
+        """``home``'s backlog of ``sub_id`` is here (or given up): no more waiting for it."""
+        key = disk_key(sub_id, home)
+        return self.ring.del_state(key) if key in self.ring.state else []
+
+    def hand_over(self, dst: int, msg: Backlog | BacklogAck) -> list[Effect]:
+        """Send a part of a backlog (or its acknowledgement) to ``dst`` (the driver's protocol
+        on the ring's links: see ring_handover)."""
+        return [Send(dst, msg)]
+
     # -- flows (routing/flows.py; the broker's side of them: ring_flows.py)
 
     def deploy(
@@ -439,6 +474,8 @@ class RingBroker(Core):
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
+        if type(msg) is Backlog or type(msg) is BacklogAck:  # (from a broker back as a new one)
+            return [Deliver(("ring", "handover"), (src, msg))]
         if self._fenced and src in self._fenced and type(msg) not in RING_MESSAGES:
             return self._tell_dead(src, now)  # (a broker found dead: nothing it sends counts)
         match msg:

@@ -1,0 +1,73 @@
+"""What a broker hands over when it comes back as a new member: its subscriptions' queues on
+disk, to the broker that took them over (the wire messages, and what the ring state says of
+them; the broker's side is :mod:`flowbus.broker.handover`).
+
+How it works:
+
+* **A queue on disk is ring state's business too.** A subscription's events spilled to a
+  broker's SQLite queue are settled (its publishers acknowledged) and live on that disk
+  only; if the broker is found dead, its subscriptions are taken over from their backups,
+  and the taker must not serve a subscription whose older events lie on the dead broker's
+  disk as if there were none: it would deliver newer events first. So when a subscription's
+  queue first goes to disk, its broker sets the ring state entry ``("disk", sub, home
+  address)`` (backed up with the rest; the spill is settled only once the backups have it)
+  and deletes it when the queue on disk is empty again (:func:`disk_key`).
+* **The taker waits for it.** A broker that took over a subscription with such an entry of
+  another home (:func:`awaited`) queues the subscription's events on its own disk and
+  delivers none until that home's backlog has come.
+* **The backlog comes with the restart.** A broker found dead comes back as a new member
+  (paused, cut off, or restarted on its data); before it joins, it sends each subscription
+  of its store to the taker the ring named (``Backlog``: the subscription, what serving it
+  takes, and its queue's rows in order, in parts), each part acknowledged (``BacklogAck``).
+  The taker puts the rows before what it queued meanwhile and clears the entry on the last
+  part; the sender forgets the subscription once every part is acknowledged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flowbus import wire
+from flowbus.overlay.ring_messages import Peer
+
+__all__ = ["Backlog", "BacklogAck", "awaited", "disk_key"]
+
+
+def disk_key(sub: Hashable, home: int) -> tuple[str, Hashable, int]:
+    """The ring state entry saying ``sub``'s queue has events on the disk of broker ``home``."""
+    return ("disk", sub, home)
+
+
+def awaited(state: Mapping[Hashable, Any], sub: Hashable, me: int) -> int | None:
+    """The address of another broker whose disk holds older events of ``sub`` (taken over
+    from it: wait for its backlog), if the ring state says so."""
+    for key in state:
+        if type(key) is tuple and len(key) == 3 and key[0] == "disk" and key[1] == sub and key[2] != me:
+            return int(key[2])
+    return None
+
+
+@wire.message("ringbroker.backlog")
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Part ``part`` of subscription ``sub``'s queue on the disk of ``previous`` (a member the
+    sender was): ``rows`` are ``(event id, payload)`` in queue order; ``meta`` what serving
+    the subscription takes; ``last``: no more parts."""
+
+    previous: Peer
+    sub: str
+    meta: Mapping[str, Any]
+    part: int
+    rows: tuple[tuple[str, bytes], ...]
+    last: bool
+
+
+@wire.message("ringbroker.backlog_ack")
+@dataclass(frozen=True, slots=True)
+class BacklogAck:
+    """The receiver has part ``part`` of ``sub``'s backlog on its disk."""
+
+    sub: str
+    part: int

@@ -134,3 +134,36 @@ def test_an_event_lost_on_a_live_link_is_sent_again_and_delivered_once() -> None
     assert [g[1:] for g in w.got] == [("far", ("p", 1))]  # once, after the rounds
     assert ends[0].settled == [("p", 1)]
     assert all(b.in_custody() == 0 for b in w.brokers)
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_events_in_flight_when_a_broker_joins_reach_every_subscriber_once(seed: int) -> None:
+    """A broker joins between two tree neighbours while events stream: an event one sent the
+    other just before the tree changed comes from a former neighbour; it is routed as from
+    the neighbour now on that side (dropped and confirmed, it was lost beyond)."""
+    w = World(5, seed=seed, ack_delay=0.5)
+    order = w.order()
+    rng = random.Random(seed)
+    subs = {}
+    for b in order:
+        for k in range(3):
+            subs[(b.addr, k)] = parse(f"x >= {rng.randrange(10)}")
+            w.sim.invoke(b.addr, lambda c, s=(b.addr, k): c.subscribe(s, subs[s]))
+    w.sim.run(until=w.sim.now + 60)
+    w.got.clear()
+    start = w.sim.now
+    for i in range(200):
+        w.sim.invoke(
+            order[i % 2].addr, lambda c, i=i: c.publish({"x": i % 10}, event_id=("p", i)), at=start + i / 4
+        )
+    new = RingBroker(
+        5, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0, custody=True, local_ack=True
+    )
+    w.brokers.append(new)
+    w.sim.add_node(5, new)
+    w.sim.invoke(5, lambda c: c.join([order[0].addr, order[2].addr]), at=start + 20)
+    w.sim.run(until=w.sim.now + 300)
+    got = Counter((sub, eid) for _, sub, eid in w.got)
+    want = {(s, ("p", i)) for i in range(200) for s, f in subs.items() if f.matches({"x": i % 10})}
+    assert set(got) == want and set(got.values()) == {1}
+    assert all(b.in_custody() == 0 for b in w.brokers)

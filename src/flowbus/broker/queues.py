@@ -751,8 +751,8 @@ class Queues:
         queue is on disk already (else those rows come first: the entries wait in memory).
         If the store is full, they are held (before what was held already) until it is not."""
         pending = sub.pending
-        if sub.on_disk or not pending or any(where is not None for _, _, where in pending):
-            return
+        if self.closed or sub.on_disk or not pending or any(where is not None for _, _, where in pending):
+            return  # (closed: what is in custody stays with its senders, see Broker's step-down)
         sub.held.extendleft(reversed([_held(sub.sub_id, eid, plain) for eid, plain, _ in pending]))
         sub.in_memory -= len(pending)
         pending.clear()

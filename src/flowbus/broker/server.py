@@ -92,6 +92,9 @@ __all__ = ["Broker", "parse_address", "parse_advertised"]
 
 log = logging.getLogger("flowbus.broker")
 
+WATCH_EVERY = 0.25
+"""Seconds between two looks at the ring lease (:mod:`flowbus.broker.fence`)."""
+
 
 def parse_address(text: str) -> tuple[str, int]:
     """``"host:port"`` -> ``(host, port)``, or a :class:`ConfigError` naming the problem."""
@@ -218,6 +221,7 @@ class Broker:
         self.stepped_down = asyncio.Event()  # the ring found this broker dead: start it again
         self._member: tuple[int, tuple[str, ...]] | None = None  # the membership last saved
         self._member_seen = -1  # (the ring log's changes when it was)
+        self._watch: asyncio.TimerHandle | None = None  # (the lease, looked at every WATCH_EVERY)
         runtime.on_deliver = self._deliver
         runtime.on_deliver_all = self.queues.on_deliver_all
         runtime.on_client = self.sessions.serve
@@ -304,6 +308,7 @@ class Broker:
             broker.flows.restore()
             await runtime.start(sock=sock)
             broker._enter([addr_of(h, n) for h, n in peers])
+            broker._watch_lease()
         except BaseException:
             sock.close()
             await broker.close()
@@ -361,7 +366,15 @@ class Broker:
                 self.store.forget_membership()
         runtime.apply(core.join(peers) if peers else core.start())
 
+    def _watch_lease(self) -> None:
+        """Look at the lease now and then (its loss closes the client connections), not only
+        when a client or a delivery asks: a client idle behind keepalives would stay on."""
+        self.fence.ok()
+        self._watch = asyncio.get_running_loop().call_later(WATCH_EVERY, self._watch_lease)
+
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         if self.rejoin is not None:
             self.rejoin.cancel()
         if self._store_retry is not None:
@@ -393,6 +406,7 @@ class Broker:
             "queued_in_memory": self.queues.in_memory(),
             "refused_connections": self.runtime.refused,
             "secure_dropped": self.links.dropped if self.links else 0,
+            "serving": self.fence.ok(),  # (the ring's lease: it may serve its clients)
             "store_full": self.store_full() is not None,  # (writes fail, or wait in memory)
             "store_refused": self.queues.refused,  # deliveries refused while the store was full
             "adapt": self.adapt.view() if self.adapt is not None else None,  # (shares, express links)
@@ -480,7 +494,8 @@ class Broker:
 
     def _ring_notice(self, kind: Hashable, what: Any) -> None:
         if kind == "dead":  # (found dead while alive: paused, or cut off)
-            self.fence.step_down()
+            self.queues.close()  # (nothing more to disk: what is in custody here is re-sent
+            self.fence.step_down()  # by its senders to the taker)
             self.stepped_down.set()
         elif kind == "buried" and self.rejoin is not None:
             self.rejoin.buried(what)

@@ -70,6 +70,11 @@ TOTALS = (
 """The counts a campaign sums over its runs."""
 
 
+CLIENT = {"idle_timeout": 5.0, "publish_timeout": 30.0}
+"""The workload's client options: a silent broker is left after 5 s, and a publish not
+acknowledged in 30 s is given up (reported as refused, with its reason: none hangs)."""
+
+
 @dataclass(frozen=True)
 class Campaign:
     """A campaign's settings (``flowbus chaos run``'s options)."""
@@ -128,11 +133,13 @@ def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, se
         rate=c.rate,
         publish_for=publish_for,
         settle=max(30.0, 4 * c.detect),
+        client=dict(CLIENT),
     )
 
 
 class _Poller(threading.Thread):
-    """Polls every broker's console each second: the durable subscriptions each serves."""
+    """Polls every broker's console each second: the durable subscriptions each serves (a
+    broker without its ring lease serves none: it refuses clients)."""
 
     def __init__(self, brokers: Brokers, path: Path) -> None:
         super().__init__(daemon=True)
@@ -146,8 +153,8 @@ class _Poller(threading.Thread):
                 served, rings = {}, {}
                 for name in list(self.brokers.up):
                     state = self.brokers.poll(name)
-                    if state is None:
-                        continue
+                    if state is None or not state["broker"].get("serving", True):
+                        continue  # (paused, gone, or without its lease: serving no client)
                     served[name] = [
                         s["id"] for sp in state["spaces"] for s in sp["subscriptions"] if s["durable"]
                     ]

@@ -239,6 +239,8 @@ class _Publisher:
             self._acked(client)
 
     def _acked(self, client: Any) -> None:
+        for e in client.take_errors():  # (refused or given up: out of pending too, not acked)
+            self._resolved(e.pseq, error=e.reason)
         pending = client.pending
         for pseq in [p for p in self.sent if p not in pending]:
             self._resolved(pseq)

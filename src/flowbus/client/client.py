@@ -301,6 +301,13 @@ class Client:
         if self._errors:
             raise self._errors.pop(0)
 
+    def take_errors(self) -> list[PublishError]:
+        """The publish errors not raised yet (refusals, timeouts), taken: the next ``publish``
+        or ``flush`` will not raise them. For an application that follows each publish's fate
+        (with :attr:`pending`) rather than catching errors."""
+        errors, self._errors = self._errors, []
+        return errors
+
     def _expire(self) -> None:
         """Give up the publishes unacknowledged for ``publish_timeout`` (the oldest come
         first: the check stops at the first younger one); again later while any are left."""

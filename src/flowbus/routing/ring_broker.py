@@ -463,6 +463,8 @@ class RingBroker(Core):
         self.ring.heard_from(src, now)
         if self._fenced and src in self._fenced:
             return self._tell_dead(src, now)
+        if not self.ring.serving(now):  # (see on_message)
+            return []
         for event in events:
             self._open(src, event)
         if not self.repair.orphans and not self._syncing:
@@ -478,6 +480,9 @@ class RingBroker(Core):
             return [Deliver(("ring", "handover"), (src, msg))]
         if self._fenced and src in self._fenced and type(msg) not in RING_MESSAGES:
             return self._tell_dead(src, now)  # (a broker found dead: nothing it sends counts)
+        if type(msg) in _EVENTS and not self.ring.serving(now):
+            return []  # (without its lease, this broker may have been taken over: an event is
+            # not taken, nor confirmed; its sender keeps it and sends it again, or to the taker)
         match msg:
             case Confirm(ids=ids):
                 for eid in ids:
@@ -600,17 +605,35 @@ class RingBroker(Core):
         return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
 
     def _routing_message(self, src: int, msg: Any, now: float) -> list[Effect]:
-        """A content router's message from a tree neighbour (or a former one: dropped)."""
+        """A content router's message from a tree neighbour (or a former one: its
+        subscriptions' changes are dropped, but an event it sent before the tree changed
+        under it is routed as if it came from the neighbour now on its side: dropped, and
+        confirmed, it was lost beyond this broker, a join racing a stream of events)."""
         if isinstance(msg, Synced):
             self._syncing.discard(src)
             return []
         if isinstance(msg, cbr.Publish):
-            self._open(src, msg.event)  # (from a former neighbour: dropped, confirmed)
+            self._open(src, msg.event)
             self.ring.routed(now)  # (the ring's load: events routed a second)
+            if src not in self.router.neighbours:
+                via = self._side_now(src)
+                return self._extra(self.router.route_batch([msg.event], via), msg.event, via)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
         if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
             return self._extra(routed, msg.event, src)
         return routed
+
+    def _side_now(self, former: int) -> int:
+        """The tree neighbour now on the side a former tree neighbour was (the ids are in
+        ring order and the tree is the ring cut at the wrap: a smaller id, our left), or
+        this broker if that side has none (the event then goes every way it matches)."""
+        ring = self.ring
+        old = next((i for i, a in self.repair.known.items() if a == former), None)
+        if old is None or not ring.joined:
+            return self.addr
+        near = ring.left if old < ring.me.id else ring.right
+        tree = self.tree_neighbours()
+        return near.addr if near is not None and near.addr in tree else self.addr
 
     def _extra(self, effects: list[Effect], event: Mapping[str, Any], src: int) -> list[Effect]:
         """An event also goes where the tree's tables may not know of its subscribers yet:
@@ -803,6 +826,10 @@ class RingBroker(Core):
             return
         self._fence_sig = sig
         self._fenced = {known[d]: Peer(d, known[d]) for d in ring.dead if d in known and known[d] not in live}
+
+
+_EVENTS = frozenset({cbr.Publish, HandedOver, Delegated, Again})
+"""The messages that carry an event in custody (not taken without the ring's lease)."""
 
 
 def _remember(delivered: OrderedDict[Any, Any], eid: Any, seen: Any, subs: tuple[Hashable, ...]) -> None:

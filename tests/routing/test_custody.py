@@ -26,6 +26,7 @@ class World:
         transport = [CoordinateLatency(0.5, 2.0), *layers]
         self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
         self.got: list[tuple[int, Hashable, Any]] = []
+        self.notices: list[tuple[int, Hashable, Any]] = []
         self.ack_delay = ack_delay
         self.sim.on_deliver = self._delivered
         self.brokers: list[RingBroker] = []
@@ -48,6 +49,9 @@ class World:
             self.sim.run(until=self.sim.now + 40)
 
     def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
+        if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)
+            self.notices.append((node, sub, event))
+            return
         self.got.append((node, sub, event[EVENT_ID]))
         self.sim.invoke(node, lambda c: c.settle(sub, event[EVENT_ID]), at=now + self.ack_delay)
 

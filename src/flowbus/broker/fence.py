@@ -53,6 +53,7 @@ class Fence:
         self._clock = clock
         self._ok = True
         self._checked = -1.0
+        self._served = False  # (not before it served once: joining is no loss of the lease)
         self.lost = 0  # how many times the lease was lost
         self.gone = False  # the ring found this broker dead: it serves no more
 
@@ -65,6 +66,9 @@ class Fence:
             return self._ok
         self._checked = now
         ok = self._serving(now) and not self.gone
+        if not self._served:
+            self._served, self._ok = ok, ok
+            return ok
         if ok != self._ok:
             self._ok = ok
             if ok:

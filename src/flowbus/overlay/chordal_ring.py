@@ -83,6 +83,7 @@ choice is deterministic.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -410,8 +411,11 @@ class RingNode(Core):
         near = {p.id for p in (self.left, self.right) if p is not None and p.id != self.id}
         if not near:
             return True
-        since = now - self.lease
-        return any(self.detector.echoed(i) >= since for i in near)
+        since, d = now - self.lease, self.detector
+        for i in near:  # (a new neighbour: its lease runs from now, as it saw us just now)
+            if d.echoed(i) == -math.inf:
+                d.echo(i, now)
+        return any(d.echoed(i) >= since for i in near)
 
     def refresh_chords(self) -> list[Effect]:
         """(Re)build the chords by pointer doubling from Rightright."""

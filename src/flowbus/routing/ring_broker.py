@@ -84,7 +84,7 @@ from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
-from flowbus.overlay.ring_messages import Dead, Peer
+from flowbus.overlay.ring_messages import Peer
 from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
@@ -176,8 +176,7 @@ class RingBroker(Core):
         self._seq = 0
         self._delivered: OrderedDict[Any, Any] = OrderedDict()  # event id -> its subs (tuple, set)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
-        self._fenced: dict[int, Peer] = {}  # address -> the dead broker that spoke from it last
-        self._told: dict[int, float] = {}  # address -> when it was last told it is dead
+        self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
         self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
@@ -461,9 +460,7 @@ class RingBroker(Core):
     def _publishes_from(self, src: int, events: list[Mapping[str, Any]], now: float) -> list[Effect]:
         """Events a tree neighbour sent (what ``on_message`` does with each, in one pass)."""
         self.ring.heard_from(src, now)
-        if self._fenced and src in self._fenced:
-            return self._tell_dead(src, now)
-        if not self.ring.serving(now):  # (see on_message)
+        if self.custody and not self.ring.serving(now):  # (see on_message)
             return []
         for event in events:
             self._open(src, event)
@@ -478,9 +475,7 @@ class RingBroker(Core):
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
         if type(msg) is Backlog or type(msg) is BacklogAck:  # (from a broker back as a new one)
             return [Deliver(("ring", "handover"), (src, msg))]
-        if self._fenced and src in self._fenced and type(msg) not in RING_MESSAGES:
-            return self._tell_dead(src, now)  # (a broker found dead: nothing it sends counts)
-        if type(msg) in _EVENTS and not self.ring.serving(now):
+        if self.custody and type(msg) in _EVENTS and not self.ring.serving(now):
             return []  # (without its lease, this broker may have been taken over: an event is
             # not taken, nor confirmed; its sender keeps it and sends it again, or to the taker)
         match msg:
@@ -560,22 +555,12 @@ class RingBroker(Core):
         in a broken connection, or dropped by a broker cut off for a while); what waits for a
         neighbour's replacement, sent again if the neighbour is back (see ring_repair)."""
         out: list[Effect] = []
-        gone = self.repair.dead_addrs()
         for dst, rec in self.custodian.stale():
-            if dst in gone or dst in self._fenced:
+            if dst in self._fenced:  # (found dead, nobody new there: its taker got them)
                 continue
             msg = rec.sent.get(dst) if rec.sent else None
             out.append(Send(dst, Again(msg if msg is not None else cbr.Publish(rec.event))))
         return out + self.repair.retry_live()
-
-    def _tell_dead(self, src: int, now: float) -> list[Effect]:
-        """Events, confirmations... from a broker found dead are not taken (never confirmed:
-        its publishers must not be acknowledged): it is told, once a second at most."""
-        if now - self._told.get(src, -1.0) < 1.0:
-            return []
-        self._told[src] = now
-        dead = self._fenced[src]
-        return [Send(src, Dead(dead, self.ring.redirect.get(dead.id)))]
 
     def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
         return self._out(self._sync(self.ring.on_peer_gone(dst, now)))
@@ -819,7 +804,11 @@ class RingBroker(Core):
 
     def _fence(self, ring: RingNode, known: Mapping[int, int]) -> None:
         """The addresses of brokers found dead (not those a live member speaks from now: a
-        broker restarted on its address joins anew), when the dead or the window changed."""
+        broker restarted on its address joins anew), when the dead or the window changed:
+        nothing is sent to them again. What a broker found dead still sends (a paused one,
+        before it hears ``Dead``) needs no fence: its confirmations release nothing (what
+        waited on it was kept for its taker when it was buried), its events are routed as
+        any former neighbour's, and it acknowledges no publish without its lease."""
         live = tuple(p.addr for p in ring.links()) if ring.joined else ()
         sig = (len(ring.dead), live)
         if sig == self._fence_sig:

@@ -171,3 +171,26 @@ def test_events_in_flight_when_a_broker_joins_reach_every_subscriber_once(seed: 
     want = {(s, ("p", i)) for i in range(200) for s, f in subs.items() if f.matches({"x": i % 10})}
     assert set(got) == want and set(got.values()) == {1}
     assert all(b.in_custody() == 0 for b in w.brokers)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_dead_brokers_subscriptions_taken_over_get_each_publishers_events_in_order(seed: int) -> None:
+    """A stream from the broker that takes the dead one's subscriptions over: what the dead
+    one had not confirmed is kept before its subscriptions are taken up, so they get it
+    first, in each publisher's order, then what came after."""
+    w = World(5, seed=seed, ack_delay=0.5)
+    order = w.order()
+    victim, taker = order[2], order[3]  # (the first holder of a broker's backup is its Right)
+    for k in range(3):
+        w.sim.invoke(victim.addr, lambda c, k=k: c.subscribe(("v", k), parse(f"x >= {k}")))
+    w.sim.run(until=w.sim.now + 60)
+    w.got.clear()
+    start = w.sim.now
+    for i in range(120):
+        w.sim.invoke(taker.addr, lambda c, i=i: c.publish({"x": i % 5}, event_id=("p", i)), at=start + i / 4)
+    w.sim.crash(victim.addr, at=start + 10)
+    w.sim.run(until=w.sim.now + 300)
+    for k in range(3):
+        seen = list(dict.fromkeys(eid[1] for _, sub, eid in w.got if sub == ("v", k)))
+        assert seen == sorted(seen), (k, seen)
+        assert set(seen) == {i for i in range(120) if i % 5 >= k}

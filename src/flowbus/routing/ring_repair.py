@@ -120,7 +120,10 @@ class Repair:
         self._taken_by_dead = None
         matches = compiled(filt)
         out: list[Effect] = []
-        for (e, d, _), rkey in zip(self.retry, self.retry_for, strict=True):
+        kept = sorted(
+            zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
+        )
+        for (e, d, _), rkey in kept:
             if d in fresh_dead and matches(e):
                 out.append(Deliver(sub, e))
                 if rkey is not None:

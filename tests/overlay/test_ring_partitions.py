@@ -6,7 +6,10 @@ buried at once, two adjacent ones too."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
+
+import pytest
 
 from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import GUARD, LEASE, RingNode
@@ -149,3 +152,31 @@ def test_a_broker_restarted_on_its_address_again_and_again_joins_one_ring() -> N
         live = [nd for nd in r.live if nd.joined]
         assert len(live) == 5 and ring_errors(live) == [], (gap, ring_errors(live))
         assert not any(nd.suspects for nd in live)
+
+
+@pytest.mark.parametrize("seed", range(1, 13))
+def test_a_ring_under_churn_stays_one_consistent_ring(seed: int) -> None:
+    """Rounds of a crash and a restart on the same address (after 0.5, 3 or 30 time units),
+    or a broker cut off then healed (found dead: it starts again as a new member): after
+    each, every live broker's window and pointers are the true ring's (ring_errors)."""
+    cut = Partition()
+    r = ring(5, seed=seed, layers=[cut])
+    rng = random.Random(seed)
+    for _ in range(8):
+        live = [nd for nd in r.live if nd.joined]
+        victim = rng.choice(live)
+        if rng.random() < 0.5:
+            r.crash([victim])
+            r.sim.run(until=r.sim.now + rng.choice([0.5, 3.0, 30.0]))
+        else:
+            cut.split([[victim.addr], [nd.addr for nd in live if nd is not victim]])
+            r.sim.run(until=r.sim.now + 40)
+            cut.heal()
+            r.sim.run(until=r.sim.now + 10)
+            if victim.declared_dead is None:
+                continue
+            r.crash([victim])  # (found dead: it steps down, and starts again)
+        r.restart(victim, [nd.addr for nd in r.live if nd.joined and nd is not victim][:3])
+        r.settle(20 * HB)
+        live = [nd for nd in r.live if nd.joined]
+        assert len(live) == 5 and ring_errors(live) == []

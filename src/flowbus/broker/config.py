@@ -21,6 +21,9 @@ A YAML file (``flowbus broker start --config FILE``)::
     keepalive: 1.0              # seconds: a client connection the broker wrote nothing to
                                 # for this long is sent a keepalive frame (clients drop a
                                 # broker they hear nothing from for their idle_timeout)
+    backlog_wait: 300.0         # seconds a subscription taken over waits for the part of its
+                                # queue on its former broker's disk (that broker back as a
+                                # new member hands it over); then what is here is served
     sync: full                  # the store's commits synced to the disk (full), or not
                                 # (normal: faster, but a power loss may take the last
                                 # ones back; a process crash never does; docs/guarantees.md)
@@ -74,6 +77,7 @@ _LIMITS = (
     "step_interval",
     "keepalive",
     "sync",
+    "backlog_wait",
     "advertising",
     "load_limit",
     "rate_limit",
@@ -95,6 +99,7 @@ class BrokerConfig:
     step_interval: float = 0.005  # seconds between two reads of a publishing client connection
     keepalive: float = 1.0  # seconds: a client connection written nothing for this long gets a keepalive
     sync: str = "full"  # the store's syncing: full (each commit on the disk) or normal (broker/store.py)
+    backlog_wait: float = 300.0  # seconds a taken-over subscription waits for its former broker's backlog
     advertising: bool = False
     load_limit: int | None = None
     rate_limit: float | None = None
@@ -135,6 +140,10 @@ class BrokerConfig:
             or not self.keepalive > 0
         ):
             raise ConfigError(f"keepalive: seconds > 0, got {self.keepalive!r}")
+        if isinstance(self.backlog_wait, bool) or not isinstance(self.backlog_wait, int | float):
+            raise ConfigError(f"backlog_wait: seconds >= 0, got {self.backlog_wait!r}")
+        if not self.backlog_wait >= 0:
+            raise ConfigError(f"backlog_wait: seconds >= 0, got {self.backlog_wait!r}")
         if self.sync not in ("full", "normal"):
             raise ConfigError(f"sync: full or normal, got {self.sync!r}")
         if not self.heartbeat > 0 or not self.linger >= 0:

@@ -104,6 +104,7 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
         # over its limit it shares its clients' subscriptions' routing with a neighbour (their
         # sessions stay: routing/ring_share.py), and asks for a broker if none has room
         share_subs=config.load_limit is not None or config.rate_limit is not None,
+        nonce=time.time_ns(),  # (this process's: a restart joins with another id than it had)
         express=ExpressRoutes(  # (the wall clock numbers its announcements: a restart's are newer)
             addr,
             bound=config.express_bound if "express" in config.classes.values() else None,

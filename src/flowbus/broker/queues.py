@@ -78,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]
 
 from flowbus.broker.config import BrokerConfig
-from flowbus.broker.overlays import BrokerCore
+from flowbus.broker.overlays import BrokerCore, address_text
 from flowbus.broker.spaces import SPACE, Spaces
 from flowbus.broker.store import QueuedEvent, Store
 from flowbus.client import protocol as p
@@ -123,6 +124,8 @@ TOUCH_EVERY = 0.05
 """A step that holds more deliveries tries a failing store again at most this often (seconds)."""
 
 _HIDDEN = (EVENT_ID, SPACE)
+
+log = logging.getLogger("flowbus.broker")
 
 
 def _held(sub_id: str, eid: Any, plain: dict[str, Any]) -> Held:
@@ -238,6 +241,7 @@ class Queues:
         self.window = config.window
         self.memory = config.memory
         self.linger = config.linger
+        self.backlog_wait = config.backlog_wait
         self.subs: dict[str, Subscription] = {}
         self.delivered = 0
         self.spilled = 0
@@ -402,10 +406,17 @@ class Queues:
         return new
 
     def give_up_backlog(self, sub_id: str) -> None:
-        """Stop awaiting ``sub_id``'s backlog (its former broker did not come back in time):
-        what is here is served."""
+        """Stop awaiting ``sub_id``'s backlog (its former broker did not come back within
+        ``backlog_wait``): what is here is served; the log says what may be missing."""
         sub = self.subs.get(sub_id)
-        if sub is not None and sub.awaiting is not None:
+        if sub is not None and sub.awaiting is not None and not self.closed:
+            log.warning(
+                "%s: subscription %r gave up waiting for its former broker %s: the events it had "
+                "on its disk are missing until it comes back (they are then delivered late)",
+                self.name,
+                sub_id,
+                address_text(sub.awaiting),
+            )
             self.apply(self.core.backlog_done(sub_id, sub.awaiting))
             sub.awaiting = None
             self._pump_soon(sub)
@@ -711,6 +722,8 @@ class Queues:
             return None
         sub = Subscription.from_meta(sub_id, meta)
         sub.awaiting = self.core.awaited(sub_id)
+        if sub.awaiting is not None and not self.closed:  # (its former broker may never come back)
+            asyncio.get_running_loop().call_later(self.backlog_wait, self.give_up_backlog, sub_id)
         self.subs[sub_id] = sub
         try:
             self._record(sub)

@@ -158,7 +158,7 @@ class RingSim:
         """A crashed ``broker`` restarted on its address: a new member, joining ``through``."""
         node = RingNode(
             broker.addr, backup=self.backup, heartbeat=self.heartbeat, probe_timeout=self.probe_timeout,
-            ping_timeout=self.probe_timeout, **self.node_options,
+            ping_timeout=self.probe_timeout, nonce=1 + int(self.sim.now * 1000), **self.node_options,
         )  # fmt: skip
         self.nodes[self.nodes.index(broker)] = node
         self.sim.restart(broker.addr, _Counting(node, self._receivers))

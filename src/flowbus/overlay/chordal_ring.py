@@ -83,6 +83,7 @@ choice is deterministic.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
@@ -159,7 +160,9 @@ class RingNode(Core):
     broker passes some on (after a takeover, or in a heartbeat round); ``rate_limit`` the
     events routed per time unit (over ``load_window``) above which it does; ``movable``
     which state entries a load share may pass on (None: any; a broker whose entries are
-    its own clients' subscriptions passes none, and only asks for brokers).
+    its own clients' subscriptions passes none, and only asks for brokers); ``nonce`` is
+    this process's own number (its start time, say), sent with its join: a broker restarted
+    into the gap it left gets another id than it had (0: the document's midway ids).
     """
 
     def __init__(
@@ -174,6 +177,7 @@ class RingNode(Core):
         rate_limit: float | None = None,
         load_window: float = 1.0,
         movable: Callable[[Hashable], bool] | None = None,
+        nonce: int = 0,
     ) -> None:
         if not 1 <= backup <= 4:
             raise ProtocolError(f"RingNode: the backup factor is 1..4, got {backup!r}")
@@ -182,6 +186,7 @@ class RingNode(Core):
         if load_limit is not None and load_limit < 1:
             raise ProtocolError(f"RingNode: the load limit is >= 1 state entries, got {load_limit!r}")
         self.addr = addr
+        self.nonce = nonce  # (sent with our join: see _offset)
         self.id: int | None = None
         self.backup = backup
         self.load_limit = load_limit
@@ -306,19 +311,36 @@ class RingNode(Core):
 
     def _take(self, peers: Iterable[Peer], *, closes: bool = False) -> bool:
         """Merge ``peers`` into the window: the 2 nearest known brokers on each side. A side
-        that lost a broker stays as it is until news that ``closes`` the gap (the window of
-        a broker beyond it); without it, a lone side would fill up with the other side's
-        brokers. True if the window changed."""
+        that lost a broker is not refilled from what we know until news that ``closes`` the
+        gap (the window of a broker beyond it); without it, a lone side would fill up with
+        the other side's brokers. A broker the news names on that side (nearer there than on
+        the other: a join, ``Insert``) is taken in, though: a broker that heard of a death
+        only by a ``Redirect`` (in a small ring nobody sends it the closing ``SetSide``)
+        would otherwise never take a new neighbour in. True if the window changed."""
         me = self.me
         known = {p.id: p for p in (*self.succ, *self.pred)}
-        for p in peers:
-            if p.id != me.id and p.id not in self.dead:
-                known[p.id] = p
+        news = [p for p in peers if p.id != me.id and p.id not in self.dead]
+        known.update((p.id, p) for p in news)
         if closes:
             self.open.clear()
         peers_ = known.values()
-        succ = self.succ if 1 in self.open else sorted(peers_, key=lambda p: cw(me.id, p.id))[:WINDOW]
-        pred = self.pred if -1 in self.open else sorted(peers_, key=lambda p: cw(p.id, me.id))[:WINDOW]
+
+        def right(p: Peer) -> int:
+            return cw(me.id, p.id)
+
+        def left(p: Peer) -> int:
+            return cw(p.id, me.id)
+
+        if 1 in self.open:
+            near = {p.id: p for p in (*self.succ, *(p for p in news if right(p) < left(p)))}
+            succ = sorted(near.values(), key=right)[:WINDOW]
+        else:
+            succ = sorted(peers_, key=right)[:WINDOW]
+        if -1 in self.open:
+            near = {p.id: p for p in (*self.pred, *(p for p in news if left(p) < right(p)))}
+            pred = sorted(near.values(), key=left)[:WINDOW]
+        else:
+            pred = sorted(peers_, key=left)[:WINDOW]
         changed = (succ, pred) != (self.succ, self.pred)
         self.succ, self.pred = succ, pred
         return changed
@@ -562,24 +584,25 @@ class RingNode(Core):
             return [] if self.joined else self.join(sorted(self._candidates))
         best = min(self._rtt, key=lambda a: (self._rtt[a], a))
         self._rtt.clear()
-        return [Send(best, JoinRequest(self.addr))]
+        return [Send(best, JoinRequest(self.addr, 0, self.nonce))]
 
     def _on_join_request(self, src: int, msg: JoinRequest, now: float) -> list[Effect]:
         me = self.me
         if not self.succ:
             new_id = SECOND_ID if me.id == 0 else (me.id + SPACE // 2) % SPACE
+            new_id = _offset(new_id, SPACE // 2, msg.nonce)
         else:
             left, right = self.left, self.right
             assert left is not None and right is not None
             lgap, rgap = cw(left.id, me.id), cw(me.id, right.id)
             if lgap >= rgap and lgap > 1:
-                new_id = (left.id + lgap // 2) % SPACE
+                new_id = _offset((left.id + lgap // 2) % SPACE, lgap, msg.nonce)
             elif rgap > 1:
-                new_id = (me.id + rgap // 2) % SPACE
+                new_id = _offset((me.id + rgap // 2) % SPACE, rgap, msg.nonce)
             else:  # no id space next to us: ask our Rightright
                 rr = self.rightright
                 assert rr is not None
-                return [Send(rr.addr, JoinRequest(msg.addr, msg.hops + 1))]
+                return [Send(rr.addr, JoinRequest(msg.addr, msg.hops + 1, msg.nonce))]
         while new_id in self.dead or new_id == me.id:  # (an id is never given twice: a broker
             new_id = (new_id + 1) % SPACE  # restarted into the same gap is another member)
         new = Peer(new_id, msg.addr)
@@ -701,7 +724,7 @@ class RingNode(Core):
             if silent and not self.detector.suspected(p.id) and not self.detour.get(p.id):
                 out.extend(self._suspect(p))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
-            out.append(Send(p.addr, Heartbeat(self.me, load, now)))
+            out.append(Send(p.addr, Heartbeat(self.me, load, now, tuple(self.window))))
         out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
         return out
 
@@ -717,7 +740,32 @@ class RingNode(Core):
         self.loads.neighbours[msg.peer.id] = msg.load
         if self.detour.get(msg.peer.id) and msg.peer in (self.left, self.right):
             del self.detour[msg.peer.id]
-        return [Send(src, HeartbeatAck(self.me, msg.sent))] if self.joined else []
+        if not self.joined:
+            return []
+        return [Send(src, HeartbeatAck(self.me, msg.sent)), *self._stabilize(msg.peer, msg.window)]
+
+    def _stabilize(self, peer: Peer, window: tuple[Peer, ...]) -> list[Effect]:
+        """A ring neighbour's window, from its heartbeat (Chord's stabilization, in a ring
+        of windows): our side towards it is filled from it (our second neighbour there is
+        its neighbour; a broker that joined between us, an ``Insert`` we missed, is taken
+        in), and a gap on that side is closed. Under churn, a broker that heard of a death
+        or a join only in part keeps wrong second pointers (testers, backup holders) for
+        good otherwise."""
+        side = 1 if peer == self.right else -1 if peer == self.left else 0
+        if not side or not window:
+            return []
+        me = self.me.id
+        valid = {p.id: p for p in (peer, *window) if p.id != me and p.id not in self.dead}
+        dist = (lambda p: cw(me, p.id)) if side > 0 else (lambda p: cw(p.id, me))
+        fresh = sorted(valid.values(), key=dist)[:WINDOW]
+        self.open.discard(side)
+        if fresh == self._side(side):
+            return []
+        if side > 0:
+            self.succ = fresh
+        else:
+            self.pred = fresh
+        return self._after_change()
 
     def _on_heartbeat_ack(self, src: int, msg: HeartbeatAck, now: float) -> list[Effect]:
         self.detector.echo(msg.peer.id, msg.sent)
@@ -1051,6 +1099,18 @@ class RingNode(Core):
             self.detector.end(msg.target.id)
             return []
         return [Send(msg.trace[i - 1].addr, msg)]
+
+
+def _offset(mid: int, gap: int, nonce: int) -> int:
+    """The id midway in a gap of ``gap``, moved by up to an eighth of it either way by the
+    joiner's ``nonce`` (0: midway exactly, the document's rule). A broker restarted into the
+    gap it left would otherwise get the id it had, and brokers that found that one dead
+    would never take the new one in."""
+    spread = gap // 4
+    if not nonce or spread < 2:
+        return mid
+    h = int.from_bytes(hashlib.blake2b(nonce.to_bytes(16, "big", signed=True), digest_size=8).digest(), "big")
+    return (mid + h % spread - spread // 2) % SPACE
 
 
 def _window_of(who: Peer, everyone: Iterable[Peer]) -> list[Peer]:

@@ -101,6 +101,7 @@ class Pong:
 class JoinRequest:
     addr: int
     hops: int = 0
+    nonce: int = 0  # the joiner's own (its process's start, say): ids of its incarnations differ
 
 
 @wire.message("ring.join_accept")
@@ -138,6 +139,7 @@ class Heartbeat:
     peer: Peer
     load: float = 0.0  # the sender's load (1.0: at its limit; see ring_load)
     sent: float = 0.0  # the sender's clock when it sent it (echoed back: its lease)
+    window: tuple[Peer, ...] = ()  # the sender's window (its neighbours fix their own by it)
 
 
 @wire.message("ring.heartbeat_ack")

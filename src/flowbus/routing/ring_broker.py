@@ -177,6 +177,7 @@ class RingBroker(Core):
         self._delivered: OrderedDict[Any, Any] = OrderedDict()  # event id -> its subs (tuple, set)
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
         self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
+        self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
         self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
@@ -641,6 +642,8 @@ class RingBroker(Core):
             effects = self.flow_side.effects(effects)
         if self.shared.hosted:
             effects = self.shared.redirect(effects)
+        if self._placeholders:
+            effects = list(effects)  # (kept events' deliveries are appended while it is read)
         out: list[Effect] = []
         custodian, repair = self.custodian, self.repair
         step = custodian.step
@@ -689,6 +692,11 @@ class RingBroker(Core):
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
             elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver | Delegated):
+                if self._placeholders and e.dst in self._placeholders and type(e.msg) is cbr.Publish:
+                    ev = e.msg.event  # (a dead neighbour not replaced yet: kept for its replacement)
+                    key = step.get(ev[EVENT_ID]) if step else None
+                    effects.extend(repair.keep(ev, e.dst, self.ring.side_of_addr(e.dst), key))
+                    continue  # (the deliveries it makes, to what was taken over, come next)
                 if repair.retry and type(e.msg) is cbr.Publish and repair.behind_kept(e.dst, e.msg.event):
                     continue
                 if step:
@@ -784,6 +792,8 @@ class RingBroker(Core):
         if ring.dead:
             self._fence(ring, repair.known)
         wanted = self.tree_neighbours()
+        self._placeholders = self._gaps(ring, repair)
+        wanted |= self._placeholders
         if wanted != set(self.router.neighbours):
             added = wanted - set(self.router.neighbours)
             handover = repair.handover(wanted)
@@ -804,6 +814,16 @@ class RingBroker(Core):
                     out.extend(self._routing_message(src, msg, 0.0))
         repair.drop_orphans()  # (adopted and routed by now)
         return out + repair.resend()
+
+    def _gaps(self, ring: RingNode, repair: Repair) -> set[int]:
+        """Dead tree neighbours on a side of the ring not refilled yet: they stay in the tree
+        until their replacement comes (make before break: what they led to is then handed to
+        it), and what is routed their way meanwhile is kept for it. Taken out at once, their
+        part of the tables went with them: events for the brokers beyond were routed nowhere."""
+        if not ring.open:
+            return set()
+        dead = repair.dead_addrs()
+        return {a for a in self.router.neighbours if a in dead and ring.side_of_addr(a) in ring.open}
 
     def _fence(self, ring: RingNode, known: Mapping[int, int]) -> None:
         """The addresses of brokers found dead (not those a live member speaks from now: a

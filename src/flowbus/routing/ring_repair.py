@@ -5,8 +5,10 @@ How it works:
 
 * **Kept.** An event whose send to a tree neighbour fails (the driver's failure notice), or
   that a dead neighbour had not confirmed (custody, :meth:`Repair.bury`), is kept with the
-  side of the ring it was going to (:meth:`Repair.keep`); later events for that side wait
-  behind it (:meth:`Repair.behind_kept`), so each publisher's order holds.
+  side of the ring it was going to (:meth:`Repair.keep`); later events of its publisher
+  for that side wait behind it, and for the other side too once its broker is found dead
+  (:meth:`Repair.behind_kept`: after the repair the tree may reach the same subscribers by
+  the other side), so each publisher's order holds.
 * **Resent.** When the ring has a new neighbour on that side, the kept events go there, in
   each publisher's order (:meth:`Repair.resend`). That broker is the first one of the part
   of the tree the dead broker led to, so nothing there had the event yet; across the tree's
@@ -64,6 +66,8 @@ class Repair:
         self.custodian = custodian
         self.retry: list[tuple[Mapping[str, Any], int, int]] = []  # (event, dead addr, ring side)
         self.retry_for: list[Key | None] = []  # the custody record of each
+        self._held: set[Any] = set()  # ids of events kept only behind others (their link is up)
+        self._targets: dict[str, set[tuple[int, int]]] = {}  # publisher -> (to, side) of its kept
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
         self.orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
         self.orphan_side: dict[int, int] = {}
@@ -77,8 +81,7 @@ class Repair:
     def keep(self, event: Mapping[str, Any], dead: int, side: int, key: Key | None) -> list[Effect]:
         """``event`` could not go to ``dead``: keep it for the broker that takes its place,
         and deliver it now to the subscriptions we took over from ``dead`` already."""
-        self.retry.append((event, dead, side))
-        self.retry_for.append(key)
+        self._append(event, dead, side, key)
         rec = self.custodian.records.get(key) if key is not None else None
         if rec is not None and key is not None:
             rec.waiting.discard(dead)
@@ -86,19 +89,31 @@ class Repair:
             self.custodian.step[event[EVENT_ID]] = key
         return self.handed_over(HandedOver(event, dead))
 
-    def behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
-        """Events kept for the side of the ring ``dst`` is on go first: ``event`` waits behind
-        them (so each publisher's order holds across a repair). Whether it was kept."""
-        side = self.ring.side_of_addr(dst)
-        dead = next((d for _, d, s in self.retry if s == side), None) if side else None
-        if dead is None:
-            return False
-        key = self.custodian.step.get(event[EVENT_ID])
-        self.retry.append((event, dead, side))
+    def _append(self, event: Mapping[str, Any], to: int, side: int, key: Key | None) -> None:
+        self.retry.append((event, to, side))
         self.retry_for.append(key)
+        self._targets.setdefault(publish_order(event[EVENT_ID])[0], set()).add((to, side))
+
+    def behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
+        """Events of ``event``'s publisher kept for ``dst``'s side, or kept for a broker found
+        dead (after the repair the tree may reach its subscribers by the other side): it waits
+        behind them, for ``dst``, so each publisher's order holds across a repair. Events
+        kept for a live neighbour (cut off for a while) hold back only that side. Whether it
+        was kept."""
+        eid = event[EVENT_ID]
+        targets = self._targets.get(publish_order(eid)[0])
+        if not targets:
+            return False
+        side = self.ring.side_of_addr(dst)
+        if all(s != side for _, s in targets) and not any(t in self.dead_addrs() for t, _ in targets):
+            return False
+        key = self.custodian.step.get(eid)
+        self._append(event, dst, side, key)
+        self._held.add(eid)
         rec = self.custodian.records.get(key) if key is not None else None
         if rec is not None:
             rec.retries += 1
+            rec.waiting.discard(dst)
         return True
 
     def bury(self, dead: int) -> list[Effect]:
@@ -180,58 +195,59 @@ class Repair:
         return out
 
     def resend(self) -> list[Effect]:
-        """Kept events go to the new neighbour on their side, once the ring has one, in
-        each publisher's order (they were kept in the order their sends failed or their
-        receiver was found dead, which is not it)."""
-        if not self.retry or not self.ring.joined:
-            return []
-        out: list[Effect] = []
-        keep, keep_for = [], []
-        kept = sorted(
-            zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
-        )
-        for (event, dead, side), key in kept:
-            now = self.ring.right if side > 0 else self.ring.left
-            if now is None or now.addr == dead or self.ring.open & {side}:
-                keep.append((event, dead, side))
-                keep_for.append(key)
-                continue
-            if now.addr in self.router.neighbours:
-                out.append(Send(now.addr, cbr.Publish(event)))
-            else:  # across the tree's cut: only the dead broker's own subscriptions are there
-                out.append(Send(now.addr, HandedOver(event, dead)))
-            rec = self.custodian.records.get(key) if key is not None else None
-            if rec is not None and key is not None:
-                rec.retries -= 1
-                self.custodian.step[event[EVENT_ID]] = key
-        self.retry, self.retry_for = keep, keep_for
-        return out
+        """Kept events go to the new neighbour on their side once the ring has one (those
+        kept only behind others, to their neighbour), in each publisher's order: one that
+        cannot go yet holds its publisher's later ones back."""
+        return self._flush(live=False)
 
     def retry_live(self) -> list[Effect]:
-        """Kept events whose side still has the neighbour they failed to reach, alive as far
-        as the ring knows: sent to it again (in each publisher's order)."""
+        """The same, and kept events whose side still has the neighbour they failed to reach,
+        alive as far as the ring knows, go to it again (a heartbeat round's: it was cut off
+        for a while, then came back)."""
+        return self._flush(live=True)
+
+    def _flush(self, *, live: bool) -> list[Effect]:
         if not self.retry or not self.ring.joined:
             return []
         dead = self.dead_addrs()
         out: list[Effect] = []
-        keep, keep_for = [], []
+        keep: list[tuple[Mapping[str, Any], int, int]] = []
+        keep_for: list[Key | None] = []
+        blocked: set[str] = set()
         kept = sorted(
             zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
         )
         for (event, to, side), key in kept:
-            now = self.ring.right if side > 0 else self.ring.left
-            if now is None or now.addr != to or to in dead:
+            eid = event[EVENT_ID]
+            publisher = publish_order(eid)[0]
+            now = (self.ring.right if side > 0 else self.ring.left) if side else None
+            same = now is not None and now.addr == to
+            go = (
+                publisher not in blocked
+                and now is not None
+                and not self.ring.open & {side}
+                and (not same or ((eid in self._held or live) and to not in dead))
+            )
+            if not go:
                 keep.append((event, to, side))
                 keep_for.append(key)
+                blocked.add(publisher)
                 continue
-            tree = to in self.router.neighbours
-            out.append(Send(to, cbr.Publish(event) if tree else HandedOver(event, to)))
+            assert now is not None
+            if now.addr in self.router.neighbours:
+                out.append(Send(now.addr, cbr.Publish(event)))
+            else:  # across the tree's cut: only the dead broker's own subscriptions are there
+                out.append(Send(now.addr, HandedOver(event, to)))
+            self._held.discard(eid)
             rec = self.custodian.records.get(key) if key is not None else None
             if rec is not None and key is not None:
                 rec.retries -= 1
-                rec.waiting.add(to)
-                self.custodian.maybe_done(key)
+                rec.waiting.add(now.addr)
+                self.custodian.step[eid] = key
         self.retry, self.retry_for = keep, keep_for
+        self._targets = {}
+        for e, to, side in keep:
+            self._targets.setdefault(publish_order(e[EVENT_ID])[0], set()).add((to, side))
         return out
 
     def handed_over(self, msg: HandedOver) -> list[Effect]:

@@ -232,3 +232,49 @@ def test_two_adjacent_crashes_keep_every_publishers_order_at_every_subscriber(se
             mine = [i for q, i in taken if q == p]
             assert mine == sorted(mine), (s, p, mine)
         assert set(taken) == {(f"p{i % 2}", i) for i in range(160) if f.matches({"x": i % 4})}
+
+
+@pytest.mark.parametrize(("seed", "gap"), [(1, 2.0), (2, 30.0), (3, 2.0), (4, 30.0)])
+def test_a_broker_restarted_on_its_address_during_a_stream_leaves_nothing_behind(
+    seed: int, gap: float
+) -> None:
+    """A crash, then a new process on the same address (before or after it is found dead):
+    it announces the member it was and joins as a new one. Every event reaches every live
+    subscription once and in order, and nothing stays kept or in custody anywhere (an
+    address a restarted broker speaks from again is not a dead one's)."""
+    w = World(5, seed=seed, ack_delay=0.5)
+    order = w.order()
+    rng = random.Random(seed)
+    victim = order[2]
+    subs = {}
+    for b in order:
+        if b is not victim:
+            subs[b.addr] = parse(f"x >= {rng.randrange(4)}")
+            w.sim.invoke(b.addr, lambda c, s=b.addr: c.subscribe(s, subs[s]))
+    w.sim.run(until=w.sim.now + 60)
+    w.got.clear()
+    start = w.sim.now
+    pubs = [b for b in order if b is not victim][:2]
+    for i in range(240):
+        at = start + i / 4
+        w.sim.invoke(
+            pubs[i % 2].addr, lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=at
+        )
+    w.sim.crash(victim.addr, at=start + 10)
+    w.sim.run(until=start + 10 + gap)
+    new = RingBroker(victim.addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
+                     custody=True, local_ack=True, nonce=7)  # fmt: skip
+    w.sim.restart(victim.addr, new)
+    w.brokers[w.brokers.index(victim)] = new
+    old = [p.addr for p in victim.ring.window]
+    w.sim.invoke(new.addr, lambda c: c.ring.announce(victim.ring.me, old))
+    w.sim.run(until=w.sim.now + 40)
+    w.sim.invoke(new.addr, lambda c: c.join([pubs[0].addr]))
+    w.sim.run(until=w.sim.now + 400)
+    for s, f in subs.items():
+        taken = list(dict.fromkeys(eid for _, sub, eid in w.got if sub == s))
+        for p in ("p0", "p1"):
+            mine = [i for q, i in taken if q == p]
+            assert mine == sorted(mine)
+        assert set(taken) == {(f"p{i % 2}", i) for i in range(240) if f.matches({"x": i % 4})}
+    assert all(b.in_custody() == 0 and not b.repair.retry for b in w.brokers if b is not victim)

@@ -75,8 +75,13 @@ class Repair:
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
 
     def dead_addrs(self) -> set[int]:
-        """The addresses of the brokers we linked to that the ring found dead."""
-        return {self.known[d] for d in self.ring.dead if d in self.known}
+        """The addresses of the brokers we linked to that the ring found dead, but those a live
+        broker we link to speaks from now (a broker restarted on its address is a new one)."""
+        ring = self.ring
+        dead = {self.known[d] for d in ring.dead if d in self.known}
+        if dead and ring.joined:
+            dead -= {p.addr for p in ring.links()}
+        return dead
 
     def keep(self, event: Mapping[str, Any], dead: int, side: int, key: Key | None) -> list[Effect]:
         """``event`` could not go to ``dead``: keep it for the broker that takes its place,

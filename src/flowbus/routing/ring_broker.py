@@ -178,6 +178,7 @@ class RingBroker(Core):
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
         self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
         self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
+        self._tree_ids: dict[int, int] = {}  # tree neighbour address -> the ring id there (_renewed)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
         self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
@@ -490,7 +491,11 @@ class RingBroker(Core):
                 return self.on_message(src, again, now)
             case HandedOver():
                 self._open(src, msg.event)
-                return self._out(self.repair.handed_over(msg))
+                if self.repair.took_from(msg.dead):
+                    return self._out(self.repair.handed_over(msg))
+                # (we did not take its subscriptions over: we are not the one it was meant for, a
+                # broker restarted on the dead one's address, say; routed on, it reaches them)
+                return self._out(self._extra(self.router.route_batch([msg.event], src), msg.event, src))
             case Delegated():
                 self._open(src, msg.event)
                 return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
@@ -794,6 +799,7 @@ class RingBroker(Core):
         wanted = self.tree_neighbours()
         self._placeholders = self._gaps(ring, repair)
         wanted |= self._placeholders
+        out.extend(self._renewed(ring, wanted))
         if wanted != set(self.router.neighbours):
             added = wanted - set(self.router.neighbours)
             handover = repair.handover(wanted)
@@ -814,6 +820,21 @@ class RingBroker(Core):
                     out.extend(self._routing_message(src, msg, 0.0))
         repair.drop_orphans()  # (adopted and routed by now)
         return out + repair.resend()
+
+    def _renewed(self, ring: RingNode, wanted: set[int]) -> list[Effect]:
+        """A tree neighbour's address now speaks for another broker (one restarted on it, a new
+        member): to the router it is a neighbour gone and a new one come, whose tables start
+        empty and are synced (the same address hid the change, and the new broker never got
+        the subscriptions of this side)."""
+        ids = {p.addr: p.id for p in (ring.left, ring.right) if p is not None and p.addr in wanted}
+        renewed = {a for a, i in ids.items() if self._tree_ids.get(a, i) != i and a in self.router.neighbours}
+        for a in wanted - ids.keys():  # (a dead one kept until replaced: its id, not a new one's)
+            if a in self._tree_ids:
+                ids[a] = self._tree_ids[a]
+        self._tree_ids = ids
+        if not renewed:
+            return []
+        return self.router.set_neighbours(set(self.router.neighbours) - renewed)
 
     def _gaps(self, ring: RingNode, repair: Repair) -> set[int]:
         """Dead tree neighbours on a side of the ring not refilled yet: they stay in the tree

@@ -75,13 +75,8 @@ class Repair:
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
 
     def dead_addrs(self) -> set[int]:
-        """The addresses of the brokers we linked to that the ring found dead, but those a live
-        broker we link to speaks from now (a broker restarted on its address is a new one)."""
-        ring = self.ring
-        dead = {self.known[d] for d in ring.dead if d in self.known}
-        if dead and ring.joined:
-            dead -= {p.addr for p in ring.links()}
-        return dead
+        """The addresses of the brokers we linked to that the ring found dead."""
+        return {self.known[d] for d in self.ring.dead if d in self.known}
 
     def keep(self, event: Mapping[str, Any], dead: int, side: int, key: Key | None) -> list[Effect]:
         """``event`` could not go to ``dead``: keep it for the broker that takes its place,
@@ -214,7 +209,9 @@ class Repair:
     def _flush(self, *, live: bool) -> list[Effect]:
         if not self.retry or not self.ring.joined:
             return []
-        dead = self.dead_addrs()
+        # (an address a live broker speaks from again is no dead one's: a broker restarted on
+        # it; what was kept for the dead one waited for ever, and its publisher's later events)
+        dead = self.dead_addrs() - {p.addr for p in self.ring.links()}
         out: list[Effect] = []
         keep: list[tuple[Mapping[str, Any], int, int]] = []
         keep_for: list[Key | None] = []
@@ -261,6 +258,10 @@ class Repair:
         return [
             Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
         ]
+
+    def took_from(self, dead: int) -> bool:
+        """Whether subscriptions were taken over here from the dead broker at ``dead``."""
+        return dead in self._taken()
 
     def _taken(self) -> dict[int, list[tuple[Hashable, Any]]]:
         """Dead broker -> the subscriptions taken over from it, in order, with their

@@ -353,7 +353,7 @@ class RingBroker(Core):
     def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
         """:meth:`settle` in one step for ``(event id, n)``: ``n`` of its local deliveries."""
         self.custodian.settle_many(counts, self.flow_side.aliases)
-        return self._out([])
+        return self._out(self.repair.resend() if self.repair.release_due else [])
 
     def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
         """The driver gave up local deliveries (``(event id, reason)``, one delivery each: a
@@ -484,7 +484,7 @@ class RingBroker(Core):
             case Confirm(ids=ids):
                 for eid in ids:
                     self.custodian.release(src, eid)
-                return self._out([])
+                return self._out(self.repair.resend() if self.repair.release_due else [])
             case Again(msg=again):  # (sent again: a copy of what is under way here is nothing new)
                 if self.custody and self.custodian.seen(src, again.event[EVENT_ID]):
                     return self._out([])

@@ -31,7 +31,7 @@ How it works:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +106,7 @@ class Custodian:
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self.done: OrderedDict[Key, str | None] = OrderedDict()  # finished, from others: refusal
+        self.on_done: Callable[[Key], None] | None = None  # (told when all a record went to are done)
         self.round = 0  # heartbeat rounds so far (see stale)
 
     def open(self, src: int | None, event: Mapping[str, Any]) -> None:
@@ -179,7 +180,11 @@ class Custodian:
 
     def maybe_done(self, key: Key) -> None:
         rec = self.records.get(key)
-        if rec is None or rec.waiting or rec.local or rec.retries:
+        if rec is None or rec.waiting or rec.local:
+            return
+        if self.on_done is not None:  # (every party it went to is done: only kept copies may wait)
+            self.on_done(key)
+        if rec.retries:
             return
         del self.records[key]
         src, eid = key

@@ -8,7 +8,10 @@ How it works:
   side of the ring it was going to (:meth:`Repair.keep`); later events of its publisher
   for that side wait behind it, and for the other side too once its broker is found dead
   (:meth:`Repair.behind_kept`: after the repair the tree may reach the same subscribers by
-  the other side), so each publisher's order holds.
+  the other side), so each publisher's order holds. Those held behind go only once what
+  was sent again before them is *confirmed* (the custody chain: every subscriber beyond has
+  it), not only sent: it may take a longer way (across the tree's cut, or routed on by a
+  broker restarted on the dead one's address) than they would.
 * **Resent.** When the ring has a new neighbour on that side, the kept events go there, in
   each publisher's order (:meth:`Repair.resend`). That broker is the first one of the part
   of the tree the dead broker led to, so nothing there had the event yet; across the tree's
@@ -68,6 +71,10 @@ class Repair:
         self.retry_for: list[Key | None] = []  # the custody record of each
         self._held: set[Any] = set()  # ids of events kept only behind others (their link is up)
         self._targets: dict[str, set[tuple[int, int]]] = {}  # publisher -> (to, side) of its kept
+        self._unconfirmed: dict[str, dict[Key, int]] = {}  # publisher -> its events sent again,
+        # not confirmed yet -> where they went
+        self.release_due = False  # (a publisher's last one was confirmed: what waits behind may go)
+        custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
         self.orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
         self.orphan_side: dict[int, int] = {}
@@ -101,11 +108,13 @@ class Repair:
         kept for a live neighbour (cut off for a while) hold back only that side. Whether it
         was kept."""
         eid = event[EVENT_ID]
-        targets = self._targets.get(publish_order(eid)[0])
-        if not targets:
-            return False
+        publisher = publish_order(eid)[0]
+        targets = self._targets.get(publisher)
         side = self.ring.side_of_addr(dst)
-        if all(s != side for _, s in targets) and not any(t in self.dead_addrs() for t, _ in targets):
+        if not self._unconfirmed.get(publisher) and (
+            not targets
+            or (all(s != side for _, s in targets) and not any(t in self.dead_addrs() for t, _ in targets))
+        ):
             return False
         key = self.custodian.step.get(eid)
         self._append(event, dst, side, key)
@@ -198,6 +207,7 @@ class Repair:
         """Kept events go to the new neighbour on their side once the ring has one (those
         kept only behind others, to their neighbour), in each publisher's order: one that
         cannot go yet holds its publisher's later ones back."""
+        self.release_due = False
         return self._flush(live=False)
 
     def retry_live(self) -> list[Effect]:
@@ -224,11 +234,15 @@ class Repair:
             publisher = publish_order(eid)[0]
             now = (self.ring.right if side > 0 else self.ring.left) if side else None
             same = now is not None and now.addr == to
+            held = eid in self._held
+            before = self._unconfirmed.get(publisher)  # (sent again, older: one another way, not
+            # this event's own, must be confirmed first; one down the same link is ahead of it)
             go = (
                 publisher not in blocked
                 and now is not None
                 and not self.ring.open & {side}
-                and (not same or ((eid in self._held or live) and to not in dead))
+                and (not same or ((held or live) and to not in dead))
+                and not (held and before and any(k != key and d != now.addr for k, d in before.items()))
             )
             if not go:
                 keep.append((event, to, side))
@@ -246,6 +260,8 @@ class Repair:
                 rec.retries -= 1
                 rec.waiting.add(now.addr)
                 self.custodian.step[eid] = key
+                if not held:  # (sent again: what its publisher holds behind waits for its confirmation)
+                    self._unconfirmed.setdefault(publisher, {})[key] = now.addr
         self.retry, self.retry_for = keep, keep_for
         self._targets = {}
         for e, to, side in keep:
@@ -258,6 +274,20 @@ class Repair:
         return [
             Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
         ]
+
+    def _confirmed(self, key: Key) -> None:
+        """Every party a custody record went to is done (the custodian's ``on_done``; copies
+        kept for others may still wait): if it was sent again, its publisher's events held
+        behind it may go once it is its last (see the note)."""
+        if not self._unconfirmed:
+            return
+        publisher = publish_order(key[1])[0]
+        waiting = self._unconfirmed.get(publisher)
+        if waiting is not None and key in waiting:
+            del waiting[key]
+            if not waiting:
+                del self._unconfirmed[publisher]
+                self.release_due = True
 
     def took_from(self, dead: int) -> bool:
         """Whether subscriptions were taken over here from the dead broker at ``dead``."""

@@ -205,6 +205,27 @@ def test_what_waits_for_a_durable_subscription_whose_client_left_goes_to_disk_an
     asyncio.run(main())
 
 
+def test_one_steps_spills_take_their_queue_positions_in_the_order_they_came() -> None:
+    """Over all subscriptions (a reader of several queues merges them by position: Spark's
+    pulled subscriptions, one per space, in the order the broker took the events)."""
+
+    async def main() -> None:
+        q, _, store = queues()
+        c = Connection("c")
+        for i, sub_id in enumerate(("a", "b"), 1):
+            q.subscribe(c, p.Subscribe(i, sub_id, "events", "x > 0", durable=True))
+        q.session_ended(c, bye=True)  # (both away: what comes goes to disk)
+        for n, sub_id in enumerate(("a", "b", "b", "a", "b", "a"), 1):
+            q.on_deliver(0, sub_id, event(n))
+        q.after_step()
+        seqs = {sub_id: [r.seq for r in store.pending(sub_id, limit=10, after=0)] for sub_id in ("a", "b")}
+        ranked = sorted((seq, sub_id) for sub_id, ss in seqs.items() for seq in ss)
+        assert [sub_id for _, sub_id in ranked] == ["a", "b", "b", "a", "b", "a"]
+        q.close()
+
+    asyncio.run(main())
+
+
 REASON = (
     "broker 10.0.0.1:7000 cannot queue the event for subscription 'd': "
     "its store is full (database or disk is full)"
@@ -239,7 +260,7 @@ def test_while_the_store_is_full_spills_wait_in_memory_in_order_unsettled_then_g
         await turn()
         assert isinstance(q.full, StoreFull) and disk.failed >= 2
         assert core.called("settle") == [] and store.depth("d") == 0  # in custody, in memory
-        assert [eid for eid, _, _ in q.subs["d"].held] == [("pub", n) for n in range(1, 6)]
+        assert [eid for eid, *_ in q.subs["d"].held] == [("pub", n) for n in range(1, 6)]
         assert q.in_memory() == 5 and q.spilled == 0
         disk.full = False  # space is back
         q.retry()
@@ -274,7 +295,7 @@ def test_past_its_limit_a_subscription_refuses_deliveries_with_the_reason_and_ke
             q.on_deliver(0, "d", event(n))
         q.after_step()
         await turn()
-        assert [eid for eid, _, _ in q.subs["d"].held] == [("pub", n) for n in range(1, 9)]
+        assert [eid for eid, *_ in q.subs["d"].held] == [("pub", n) for n in range(1, 9)]
         assert core.called("refuse") == [([(("pub", n), REASON) for n in (9, 10, 11)],)]
         assert q.refused == 3 and core.called("settle") == []
         disk.full = False

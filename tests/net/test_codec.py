@@ -153,6 +153,9 @@ CASES: list[object] = [
     # ring_broker
     ring_broker.HandedOver(event=EVENT, dead=42),
     ring_broker.Confirm(ids=(("client-1", 7), (3, 9))),
+    ring_broker.Declined(ids=(("client-1", 8),)),
+    ring_custody.Resume(),
+    ring_custody.Resumed(),
     ring_share.Delegated(subs=(("client-1", 2), "s"), event=EVENT),
     ring_share.Unshare(keys=(("sub", ("client-1", 2), 42),)),
     express.LinkLatency(

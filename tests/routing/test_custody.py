@@ -140,6 +140,58 @@ def test_an_event_lost_on_a_live_link_is_sent_again_and_delivered_once() -> None
     assert all(b.in_custody() == 0 for b in w.brokers)
 
 
+class Stall:
+    """Holds every message to ``dst`` until ``until``, then lets them in, in order: a broker
+    paused (its sends and timers go on; what it reads waits), the lease it had ran out."""
+
+    def __init__(self) -> None:
+        self.dst, self.until = -1, 0.0
+
+    def bind(self, host: object) -> object:
+        def decide(src: int, dst: int, msg: object, now: float) -> float | str:
+            return self.until - now if dst == self.dst and now < self.until else 0.0
+
+        return decide
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_broker_that_took_events_without_its_lease_gets_them_again_in_order(seed: int) -> None:
+    """A broker reads late (what it reads waited longer than its lease): the first events of
+    its backlog it declines, having no lease; those after the echoes that renewed it it
+    would take, ahead of the declined ones. It declines everything from their sender until
+    the sender resumes, and the sender sends it all again, in order: every subscription gets
+    every event once, in each publisher's order, and nothing stays in custody."""
+    stall = Stall()
+    w = World(5, seed=seed, ack_delay=0.5, layers=(stall,))
+    order = w.order()
+    rng = random.Random(seed)
+    subs = {}
+    for b in order:
+        subs[b.addr] = parse(f"x >= {rng.randrange(4)}")
+        w.sim.invoke(b.addr, lambda c, s=b.addr: c.subscribe(s, subs[s]))
+    w.sim.run(until=w.sim.now + 60)
+    w.got.clear()
+    start = w.sim.now
+    slow, pubs = order[2], (order[0], order[4])
+    for i in range(400):
+        at = start + i / 5
+        w.sim.invoke(
+            pubs[i % 2].addr, lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=at
+        )
+    stall.dst, stall.until = slow.addr, start + 20 + 25.0  # (the lease: 3 heartbeats of 5)
+    w.sim.run(until=start + 20)
+    w.sim.run(until=w.sim.now + 400)
+    assert w.sim.metrics.sent_by_type().get("Declined", 0) > 0  # (the lease did run out)
+    for s, f in subs.items():
+        taken = [eid for _, sub, eid in w.got if sub == s]
+        assert len(taken) == len(set(taken)), s
+        for p in ("p0", "p1"):
+            mine = [i for q, i in taken if q == p]
+            assert mine == sorted(mine), (s, p)
+        assert set(taken) == {(f"p{i % 2}", i) for i in range(400) if f.matches({"x": i % 4})}
+    assert all(b.in_custody() == 0 and not b.repair.retry and not b.repair.paused for b in w.brokers)
+
+
 @pytest.mark.parametrize("seed", [5, 6, 7])
 def test_events_in_flight_when_a_broker_joins_reach_every_subscriber_once(seed: int) -> None:
     """A broker joins between two tree neighbours while events stream: an event one sent the

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
 from collections import Counter, deque
@@ -110,8 +111,9 @@ client acknowledges it; n > 0 = SQLite queue position; 0 = nowhere, a catch-up e
 Settle = tuple[Any, int]
 """Deliveries the core may forget: (event id, how many of its deliveries here)."""
 
-Held = tuple[Any, dict[str, Any], tuple[str, str, bytes]]
-"""A delivery for the SQLite queue, not written yet: (event id, event, its row)."""
+Held = tuple[Any, dict[str, Any], tuple[str, str, bytes], int]
+"""A delivery for the SQLite queue, not written yet: (event id, event, its row, its place in
+the order deliveries came in: the queue's positions follow it over all subscriptions)."""
 
 HOLD_LIMIT = 4
 """While the store fails, a subscription holds at most this many times ``memory`` deliveries
@@ -130,11 +132,12 @@ log = logging.getLogger("flowbus.broker")
 
 def _held(sub_id: str, eid: Any, plain: dict[str, Any]) -> Held:
     """A delivery to ``sub_id`` for its SQLite queue, with its row (packed once)."""
-    return (eid, plain, (sub_id, repr(eid), msgpack.packb((list(eid), plain))))
+    return (eid, plain, (sub_id, repr(eid), msgpack.packb((list(eid), plain))), next(_arrivals))
 
 
 FOLD_EVERY = 512
 """A subscription with a collapse rule set folds what its client took every this many events."""
+_arrivals = itertools.count()  # (numbers the deliveries held for the SQLite queue)
 _catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this process)
 
 
@@ -198,7 +201,7 @@ class Subscription:
     def in_custody(self) -> list[Settle]:
         """The queued deliveries still in the sender's custody (call when detached)."""
         return [(eid, 1) for eid, _, where in self.pending if where is None] + [
-            (eid, 1) for eid, _, _ in self.held
+            (eid, 1) for eid, *_ in self.held
         ]
 
     def loaded(self, rows: list[QueuedEvent]) -> None:
@@ -597,7 +600,9 @@ class Queues:
         """What ``subs`` hold, written to the SQLite queue in one transaction: now on disk, in
         order after what was there, and to be settled (returned). None if the store is full:
         it stays held (:attr:`full` says why)."""
-        rows = [row for sub in subs for _, _, row in sub.held]
+        # (in the order they came over all subscriptions: a reader of several queues, Spark's
+        # pulled subscriptions, merges them by position)
+        rows = [h[2] for h in heapq.merge(*(sub.held for sub in subs), key=lambda h: h[3])]
         try:
             self._record_adopted()
             if rows:
@@ -608,7 +613,7 @@ class Queues:
         settle: list[Settle] = []
         fresh = []
         for sub in subs:
-            settle.extend((eid, 1) for eid, _, _ in sub.held)
+            settle.extend((eid, 1) for eid, *_ in sub.held)
             sub.on_disk += len(sub.held)
             sub.held.clear()
             self._holding.pop(sub, None)
@@ -804,7 +809,7 @@ class Queues:
         """``sub`` ends: what it held is not written (it is settled soon: dropped, as if
         written; ``settle=False``: the caller settles it)."""
         if self._holding.pop(sub, None) is not None and settle and sub.held:
-            asyncio.get_running_loop().call_soon(self._settle, [(eid, 1) for eid, _, _ in sub.held])
+            asyncio.get_running_loop().call_soon(self._settle, [(eid, 1) for eid, *_ in sub.held])
         sub.held.clear()
         self._acks.pop(sub.sub_id, None)
         self._unrecorded.discard(sub.sub_id)
@@ -867,7 +872,7 @@ class Queues:
         held, pending = sub.held, sub.pending
         n = min(n, len(held))
         for _ in range(n):
-            eid, plain, _ = held.popleft()
+            eid, plain, *_ = held.popleft()
             pending.append((eid, plain, None))
         sub.in_memory += n
         if not held:

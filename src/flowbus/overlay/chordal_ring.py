@@ -193,6 +193,7 @@ class RingNode(Core):
         self.heartbeat = heartbeat
         self.ping_timeout = ping_timeout
         self.lease: float | None = LEASE * heartbeat if heartbeat is not None else None
+        self._beating = False  # (the heartbeat timer is set)
         self.detector = FailureDetector(
             probe_timeout=probe_timeout, guard=GUARD * heartbeat if heartbeat is not None else 0.0
         )
@@ -420,6 +421,7 @@ class RingNode(Core):
         self.heartbeat = period
         self.lease = LEASE * period
         self.detector.guard = GUARD * period
+        self._beating = True
         return [SetTimer(period, ("ring", "heartbeat"))]
 
     def serving(self, now: float) -> bool:
@@ -625,9 +627,12 @@ class RingNode(Core):
         return self._after_change() if self._take([msg.new]) else []
 
     def _after_change(self) -> list[Effect]:
-        """Our window changed: re-send the backup if its holders changed; start heartbeats."""
+        """Our window changed: re-send the backup if its holders changed; start heartbeats
+        (if they are not running: set again at each change, a ring that changes often, under
+        churn, would starve them, and the lease with them)."""
         out = self._send_backups(force=False)
-        if self.heartbeat is not None:
+        if self.heartbeat is not None and not self._beating:
+            self._beating = True
             out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
         return out
 

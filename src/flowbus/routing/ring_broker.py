@@ -19,6 +19,10 @@ How it works: one core joins two protocols.
   sends the neighbour every event, matching or not: its table for that direction may still
   miss subscriptions (those a dead broker's covering filters hid, say), and an event
   routed by an incomplete table would be lost. The neighbour delivers only what matches.
+  ``Synced`` says the table is whole: a broker sends it to a new neighbour only once its
+  other new neighbours have sent theirs (their subscriptions passed on before it), so a
+  broker that joins between two others is flooded by each until it knows the other's
+  side (the tree has no cycle: nobody waits for itself).
 * **Subscriptions are state.** ``subscribe`` files ``("sub", id) -> filter text`` in the
   ring node's state, so it is backed up on the ring neighbours. When a broker takes over a
   dead one's state, the subscriptions in it are subscribed here: their events are delivered
@@ -89,7 +93,7 @@ from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
-from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Key
+from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Declined, Key, Resume, Resumed
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import Backlog, BacklogAck, awaited, disk_key
 from flowbus.routing.ring_repair import HandedOver, Repair
@@ -104,6 +108,7 @@ __all__ = [
     "EVENT_ID",
     "FLOW_GRACE",
     "Confirm",
+    "Declined",
     "HandedOver",
     "RingBroker",
     "Synced",
@@ -122,6 +127,9 @@ DEDUP_WINDOW = 100_000
 
 DEDUP_EVENTS = 50_000
 """How many recent events a ring broker remembers the local deliveries of."""
+
+OWED_ROUNDS = 10
+"""Heartbeat rounds a new tree neighbour waits at most for our ``Synced`` (see the note)."""
 
 
 @wire.message("ringbroker.synced")
@@ -169,6 +177,8 @@ class RingBroker(Core):
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
         self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
+        self._owed: dict[int, int] = {}  # new tree neighbours owed our Synced -> rounds waited
+        self._declining: set[int] = set()  # neighbours whose events we decline until their Resume
         self._tables = (-1, -1)  # the router's changes at the last prepare() and those prepared for
         self.repair = Repair(self.ring, self.router, self.custodian)  # kept events (ring_repair.py)
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
@@ -462,8 +472,9 @@ class RingBroker(Core):
     def _publishes_from(self, src: int, events: list[Mapping[str, Any]], now: float) -> list[Effect]:
         """Events a tree neighbour sent (what ``on_message`` does with each, in one pass)."""
         self.ring.heard_from(src, now)
-        if self.custody and not self.ring.serving(now):  # (see on_message)
-            return []
+        if self.custody and (src in self._declining or not self.ring.serving(now)):  # (see on_message)
+            self._declining.add(src)
+            return [Send(src, Declined(tuple(e[EVENT_ID] for e in events)))]
         for event in events:
             self._open(src, event)
         if not self.repair.orphans and not self._syncing:
@@ -477,14 +488,30 @@ class RingBroker(Core):
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
         if type(msg) is Backlog or type(msg) is BacklogAck:  # (from a broker back as a new one)
             return [Deliver(("ring", "handover"), (src, msg))]
-        if self.custody and type(msg) in _EVENTS and not self.ring.serving(now):
-            return []  # (without its lease, this broker may have been taken over: an event is
-            # not taken, nor confirmed; its sender keeps it and sends it again, or to the taker)
+        if self.custody and type(msg) in _EVENTS and (src in self._declining or not self.ring.serving(now)):
+            # (without its lease, this broker may have been taken over: an event is not taken,
+            # nor confirmed; its sender keeps it, in order, for us once back, or for the taker;
+            # see ring_custody.py)
+            inner = msg.msg if type(msg) is Again else msg
+            if type(inner) is Delegated:
+                return []
+            self._declining.add(src)
+            return [Send(src, Declined((inner.event[EVENT_ID],)))]
         match msg:
             case Confirm(ids=ids):
                 for eid in ids:
                     self.custodian.release(src, eid)
                 return self._out(self.repair.resend() if self.repair.release_due else [])
+            case Declined(ids=ids):
+                return self._out(self._declined(src, ids))
+            case Resume():
+                self._declining.discard(src)
+                return [Send(src, Resumed())]
+            case Resumed():
+                if src not in self.repair.paused:
+                    return []
+                self.repair.paused.discard(src)
+                return self._out(self.repair.retry_live())
             case Again(msg=again):  # (sent again: a copy of what is under way here is nothing new)
                 if self.custody and self.custodian.seen(src, again.event[EVENT_ID]):
                     return self._out([])
@@ -495,7 +522,8 @@ class RingBroker(Core):
                     return self._out(self.repair.handed_over(msg))
                 # (we did not take its subscriptions over: we are not the one it was meant for, a
                 # broker restarted on the dead one's address, say; routed on, it reaches them)
-                return self._out(self._extra(self.router.route_batch([msg.event], src), msg.event, src))
+                via = src if src in self.router.neighbours else self.addr
+                return self._out(self._extra(self.router.route_batch([msg.event], via), msg.event, via))
             case Delegated():
                 self._open(src, msg.event)
                 return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
@@ -550,6 +578,9 @@ class RingBroker(Core):
             return self._out(self._route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now)))
         if key == ("ring", "heartbeat"):
+            if self._owed:
+                self._owed = {a: n + 1 for a, n in self._owed.items()}
+                out += self._pay(overdue=True)
             if self.custody:  # (not through _out: they are in custody already)
                 out += self._resend_stale() + self._out([])
             if self.express.on:  # (links measured at each round)
@@ -561,15 +592,34 @@ class RingBroker(Core):
         in a broken connection, or dropped by a broker cut off for a while); what waits for a
         neighbour's replacement, sent again if the neighbour is back (see ring_repair)."""
         out: list[Effect] = []
+        paused = self.repair.paused
         for dst, rec in self.custodian.stale():
-            if dst in self._fenced:  # (found dead, nobody new there: its taker got them)
-                continue
+            if dst in self._fenced or dst in paused:  # (found dead, nobody new there: its taker
+                continue  # got them; or it declined events: kept for it until it resumes)
             msg = rec.sent.get(dst) if rec.sent else None
             out.append(Send(dst, Again(msg if msg is not None else cbr.Publish(rec.event))))
+        out.extend(Send(a, Resume()) for a in sorted(paused))  # (in case one was lost)
         return out + self.repair.retry_live()
 
     def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
         return self._out(self._sync(self.ring.on_peer_gone(dst, now)))
+
+    def _declined(self, src: int, ids: Sequence[Any]) -> list[Effect]:
+        """A ring neighbour without its lease did not take these events: kept for it (sent
+        again when it is back, in order) or for the broker that takes its place."""
+        side = self.ring.side_of_addr(src) if self.custody and self.ring.joined else 0
+        if not side:  # (no longer a neighbour: they are sent again, as anything unconfirmed)
+            return []
+        out: list[Effect] = []
+        for eid in ids:
+            for key in self.custodian.waiting_on(src, eid):
+                rec = self.custodian.records[key]
+                if not rec.sent or src not in rec.sent:  # (a Publish: others come Again)
+                    out.extend(self.repair.keep(rec.event, src, side, key))
+        if src not in self.repair.paused:  # (all else for it is kept until it resumes)
+            self.repair.paused.add(src)
+            out.append(Send(src, Resume()))
+        return out
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """A failed send (a routing message too) is a failure clue for the ring; the ring's
@@ -602,7 +652,7 @@ class RingBroker(Core):
         confirmed, it was lost beyond this broker, a join racing a stream of events)."""
         if isinstance(msg, Synced):
             self._syncing.discard(src)
-            return []
+            return self._pay()
         if isinstance(msg, cbr.Publish):
             self._open(src, msg.event)
             self.ring.routed(now)  # (the ring's load: events routed a second)
@@ -613,6 +663,19 @@ class RingBroker(Core):
         if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
             return self._extra(routed, msg.event, src)
         return routed
+
+    def _pay(self, *, overdue: bool = False) -> list[Effect]:
+        """``Synced`` to each new neighbour whose table is whole here: every other new
+        neighbour synced us (or, ``overdue``, it waited ``OWED_ROUNDS`` heartbeat rounds: the
+        ends of a tree being changed may wait on each other for a moment; flooding ends)."""
+        due = [
+            a
+            for a, rounds in self._owed.items()
+            if not (self._syncing - {a}) or (overdue and rounds >= OWED_ROUNDS)
+        ]
+        for a in due:
+            del self._owed[a]
+        return [Send(a, Synced()) for a in sorted(due)]
 
     def _side_now(self, former: int) -> int:
         """The tree neighbour now on the side a former tree neighbour was (the ids are in
@@ -702,6 +765,9 @@ class RingBroker(Core):
                     key = step.get(ev[EVENT_ID]) if step else None
                     effects.extend(repair.keep(ev, e.dst, self.ring.side_of_addr(e.dst), key))
                     continue  # (the deliveries it makes, to what was taken over, come next)
+                if repair.paused and e.dst in repair.paused and type(e.msg) is cbr.Publish:
+                    repair.hold(e.msg.event, e.dst)  # (it declined events: kept until it resumes)
+                    continue
                 if repair.retry and type(e.msg) is cbr.Publish and repair.behind_kept(e.dst, e.msg.event):
                     continue
                 if step:
@@ -794,6 +860,8 @@ class RingBroker(Core):
             out.extend(self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed))
         if ring.joined:
             repair.known.update((p.id, p.addr) for p in ring.links())
+        if repair.paused:  # (one no longer a neighbour: what is kept for it goes to who took its side)
+            repair.paused &= {p.addr for p in (ring.left, ring.right) if p is not None}
         if ring.dead:
             self._fence(ring, repair.known)
         wanted = self.tree_neighbours()
@@ -811,10 +879,11 @@ class RingBroker(Core):
                         out.extend(repair.bury(a))
             out.extend(self.router.set_neighbours(wanted, handover=handover))
             self._syncing = (self._syncing & wanted) | added
+            self._owed = {a: n for a, n in self._owed.items() if a in wanted} | dict.fromkeys(added, 0)
             out.extend(self.flow_side.welcome(sorted(added)))
             out.extend(self.link_book.welcome(added))
             out.extend(self.express.book.welcome(added))
-            out.extend(Send(a, Synced()) for a in sorted(added))
+            out.extend(self._pay())
             for src in sorted(added):
                 for msg in self._early.pop(src, []):
                     out.extend(self._routing_message(src, msg, 0.0))

@@ -23,6 +23,16 @@ How it works:
   event it is still handling as nothing new (:meth:`Custodian.seen`), answers one it is done
   with, from the last ``DONE`` it finished, with its confirmation again (the first was lost),
   and handles any other as if it came the first time.
+* **Declined.** A broker without its ring lease takes no event (it may have been taken over)
+  and answers :class:`Declined` with their ids; from then on it declines every event from
+  that sender, lease or not, until the sender's :class:`Resume`. The sender keeps what was
+  declined as it keeps what it could not send (the ring's repair,
+  :mod:`~flowbus.routing.ring_repair`), sends ``Resume`` at once, and keeps whatever it
+  would send that broker until the answer, :class:`Resumed`: by then every event sent
+  before ``Resume`` was taken or declined (the answer comes after those ``Declined`` on
+  the link). Then the kept events go, in each publisher's order (or to the broker that took
+  the other's place). Dropped without a word, they would come again only after later ones
+  it took once its lease was back: out of order.
 * **Refused here.** A local delivery the driver gives up (its subscription's queue full:
   :meth:`Custodian.refuse_local`) counts as settled and refuses the record with the reason,
   as a refusal from a broker further on does.
@@ -72,6 +82,27 @@ class Confirm:
     """The sender is done with these events the receiver sent it (custody, see the note)."""
 
     ids: tuple[Any, ...]
+
+
+@wire.message("ringbroker.declined")
+@dataclass(frozen=True, slots=True)
+class Declined:
+    """The sender, without its ring lease, did not take these events (see the note)."""
+
+    ids: tuple[Any, ...]
+
+
+@wire.message("ringbroker.resume")
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The sender keeps what the receiver declined: events after this one are new (see the
+    note)."""
+
+
+@wire.message("ringbroker.resumed")
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The answer to :class:`Resume`: every event before it was taken or declined."""
 
 
 class Record:

@@ -17,6 +17,9 @@ How it works:
   of the tree the dead broker led to, so nothing there had the event yet; across the tree's
   cut only the dead broker's own subscriptions are there, so the event goes as
   :class:`HandedOver`.
+* **Declined.** A neighbour without its ring lease declines events (see
+  :mod:`~flowbus.routing.ring_custody`): they are kept for it as if their send failed, and
+  so is all else for it (:meth:`Repair.hold`) while it is :attr:`Repair.paused`.
 * **Or to the same broker.** A neighbour whose sends failed but that is not found dead (cut
   off for a while, then back) gets its kept events again at the next heartbeat round
   (:meth:`Repair.retry_live`), in each publisher's order; were they kept for a new
@@ -69,11 +72,13 @@ class Repair:
         self.custodian = custodian
         self.retry: list[tuple[Mapping[str, Any], int, int]] = []  # (event, dead addr, ring side)
         self.retry_for: list[Key | None] = []  # the custody record of each
-        self._held: set[Any] = set()  # ids of events kept only behind others (their link is up)
+        self._held: set[tuple[Any, int]] = set()  # (event id, to) kept only behind others
+        self._going: set[tuple[Any, int]] = set()  # (event id, to) the last flush sent: in order
         self._targets: dict[str, set[tuple[int, int]]] = {}  # publisher -> (to, side) of its kept
         self._unconfirmed: dict[str, dict[Key, int]] = {}  # publisher -> its events sent again,
         # not confirmed yet -> where they went
         self.release_due = False  # (a publisher's last one was confirmed: what waits behind may go)
+        self.paused: set[int] = set()  # neighbours that declined events, until they resume
         custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
         self.orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
@@ -108,6 +113,9 @@ class Repair:
         kept for a live neighbour (cut off for a while) hold back only that side. Whether it
         was kept."""
         eid = event[EVENT_ID]
+        if (eid, dst) in self._going:  # (sent by a flush, in its publisher's order)
+            self._going.discard((eid, dst))
+            return False
         publisher = publish_order(eid)[0]
         targets = self._targets.get(publisher)
         side = self.ring.side_of_addr(dst)
@@ -116,14 +124,20 @@ class Repair:
             or (all(s != side for _, s in targets) and not any(t in self.dead_addrs() for t, _ in targets))
         ):
             return False
+        self.hold(event, dst)
+        return True
+
+    def hold(self, event: Mapping[str, Any], dst: int) -> None:
+        """``event``, routed to the neighbour ``dst``, is kept for it, behind what is kept before
+        it (in its publisher's order) or until ``dst`` resumes (:attr:`paused`)."""
+        eid = event[EVENT_ID]
         key = self.custodian.step.get(eid)
-        self._append(event, dst, side, key)
-        self._held.add(eid)
+        self._append(event, dst, self.ring.side_of_addr(dst), key)
+        self._held.add((eid, dst))
         rec = self.custodian.records.get(key) if key is not None else None
         if rec is not None:
             rec.retries += 1
             rec.waiting.discard(dst)
-        return True
 
     def bury(self, dead: int) -> list[Effect]:
         """A tree neighbour died: what it had not confirmed is kept, as if its send failed."""
@@ -226,6 +240,7 @@ class Repair:
         keep: list[tuple[Mapping[str, Any], int, int]] = []
         keep_for: list[Key | None] = []
         blocked: set[str] = set()
+        self._going = set()
         kept = sorted(
             zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
         )
@@ -234,12 +249,13 @@ class Repair:
             publisher = publish_order(eid)[0]
             now = (self.ring.right if side > 0 else self.ring.left) if side else None
             same = now is not None and now.addr == to
-            held = eid in self._held
+            held = (eid, to) in self._held
             before = self._unconfirmed.get(publisher)  # (sent again, older: one another way, not
             # this event's own, must be confirmed first; one down the same link is ahead of it)
             go = (
                 publisher not in blocked
                 and now is not None
+                and now.addr not in self.paused
                 and not self.ring.open & {side}
                 and (not same or ((held or live) and to not in dead))
                 and not (held and before and any(k != key and d != now.addr for k, d in before.items()))
@@ -254,7 +270,8 @@ class Repair:
                 out.append(Send(now.addr, cbr.Publish(event)))
             else:  # across the tree's cut: only the dead broker's own subscriptions are there
                 out.append(Send(now.addr, HandedOver(event, to)))
-            self._held.discard(eid)
+            self._held.discard((eid, to))
+            self._going.add((eid, now.addr))
             rec = self.custodian.records.get(key) if key is not None else None
             if rec is not None and key is not None:
                 rec.retries -= 1

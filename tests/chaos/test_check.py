@@ -1,0 +1,157 @@
+"""The campaign's checker on logs written by hand: every count it reports (lost by phase,
+duplicated, misrouted, phantom, out of order, hung, refused, recovery, unavailable seconds,
+double serving, tracebacks) from a run whose truth is known; and the seeded schedules."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from flowbus.chaos.check import check_run, timeline
+from flowbus.chaos.nemesis import MIXES, Mix, check_mixes, schedule
+from flowbus.chaos.workload import STRIDE, Client, Spec, SubSpec, event_of, filters_for
+from flowbus.errors import ExperimentError
+from flowbus.filters import parse
+
+T0 = 1000.0
+
+
+def _spec(root: Path) -> Spec:
+    return Spec(
+        brokers=("10.0.0.1:7000", "10.0.0.2:7000"),
+        publishers=(Client("pub0", 0), Client("pub1", 1)),
+        subscribers=(Client("sub0", 0, (SubSpec("all", "level >= 1"), SubSpec("high", "level >= 4"))),),
+        out=str(root),
+        rate=10.0,
+        publish_for=4.0,
+    )
+
+
+def _write(root: Path, spec: Spec, pubs: list[list[object]], deliveries: list[list[object]]) -> None:
+    (root / "spec.json").write_text(spec.to_json())
+    with (root / "publishes.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["publisher", "k", "pseq", "sent", "acked", "error"])
+        w.writerows(pubs)
+    with (root / "deliveries.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["sub", "quantity", "broker", "t"])
+        w.writerows(deliveries)
+
+
+def _run(tmp_path: Path) -> tuple[Path, dict[int, dict[str, object]]]:
+    """Publisher 0 publishes k = 1..40 at 10 a second, all acknowledged but k = 40 (hung) and
+    k = 39 (refused); publisher 1 publishes k = 1..3. A fault from 1.0 to 2.0 s."""
+    events = {p * STRIDE + k: event_of(p, k) for p, n in ((0, 40), (1, 3)) for k in range(1, n + 1)}
+    faults = [
+        {"t": T0 + 1.0, "what": "inject", "kind": "kill", "start": 1.0, "hosts": ["b0"]},
+        {"t": T0 + 2.0, "what": "heal", "kind": "kill", "start": 1.0, "hosts": ["b0"]},
+    ]
+    (tmp_path / "faults.jsonl").write_text("".join(json.dumps(f) + "\n" for f in faults))
+    return tmp_path, {q: {"event": e, "sent": T0 + (q % STRIDE) / 10} for q, e in events.items()}
+
+
+def test_a_run_with_every_kind_of_mistake_is_counted(tmp_path: Path) -> None:
+    root, events = _run(tmp_path)
+    spec = _spec(root)
+    high = parse("level >= 4")
+    acked = [q for q in sorted(events) if q not in (39, 40)]
+    lost = {5, 15, 35}  # (one before the fault, one during, one after: from "all")
+    rows: list[list[object]] = []
+    for q in acked:
+        t = float(str(events[q]["sent"])) + 0.02
+        if q not in lost:
+            rows.append(["all", q, "10.0.0.1:7000", f"{t:.4f}"])
+        if high.matches(events[q]["event"]):  # type: ignore[arg-type]
+            rows.append(["high", q, "10.0.0.1:7000", f"{t:.4f}"])
+    i, j = (next(n for n, r in enumerate(rows) if r[:2] == ["all", q]) for q in (11, 12))
+    rows[i], rows[j] = rows[j], rows[i]  # (12 taken before 11: 11 is out of order)
+    rows.append(["all", 7, "10.0.0.2:7000", f"{T0 + 3:.4f}"])  # a duplicate
+    rows.append(["all", 6 * STRIDE + 1, "10.0.0.2:7000", f"{T0 + 3:.4f}"])  # never published
+    low = max(q for q in acked if q < STRIDE and not high.matches(events[q]["event"]))  # type: ignore[arg-type]
+    rows.append(["high", low, "10.0.0.2:7000", f"{T0 + 9:.4f}"])  # not its filter (its latest: in order)
+    _write(root, spec, _pubs(events), rows)
+    row = check_run(root)
+    assert row["published"] == 43 and row["acknowledged"] == 41
+    assert row["lost"] == 3 and (row["lost_prefix"], row["lost_middle"], row["lost_postfix"]) == (1, 1, 1)
+    assert row["duplicated"] == 1 and row["phantom"] == 1 and row["misrouted"] == 1
+    assert row["out_of_order"] == 1
+    assert row["hung_publishes"] == 1 and row["refused"] == 1
+    assert row["refused_by_reason"] == {"not acknowledged within 30 s (connected to x)": 1}
+    assert row["faults_injected"] == 1 and row["tracebacks"] == 0
+    assert row["expected_deliveries"] == len(acked) + sum(
+        1
+        for q in acked
+        if high.matches(events[q]["event"])  # type: ignore[arg-type]
+    )
+
+
+def _pubs(events: dict[int, dict[str, object]]) -> list[list[object]]:
+    out: list[list[object]] = []
+    for q, info in sorted(events.items()):
+        p, k = divmod(q, STRIDE)
+        t = float(str(info["sent"]))
+        out.append([f"pub{p}", k, k, f"{t:.4f}", "", ""])
+        if q == 40:
+            out.append(["pub0", k, k, "", "", "hung: neither acknowledged nor refused at the end"])
+        elif q == 39:
+            out.append(["pub0", k, k, "", "", "not acknowledged within 30 s (connected to x)"])
+        else:
+            out.append([f"pub{p}", k, k, "", f"{t + 0.05:.4f}", ""])
+    return out
+
+
+def test_a_clean_run_is_clean_and_its_recovery_is_measured_from_the_heal(tmp_path: Path) -> None:
+    root, events = _run(tmp_path)
+    spec = _spec(root)
+    acked = [q for q in events if q not in (39, 40)]
+    rows = []
+    for sub, filt in (("all", parse("level >= 1")), ("high", parse("level >= 4"))):
+        for q in sorted(acked):
+            if filt.matches(events[q]["event"]):  # type: ignore[arg-type]
+                t = float(str(events[q]["sent"]))  # (the fault held what came from 1.0 s on
+                at = t + 0.02 if t < T0 + 1.0 else T0 + 2.5 + (t - T0 - 1.0) / 100  # until 2.5 s)
+                rows.append([sub, q, "10.0.0.1:7000", f"{at:.4f}"])
+    rows.sort(key=lambda r: float(str(r[3])))
+    (root / "logs").mkdir()
+    (root / "logs" / "b0.log").write_text("Traceback (most recent call last):\n  boom\n")
+    states = [{"t": T0 + 1, "every": 1.0, "served": {"b0": ["all"], "b1": ["all", "high"]}}]
+    (root / "states.jsonl").write_text("".join(json.dumps(s) + "\n" for s in states))
+    _write(root, spec, _pubs(events), rows)
+    row = check_run(root)
+    assert row["lost"] == row["duplicated"] == row["misrouted"] == row["phantom"] == row["out_of_order"] == 0
+    assert row["recovery_max_s"] == pytest.approx(0.509, abs=0.002)  # (sent at 1.9, taken at 2.509)
+    assert row["double_served_s"] == 1.0 and row["tracebacks"] == 1
+    assert row["unavailable_s"] >= 1  # (pub1 publishes 3 events, then nothing: under half its rate)
+    seconds = timeline(root)
+    assert sum(s["sent"] for s in seconds) == 43 and sum(s["acked"] for s in seconds) == 41
+    assert sum(s["taken"] for s in seconds) == len(rows)
+
+
+def test_events_and_filters_are_the_same_in_every_process() -> None:
+    assert event_of(1, 7) == event_of(1, 7) and event_of(1, 7)["quantity"] == STRIDE + 7
+    assert event_of(0, 1) != event_of(0, 2)
+    assert filters_for(10, 3) == filters_for(10, 3) and filters_for(10, 3) != filters_for(10, 4)
+    for text in filters_for(30, 1):
+        parse(text)  # (each one a filter of the language)
+
+
+def test_schedules_are_seeded_and_mixes_checked() -> None:
+    for mix in MIXES.values():
+        a = schedule(mix, 3, brokers=5, detect=5.0)
+        assert a == schedule(mix, 3, brokers=5, detect=5.0) and len(a) == mix.faults
+        assert all(a[i].end < a[i + 1].start for i in range(len(a) - 1))  # (one at a time, healed)
+        assert all(f.kind in mix.kinds for f in a)
+    assert schedule(MIXES["crash"], 1, brokers=5, detect=5.0) != schedule(
+        MIXES["crash"], 2, brokers=5, detect=5.0
+    )
+    with pytest.raises(ExperimentError, match="unknown mix 'nope'"):
+        check_mixes(["nope"], isolated=True)
+    with pytest.raises(ExperimentError, match="needs network namespaces"):
+        check_mixes(["split"], isolated=False)
+    assert [m.name for m in check_mixes(["process"], isolated=False)] == ["process"]
+    with pytest.raises(ExperimentError, match="unknown kinds"):
+        Mix("bad", ("earthquake",), 1, "")

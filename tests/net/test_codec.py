@@ -143,6 +143,9 @@ CASES: list[object] = [
     ring_custody.Again(cbr.Publish({"x": 1, "__flowbus_event_id": ("c", 1)})),
     ring_handover.Backlog(P1, "sub-1", {"client": "c", "durable": True}, 2, (("('c', 1)", b"\x92"),), True),
     ring_handover.BacklogAck("sub-1", 2),
+    ring_handover.BacklogAck("sub-1", 0, False),
+    ring_handover.WhereIs(7, ("sub-1", "sub-2"), 3),
+    ring_handover.HeldHere(("sub-2",)),
     bp.Keepalive(),
     # cbr
     cbr.Subscribe(origin=(1, "s1"), filter=F2, seq=5, withdraw=((2, "s2"), (3, 7))),

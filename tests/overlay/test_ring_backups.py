@@ -88,13 +88,27 @@ def test_the_first_live_holder_takes_over() -> None:
     first.on_copy(copy, addr=R.addr)
     second.on_copy(copy, addr=L.addr)
     second.set("own", 0)
-    assert second.take_over(ME.id, dead={ME.id}) is None  # R, before us, is alive: it takes over
-    assert second.held == {} and second.state == {"own": 0} and second.foreign == 0
-    assert first.take_over(ME.id, dead={ME.id}) == Held(1, {"a": 1}, LINKS, (R, L), 0)
+    assert second.take_over(ME, dead={ME.id}) is None  # R, before us, is alive: it takes over
+    assert second.state == {"own": 0} and second.foreign == 0 and second.orphans == {ME.id: ME}
+    assert first.take_over(ME, dead={ME.id}) == Held(1, {"a": 1}, LINKS, (R, L), 0)
     assert first.state == {"a": 1} and first.foreign == 1
+    second.drop(ME.id)  # (R said it took over)
+    assert second.held == {} and second.orphans == {}
     second.on_copy(copy, addr=L.addr)
-    assert second.take_over(ME.id, dead={ME.id, R.id}) is not None  # R died too
+    assert second.take_over(ME, dead={ME.id, R.id}) is not None  # R died too
     assert second.state == {"own": 0, "a": 1}
+
+
+def test_a_copy_kept_for_an_earlier_holder_is_taken_over_when_that_one_is_found_dead_too() -> None:
+    """The owner and its first holder died together, and the second holder heard of the
+    owner first: it keeps the copy, and takes it over once it finds the first one dead."""
+    second = Backups()
+    second.on_copy(BackupCopy(ME, 1, {"a": 1}, LINKS, (R, L)), addr=L.addr)
+    assert second.take_over(ME, dead={ME.id}) is None
+    assert second.orphans_due({ME.id}) == []
+    assert second.orphans_due({ME.id, R.id}) == [ME]
+    assert second.take_over(ME, dead={ME.id, R.id}) is not None
+    assert second.state == {"a": 1} and second.orphans == {} and second.held == {}
 
 
 def test_after_a_takeover_or_a_share_the_next_copy_is_whole() -> None:

@@ -81,7 +81,7 @@ import heapq
 import itertools
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +90,7 @@ import msgpack  # type: ignore[import-untyped]
 from flowbus.broker.config import BrokerConfig
 from flowbus.broker.overlays import BrokerCore, address_text
 from flowbus.broker.spaces import SPACE, Spaces
-from flowbus.broker.store import QueuedEvent, Store
+from flowbus.broker.store import QueuedEvent, Store, SubscriptionRow
 from flowbus.client import protocol as p
 from flowbus.core import Effect
 from flowbus.errors import FlowbusError, StoreError, StoreFull
@@ -347,15 +347,25 @@ class Queues:
             else:
                 self._start_linger(sub)
 
-    def restore(self) -> None:
-        """Serve again the durable subscriptions the store holds (a restart)."""
+    def restore(self, skip: Collection[str] = ()) -> None:
+        """Serve again the durable subscriptions the store holds (a restart), but those of
+        ``skip`` (handed over to the brokers that took them over: broker/handover.py)."""
         for row in self.store.subscriptions():
-            if row.sub_id in self.subs:
-                continue
+            if row.sub_id not in skip:
+                self._restore(row)
+
+    def restore_one(self, sub_id: str) -> None:
+        """Serve again the store's subscription ``sub_id`` (nobody else serves it)."""
+        for row in self.store.subscriptions():
+            if row.sub_id == sub_id:
+                self._restore(row)
+
+    def _restore(self, row: SubscriptionRow) -> None:
+        if row.sub_id not in self.subs:
             if not row.durable:
                 with contextlib.suppress(StoreFull):  # (a full store: removed at a later restart)
                     self.store.remove_subscription(row.sub_id)
-                continue
+                return
             sub = Subscription(row.sub_id, row.client, row.space, row.filter, True, row.collapse)
             sub.on_disk = self.store.depth(row.sub_id)
             self._serve_again(sub)
@@ -377,21 +387,18 @@ class Queues:
         if sub.on_disk and not sub.flagged:
             self._flag([sub])
 
-    def take_backlog(self, msg: Backlog) -> int:
+    def take_backlog(self, msg: Backlog) -> int | None:
         """A part of a subscription's queue from the broker that held it (back as a new
         member, see :mod:`flowbus.broker.handover`): onto this disk, before what was queued
         here meanwhile if the subscription awaited it (nothing of that was sent), else after
-        (the client drops what it had). A subscription not known here is served from now on.
-        The last part ends the waiting. How many rows were new here."""
+        (the client drops what it had). The last part ends the waiting. How many rows were
+        new here; None if the subscription is not served here (nothing taken: its sender
+        asks the ring where it is)."""
         sub = self.subs.get(msg.sub)
         if sub is None and msg.sub in self.core.subs:
             sub = self._adopt(msg.sub)
-        if sub is None:
-            sub = Subscription.from_meta(msg.sub, msg.meta)
-            self._record(sub)
-            self._serve_again(sub)
-            if not sub.durable:
-                self._start_linger(sub)
+        if sub is None or self.closed:
+            return None
         rows = list(msg.rows)
         if sub.awaiting == msg.previous.addr and not any(w for _, _, w in sub.pending):
             new = self.store.prepend(sub.sub_id, rows)

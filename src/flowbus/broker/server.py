@@ -83,7 +83,7 @@ from flowbus.net.runtime import Directory, Runtime, addr_of
 from flowbus.net.tls import BrokerTls
 from flowbus.overlay.ring_messages import Peer
 from flowbus.routing.ring_broker import RingBroker
-from flowbus.routing.ring_handover import Backlog, BacklogAck
+from flowbus.routing.ring_handover import Backlog, BacklogAck, HeldHere, WhereIs
 
 if TYPE_CHECKING:
     from flowbus.broker.console import Console
@@ -94,6 +94,12 @@ log = logging.getLogger("flowbus.broker")
 
 WATCH_EVERY = 0.25
 """Seconds between two looks at the ring lease (:mod:`flowbus.broker.fence`)."""
+
+NOBODY_AFTER = 10.0
+NOBODY_HEARTBEATS = 10
+"""A broker back as a new member serves again a subscription of its store that no other
+broker has served for max(NOBODY_AFTER, NOBODY_HEARTBEATS heartbeats) seconds (a taker that
+died is taken over within a few heartbeats: :mod:`flowbus.broker.handover`)."""
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -340,7 +346,7 @@ class Broker:
         for text in self._documents:
             self.flows.deploy(text)
         self._documents = []
-        self.queues.restore()
+        self.queues.restore(skip=self.rejoin.pending if self.rejoin is not None else set())
 
     def _enter(self, peers: list[int]) -> None:
         """Join the ring through ``peers`` (none: start a new one); first, if the store says
@@ -358,6 +364,8 @@ class Broker:
                 candidates=candidates,
                 announce_to=sorted({*window, *peers}),
                 address=self.address,
+                restore=self.queues.restore_one,
+                nobody_after=max(NOBODY_AFTER, NOBODY_HEARTBEATS * self.config.heartbeat),
             )
             self.rejoin.start()
             return
@@ -503,14 +511,20 @@ class Broker:
             src, msg = what
             if isinstance(msg, Backlog):
                 try:
-                    self.queues.take_backlog(msg)
-                except FlowbusError as e:  # (not taken: the sender tries again, then keeps it)
+                    taken = self.queues.take_backlog(msg) is not None
+                except FlowbusError as e:  # (not taken: the sender tries again, then asks anew)
                     log.warning("broker %s: backlog of %r not taken: %s", self.address, msg.sub, e)
                     return
                 assert isinstance(self.core, RingBroker)  # (only the ring's brokers hand over)
-                self.runtime.apply(self.core.hand_over(src, BacklogAck(msg.sub, msg.part)))
-            elif isinstance(msg, BacklogAck) and self.rejoin is not None:
+                self.runtime.apply(self.core.hand_over(src, BacklogAck(msg.sub, msg.part, taken)))
+            elif self.rejoin is None:
+                return
+            elif isinstance(msg, BacklogAck):
                 self.rejoin.acked(msg)
+            elif isinstance(msg, HeldHere):
+                self.rejoin.held(src, msg)
+            elif isinstance(msg, WhereIs):
+                self.rejoin.walked(msg)
 
     def _close_clients(self, reason: str) -> None:
         self.sessions.close_clients(reason)

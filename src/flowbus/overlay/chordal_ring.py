@@ -1007,8 +1007,9 @@ class RingNode(Core):
             self._forget(dead)
             back, cancel = self.shares.take_back(dead.addr)  # (shares it never acknowledged)
             out += cancel + self._take_back(back)
-        for dead in fresh:
-            held = self.backups.take_over(dead.id, dead=self.dead)
+        # (then copies kept for a holder before us that turned out dead too)
+        for dead in [*fresh, *self.backups.orphans_due(self.dead)]:
+            held = self.backups.take_over(dead, dead=self.dead)
             if held is None:
                 continue
             self.redirect[dead.id] = me
@@ -1073,6 +1074,8 @@ class RingNode(Core):
     def _on_redirect(self, src: int, msg: Redirect, now: float) -> list[Effect]:
         out = self._bury((msg.dead,))
         self.redirect[msg.dead.id] = msg.to
+        if msg.to.id != self.me.id:  # (it took the state over: a copy kept here is not needed)
+            self.backups.drop(msg.dead.id)
         return out
 
     # -- link failures off the ring (section 3.4.2 b)

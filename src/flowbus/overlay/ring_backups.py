@@ -57,6 +57,7 @@ class Backups:
     def __init__(self) -> None:
         self.state: dict[Hashable, Any] = {}
         self.held: dict[int, Held] = {}  # copies we hold, by owner id
+        self.orphans: dict[int, Peer] = {}  # dead owners whose copy waits on an earlier holder
         self.version = 0  # of our last copy
         self.foreign = 0  # changes of the state not made by set / delete (takeovers, shares)
         self.holders: tuple[Peer, ...] = ()  # those our last copy went to
@@ -172,14 +173,36 @@ class Backups:
 
     # -- takeover and sharing
 
-    def take_over(self, owner: int, *, dead: Collection[int]) -> Held | None:
-        """``owner`` died: drop its copy, and take it into our state if no holder before us
-        is alive (as far as ``dead`` says). The copy taken over, if it was."""
-        held = self.held.pop(owner, None)
-        if held is None or any(h.id not in dead for h in held.holders[: held.rank]):
-            return None  # an earlier holder is alive (as far as we know): it takes over
+    def take_over(self, owner: Peer, *, dead: Collection[int]) -> Held | None:
+        """``owner`` died: take its copy into our state if no holder before us is alive (as
+        far as ``dead`` says). The copy taken over, if it was. If one is, the copy is kept
+        (an *orphan*) until that holder is found dead too (the two died together, and we
+        heard of the owner first: :meth:`orphans_due`) or tells us it took over
+        (:meth:`drop`); dropped at once, the state would be lost with both."""
+        held = self.held.get(owner.id)
+        if held is None:
+            return None
+        if any(h.id not in dead for h in held.holders[: held.rank]):
+            self.orphans[owner.id] = owner
+            return None
+        del self.held[owner.id]
+        self.orphans.pop(owner.id, None)
         self.absorb(held.state)
         return held
+
+    def orphans_due(self, dead: Collection[int]) -> list[Peer]:
+        """The orphans whose earlier holders are all dead now: ours to take over."""
+        return [
+            owner
+            for owner in self.orphans.values()
+            if owner.id in self.held
+            and all(h.id in dead for h in self.held[owner.id].holders[: self.held[owner.id].rank])
+        ]
+
+    def drop(self, owner: int) -> None:
+        """Another broker took ``owner``'s state over: our copy goes."""
+        self.held.pop(owner, None)
+        self.orphans.pop(owner, None)
 
     def absorb(self, entries: Mapping[Hashable, Any]) -> None:
         """Entries of another broker's state become ours (a takeover, a share)."""

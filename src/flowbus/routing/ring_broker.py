@@ -95,7 +95,7 @@ from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, Snap
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Declined, Key, Resume, Resumed
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
-from flowbus.routing.ring_handover import Backlog, BacklogAck, awaited, disk_key
+from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
 
@@ -408,6 +408,22 @@ class RingBroker(Core):
         on the ring's links: see ring_handover)."""
         return [Send(dst, msg)]
 
+    def ask_where(self, subs: Sequence[str]) -> list[Effect]:
+        """Ask the ring which brokers serve ``subs`` (see ring_handover): ``HeldHere`` answers
+        and the question back come to the driver as ``("ring", "handover")`` notices."""
+        return self._where_is(WhereIs(self.addr, tuple(subs), 0)) if subs else []
+
+    def _where_is(self, msg: WhereIs) -> list[Effect]:
+        here = tuple(s for s in msg.subs if s in self.subs)
+        rest = tuple(s for s in msg.subs if s not in self.subs)
+        if msg.asker == self.addr and msg.hops:  # (round the ring: nobody serves the rest)
+            return [Deliver(("ring", "handover"), (self.addr, WhereIs(msg.asker, rest, msg.hops)))]
+        out: list[Effect] = [Send(msg.asker, HeldHere(here))] if here and msg.hops else []
+        right = self.ring.right if self.ring.joined else None
+        if (rest or not msg.hops) and right is not None and msg.hops < MAX_HOPS:
+            out.append(Send(right.addr, WhereIs(msg.asker, rest if msg.hops else msg.subs, msg.hops + 1)))
+        return out
+
     # -- flows (routing/flows.py; the broker's side of them: ring_flows.py)
 
     def deploy(
@@ -486,7 +502,9 @@ class RingBroker(Core):
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
-        if type(msg) is Backlog or type(msg) is BacklogAck:  # (from a broker back as a new one)
+        if type(msg) in _HANDOVER:  # (from or for a broker back as a new one: ring_handover)
+            if type(msg) is WhereIs:
+                return self._where_is(msg)
             return [Deliver(("ring", "handover"), (src, msg))]
         if self.custody and type(msg) in _EVENTS and (src in self._declining or not self.ring.serving(now)):
             # (without its lease, this broker may have been taken over: an event is not taken,
@@ -929,6 +947,8 @@ class RingBroker(Core):
         self._fence_sig = sig
         self._fenced = {known[d]: Peer(d, known[d]) for d in ring.dead if d in known and known[d] not in live}
 
+
+_HANDOVER = frozenset({Backlog, BacklogAck, WhereIs, HeldHere})
 
 _EVENTS = frozenset({cbr.Publish, HandedOver, Delegated, Again})
 """The messages that carry an event in custody (not taken without the ring's lease)."""

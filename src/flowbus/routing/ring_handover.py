@@ -16,11 +16,15 @@ How it works:
   another home (:func:`awaited`) queues the subscription's events on its own disk and
   delivers none until that home's backlog has come.
 * **The backlog comes with the restart.** A broker found dead comes back as a new member
-  (paused, cut off, or restarted on its data); before it joins, it sends each subscription
-  of its store to the taker the ring named (``Backlog``: the subscription, what serving it
-  takes, and its queue's rows in order, in parts), each part acknowledged (``BacklogAck``).
-  The taker puts the rows before what it queued meanwhile and clears the entry on the last
-  part; the sender forgets the subscription once every part is acknowledged.
+  (paused, cut off, or restarted on its data). Once it has joined, it asks the ring where
+  each subscription of its store is served now (``WhereIs``, passed round the ring to the
+  right; each broker that serves some answers ``HeldHere`` at once, and the question comes
+  back to the asker with those nobody serves): the taker, or the taker's taker if that one
+  died too. It sends each one's queue there (``Backlog``: the subscription, what serving it
+  takes, and its queue's rows in order, in parts), each part acknowledged (``BacklogAck``;
+  ``taken=False`` from a broker that does not serve it, or no more: asked again). The taker
+  puts the rows before what it queued meanwhile and clears the entry on the last part; the
+  sender forgets the subscription once every part is acknowledged.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from typing import Any
 from flowbus import wire
 from flowbus.overlay.ring_messages import Peer
 
-__all__ = ["Backlog", "BacklogAck", "awaited", "disk_key"]
+__all__ = ["MAX_HOPS", "Backlog", "BacklogAck", "HeldHere", "WhereIs", "awaited", "disk_key"]
+
+MAX_HOPS = 256
+"""How far a ``WhereIs`` goes round the ring at most (a ring changing under it)."""
 
 
 def disk_key(sub: Hashable, home: int) -> tuple[str, Hashable, int]:
@@ -67,7 +74,29 @@ class Backlog:
 @wire.message("ringbroker.backlog_ack")
 @dataclass(frozen=True, slots=True)
 class BacklogAck:
-    """The receiver has part ``part`` of ``sub``'s backlog on its disk."""
+    """The receiver has part ``part`` of ``sub``'s backlog on its disk (``taken``), or does
+    not serve ``sub`` and took nothing."""
 
     sub: str
     part: int
+    taken: bool = True
+
+
+@wire.message("ringbroker.where_is")
+@dataclass(frozen=True, slots=True)
+class WhereIs:
+    """Which brokers serve these subscriptions? Asked by the broker at ``asker`` and passed
+    round the ring to the right, ``hops`` so far; what is left comes back to the asker
+    (nobody on the way serves it)."""
+
+    asker: int
+    subs: tuple[str, ...]
+    hops: int
+
+
+@wire.message("ringbroker.held_here")
+@dataclass(frozen=True, slots=True)
+class HeldHere:
+    """The sender serves these subscriptions (an answer to :class:`WhereIs`)."""
+
+    subs: tuple[str, ...]

@@ -1,0 +1,115 @@
+"""The fault campaign end to end: the short campaign CI runs (real broker processes in network
+namespaces as root, else on loopback), its JSON document, its cleanup; the hosts' cleanup of a
+campaign that died; the command's errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flowbus.chaos.hosts import REGISTRY, Loopback, can_isolate, sweep
+from flowbus.errors import ExperimentError
+
+ROOT = os.geteuid() == 0 and can_isolate()[0]
+KEYS = (
+    "runs",
+    "faults_injected",
+    "acknowledged",
+    "expected_deliveries",
+    "delivered",
+    "lost",
+    "duplicated",
+    "misrouted",
+    "out_of_order",
+    "hung_publishes",
+    "recovery_p99_s",
+    "rows",
+)
+
+
+def _netns() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(not ROOT, reason="the short campaign's partitions need root and network namespaces")
+def test_the_short_campaign_keeps_every_acknowledged_event(tmp_path: Path) -> None:
+    """Three faults (kill -9, another, a broker cut off from the others) on a ring of five:
+    nothing acknowledged is lost or doubled, no delivery is out of order or misrouted, no
+    publish hangs; the files are there and nothing of the hosts is left."""
+    before = _netns()
+    done = subprocess.run(
+        [sys.executable, "-m", "flowbus", "chaos", "run", "--short", "--json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert all(k in doc for k in KEYS) and doc["runs"] == 1 and doc["isolated"]
+    (row,) = doc["rows"]
+    assert (
+        row["mix"] == "short"
+        and row["seed"] == 1
+        and all(k in row for k in KEYS if k not in ("runs", "rows"))
+    )
+    assert doc["faults_injected"] == 3 and doc["acknowledged"] > 10_000
+    assert doc["delivered"] == doc["expected_deliveries"] and doc["lost"] == 0, row
+    assert doc["duplicated"] == doc["misrouted"] == doc["phantom"] == doc["out_of_order"] == 0, row
+    assert doc["hung_publishes"] == 0 and doc["tracebacks"] == 0, row
+    run = tmp_path / "chordal-ring" / "short-1"
+    for name in ("timeline.png", "timeline.csv", "faults.jsonl", "deliveries.csv", "publishes.csv"):
+        assert (run / name).is_file()
+    assert (tmp_path / "chordal-ring" / "campaign.png").read_bytes()[:4] == b"\x89PNG"
+    assert _netns() == before and not list(REGISTRY.glob(f"{os.getpid()}.json"))
+
+
+@pytest.mark.skipif(not ROOT, reason="network namespaces need root")
+def test_what_a_dead_campaign_left_is_swept(tmp_path: Path) -> None:
+    """A campaign killed before it could clean up leaves its registry; the next one removes
+    what it lists (here a namespace made under the pid of a process that is gone)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    ns = f"flowbus-chaos-{gone.pid}-b0"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    (REGISTRY / f"{gone.pid}.json").write_text(json.dumps({"bridge": None, "netns": [ns], "mounts": []}))
+    try:
+        assert gone.pid in sweep()
+        assert ns not in _netns() and not (REGISTRY / f"{gone.pid}.json").exists()
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_without_namespaces_only_faults_of_processes_can_be_made(tmp_path: Path) -> None:
+    hosts = Loopback(["b0", "b1", "c"], root=tmp_path)
+    assert hosts.address("b0") != hosts.address("b1") and hosts.ip("c") == "127.0.0.1"
+    for fault in (
+        lambda: hosts.cut("b0", "b1"),
+        lambda: hosts.fill("b0"),
+        lambda: hosts.link("b0", up=False),
+    ):
+        with pytest.raises(ExperimentError, match="needs network namespaces"):
+            fault()
+    assert hosts.data_dir("b0").is_dir()
+
+
+def test_the_command_lists_its_mixes_and_refuses_bad_ones(tmp_path: Path) -> None:
+    from flowbus.cli import app
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["chaos", "mixes", "--json"])
+    assert listed.exit_code == 0
+    mixes = {m["mix"]: m for m in json.loads(listed.stdout)["mixes"]}
+    assert {"crash", "pause", "isolate", "split", "partial", "clients", "disk", "short"} <= set(mixes)
+    assert mixes["split"]["needs_root"] and not mixes["process"]["needs_root"]
+    bad = runner.invoke(app, ["chaos", "run", "--mix", "nope", "--out", str(tmp_path), "--json"])
+    assert bad.exit_code == 2 and "unknown mix 'nope'" in bad.stderr
+    bad = runner.invoke(app, ["chaos", "run", "--overlay", "nope", "--out", str(tmp_path), "--json"])
+    assert bad.exit_code == 2 and "--overlay" in bad.stderr

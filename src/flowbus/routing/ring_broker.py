@@ -696,16 +696,11 @@ class RingBroker(Core):
         return [Send(a, Synced()) for a in sorted(due)]
 
     def _side_now(self, former: int) -> int:
-        """The tree neighbour now on the side a former tree neighbour was (the ids are in
-        ring order and the tree is the ring cut at the wrap: a smaller id, our left), or
-        this broker if that side has none (the event then goes every way it matches)."""
-        ring = self.ring
-        old = next((i for i, a in self.repair.known.items() if a == former), None)
-        if old is None or not ring.joined:
-            return self.addr
-        near = ring.left if old < ring.me.id else ring.right
-        tree = self.tree_neighbours()
-        return near.addr if near is not None and near.addr in tree else self.addr
+        """The tree neighbour now on the side a former tree neighbour was, or this broker if
+        that side has none (the event then goes every way it matches)."""
+        side = self.repair.side_by_id(former)
+        near = self.ring.left if side < 0 else self.ring.right if side > 0 else None
+        return near.addr if near is not None and near.addr in self.tree_neighbours() else self.addr
 
     def _extra(self, effects: list[Effect], event: Mapping[str, Any], src: int) -> list[Effect]:
         """An event also goes where the tree's tables may not know of its subscribers yet:

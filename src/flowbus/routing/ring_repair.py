@@ -205,17 +205,26 @@ class Repair:
         return out
 
     def handover(self, wanted: set[int]) -> dict[int, int]:
-        """A dead tree neighbour's place goes to our new neighbour on the same side."""
+        """A tree neighbour's place goes to our new neighbour on the same side: a dead one's to
+        the broker beyond it, a live one's to a broker that joined between us (the new one's
+        tables come from the old one; until it synced us, what came from the old one is routed
+        to it, not withdrawn: withdrawn, this side was cut off from our other neighbours'
+        events for a moment, and those events were confirmed and lost)."""
         out: dict[int, int] = {}
-        dead_addrs = self.dead_addrs()
-        gone = [a for a in self.router.neighbours if a not in wanted and a in dead_addrs]
-        for a in gone:
-            for side in (1, -1):
-                now = self.ring.right if side > 0 else self.ring.left
-                fresh = now is not None and now.addr in wanted and now.addr not in self.router.neighbours
-                if fresh and now is not None and self.ring.side_of_addr(a) == side:
-                    out[a] = now.addr
+        for a in self.router.neighbours - wanted:
+            side = self.ring.side_of_addr(a) or self.side_by_id(a)
+            now = self.ring.right if side > 0 else self.ring.left if side < 0 else None
+            if now is not None and now.addr in wanted and now.addr not in self.router.neighbours:
+                out[a] = now.addr
         return out
+
+    def side_by_id(self, addr: int) -> int:
+        """The side a broker we linked to is on by its ring id (the tree is the ring cut at the
+        wrap: a smaller id is to our left), 0 if unknown."""
+        old = next((i for i, a in self.known.items() if a == addr), None)
+        if old is None or not self.ring.joined or old == self.ring.me.id:
+            return 0
+        return -1 if old < self.ring.me.id else 1
 
     def resend(self) -> list[Effect]:
         """Kept events go to the new neighbour on their side once the ring has one (those

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench: $(STAMP)
 	$(BIN)/flowbus bench floor --json
 	$(BIN)/flowbus bench flow-bus --brokers 1,3 --events 100000 --subs 100 --json
 	$(BIN)/flowbus bench flow-core --events 20000 --repeats 5 --json
+
+chaos: $(STAMP)  # the full fault campaign (root: network namespaces; else faults of processes only)
+	mkdir -p out/chaos
+	$(BIN)/flowbus chaos run --overlay chordal-ring --seeds 5 --json --out out/chaos > out/chaos/chordal-ring.json
+	$(BIN)/flowbus chaos run --overlay pastry-irbr --seeds 1 --json --out out/chaos > out/chaos/pastry-irbr.json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

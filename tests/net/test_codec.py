@@ -160,6 +160,7 @@ CASES: list[object] = [
     ring_custody.Resume(),
     ring_custody.Resumed(),
     ring_share.Delegated(subs=(("client-1", 2), "s"), event=EVENT),
+    ring_share.Undelegated(subs=("s",), event=EVENT),
     ring_share.Unshare(keys=(("sub", ("client-1", 2), 42),)),
     express.LinkLatency(
         broker=42, version=1_764_000_000_000_000_001, links=((7, True, 0.0004), (9, False, 0.21))

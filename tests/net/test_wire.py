@@ -122,6 +122,7 @@ PINNED = {
     "ringbroker.resume": "Resume()",
     "ringbroker.resumed": "Resumed()",
     "ringbroker.synced": "Synced()",
+    "ringbroker.undelegated": "Undelegated(subs, event)",
     "ringbroker.unshare": "Unshare(keys)",
     "ringbroker.where_is": "WhereIs(asker, subs, hops)",
     "scribe.heartbeat": "Heartbeat()",

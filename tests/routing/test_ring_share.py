@@ -60,3 +60,27 @@ def test_a_share_is_sent_again_until_acknowledged_and_taken_back_in_the_end() ->
     ledger.send(me, to, {"e": 5})
     back, cancel = ledger.take_back(200)  # (the receiver died)
     assert back == {"e": 5} and cancel == [CancelTimer(("ring", "share", 4))]
+
+
+def test_a_delegated_event_for_subscriptions_its_home_does_not_serve_comes_back_and_is_delivered() -> None:
+    """A broker found dead and started again on its address serves none of the old one's
+    subscriptions: the holder of their share (which judges homes by address) gets its
+    ``Delegated`` back as ``Undelegated`` and delivers them itself from then on (they were
+    dropped there, and confirmed: lost). A subscription that ended at home is not sent back."""
+    from flowbus.core import Deliver, DeliverAll
+    from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated
+
+    home, holder = SharedSubs(1), SharedSubs(2)
+    event = {"x": 1}
+    holder.host({"a": (1, "a"), "b": (1, "b"), "c": (3, "c")}, dead=())
+    assert holder.hosted == {"a": 1, "b": 1, "c": 3}
+    home.out["gone"] = 2
+    home.unshare("gone")
+    back = home.deliveries(2, Delegated(("a", "b", "gone"), event), served={"b"}, grouped=True)
+    assert back == [Send(2, Undelegated(("a",), event)), DeliverAll(("b",), event)]
+    assert holder.undelegated(Undelegated(("a",), event), served={"a", "b", "c"}, grouped=False) == [
+        Deliver("a", event)
+    ]
+    assert "a" not in holder.hosted and holder.redirect([Deliver("a", event)]) == [Deliver("a", event)]
+    holder.host({"a": (1, "a"), "b": (1, "b")}, dead=())
+    assert holder.hosted == {"b": 1}  # (it stays ours)

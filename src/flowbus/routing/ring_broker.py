@@ -97,7 +97,7 @@ from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, De
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
 from flowbus.routing.ring_repair import HandedOver, Repair
-from flowbus.routing.ring_share import Delegated, SharedSubs, Unshare
+from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
 
 __all__ = [
     "DEDUP_EVENTS",
@@ -511,7 +511,7 @@ class RingBroker(Core):
             # nor confirmed; its sender keeps it, in order, for us once back, or for the taker;
             # see ring_custody.py)
             inner = msg.msg if type(msg) is Again else msg
-            if type(inner) is Delegated:
+            if type(inner) is Delegated or type(inner) is Undelegated:
                 return []
             self._declining.add(src)
             return [Send(src, Declined((inner.event[EVENT_ID],)))]
@@ -544,7 +544,10 @@ class RingBroker(Core):
                 return self._out(self._extra(self.router.route_batch([msg.event], via), msg.event, via))
             case Delegated():
                 self._open(src, msg.event)
-                return self._out(self.shared.deliveries(msg, self.subs, self.router.grouped))
+                return self._out(self.shared.deliveries(src, msg, self.subs, self.router.grouped))
+            case Undelegated():
+                self._open(src, msg.event)
+                return self._out(self.shared.undelegated(msg, self.subs, self.router.grouped))
             case Unshare(keys=keys):
                 return self._out(self._unshared(keys))
             case LinkBeat() | LinkEcho() | LinkLatency():
@@ -658,7 +661,7 @@ class RingBroker(Core):
                         self.custodian.release(dst, eid, only=key)
         elif isinstance(msg, Detour):
             out.extend(self.express.failed(msg))
-        elif isinstance(msg, Delegated) and self.custody:  # (its home is gone: so are its sessions)
+        elif isinstance(msg, Delegated | Undelegated) and self.custody:  # (gone: so are its sessions)
             for key in self.custodian.waiting_on(dst, msg.event.get(EVENT_ID)):
                 self.custodian.release(dst, key[1], only=key)
         return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
@@ -772,7 +775,7 @@ class RingBroker(Core):
                         rec.local += 1
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
-            elif isinstance(e, Send) and isinstance(e.msg, cbr.Publish | HandedOver | Delegated):
+            elif isinstance(e, Send) and type(e.msg) in _IN_CUSTODY:
                 if self._placeholders and e.dst in self._placeholders and type(e.msg) is cbr.Publish:
                     ev = e.msg.event  # (a dead neighbour not replaced yet: kept for its replacement)
                     key = step.get(ev[EVENT_ID]) if step else None
@@ -839,6 +842,7 @@ class RingBroker(Core):
         out = self.router.drop(origin) if origin and self.addr in self.router.directions(origin) else []
         self.subs.discard(sub)
         self.shared.hosted.pop(sub, None)
+        self.shared.refused.discard(sub)
         self.repair.forget(sub)
         return out
 
@@ -945,7 +949,10 @@ class RingBroker(Core):
 
 _HANDOVER = frozenset({Backlog, BacklogAck, WhereIs, HeldHere})
 
-_EVENTS = frozenset({cbr.Publish, HandedOver, Delegated, Again})
+_IN_CUSTODY = frozenset({cbr.Publish, HandedOver, Delegated, Undelegated})
+"""The messages whose sends are recorded against their events' custody records."""
+
+_EVENTS = frozenset({*_IN_CUSTODY, Again})
 """The messages that carry an event in custody (not taken without the ring's lease)."""
 
 

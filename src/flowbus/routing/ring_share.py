@@ -31,6 +31,13 @@ tasks" with a neighbour "by passing the information"; the decision and the ackno
   routes its subscriptions itself again (:meth:`SharedSubs.back`), another broker hosts
   them as the dead one did.
 
+* **A home that is not one.** The holder judges a home alive by its address. A broker found
+  dead and started again on its address is a new member that serves none of the old one's
+  subscriptions (it handed them over): a :class:`Delegated` for subscriptions it does not
+  serve comes back as :class:`Undelegated` (in custody, as the other way), and the holder
+  delivers them itself from then on (:attr:`SharedSubs.refused`; their clients re-attach
+  there, where the ring serves them). Dropped and confirmed there, they were lost.
+
 Not done: an ``Unshare`` sent to a holder that died meanwhile is lost, and the broker that
 took over its state keeps matching that subscription (its deliveries to the home are dropped
 there: the subscription is gone).
@@ -48,7 +55,7 @@ from flowbus.filters import parse
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing.cbr import ContentRouter
 
-__all__ = ["Delegated", "SharedSubs", "Unshare"]
+__all__ = ["Delegated", "SharedSubs", "Undelegated", "Unshare"]
 
 
 @wire.message("ringbroker.delegated")
@@ -56,6 +63,16 @@ __all__ = ["Delegated", "SharedSubs", "Unshare"]
 class Delegated:
     """``event`` matched the subscriptions ``subs`` of the receiver, their home, at the
     sender, which holds their entries (a load share): the home delivers it to them."""
+
+    subs: tuple[Hashable, ...]
+    event: Mapping[str, Any]
+
+
+@wire.message("ringbroker.undelegated")
+@dataclass(frozen=True, slots=True)
+class Undelegated:
+    """A :class:`Delegated` back to its sender: the receiver does not serve ``subs`` (it is
+    not their home: a new broker on the home's address); the holder delivers them itself."""
 
     subs: tuple[Hashable, ...]
     event: Mapping[str, Any]
@@ -76,6 +93,8 @@ class SharedSubs:
         self.addr = addr
         self.out: dict[Hashable, int] = {}  # own sub id -> the broker that holds (matches) it
         self.hosted: dict[Hashable, int] = {}  # sub id held here -> its live home
+        self.refused: set[Hashable] = set()  # held here, their home's address serves them not
+        self.ended: set[Hashable] = set()  # own shared ones ended here (their Delegated: dropped)
         self.delegated = 0  # deliveries handed to their home
         self.received = 0  # deliveries handed to us by a holder
 
@@ -137,11 +156,27 @@ class SharedSubs:
 
     def host(self, adopted: Mapping[Hashable, tuple[int, Hashable]], dead: Collection[int]) -> None:
         """The adopted subscriptions whose home is another, live broker."""
-        self.hosted = {s: home for s, (home, _) in adopted.items() if home != self.addr and home not in dead}
+        self.hosted = {
+            s: home
+            for s, (home, _) in adopted.items()
+            if home != self.addr and home not in dead and s not in self.refused
+        }
+
+    def undelegated(self, msg: Undelegated, served: Collection[Hashable], grouped: bool) -> list[Effect]:
+        """Our :class:`Delegated` came back: those subscriptions are ours to deliver (see the
+        module note)."""
+        self.refused.update(msg.subs)
+        for s in msg.subs:
+            self.hosted.pop(s, None)
+        subs = tuple(s for s in msg.subs if s in served)
+        if not subs:
+            return []
+        return [DeliverAll(subs, msg.event)] if grouped else [Deliver(s, msg.event) for s in subs]
 
     def unshare(self, sub_id: Hashable) -> list[Effect]:
         """Our subscription ``sub_id`` held elsewhere ended: tell its holder."""
         holder = self.out.pop(sub_id)
+        self.ended.add(sub_id)
         return [Send(holder, Unshare((("sub", sub_id, self.addr),)))]
 
     def redirect(self, effects: Iterable[Effect]) -> list[Effect]:
@@ -167,10 +202,17 @@ class SharedSubs:
         self.delegated += len(subs)
         return [Send(home, Delegated(tuple(ss), event)) for home, ss in sorted(by_home.items())]
 
-    def deliveries(self, msg: Delegated, served: Collection[Hashable], grouped: bool) -> list[Effect]:
-        """A holder's :class:`Delegated`: the deliveries to those of its subscriptions still served here."""
+    def deliveries(
+        self, src: int, msg: Delegated, served: Collection[Hashable], grouped: bool
+    ) -> list[Effect]:
+        """A holder's :class:`Delegated`: the deliveries to those of its subscriptions still
+        served here; those not served go back to the holder (:class:`Undelegated`)."""
         subs = tuple(s for s in msg.subs if s in served)
         self.received += len(subs)
-        if not subs:
-            return []
-        return [DeliverAll(subs, msg.event)] if grouped else [Deliver(s, msg.event) for s in subs]
+        out: list[Effect] = []
+        back = tuple(s for s in msg.subs if s not in served and s not in self.ended)
+        if back:
+            out.append(Send(src, Undelegated(back, msg.event)))
+        if subs:
+            out.extend([DeliverAll(subs, msg.event)] if grouped else [Deliver(s, msg.event) for s in subs])
+        return out

@@ -113,3 +113,38 @@ def test_the_command_lists_its_mixes_and_refuses_bad_ones(tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "unknown mix 'nope'" in bad.stderr
     bad = runner.invoke(app, ["chaos", "run", "--overlay", "nope", "--out", str(tmp_path), "--json"])
     assert bad.exit_code == 2 and "--overlay" in bad.stderr
+
+
+@pytest.mark.skipif(not ROOT, reason="network namespaces need root")
+def test_a_campaign_stopped_while_its_brokers_start_ends_and_leaves_no_process(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) while a broker's ready line is awaited: the campaign ends at once
+    and stops every broker it started (it waited for ever on the reader of that line: the
+    broker's namespace was gone, it never joined)."""
+    import signal
+    import time
+
+    argv = ["chaos", "run", "--mix", "crash", "--seeds", "1", "--out", str(tmp_path), "--json"]
+    campaign = subprocess.Popen(
+        [sys.executable, "-m", "flowbus", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert campaign.stderr is not None
+        for line in campaign.stderr:
+            if "starting 5 brokers" in line:
+                break
+        time.sleep(2.5)  # (the first brokers are up, one is starting)
+        campaign.send_signal(signal.SIGTERM)
+        campaign.wait(timeout=30)
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+            campaign.wait()
+    for _ in range(100):  # (brokers killed, reaped by init)
+        left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left

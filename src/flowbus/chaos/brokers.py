@@ -105,13 +105,17 @@ class Brokers:
     def _ready(self, name: str, proc: subprocess.Popen[str]) -> str:
         """Its console's URL, from its ready line (the process is killed if none comes)."""
         assert proc.stdout is not None
-        with ThreadPoolExecutor(1) as pool:
-            line = pool.submit(proc.stdout.readline)
-            try:
-                text = line.result(READY_WITHIN)
-            except TimeoutError:
-                proc.kill()
-                raise ExperimentError(f"broker {name}: no ready line in {READY_WITHIN:.0f} s") from None
+        pool = ThreadPoolExecutor(1)
+        try:
+            text = pool.submit(proc.stdout.readline).result(READY_WITHIN)
+        except TimeoutError:
+            proc.kill()
+            raise ExperimentError(f"broker {name}: no ready line in {READY_WITHIN:.0f} s") from None
+        except BaseException:  # (Ctrl-C, SIGTERM: the reader waits on a broker that will not answer)
+            proc.kill()
+            raise
+        finally:
+            pool.shutdown(wait=False)  # (its reader ends with the broker's output)
         if not text.startswith(READY):
             raise ExperimentError(f"broker {name} did not start (exit {proc.poll()}): see {self.log(name)}")
         words = text.split()

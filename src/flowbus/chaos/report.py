@@ -4,7 +4,8 @@ How it works: :func:`plot_timeline` draws, per second of a run, the events sent 
 acknowledged (publishers) and taken (subscribers) above, the delivery latency (p50, p99,
 log scale) below, and each fault as a shaded band from its injection to its heal, named;
 :func:`write_campaign` writes ``campaign.json`` (what ``--json`` prints), ``rows.csv``
-(one row per run) and ``campaign.png`` (lost, duplicated, out of order and recovery per
+(one row per run), ``campaign.md`` (:func:`markdown`: the figures per mix, summed over its
+seeds, and the totals) and ``campaign.png`` (lost, duplicated, out of order and recovery per
 run, the goal's zero line visible at a glance).
 """
 
@@ -16,7 +17,38 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_timeline", "write_campaign", "write_csv"]
+__all__ = ["markdown", "plot_timeline", "write_campaign", "write_csv"]
+
+_SUMMED = (
+    "faults_injected",
+    "acknowledged",
+    "expected_deliveries",
+    "delivered",
+    "lost",
+    "duplicated",
+    "misrouted",
+    "out_of_order",
+    "hung_publishes",
+    "refused",
+    "tracebacks",
+)
+_HEAD = (
+    "mix",
+    "runs",
+    "faults",
+    "acknowledged",
+    "expected",
+    "delivered",
+    "lost (prefix/middle/postfix)",
+    "dup",
+    "misrouted",
+    "out of order",
+    "hung",
+    "refused",
+    "double-served s",
+    "recovery p99 s",
+    "tracebacks",
+)
 
 _COLOURS = {
     "kill": "#d62728",
@@ -104,8 +136,46 @@ def _first_publish(root: Path) -> float:
     return 0.0
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """The campaign's figures as a Markdown table: one line per mix (its seeds summed; the
+    recovery, its worst p99), and the totals."""
+    by_mix: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["rows"]:
+        by_mix.setdefault(r["mix"], []).append(r)
+
+    def line(name: str, rows: Sequence[dict[str, Any]]) -> str:
+        t = {
+            k: sum(r.get(k, 0) for r in rows)
+            for k in (*_SUMMED, "lost_prefix", "lost_middle", "lost_postfix")
+        }
+        lost = f"{t['lost']:,} ({t['lost_prefix']:,}/{t['lost_middle']:,}/{t['lost_postfix']:,})"
+        cells = [
+            name,
+            str(len(rows)),
+            str(t["faults_injected"]),
+            f"{t['acknowledged']:,}",
+            f"{t['expected_deliveries']:,}",
+            f"{t['delivered']:,}",
+            lost,
+            str(t["duplicated"]),
+            str(t["misrouted"]),
+            str(t["out_of_order"]),
+            str(t["hung_publishes"]),
+            str(t["refused"]),
+            f"{sum(r.get('double_served_s', 0.0) for r in rows):.1f}",
+            f"{max(r['recovery_p99_s'] for r in rows):.2f}",
+            str(t["tracebacks"]),
+        ]
+        return "| " + " | ".join(cells) + " |"
+
+    out = ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
+    out += [line(m, rows) for m, rows in by_mix.items()]
+    out.append(line("**all**", doc["rows"]))
+    return "\n".join(out) + "\n"
+
+
 def write_campaign(root: Path, doc: dict[str, Any]) -> None:
-    """``campaign.json``, ``rows.csv`` and ``campaign.png`` in ``root``."""
+    """``campaign.json``, ``rows.csv``, ``campaign.md`` and ``campaign.png`` in ``root``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,6 +187,7 @@ def write_campaign(root: Path, doc: dict[str, Any]) -> None:
     write_csv(root / "rows.csv", rows)
     if not rows:
         return
+    (root / "campaign.md").write_text(markdown(doc))
     labels = [f"{r['mix']}-{r['seed']}" for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.35 * len(rows)), 6), sharex=True)
     x = range(len(rows))

@@ -1,0 +1,39 @@
+"""The campaign's report: its Markdown table sums each mix's seeds, and the totals."""
+
+from __future__ import annotations
+
+from flowbus.chaos.report import markdown
+
+
+def _row(mix: str, seed: int, lost: int, p99: float) -> dict[str, object]:
+    return {
+        "mix": mix,
+        "seed": seed,
+        "faults_injected": 5,
+        "acknowledged": 1000,
+        "expected_deliveries": 3000,
+        "delivered": 3000 - lost,
+        "lost": lost,
+        "lost_prefix": 0,
+        "lost_middle": lost,
+        "lost_postfix": 0,
+        "duplicated": 0,
+        "misrouted": 0,
+        "out_of_order": 1,
+        "hung_publishes": 0,
+        "refused": 2,
+        "tracebacks": 0,
+        "double_served_s": 0.5,
+        "recovery_p99_s": p99,
+    }
+
+
+def test_each_mix_sums_its_seeds_and_the_last_line_sums_all() -> None:
+    doc = {"rows": [_row("crash", 1, 0, 0.5), _row("crash", 2, 7, 2.0), _row("pause", 1, 0, 9.0)]}
+    lines = markdown(doc).splitlines()
+    assert len(lines) == 5 and lines[0].startswith("| mix | runs | faults |")
+    crash, pause, total = (line.split(" | ") for line in lines[2:])
+    assert crash[:7] == ["| crash", "2", "10", "2,000", "6,000", "5,993", "7 (0/7/0)"]
+    assert crash[9] == "2" and crash[11] == "4" and crash[12] == "1.0" and crash[13] == "2.00"
+    assert pause[0] == "| pause" and pause[6] == "0 (0/0/0)"
+    assert total[0] == "| **all**" and total[1] == "3" and total[6] == "7 (0/7/0)" and total[13] == "9.00"

@@ -56,6 +56,12 @@ def _run(tmp_path: Path) -> tuple[Path, dict[int, dict[str, object]]]:
 
 def test_a_run_with_every_kind_of_mistake_is_counted(tmp_path: Path) -> None:
     root, events = _run(tmp_path)
+    faults = (
+        (root / "faults.jsonl")
+        .read_text()
+        .replace('"what": "heal",', '"what": "heal", "failed": ["broker b0: no ready line in 60 s"],')
+    )
+    (root / "faults.jsonl").write_text(faults)  # (b0 did not come back)
     spec = _spec(root)
     high = parse("level >= 4")
     acked = [q for q in sorted(events) if q not in (39, 40)]
@@ -81,7 +87,7 @@ def test_a_run_with_every_kind_of_mistake_is_counted(tmp_path: Path) -> None:
     assert row["out_of_order"] == 1
     assert row["hung_publishes"] == 1 and row["refused"] == 1
     assert row["refused_by_reason"] == {"not acknowledged within 30 s (connected to x)": 1}
-    assert row["faults_injected"] == 1 and row["tracebacks"] == 0
+    assert row["faults_injected"] == 1 and row["tracebacks"] == 0 and row["heal_failures"] == 1
     assert row["expected_deliveries"] == len(acked) + sum(
         1
         for q in acked
@@ -124,7 +130,7 @@ def test_a_clean_run_is_clean_and_its_recovery_is_measured_from_the_heal(tmp_pat
     row = check_run(root)
     assert row["lost"] == row["duplicated"] == row["misrouted"] == row["phantom"] == row["out_of_order"] == 0
     assert row["recovery_max_s"] == pytest.approx(0.509, abs=0.002)  # (sent at 1.9, taken at 2.509)
-    assert row["double_served_s"] == 1.0 and row["tracebacks"] == 1
+    assert row["double_served_s"] == 1.0 and row["tracebacks"] == 1 and row["heal_failures"] == 0
     assert row["unavailable_s"] >= 1  # (pub1 publishes 3 events, then nothing: under half its rate)
     seconds = timeline(root)
     assert sum(s["sent"] for s in seconds) == 43 and sum(s["acked"] for s in seconds) == 41

@@ -37,3 +37,18 @@ def test_each_mix_sums_its_seeds_and_the_last_line_sums_all() -> None:
     assert crash[9] == "2" and crash[11] == "4" and crash[12] == "1.0" and crash[13] == "2.00"
     assert pause[0] == "| pause" and pause[6] == "0 (0/0/0)"
     assert total[0] == "| **all**" and total[1] == "3" and total[6] == "7 (0/7/0)" and total[13] == "9.00"
+
+
+def test_a_run_that_could_not_be_made_is_a_row_of_its_own_and_counted(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from flowbus.chaos.campaign import Campaign, failed_row, summarize
+
+    c = Campaign(out=Path("out"), mixes=("crash",), seeds=2)
+    good = {**failed_row(c, "crash", 1, "x"), "lost": 3, "recovery_p99_s": 1.5}
+    del good["error"]
+    doc = summarize(
+        [good, failed_row(c, "crash", 2, "broker b0: no ready line in 60 s")], overlay="x", isolated=True
+    )
+    assert doc["runs"] == 2 and doc["failed_runs"] == 1 and doc["lost"] == 3 and doc["recovery_p99_s"] == 1.5
+    assert doc["rows"][1]["error"] == "broker b0: no ready line in 60 s"

@@ -49,6 +49,7 @@ __all__ = ["TOTALS", "Campaign", "run_campaign", "run_one", "summarize"]
 
 TOTALS = (
     "faults_injected",
+    "heal_failures",
     "published",
     "acknowledged",
     "expected_deliveries",
@@ -289,6 +290,21 @@ def _write_timeline(root: Path, mix: Mix, seed: int) -> None:
     plot_timeline(root / "timeline.png", rows, faults, title=f"{mix.name}, seed {seed}")
 
 
+def failed_row(c: Campaign, mix: str, seed: int, error: str) -> dict[str, Any]:
+    """The row of a run that could not be made (its ``error``; every count 0)."""
+    zero = dict.fromkeys(TOTALS, 0)
+    return {
+        "mix": mix,
+        "seed": seed,
+        "overlay": c.overlay,
+        "brokers": c.brokers,
+        **zero,
+        "recovery_p99_s": 0.0,
+        "recovery_max_s": 0.0,
+        "error": error,
+    }
+
+
 def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -> dict[str, Any]:
     """The campaign's document: totals over the runs, the worst recovery, the rows."""
     totals = {k: sum(r[k] for r in rows) for k in TOTALS}
@@ -297,6 +313,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -
         "overlay": overlay,
         "isolated": isolated,
         "runs": len(rows),
+        "failed_runs": sum(1 for r in rows if "error" in r),
         **totals,
         **({"proxy": proxy} if any("proxy" in r for r in rows) else {}),
         "recovery_p99_s": max((r["recovery_p99_s"] for r in rows), default=0.0),
@@ -320,7 +337,12 @@ def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) ->
     rows = []
     for mix in mixes:
         for seed in range(1, c.seeds + 1):
-            rows.append(run_one(c, mix, seed, say=say))
+            try:
+                rows.append(run_one(c, mix, seed, say=say))
+            except ExperimentError as e:  # (one run that could not be made: the others go on)
+                say(f"{mix.name} seed {seed}: the run failed: {e}")
+                rows.append(failed_row(c, mix.name, seed, str(e)))
+                continue
             r = rows[-1]
             say(
                 f"{mix.name} seed {seed}: {r['acknowledged']} acknowledged, {r['lost']} lost, "

@@ -22,6 +22,8 @@ nothing from the brokers. :func:`check_run` gives one row:
 * ``double_served_s``: seconds in which two brokers' consoles listed one durable subscription
   as served (from the campaign's polls, ``states.jsonl``).
 * ``tracebacks``: Python tracebacks in the brokers' and the workload's logs.
+* ``heal_failures``: brokers that did not come back at a heal (no ready line in 60 s after
+  their restart: they did not rejoin the ring; the run went on without them).
 
 :func:`timeline` bins the same logs by second for the plot (sent, acknowledged, taken,
 delivery latency percentiles).
@@ -121,6 +123,7 @@ def check_run(root: Path) -> dict[str, Any]:
     refused = Counter(_reason(r) for r in pubs.refused.values())
     return {
         "faults_injected": sum(1 for f in faults if f["what"] == "inject"),
+        "heal_failures": sum(len(f.get("failed", ())) for f in faults if f["what"] == "heal"),
         "published": len(pubs.sent),
         "acknowledged": len(pubs.acked),
         "expected_deliveries": sum(len(w) for w in expected.values()),

@@ -412,6 +412,7 @@ class Nemesis:
     def heal(self, fault: Fault) -> None:
         victims, others = self._victims(fault), self._names(fault.others)
         kind, hosts, brokers = fault.kind, self.hosts, self.brokers
+        failed: list[str] = []
         if kind in LINKS:
             for a, b in self._links(fault):
                 self._proxies(fault).clear_link(a, b)
@@ -419,7 +420,10 @@ class Nemesis:
             self._proxies(fault).clear_ack_cut(victims[0])
         elif kind in ("kill", "kill-adjacent", "kill-minority", "power-loss", "restart"):
             for v in victims:
-                brokers.start(v)
+                try:
+                    brokers.start(v)
+                except ExperimentError as e:  # (a broker that does not come back is a finding:
+                    failed.append(str(e))  # the run goes on without it, the checker counts it)
         elif kind == "pause":
             for v in victims:
                 brokers.signal(v, signal.SIGCONT)
@@ -439,5 +443,5 @@ class Nemesis:
             hosts.mend(self.clients, victims[0])
         elif kind == "disk-full":
             hosts.drain(victims[0])
-        self._note("heal", fault)
+        self._note("heal", fault, **({"failed": failed} if failed else {}))
         self._struck.pop(fault, None)

@@ -271,6 +271,37 @@ def test_a_broker_joining_mid_ring_keeps_every_route_beyond_it_during_a_stream(s
     assert all(b.in_custody() == 0 for b in w.brokers)
 
 
+@pytest.mark.parametrize("gap", [0.0, 5.0])
+def test_two_adjacent_crashes_under_covering_filters_lose_nothing(gap: float) -> None:
+    """Every broker has the same two filters (``x >= 0`` covers all the others: the brokers
+    beyond a neighbour are known by the one root it forwards). Two adjacent brokers crash
+    (``gap`` apart). The taker of the first adopts its subscription; the dead neighbour is
+    still in the tree, kept until its place is taken, and the adopted entry stays in its
+    direction too: it covered the subscriptions beyond, which were never sent here. Taken
+    out of that direction, nothing was routed towards them until the replacement synced
+    (23 to 45 events lost per subscription beyond)."""
+    w = World(5, seed=4, ack_delay=0.5)
+    order = w.order()
+    subs = {(b.addr, k): parse(f"x >= {k}") for b in order for k in range(2)}
+    for s in subs:
+        w.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
+    w.sim.run(until=w.sim.now + 60)
+    w.got.clear()
+    start, n = w.sim.now, 600
+    for i in range(n):
+        w.sim.invoke(
+            order[(i % 2) * 4].addr,
+            lambda c, i=i: c.publish({"x": i % 3}, event_id=(f"p{i % 2}", i)),
+            at=start + i / 10,
+        )
+    w.sim.crash(order[2].addr, at=start + 10)
+    w.sim.crash(order[3].addr, at=start + 10 + gap)
+    w.sim.run(until=start + 400)
+    got = {(sub, eid) for _, sub, eid in w.got}
+    want = {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 3})}
+    assert want <= got
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_a_dead_brokers_subscriptions_taken_over_get_each_publishers_events_in_order(seed: int) -> None:
     """A stream from the broker that takes the dead one's subscriptions over: what the dead

@@ -64,7 +64,7 @@ link re-added while messages of its earlier incarnation are still in flight may 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -466,13 +466,16 @@ class ContentRouter(Core):
             out.add(n)
         return out
 
-    def adopt(self, origin: Origin, filt: Filter) -> list[Effect]:
+    def adopt(self, origin: Origin, filt: Filter, *, keep: Collection[int] = ()) -> list[Effect]:
         """Serve another broker's subscription here, under its own origin (a dead broker's,
-        taken over): the tables elsewhere stay valid, only its direction changes."""
+        taken over): the tables elsewhere stay valid, only its direction changes. Directions
+        in ``keep`` hold on to it too (a dead neighbour kept in the tree until its place is
+        taken: the entry may cover subscriptions beyond it that were never sent here; taken
+        out, nothing was routed that way)."""
         _check_origin(origin, "adopt")
         out = self._set(self.broker, origin, filt)
         for d in sorted(self._dirs.get(origin, {})):
-            if d != self.broker:
+            if d != self.broker and d not in keep:
                 out.extend(self._set(d, origin, None))
         return out
 

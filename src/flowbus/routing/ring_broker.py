@@ -861,12 +861,13 @@ class RingBroker(Core):
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
+        gaps = self._gaps(ring, repair) if changed else set()  # (dead neighbours kept in the tree)
         for key, text in list(ring.state.items()) if changed else ():
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
                 filt = parse(text[0] if isinstance(text, tuple) else text)
                 self._adopted[key[1]] = origin_of(key)
-                out.extend(self.router.adopt(origin_of(key), filt))
+                out.extend(self.router.adopt(origin_of(key), filt, keep=gaps))
                 out.extend(self.flow_side.adopted(key[1]))
                 out.extend(repair.taken_over(key[1], filt, fresh_dead))
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()

@@ -154,15 +154,21 @@ class Repair:
     def taken_over(self, sub: Hashable, filt: Filter, fresh_dead: list[int | None]) -> list[Effect]:
         """``sub`` (its filter ``filt``) is taken over from the brokers ``fresh_dead``: the
         events kept for them that it wants are delivered to it."""
-        self.taken_from[sub] = (filt, {a for a in fresh_dead if a is not None})
+        fresh = {a for a in fresh_dead if a is not None}
+        self.taken_from[sub] = (filt, fresh)
         self._taken_by_dead = None
         matches = compiled(filt)
         out: list[Effect] = []
         kept = sorted(
             zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
         )
-        for (e, d, _), rkey in kept:
-            if d in fresh_dead and matches(e):
+        # (kept for a broker found dead on the same side: it stood in for the dead one in our
+        # tree, its tables had come from it; sent on to the broker beyond, they would be
+        # routed back towards us, the way the subscription came, and not delivered: lost)
+        sides = {self.ring.side_of_addr(a) for a in fresh} - {0}
+        dead = self.dead_addrs() if sides else set()
+        for (e, d, s), rkey in kept:
+            if (d in fresh or (s in sides and d in dead)) and matches(e):
                 out.append(Deliver(sub, e))
                 if rkey is not None:
                     self.custodian.step[e[EVENT_ID]] = rkey

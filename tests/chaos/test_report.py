@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from flowbus.chaos.campaign import TOTALS
 from flowbus.chaos.report import markdown
 
 
 def _row(mix: str, seed: int, lost: int, p99: float) -> dict[str, object]:
     return {
+        **dict.fromkeys(TOTALS, 0),
         "mix": mix,
         "seed": seed,
         "faults_injected": 5,
@@ -25,6 +27,7 @@ def _row(mix: str, seed: int, lost: int, p99: float) -> dict[str, object]:
         "tracebacks": 0,
         "double_served_s": 0.5,
         "recovery_p99_s": p99,
+        "recovery_max_s": p99,
     }
 
 

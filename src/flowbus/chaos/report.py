@@ -19,19 +19,6 @@ from typing import Any
 
 __all__ = ["markdown", "plot_timeline", "write_campaign", "write_csv"]
 
-_SUMMED = (
-    "faults_injected",
-    "acknowledged",
-    "expected_deliveries",
-    "delivered",
-    "lost",
-    "duplicated",
-    "misrouted",
-    "out_of_order",
-    "hung_publishes",
-    "refused",
-    "tracebacks",
-)
 _HEAD = (
     "mix",
     "runs",
@@ -139,15 +126,14 @@ def _first_publish(root: Path) -> float:
 def markdown(doc: dict[str, Any]) -> str:
     """The campaign's figures as a Markdown table: one line per mix (its seeds summed; the
     recovery, its worst p99), and the totals."""
+    from flowbus.chaos.campaign import summarize  # (the campaign writes this report)
+
     by_mix: dict[str, list[dict[str, Any]]] = {}
     for r in doc["rows"]:
         by_mix.setdefault(r["mix"], []).append(r)
 
     def line(name: str, rows: Sequence[dict[str, Any]]) -> str:
-        t = {
-            k: sum(r.get(k, 0) for r in rows)
-            for k in (*_SUMMED, "lost_prefix", "lost_middle", "lost_postfix")
-        }
+        t = summarize(rows, overlay=doc.get("overlay", ""), isolated=doc.get("isolated", False))
         lost = f"{t['lost']:,} ({t['lost_prefix']:,}/{t['lost_middle']:,}/{t['lost_postfix']:,})"
         cells = [
             name,
@@ -162,8 +148,8 @@ def markdown(doc: dict[str, Any]) -> str:
             str(t["out_of_order"]),
             str(t["hung_publishes"]),
             str(t["refused"]),
-            f"{sum(r.get('double_served_s', 0.0) for r in rows):.1f}",
-            f"{max(r['recovery_p99_s'] for r in rows):.2f}",
+            f"{t['double_served_s']:.1f}",
+            f"{t['recovery_p99_s']:.2f}",
             str(t["tracebacks"]),
         ]
         return "| " + " | ".join(cells) + " |"

@@ -99,7 +99,7 @@ class Repair:
             rec.waiting.discard(dead)
             rec.retries += 1
             self.custodian.step[event[EVENT_ID]] = key
-        return self.handed_over(HandedOver(event, dead))
+        return self._to_taken(event, dead, side)
 
     def _append(self, event: Mapping[str, Any], to: int, side: int, key: Key | None) -> None:
         self.retry.append((event, to, side))
@@ -164,8 +164,9 @@ class Repair:
         )
         # (kept for a broker found dead on the same side: it stood in for the dead one in our
         # tree, its tables had come from it; sent on to the broker beyond, they would be
-        # routed back towards us, the way the subscription came, and not delivered: lost)
-        sides = {self.ring.side_of_addr(a) for a in fresh} - {0}
+        # routed back towards us, the way the subscription came, and not delivered: lost.
+        # The side of a broker dead for a while, out of the window already, is by its id)
+        sides = {self.ring.side_of_addr(a) or self.side_by_id(a) for a in fresh} - {0}
         dead = self.dead_addrs() if sides else set()
         for (e, d, s), rkey in kept:
             if (d in fresh or (s in sides and d in dead)) and matches(e):
@@ -306,6 +307,22 @@ class Repair:
         return [
             Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
         ]
+
+    def _to_taken(self, event: Mapping[str, Any], dead: int, side: int) -> list[Effect]:
+        """The deliveries of ``event``, kept for ``dead`` on ``side``, to the subscriptions
+        taken over here from ``dead``, or from a broker found dead on the same side (``dead``
+        stood in for it in our tree: the event was going its way, and nobody beyond serves
+        them now; the kept events a takeover finds are delivered the same way, see
+        :meth:`taken_over`)."""
+        taken = self._taken()
+        if not taken:
+            return []
+        out: list[Effect] = []
+        gone = self.dead_addrs() if side else set()
+        for d, subs in taken.items():
+            if d == dead or (d in gone and (self.ring.side_of_addr(d) or self.side_by_id(d)) == side):
+                out.extend(Deliver(sub, event) for sub, matches in subs if matches(event))
+        return out
 
     def _confirmed(self, key: Key) -> None:
         """Every party a custody record went to is done (the custodian's ``on_done``; copies

@@ -856,8 +856,13 @@ class RingBroker(Core):
         fresh_dead = [repair.known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
         if self.custody:  # (what the dead had not confirmed is kept before its subscriptions are
-            for a in sorted({a for a in fresh_dead if a is not None}):  # taken up here: they
-                out.extend(repair.bury(a))  # then get it in each publisher's order, first)
+            # taken up here: they then get it in each publisher's order, first; so is what
+            # waits on a dead tree neighbour leaving the tree in this step, which may have stood
+            # in for one taken over now)
+            leaving = self.router.neighbours - self.tree_neighbours() - self._gaps(ring, repair)
+            gone = repair.dead_addrs() & leaving
+            for a in sorted({a for a in fresh_dead if a is not None} | gone):
+                out.extend(repair.bury(a))
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature

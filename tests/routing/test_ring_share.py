@@ -84,3 +84,48 @@ def test_a_delegated_event_for_subscriptions_its_home_does_not_serve_comes_back_
     assert "a" not in holder.hosted and holder.redirect([Deliver("a", event)]) == [Deliver("a", event)]
     holder.host({"a": (1, "a"), "b": (1, "b")}, dead=())
     assert holder.hosted == {"b": 1}  # (it stays ours)
+
+
+def test_a_refused_subscription_gets_its_events_back_in_order_before_later_ones() -> None:
+    """The home refuses a shared subscription (``Undelegated``) while more ``Delegated`` for
+    it are on their way: until the last one sent has come back, the holder sends its later
+    events the same way round, so each comes back behind the earlier ones and the
+    subscription gets them in publish order (delivered at once, they overtook the ones still
+    coming back: 79 out of order in a campaign's paused home)."""
+    from flowbus.core import Deliver
+    from flowbus.routing.ring_custody import EVENT_ID
+    from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated
+
+    holder = SharedSubs(2)
+    holder.host({"a": (1, "a")}, dead=())
+    events = [{"x": i, EVENT_ID: ("p", i)} for i in range(1, 6)]
+    wire: list[Delegated] = []  # (to the home, in order: FIFO on the link)
+    got: list[int] = []
+
+    def route(event: dict[str, object]) -> None:  # (the holder's router matched it for "a")
+        for e in holder.redirect([Deliver("a", event)]):
+            if type(e) is Send:
+                wire.append(e.msg)
+            else:
+                got.append(e.event["x"])
+
+    def back() -> None:  # (the home, a new member on the address, sends one back)
+        msg = wire.pop(0)
+        for e in holder.redirect(holder.undelegated(Undelegated(msg.subs, msg.event), {"a"}, grouped=False)):
+            assert type(e) is Deliver  # (never sent round again)
+            got.append(e.event["x"])
+
+    for event in events[:3]:
+        route(event)
+    back()  # (e1 back: "a" is refused, but e2 and e3 are still on their way)
+    route(events[3])  # (goes round too)
+    assert got == [1] and len(wire) == 3 and "a" in holder.hosted
+    back()
+    back()  # (e3, the last one sent before e4, is back; e4 still is not)
+    assert "a" in holder.hosted
+    back()  # (e4: all back)
+    assert "a" not in holder.hosted and not wire
+    route(events[4])  # (delivered here at once)
+    assert got == [1, 2, 3, 4, 5]
+    holder.host({"a": (1, "a")}, dead=())
+    assert holder.hosted == {}  # (it stays ours)

@@ -36,7 +36,10 @@ tasks" with a neighbour "by passing the information"; the decision and the ackno
   subscriptions (it handed them over): a :class:`Delegated` for subscriptions it does not
   serve comes back as :class:`Undelegated` (in custody, as the other way), and the holder
   delivers them itself from then on (:attr:`SharedSubs.refused`; their clients re-attach
-  there, where the ring serves them). Dropped and confirmed there, they were lost.
+  there, where the ring serves them). Dropped and confirmed there, they were lost. Each
+  ``Delegated`` still on its way comes back too, in order on the link: until the last one
+  sent has (:attr:`SharedSubs.pending`), the subscription's later events go the same way
+  round, so its publishers' order holds (delivered at once, they overtook those coming back).
 
 Not done: an ``Unshare`` sent to a holder that died meanwhile is lost, and the broker that
 took over its state keeps matching that subscription (its deliveries to the home are dropped
@@ -54,6 +57,7 @@ from flowbus.core import Deliver, DeliverAll, Effect, Send
 from flowbus.filters import parse
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing.cbr import ContentRouter
+from flowbus.routing.ring_custody import EVENT_ID
 
 __all__ = ["Delegated", "SharedSubs", "Undelegated", "Unshare"]
 
@@ -95,6 +99,9 @@ class SharedSubs:
         self.hosted: dict[Hashable, int] = {}  # sub id held here -> its live home
         self.refused: set[Hashable] = set()  # held here, their home's address serves them not
         self.ended: set[Hashable] = set()  # own shared ones ended here (their Delegated: dropped)
+        self.pending: dict[Hashable, tuple[int, Any]] = {}  # hosted sub -> (home, the last event
+        # id delegated to it); a refused one stays hosted until that one is back (see the note)
+        self._back: set[Any] = set()  # ids of the events that came back in this step (not redirected)
         self.delegated = 0  # deliveries handed to their home
         self.received = 0  # deliveries handed to us by a holder
 
@@ -155,22 +162,31 @@ class SharedSubs:
         return came
 
     def host(self, adopted: Mapping[Hashable, tuple[int, Hashable]], dead: Collection[int]) -> None:
-        """The adopted subscriptions whose home is another, live broker."""
+        """The adopted subscriptions whose home is another, live broker (a refused one still
+        waiting for its events to come back, too)."""
+        self.pending = {s: p for s, p in self.pending.items() if p[0] not in dead}
         self.hosted = {
             s: home
             for s, (home, _) in adopted.items()
-            if home != self.addr and home not in dead and s not in self.refused
+            if home != self.addr and home not in dead and (s not in self.refused or s in self.pending)
         }
 
     def undelegated(self, msg: Undelegated, served: Collection[Hashable], grouped: bool) -> list[Effect]:
         """Our :class:`Delegated` came back: those subscriptions are ours to deliver (see the
-        module note)."""
+        module note): once the last one sent for a subscription is back, its later events are
+        delivered here at once."""
         self.refused.update(msg.subs)
+        eid = msg.event.get(EVENT_ID)
         for s in msg.subs:
-            self.hosted.pop(s, None)
+            last = self.pending.get(s)
+            if last is None or last[1] == eid:
+                self.pending.pop(s, None)
+                self.hosted.pop(s, None)
         subs = tuple(s for s in msg.subs if s in served)
         if not subs:
             return []
+        if eid is not None and any(s in self.hosted for s in subs):  # (still going round: not again)
+            self._back.add(eid)
         return [DeliverAll(subs, msg.event)] if grouped else [Deliver(s, msg.event) for s in subs]
 
     def unshare(self, sub_id: Hashable) -> list[Effect]:
@@ -180,11 +196,14 @@ class SharedSubs:
         return [Send(holder, Unshare((("sub", sub_id, self.addr),)))]
 
     def redirect(self, effects: Iterable[Effect]) -> list[Effect]:
-        """Deliveries to hosted subscriptions become :class:`Delegated` sends to their home."""
-        hosted = self.hosted
+        """Deliveries to hosted subscriptions become :class:`Delegated` sends to their home
+        (not those of an event that came back from it in this step)."""
+        hosted, back = self.hosted, self._back
         out: list[Effect] = []
         for e in effects:
-            if type(e) is DeliverAll and not hosted.keys().isdisjoint(e.subs):
+            if back and _event_id(e) in back:
+                out.append(e)
+            elif type(e) is DeliverAll and not hosted.keys().isdisjoint(e.subs):
                 mine = tuple(s for s in e.subs if s not in hosted)
                 if mine:
                     out.append(DeliverAll(mine, e.event))
@@ -193,12 +212,15 @@ class SharedSubs:
                 out.extend(self._home(hosted, [e.sub], e.event))
             else:
                 out.append(e)
+        back.clear()
         return out
 
     def _home(self, hosted: Mapping[Hashable, int], subs: list[Hashable], event: Any) -> list[Effect]:
         by_home: dict[int, list[Hashable]] = {}
+        eid = event.get(EVENT_ID)
         for s in subs:
             by_home.setdefault(hosted[s], []).append(s)
+            self.pending[s] = (hosted[s], eid)
         self.delegated += len(subs)
         return [Send(home, Delegated(tuple(ss), event)) for home, ss in sorted(by_home.items())]
 
@@ -216,3 +238,11 @@ class SharedSubs:
         if subs:
             out.extend([DeliverAll(subs, msg.event)] if grouped else [Deliver(s, msg.event) for s in subs])
         return out
+
+
+def _event_id(e: Effect) -> Any:
+    """The id of the event a delivery carries (None if it is not one)."""
+    if type(e) is Deliver or type(e) is DeliverAll:
+        event = e.event
+        return event.get(EVENT_ID) if isinstance(event, Mapping) else None
+    return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -130,6 +131,47 @@ def test_a_send_to_a_stopped_node_is_a_failure_notice() -> None:
             await _until(lambda: sorted(failed, key=repr) == [(1, "hello"), (7, "nobody")])
         finally:
             await a.close()
+
+    asyncio.run(main())
+
+
+def test_a_link_that_does_not_answer_is_given_up_within_its_timeout() -> None:
+    """A peer whose host takes no new connection (its accept queue is full: the SYN is
+    dropped, as in a partition) is a failure notice within ``link_timeout``, not after the
+    kernel's two minutes of retries; an open link gives up unacknowledged writes after it."""
+
+    async def main() -> None:
+        directory = Directory()
+        failed: list[tuple[int, Any]] = []
+
+        class Notified(Echo):
+            def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+                failed.append((dst, msg))
+                return []
+
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)  # (never accepted: one connection fills the queue)
+        filler = socket.create_connection(full.getsockname())
+        a = Runtime(0, Notified(), directory, link_timeout=0.5)
+        b = Runtime(1, Echo(), directory)
+        try:
+            await a.start()
+            await b.start()
+            directory.set(2, *full.getsockname())
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await a.call(lambda c: [Send(2, "into the void"), Send(1, "hello")])
+            await _until(lambda: failed == [(2, "into the void")], timeout=5.0)
+            assert loop.time() - t0 < 3.0
+            await _until(lambda: b.core.seen == [(0, "hello")])  # type: ignore[attr-defined]
+            sock = a._out[1].get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 500
+        finally:
+            await a.close()
+            await b.close()
+            filler.close()
+            full.close()
 
     asyncio.run(main())
 

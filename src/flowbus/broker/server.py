@@ -101,6 +101,13 @@ NOBODY_HEARTBEATS = 10
 broker has served for max(NOBODY_AFTER, NOBODY_HEARTBEATS heartbeats) seconds (a taker that
 died is taken over within a few heartbeats: :mod:`flowbus.broker.handover`)."""
 
+LINK_TIMEOUT_MIN = 2.0
+LINK_TIMEOUT_HEARTBEATS = 3
+"""A link to a peer broker is given up after max(LINK_TIMEOUT_MIN, LINK_TIMEOUT_HEARTBEATS
+heartbeats) seconds without an acknowledgement of what was written (or to open it): a lease
+lasts three heartbeats, so after a heal the ring talks again before it would find anyone
+dead (see :mod:`flowbus.net.runtime`)."""
+
 
 def parse_address(text: str) -> tuple[str, int]:
     """``"host:port"`` -> ``(host, port)``, or a :class:`ConfigError` naming the problem."""
@@ -297,6 +304,7 @@ class Broker:
             port=port,
             client_hello=p.Hello,
             admission=_admission(config, tls),
+            link_timeout=max(LINK_TIMEOUT_MIN, LINK_TIMEOUT_HEARTBEATS * config.heartbeat),
         )
         broker = cls(
             host=host,

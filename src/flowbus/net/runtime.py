@@ -17,6 +17,14 @@ the simulator does. A :class:`Directory` says where each address listens.
     unreachable host or network (a partition, a paused peer) proves nothing of the kind.
   - A reader on each outgoing connection notices when the peer closes it. The next send
     then opens a new connection, which fails if the peer is gone.
+  - **Links that go silent** (a partition, a blackhole route, a link down). Opening a
+    connection takes at most ``link_timeout`` seconds, and an open one is given up once what
+    was written to it stays unacknowledged by the peer's host that long (``TCP_USER_TIMEOUT``).
+    Without it, a connection into a partition lived on: its writes waited in the kernel,
+    retransmitted at doubling intervals, and after the heal the link stayed mute until the
+    next retransmission, 10 s and more after a 14 s partition (the ring took nothing from
+    that neighbour meanwhile, and acknowledged nothing that waited on it). What a given-up
+    connection held is the core's to send again (custody, heartbeats), as after a crash.
 * **Incoming.** A server accepts connections and decodes frames. The messages of one read
   from one source go to ``on_messages(src, msgs, now)`` as one step (a lone message to
   ``on_message(src, msg, now)``). A malformed or oversized frame closes that connection
@@ -123,6 +131,10 @@ def where_of(addr: int) -> tuple[str, int] | None:
     return socket.inet_ntoa((addr >> 16).to_bytes(4, "big")), addr & 0xFFFF
 
 
+LINK_TIMEOUT = 5.0
+"""Seconds a peer connection may take to open, or leave what was written unacknowledged,
+before it is given up (see the module note; a broker sets it from its heartbeat)."""
+
 PREPARE_EVERY = 0.05
 """How often the core is asked to prepare (seconds): a broker's indexes are then ready about
 two ticks after its subscriptions stop changing (see :meth:`flowbus.core.Core.prepare`)."""
@@ -145,8 +157,10 @@ class Runtime:
         client_hello: type | None = None,
         after_step: Callable[[], object] | None = None,
         admission: Admission | None = None,
+        link_timeout: float = LINK_TIMEOUT,
     ) -> None:
         self.addr = addr
+        self.link_timeout = link_timeout
         self.core = core
         self.directory = directory
         self.host = host
@@ -341,10 +355,11 @@ class Runtime:
             where = self.directory.get(dst)
             if where is None:
                 raise ConnectionError(f"node {dst} is in no directory")
-            reader, writer = await self._dial(dst, *where)
-            self._out[dst] = writer
-            self._spawn(self._watch(dst, reader, writer))
-            return writer
+            reader, opened = await asyncio.wait_for(self._dial(dst, *where), self.link_timeout)
+            _give_up_after(opened, self.link_timeout)
+            self._out[dst] = opened
+            self._spawn(self._watch(dst, reader, opened))
+            return opened
 
     async def _dial(
         self, dst: int, host: str, port: int
@@ -510,3 +525,13 @@ def _envelope(obj: object) -> tuple[int, Any]:
     if not (isinstance(obj, tuple) and len(obj) == 2 and type(obj[0]) is int):
         raise FrameError(f"a frame must hold (source address, message), got {type(obj).__name__}")
     return obj[0], obj[1]
+
+
+def _give_up_after(writer: asyncio.StreamWriter, seconds: float) -> None:
+    """The kernel closes ``writer``'s connection once written data has waited ``seconds``
+    for the peer's acknowledgement (Linux; elsewhere, its own retransmission limits)."""
+    sock = writer.get_extra_info("socket")
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if sock is not None and option is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))

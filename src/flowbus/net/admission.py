@@ -28,6 +28,7 @@ import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["PRE_AUTH_FRAME", "Admission", "Gate"]
 
@@ -92,7 +93,7 @@ class Gate:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, peer = await loop.sock_accept(sock)
+                conn, peer = await _accept_one(loop, sock)
             except OSError:
                 if sock.fileno() < 0:
                     return  # closed
@@ -163,6 +164,35 @@ async def _peek(conn: socket.socket) -> bytes:
     finally:
         loop.remove_reader(fd)
     return conn.recv(1, socket.MSG_PEEK)
+
+
+async def _accept_one(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> tuple[socket.socket, Any]:
+    """The next connection on the listening ``sock`` (non-blocking). Not ``loop.sock_accept``:
+    on Python 3.11 a connection that arrives as its waiter is cancelled (a broker found dead
+    starts again, and closes its gate) is accepted into the cancelled future, an
+    ``InvalidStateError`` logged with its traceback, and the connection leaked."""
+    while True:
+        try:
+            conn, peer = sock.accept()
+        except (BlockingIOError, InterruptedError):
+            pass
+        else:
+            conn.setblocking(False)
+            return conn, peer
+        fd = sock.fileno()
+        if fd < 0:
+            raise OSError("the listening socket is closed")
+        ready: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _wake, ready)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+
+
+def _wake(ready: asyncio.Future[None]) -> None:
+    if not ready.done():  # (cancelled meanwhile: nothing to tell)
+        ready.set_result(None)
 
 
 async def _streams(

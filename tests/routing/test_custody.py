@@ -318,6 +318,39 @@ def test_two_adjacent_crashes_under_covering_filters_lose_nothing(seed: int, gap
             assert mine == sorted(mine), (s, p)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_the_broker_at_the_end_of_the_tree_dies_and_its_cover_moves_across_the_cut(seed: int) -> None:
+    """The broker with the largest id (an end of the tree) has the broadest filter: it covers
+    every other subscription, so the brokers before it know those by its one entry. It dies;
+    its Right, across the tree's cut, takes it over, and is the publisher.
+
+    * The publisher adopts the entry, but keeps it in the direction it came from: taken out,
+      nothing was routed towards the covered subscriptions until the tables learned where the
+      entry went (147 to 245 lost per run).
+    * The dead broker's tree neighbour keeps it in the tree while its subscriptions come from
+      nowhere else: taken out at once, their withdrawal went up the tree ahead of the taker's
+      announcement, and an event on its way met a broker that knew them nowhere (2 to 14
+      lost). What it keeps for the dead one goes to the taker over the ring link."""
+    w = World(5, seed=seed, ack_delay=0.5)
+    order = w.order()
+    victim = order[4]
+    subs = {(victim.addr, 0): parse("x >= 0")} | {(b.addr, 1): parse("x >= 1") for b in order[1:4]}
+    for s in subs:
+        w.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
+    w.sim.run(until=w.sim.now + 60)
+    start, n = w.sim.now, 1200
+    for i in range(n):
+        w.sim.invoke(
+            order[0].addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20
+        )
+    w.sim.crash(victim.addr, at=start + 10)
+    w.sim.run(until=start + 400)
+    assert order[0].ring.taken_over  # (the Right, across the cut)
+    got = {(sub, eid) for _, sub, eid in w.got}
+    want = {(s, ("p", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 3})}
+    assert want <= got
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_a_dead_brokers_subscriptions_taken_over_get_each_publishers_events_in_order(seed: int) -> None:
     """A stream from the broker that takes the dead one's subscriptions over: what the dead

@@ -188,6 +188,7 @@ class RingBroker(Core):
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
         self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
         self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
+        self._orphaned: dict[int, int] = {}  # of those, kept for their orphans -> heartbeat rounds
         self._tree_ids: dict[int, int] = {}  # tree neighbour address -> the ring id there (_renewed)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
@@ -602,6 +603,8 @@ class RingBroker(Core):
             if self._owed:
                 self._owed = {a: n + 1 for a, n in self._owed.items()}
                 out += self._pay(overdue=True)
+            if self._orphaned:
+                self._orphaned = {a: n + 1 for a, n in self._orphaned.items()}
             if self.custody:  # (not through _out: they are in custody already)
                 out += self._resend_stale() + self._out([])
             if self.express.on:  # (links measured at each round)
@@ -779,7 +782,8 @@ class RingBroker(Core):
                 if self._placeholders and e.dst in self._placeholders and type(e.msg) is cbr.Publish:
                     ev = e.msg.event  # (a dead neighbour not replaced yet: kept for its replacement)
                     key = step.get(ev[EVENT_ID]) if step else None
-                    effects.extend(repair.keep(ev, e.dst, self.ring.side_of_addr(e.dst), key))
+                    side = self.ring.side_of_addr(e.dst) or repair.side_by_id(e.dst)
+                    effects.extend(repair.keep(ev, e.dst, side, key))
                     continue  # (the deliveries it makes, to what was taken over, come next)
                 if repair.paused and e.dst in repair.paused and type(e.msg) is cbr.Publish:
                     repair.hold(e.msg.event, e.dst)  # (it declined events: kept until it resumes)
@@ -866,13 +870,17 @@ class RingBroker(Core):
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
-        gaps = self._gaps(ring, repair) if changed else set()  # (dead neighbours kept in the tree)
+        # (an adopted subscription stays in every direction it came from, a dead neighbour kept in
+        # the tree as a live one: it may cover subscriptions beyond that were never sent here;
+        # taken out, nothing was routed their way until the neighbour sent them, a live one once
+        # it learns where the subscription is now: it withdraws the entry then, with them)
+        keep = set(self.router.neighbours) if changed else set()
         for key, text in list(ring.state.items()) if changed else ():
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
                 filt = parse(text[0] if isinstance(text, tuple) else text)
                 self._adopted[key[1]] = origin_of(key)
-                out.extend(self.router.adopt(origin_of(key), filt, keep=gaps))
+                out.extend(self.router.adopt(origin_of(key), filt, keep=keep))
                 out.extend(self.flow_side.adopted(key[1]))
                 out.extend(repair.taken_over(key[1], filt, fresh_dead))
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
@@ -929,14 +937,37 @@ class RingBroker(Core):
         return self.router.set_neighbours(set(self.router.neighbours) - renewed)
 
     def _gaps(self, ring: RingNode, repair: Repair) -> set[int]:
-        """Dead tree neighbours on a side of the ring not refilled yet: they stay in the tree
-        until their replacement comes (make before break: what they led to is then handed to
-        it), and what is routed their way meanwhile is kept for it. Taken out at once, their
-        part of the tables went with them: events for the brokers beyond were routed nowhere."""
-        if not ring.open:
+        """Dead tree neighbours kept in the tree (make before break; what is routed their way
+        meanwhile is kept, :meth:`_out`):
+
+        * on a side of the ring not refilled yet, until their replacement comes (what they led
+          to is then handed to it). Taken out at once, their part of the tables went with
+          them: events for the brokers beyond were routed nowhere;
+        * whose side was refilled across the tree's cut (they were at an end of the tree),
+          while subscriptions that came from them come from nowhere else yet
+          (:meth:`Repair.keep_orphans`), at most ``OWED_ROUNDS`` heartbeat rounds: their
+          taker serves them across the cut, and what is kept for them is handed to it over
+          the ring link. Taken out at once, their withdrawal went up the tree ahead of the
+          taker's own announcement, and an event on its way there met a broker that knew
+          them nowhere: dropped, and confirmed.
+        """
+        dead = repair.dead_addrs() & self.router.neighbours
+        if not dead:
+            self._orphaned = {}
             return set()
-        dead = repair.dead_addrs()
-        return {a for a in self.router.neighbours if a in dead and ring.side_of_addr(a) in ring.open}
+        out = {a for a in dead if ring.side_of_addr(a) in ring.open} if ring.open else set()
+        tree = self.tree_neighbours()
+        for a in sorted(dead - out):
+            side = ring.side_of_addr(a) or repair.side_by_id(a)
+            near = ring.right if side > 0 else ring.left if side < 0 else None
+            if near is None or near.addr in tree or self._orphaned.get(a, 0) >= OWED_ROUNDS:
+                continue
+            router = self.router
+            if any(not (router.directions(o) - {a}) for o in router.received_from(a)):
+                out.add(a)
+                self._orphaned.setdefault(a, 0)
+        self._orphaned = {a: n for a, n in self._orphaned.items() if a in dead}
+        return out
 
     def _fence(self, ring: RingNode, known: Mapping[int, int]) -> None:
         """The addresses of brokers found dead (not those a live member speaks from now: a

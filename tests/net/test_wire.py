@@ -113,6 +113,8 @@ PINNED = {
     "ringbroker.confirm": "Confirm(ids)",
     "ringbroker.declined": "Declined(ids)",
     "ringbroker.delegated": "Delegated(subs, event)",
+    "ringbroker.drain": "Drain(dead)",
+    "ringbroker.drained": "Drained(dead)",
     "ringbroker.detour": "Detour(via, origin, event)",
     "ringbroker.handed_over": "HandedOver(event, dead)",
     "ringbroker.held_here": "HeldHere(subs)",

@@ -93,6 +93,7 @@ from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
+from flowbus.routing.ring_barrier import Barriers, Drain, Drained
 from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Declined, Key, Resume, Resumed
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
@@ -181,6 +182,7 @@ class RingBroker(Core):
         self._declining: set[int] = set()  # neighbours whose events we decline until their Resume
         self._tables = (-1, -1)  # the router's changes at the last prepare() and those prepared for
         self.repair = Repair(self.ring, self.router, self.custodian)  # kept events (ring_repair.py)
+        self.barrier = Barriers()  # takeovers' deliveries waiting for what was kept (ring_barrier.py)
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._adopted: dict[Hashable, tuple[int, Hashable]] = {}  # taken-over sub -> its origin
         self._seq = 0
@@ -189,6 +191,7 @@ class RingBroker(Core):
         self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
         self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
         self._orphaned: dict[int, int] = {}  # of those, kept for their orphans -> heartbeat rounds
+        self._buried: set[int] = set()  # dead tree neighbours whose custody records were kept
         self._tree_ids: dict[int, int] = {}  # tree neighbour address -> the ring id there (_renewed)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
@@ -286,6 +289,7 @@ class RingBroker(Core):
             to = self.ring.shares.withdraw(key)
             return self.router.drop(origin_of(key)) + ([Send(to, Unshare((key,)))] if to is not None else [])
         self.repair.forget(sub_id)
+        self.barrier.forget(sub_id)
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
         for k in [k for k in self.ring.state if type(k) is tuple and k[:2] == ("disk", sub_id)]:
             out += self.ring.del_state(k)
@@ -523,6 +527,11 @@ class RingBroker(Core):
                 return self._out(self.repair.resend() if self.repair.release_due else [])
             case Declined(ids=ids):
                 return self._out(self._declined(src, ids))
+            case Drain(dead=dead):
+                self.barrier.asked.setdefault(dead, set()).add(src)
+                return self._answer_drains()
+            case Drained(dead=dead):
+                return self.barrier.drained(src, dead)
             case Resume():
                 self._declining.discard(src)
                 return [Send(src, Resumed())]
@@ -607,6 +616,7 @@ class RingBroker(Core):
                 self._orphaned = {a: n + 1 for a, n in self._orphaned.items()}
             if self.custody:  # (not through _out: they are in custody already)
                 out += self._resend_stale() + self._out([])
+                out += self.barrier.round() + self._answer_drains()
             if self.express.on:  # (links measured at each round)
                 out += self.express.beat_round(self.peer_addrs(), self.tree_neighbours(), now)
         return out
@@ -643,6 +653,27 @@ class RingBroker(Core):
         if src not in self.repair.paused:  # (all else for it is kept until it resumes)
             self.repair.paused.add(src)
             out.append(Send(src, Resume()))
+        return out
+
+    def _answer_drains(self) -> list[Effect]:
+        """``Drained`` to the brokers that asked, for each dead broker we keep nothing for
+        any more (see ring_barrier): found dead (or never known), out of the tree (kept in it,
+        what is routed its way is kept for its taker), no event kept for it, no custody
+        record waiting on it."""
+        asked = self.barrier.asked
+        if not asked:
+            return []
+        repair = self.repair
+        known = set(repair.known.values())
+        dead = repair.dead_addrs()
+        kept_for = {to for _, to, _ in repair.retry}
+        waiting: set[Hashable] = set()
+        for rec in self.custodian.records.values():
+            waiting |= rec.waiting
+        out: list[Effect] = []
+        for d in sorted(asked):
+            if (d in dead or d not in known) and d not in kept_for | waiting | self.router.neighbours:
+                out.extend(Send(a, Drained(d)) for a in sorted(asked.pop(d)))
         return out
 
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
@@ -732,7 +763,7 @@ class RingBroker(Core):
         if self._placeholders:
             effects = list(effects)  # (kept events' deliveries are appended while it is read)
         out: list[Effect] = []
-        custodian, repair = self.custodian, self.repair
+        custodian, repair, barrier = self.custodian, self.repair, self.barrier
         step = custodian.step
         delivered, custody, local_ack = self._delivered, custodian.records, self.local_ack
         for e in effects:
@@ -756,6 +787,12 @@ class RingBroker(Core):
                     rec.local += len(subs)
                 if self._count_cost:
                     self._cost(subs)
+                if barrier:  # (a takeover's deliveries wait for what was kept: counted already)
+                    kept = barrier.hold(subs, e.event, repair.kept_ids)
+                    if kept is not subs:
+                        if not kept:
+                            continue
+                        e = DeliverAll(kept, e.event)
             elif type(e) is Deliver:
                 event = e.event
                 if (event.__class__ is not dict and not isinstance(event, Mapping)) or EVENT_ID not in event:
@@ -776,6 +813,8 @@ class RingBroker(Core):
                     rec = custody.get(held) if held is not None else None
                     if rec is not None:
                         rec.local += 1
+                    if barrier and not barrier.hold((e.sub,), event, repair.kept_ids):
+                        continue
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
             elif isinstance(e, Send) and type(e.msg) in _IN_CUSTODY:
@@ -797,6 +836,7 @@ class RingBroker(Core):
                         custodian.note(key, e.dst, e.msg)
             out.append(e)
         out.extend(custodian.end_step())
+        repair.kept_ids.clear()
         return self.express.route(out, SPACE) if self.express.on else out
 
     def _open(self, src: int | None, event: Mapping[str, Any]) -> None:
@@ -848,6 +888,7 @@ class RingBroker(Core):
         self.shared.hosted.pop(sub, None)
         self.shared.refused.discard(sub)
         self.repair.forget(sub)
+        self.barrier.forget(sub)
         return out
 
     # -- keeping the router in step with the ring
@@ -860,13 +901,14 @@ class RingBroker(Core):
         fresh_dead = [repair.known.get(d) for d in ring.taken_over[self._takeovers :]]
         self._takeovers = len(ring.taken_over)
         if self.custody:  # (what the dead had not confirmed is kept before its subscriptions are
-            # taken up here: they then get it in each publisher's order, first; so is what
-            # waits on a dead tree neighbour leaving the tree in this step, which may have stood
-            # in for one taken over now)
-            leaving = self.router.neighbours - self.tree_neighbours() - self._gaps(ring, repair)
-            gone = repair.dead_addrs() & leaving
-            for a in sorted({a for a in fresh_dead if a is not None} | gone):
+            # taken up here: they then get it in each publisher's order, first; so is what waits
+            # on a dead tree neighbour, once: it may have stood in for one taken over now, and
+            # kept in the tree, what is routed its way is kept: the older ones go first, not on
+            # their failed sends' notices, later)
+            gone = repair.dead_addrs() & self.router.neighbours
+            for a in sorted({a for a in fresh_dead if a is not None} | (gone - self._buried)):
                 out.extend(repair.bury(a))
+            self._buried = gone
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
@@ -875,6 +917,7 @@ class RingBroker(Core):
         # taken out, nothing was routed their way until the neighbour sent them, a live one once
         # it learns where the subscription is now: it withdraws the entry then, with them)
         keep = set(self.router.neighbours) if changed else set()
+        behind: dict[int, list[Hashable]] = {}  # fresh dead -> the subs taken over from it now
         for key, text in list(ring.state.items()) if changed else ():
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
@@ -883,6 +926,12 @@ class RingBroker(Core):
                 out.extend(self.router.adopt(origin_of(key), filt, keep=keep))
                 out.extend(self.flow_side.adopted(key[1]))
                 out.extend(repair.taken_over(key[1], filt, fresh_dead))
+                for a in {a for a in fresh_dead if a is not None}:
+                    behind.setdefault(a, []).append(key[1])
+        if behind and self.custody and ring.joined:  # (their deliveries wait for what was kept)
+            live = [p.addr for p in ring.links() if p.id not in ring.dead and p.addr != self.addr]
+            for a, subs in sorted(behind.items()):
+                out.extend(self.barrier.open(a, subs, live))
         held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))

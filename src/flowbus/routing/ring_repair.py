@@ -85,6 +85,7 @@ class Repair:
         self.orphan_side: dict[int, int] = {}
         self.taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
+        self.kept_ids: set[Any] = set()  # events delivered from what was kept, this step (ring_barrier)
 
     def dead_addrs(self) -> set[int]:
         """The addresses of the brokers we linked to that the ring found dead."""
@@ -171,6 +172,7 @@ class Repair:
         for (e, d, s), rkey in kept:
             if (d in fresh or (s in sides and d in dead)) and matches(e):
                 out.append(Deliver(sub, e))
+                self.kept_ids.add(e[EVENT_ID])
                 if rkey is not None:
                     self.custodian.step[e[EVENT_ID]] = rkey
         return out
@@ -304,9 +306,12 @@ class Repair:
     def handed_over(self, msg: HandedOver) -> list[Effect]:
         """An event that was going to a dead broker: deliver it to the subscriptions we took
         over from that broker (the tree did not reach it, nobody else serves them)."""
-        return [
+        out: list[Effect] = [
             Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
         ]
+        if out:
+            self.kept_ids.add(msg.event[EVENT_ID])
+        return out
 
     def _to_taken(self, event: Mapping[str, Any], dead: int, side: int) -> list[Effect]:
         """The deliveries of ``event``, kept for ``dead`` on ``side``, to the subscriptions
@@ -322,6 +327,8 @@ class Repair:
         for d, subs in taken.items():
             if d == dead or (d in gone and (self.ring.side_of_addr(d) or self.side_by_id(d)) == side):
                 out.extend(Deliver(sub, event) for sub, matches in subs if matches(event))
+        if out:
+            self.kept_ids.add(event[EVENT_ID])
         return out
 
     def _confirmed(self, key: Key) -> None:

@@ -66,6 +66,11 @@ def test_the_short_campaign_runs_checks_and_cleans_up(tmp_path: Path) -> None:
     assert doc["delivered"] + doc["lost"] == doc["expected_deliveries"], row
     assert doc["duplicated"] == doc["misrouted"] == doc["phantom"] == 0, row
     assert doc["hung_publishes"] == 0 and doc["tracebacks"] == 0 and doc["heal_failures"] == 0, row
+    spec = json.loads((tmp_path / "chordal-ring" / "short-1" / "spec.json").read_text())
+    flow_subs = [s for c in spec["subscribers"] for s in c["subs"] if s["space"] == "big"]
+    assert spec["flow"] and flow_subs and any(p["space"] == "trades" for p in spec["publishers"])
+    taken = {r.split(",")[0] for r in (tmp_path / "chordal-ring" / "short-1" / "deliveries.csv").open()}
+    assert {s["id"] for s in flow_subs} <= taken  # (the flow's derived space was delivered, and checked)
     print(f"short campaign: {doc['lost']} lost, {doc['out_of_order']} out of order of {doc['delivered']:,}")
     run = tmp_path / "chordal-ring" / "short-1"
     for name in ("timeline.png", "timeline.csv", "faults.jsonl", "deliveries.csv", "publishes.csv"):
@@ -118,6 +123,9 @@ def test_the_command_lists_its_mixes_and_refuses_bad_ones(tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "unknown mix 'nope'" in bad.stderr
     bad = runner.invoke(app, ["chaos", "run", "--overlay", "nope", "--out", str(tmp_path), "--json"])
     assert bad.exit_code == 2 and "--overlay" in bad.stderr
+    bad = runner.invoke(app, ["chaos", "run", "--sync", "off", "--out", str(tmp_path), "--json"])
+    assert bad.exit_code == 2 and "--sync: full or normal" in bad.stderr
+    assert not list(tmp_path.iterdir())  # (nothing was made)
 
 
 @pytest.mark.skipif(not ROOT, reason="network namespaces need root")

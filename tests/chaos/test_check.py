@@ -137,6 +137,48 @@ def test_a_clean_run_is_clean_and_its_recovery_is_measured_from_the_heal(tmp_pat
     assert sum(s["taken"] for s in seconds) == len(rows)
 
 
+def test_a_flows_derived_space_is_checked_against_the_interpreter(tmp_path: Path) -> None:
+    """A publisher into the campaign flow's source space and a subscription of its derived
+    space ``big`` (level 3 and up, priced): what it must get is what the interpreter derives
+    from the acknowledged events; an event the flow selects out is misrouted there, and a
+    plain subscription wants none of the flow's events."""
+    from flowbus.chaos.workload import FLOW
+
+    spec = Spec(
+        brokers=("10.0.0.1:7000",),
+        publishers=(Client("pub0", 0), Client("fpub", 0, space="trades", rate=10.0)),
+        subscribers=(
+            Client("sub0", 0, (SubSpec("all", "level >= 1"), SubSpec("f0", "notional > 100", "big"))),
+        ),
+        out=str(tmp_path),
+        rate=10.0,
+        publish_for=2.0,
+        flow=FLOW,
+    )
+    spec = Spec.from_json(spec.to_json())  # (as the workload and the checker read it)
+    assert spec.publishers[1].space == "trades" and spec.subscribers[0].subs[1].space == "big"
+    pubs: list[list[object]] = []
+    for p in (0, 1):
+        for k in range(1, 21):
+            pubs += [[f"{('pub0', 'fpub')[p]}", k, k, f"{T0 + k / 10:.4f}", "", ""]]
+            pubs += [[f"{('pub0', 'fpub')[p]}", k, k, "", f"{T0 + k / 10 + 0.05:.4f}", ""]]
+    flow_events = {STRIDE + k: event_of(1, k) for k in range(1, 21)}
+    big = {q for q, e in flow_events.items() if e["level"] >= 3 and e["price"] * e["level"] > 100}
+    low = next(q for q, e in flow_events.items() if e["level"] < 3)
+    assert big and len(big) < 20
+    rows: list[list[object]] = [
+        ["all", k, "10.0.0.1:7000", f"{T0 + k / 10 + 0.01:.4f}"] for k in range(1, 21)
+    ]
+    got = sorted(big)[1:]  # (the first one lost)
+    rows += [["f0", q, "10.0.0.1:7000", f"{T0 + 3 + i / 100:.4f}"] for i, q in enumerate(got)]
+    rows.append(["f0", low, "10.0.0.1:7000", f"{T0 + 4:.4f}"])  # (selected out by the flow)
+    rows.append(["all", STRIDE + 1, "10.0.0.1:7000", f"{T0 + 4:.4f}"])  # (another space's event)
+    _write(tmp_path, spec, pubs, rows)
+    row = check_run(tmp_path)
+    assert row["expected_deliveries"] == 20 + len(big)
+    assert row["lost"] == 1 and row["misrouted"] == 2 and row["duplicated"] == 0
+
+
 def test_events_and_filters_are_the_same_in_every_process() -> None:
     assert event_of(1, 7) == event_of(1, 7) and event_of(1, 7)["quantity"] == STRIDE + 7
     assert event_of(0, 1) != event_of(0, 2)

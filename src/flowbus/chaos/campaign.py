@@ -42,7 +42,7 @@ from flowbus.chaos.check import check_run, timeline
 from flowbus.chaos.hosts import Hosts, can_isolate, open_hosts
 from flowbus.chaos.nemesis import Fault, Mix, Nemesis, check_mixes, proxied, schedule
 from flowbus.chaos.proxy import COUNTS, Proxies
-from flowbus.chaos.workload import Client, Spec, SubSpec, filters_for
+from flowbus.chaos.workload import FLOW, FLOW_FILTERS, Client, Spec, SubSpec, filters_for
 from flowbus.errors import ExperimentError
 
 __all__ = ["TOTALS", "Campaign", "run_campaign", "run_one", "summarize"]
@@ -71,6 +71,9 @@ TOTALS = (
 """The counts a campaign sums over its runs."""
 
 
+FLOW_RATE = 50.0
+"""Events a second the flow's publisher sends into the campaign flow's source space."""
+
 CLIENT = {"idle_timeout": 5.0, "publish_timeout": 30.0}
 """The workload's client options: a silent broker is left after 5 s, and a publish not
 acknowledged in 30 s is given up (reported as refused, with its reason: none hangs)."""
@@ -92,6 +95,7 @@ class Campaign:
     heartbeat: float = 1.0
     tail: float = 12.0  # seconds of publishing after the last heal
     isolate: bool | None = None  # None: namespaces if possible
+    sync: str = "full"  # the brokers' store syncing (a power loss costs what it did not sync)
 
     def __post_init__(self) -> None:
         if self.overlay not in ("chordal-ring", "pastry-irbr"):
@@ -100,6 +104,8 @@ class Campaign:
             raise ExperimentError(f"--brokers: 3 to 12, got {self.brokers}")
         if self.seeds < 1 or not 20 <= self.subscriptions <= 100 or self.subscribers < 1:
             raise ExperimentError("--seeds >= 1, 20 to 100 subscriptions, >= 1 subscriber")
+        if self.sync not in ("full", "normal"):
+            raise ExperimentError(f"--sync: full or normal, got {self.sync!r}")
 
     @property
     def detect(self) -> float:
@@ -108,24 +114,31 @@ class Campaign:
 
 
 def _config(path: Path, c: Campaign) -> Path:
-    path.write_text(f"heartbeat: {c.heartbeat}\n")
+    path.write_text(f"heartbeat: {c.heartbeat}\nsync: {c.sync}\n")
     return path
 
 
 def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, seed: int) -> Spec:
+    """The run's clients. On the chordal ring (the overlay that runs flows), the campaign's
+    flow too: a publisher into its source space, and one subscription of its derived space
+    per subscriber client."""
     filters = filters_for(c.subscriptions, seed)
     per = -(-c.subscriptions // c.subscribers)
+    flow = c.overlay == "chordal-ring"
     subscribers = tuple(
         Client(
             f"sub{i}",
             i % c.brokers,
             tuple(
                 SubSpec(f"d{i}-{j}", filters[i * per + j]) for j in range(min(per, c.subscriptions - i * per))
-            ),
+            )
+            + ((SubSpec(f"f{i}", FLOW_FILTERS[i % len(FLOW_FILTERS)], "big"),) if flow else ()),
         )
         for i in range(c.subscribers)
     )
     publishers = tuple(Client(f"pub{i}", (2 * i + 1) % c.brokers) for i in range(c.publishers))
+    if flow:
+        publishers += (Client("fpub", (2 * c.publishers + 1) % c.brokers, space="trades", rate=FLOW_RATE),)
     return Spec(
         brokers=tuple(brokers),
         publishers=publishers,
@@ -135,6 +148,7 @@ def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, se
         publish_for=publish_for,
         settle=max(30.0, 4 * c.detect),
         client=dict(CLIENT),
+        flow=FLOW if flow else "",
     )
 
 
@@ -229,7 +243,14 @@ def run_one(
                 proxies.close()
         finally:
             hosts.close()
-    row = {"mix": mix.name, "seed": seed, "overlay": c.overlay, "brokers": c.brokers, **check_run(root)}
+    row = {
+        "mix": mix.name,
+        "seed": seed,
+        "overlay": c.overlay,
+        "brokers": c.brokers,
+        "sync": c.sync,
+        **check_run(root),
+    }
     if proxies is not None:
         row["proxy"] = proxies.stats()
     _write_timeline(root, mix, seed)
@@ -298,6 +319,7 @@ def failed_row(c: Campaign, mix: str, seed: int, error: str) -> dict[str, Any]:
         "seed": seed,
         "overlay": c.overlay,
         "brokers": c.brokers,
+        "sync": c.sync,
         **zero,
         "recovery_p99_s": 0.0,
         "recovery_max_s": 0.0,

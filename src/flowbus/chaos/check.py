@@ -35,7 +35,7 @@ import csv
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +85,9 @@ def check_run(root: Path) -> dict[str, Any]:
     faults = [json.loads(line) for line in _lines(root / "faults.jsonl")]
     first = min((f["t"] for f in faults if f["what"] == "inject"), default=math.inf)
     last = max((f["t"] for f in faults if f["what"] == "heal"), default=-math.inf)
-    subs = {s.id: compiled(parse(s.filter)) for c in spec.subscribers for s in c.subs}
-    events = {q: event_of(q // STRIDE, q % STRIDE) for q in pubs.sent}
-    expected = {
-        sid: {q for q in pubs.acked if match(events[q])} for sid, match in subs.items()
-    }  # (sub -> the acknowledged events it must get)
+    subs = _wants(spec, pubs)
+    expected = {sid: {q for q in pubs.acked if wants(q)} for sid, wants in subs.items()}
+    # (sub -> the acknowledged events it must get)
     got: dict[str, Counter[int]] = defaultdict(Counter)
     taken_at: dict[tuple[str, int], float] = {}
     order_errors = misrouted = phantom = 0
@@ -100,10 +98,10 @@ def check_run(root: Path) -> dict[str, Any]:
         if got[sid][q] > 1:
             continue
         taken_at[(sid, q)] = t
-        if q not in events:
+        if q not in pubs.sent:
             phantom += 1
             continue
-        if not subs[sid](events[q]):
+        if not subs[sid](q):
             misrouted += 1
         key = (sid, q // STRIDE)
         if q % STRIDE < highest.get(key, 0):
@@ -152,6 +150,41 @@ def _lines(path: Path) -> list[str]:
 def _reason(error: str) -> str:
     """A refusal's reason, as a short key (the text before its first colon)."""
     return error.split(":", 1)[0].strip() or "refused"
+
+
+def _wants(spec: Spec, pubs: _Publishes) -> dict[str, Callable[[int], bool]]:
+    """Per subscription, whether it wants event ``q`` (one that was published): a plain one,
+    the events of its space its filter matches; one of the flow's derived space, the
+    events the flow (run by the reference interpreter on every published event of its
+    source) derives there that its filter matches. A derived event keeps the quantity of
+    the event it came from."""
+    space = [c.space or spec.space for c in spec.publishers]
+    events = {q: event_of(q // STRIDE, q % STRIDE) for q in pubs.sent}
+    derived: dict[str, dict[int, dict[str, Any]]] = {}
+    if spec.flow:
+        from flowbus.flow.deploy import Deployment
+        from flowbus.flow.local import run_graph
+
+        graph = Deployment.from_text(spec.flow).graph
+        ins = [(space[q // STRIDE], events[q]) for q in sorted(events) if space[q // STRIDE] != spec.space]
+        for name, evs in run_graph(graph, ins).items():
+            derived[name] = {int(e["quantity"]): dict(e) for e in evs}
+    plain = {q: e for q, e in events.items() if space[q // STRIDE] == spec.space}
+    out: dict[str, Callable[[int], bool]] = {}
+    for c in spec.subscribers:
+        for s in c.subs:
+            out[s.id] = _in(derived.get(s.space, {}) if s.space else plain, compiled(parse(s.filter)))
+    return out
+
+
+def _in(events: dict[int, dict[str, Any]], match: Callable[[Any], bool]) -> Callable[[int], bool]:
+    """Whether event ``q`` is one of ``events`` that ``match`` holds for."""
+
+    def wants(q: int) -> bool:
+        event = events.get(q)
+        return event is not None and match(event)
+
+    return wants
 
 
 def _recovery(

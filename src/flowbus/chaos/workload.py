@@ -12,7 +12,12 @@ clients' host) reads a :class:`Spec` and runs
   timeout when the client raises :class:`~flowbus.errors.PublishError` naming it;
 * **subscribers**, one client each, given every broker (their own first), each with
   durable subscriptions of mixed selectivity; every event taken is logged with the
-  subscription, the broker the client was connected to, and the time.
+  subscription, the broker the client was connected to, and the time;
+* **a deployed flow** (``flow``, :data:`FLOW` in a campaign), deployed before anything is
+  subscribed: a publisher whose ``space`` is the flow's source publishes into it, and
+  subscriptions whose ``space`` is one of its derived spaces take what the brokers derive
+  (the transform keeps ``quantity``, the event's identity). So a flow's edges and its
+  derived spaces are under fire too.
 
 It prints ``ready`` once every subscription is made (the campaign's clock of faults starts
 then), publishes for ``publish_for`` seconds, waits for the publishes to be acknowledged
@@ -41,10 +46,31 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["STRIDE", "Spec", "SubSpec", "event_of", "filters_for", "main"]
+__all__ = ["FLOW", "STRIDE", "Spec", "SubSpec", "event_of", "filters_for", "main"]
 
 STRIDE = 10_000_000
 """``quantity = publisher * STRIDE + k``: an event's identity, unique in a run."""
+
+FLOW = """\
+name: chaos
+description: The fault campaign's flow, deployed on the brokers under fire.
+spaces:
+  trades: {kind: source, schema: {symbol: str, price: float, quantity: int, exchange: str, level: int}}
+  priced: {kind: events, schema: {symbol: str, quantity: int, notional: float, level: int}}
+  big: {kind: sink, schema: {symbol: str, quantity: int, notional: float, level: int}}
+arcs:
+  - name: T
+    from: trades
+    to: priced
+    transform: {symbol: symbol, quantity: quantity, notional: price*level, level: level}
+  - {name: S, from: priced, to: big, select: "level >= 3"}
+"""
+"""The campaign's flow: events of :func:`event_of` published into ``trades`` are priced, and
+those of level 3 and up reach ``big`` (a transform and a select, run as routing plus edge
+transforms on the brokers)."""
+
+FLOW_FILTERS = ("", "notional > 250", 'symbol in {"S1", "S2", "S3", "S4"}', "level = 5 & notional < 300")
+"""Filters over ``big`` for the subscriptions of the flow's derived space."""
 
 SYMBOLS = 20
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE")
@@ -79,15 +105,19 @@ class SubSpec:
 
     id: str
     filter: str
+    space: str = ""  # (a derived space of the flow; "": the spec's space)
 
 
 @dataclass(frozen=True, slots=True)
 class Client:
-    """A publisher or subscriber client: its name, the broker it tries first, its subscriptions."""
+    """A publisher or subscriber client: its name, the broker it tries first, its
+    subscriptions; a publisher's space and rate ("" and 0: the spec's)."""
 
     name: str
     first: int
     subs: tuple[SubSpec, ...] = ()
+    space: str = ""
+    rate: float = 0.0
 
 
 def filters_for(n: int, seed: int) -> list[str]:
@@ -115,6 +145,7 @@ class Spec:
     quiet: float = 3.0  # seconds with no event that make a subscription quiet
     space: str = "stocks"
     client: dict[str, Any] = field(default_factory=dict)  # options of flowbus.connect
+    flow: str = ""  # a flow document deployed before anything is subscribed ("": none)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -127,6 +158,7 @@ class Spec:
             publishers=tuple(_client(c) for c in raw["publishers"]),
             subscribers=tuple(_client(c) for c in raw["subscribers"]),
             **{k: raw[k] for k in ("out", "rate", "publish_for", "settle", "quiet", "space", "client")},
+            flow=raw.get("flow", ""),
         )
 
     def brokers_from(self, first: int) -> list[str]:
@@ -136,7 +168,8 @@ class Spec:
 
 
 def _client(raw: dict[str, Any]) -> Client:
-    return Client(raw["name"], raw["first"], tuple(SubSpec(**s) for s in raw["subs"]))
+    subs = tuple(SubSpec(**s) for s in raw["subs"])
+    return Client(raw["name"], raw["first"], subs, raw.get("space", ""), raw.get("rate", 0.0))
 
 
 class _Log:
@@ -190,7 +223,8 @@ class _Publisher:
         from flowbus.errors import PublishError
 
         me = self.spec.publishers[self.index]
-        space, rate, until = self.spec.space, self.spec.rate, start + self.spec.publish_for
+        space, rate = me.space or self.spec.space, me.rate or self.spec.rate
+        until = start + self.spec.publish_for
         async with flowbus.connect(
             *self.spec.brokers_from(me.first), name=me.name, **self.spec.client
         ) as client:
@@ -274,7 +308,7 @@ class _Subscriber:
         async with flowbus.connect(
             *self.spec.brokers_from(self.me.first), name=self.me.name, **self.spec.client
         ) as client:
-            subs = [await client.subscribe(self.spec.space, s.filter, durable=s.id) for s in self.me.subs]
+            subs = [await self._subscribe(client, s) for s in self.me.subs]
             ready.set()
             tasks = [
                 asyncio.ensure_future(self._take(client, s.id, sub))
@@ -284,6 +318,20 @@ class _Subscriber:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _subscribe(self, client: Any, s: SubSpec) -> Any:
+        """``s`` made durable at the client's broker; a derived space may not be known there
+        yet (the flow's record travels the ring): tried again for 30 s."""
+        from flowbus.client import SubscribeError
+
+        end = time.time() + 30.0
+        while True:
+            try:
+                return await client.subscribe(s.space or self.spec.space, s.filter, durable=s.id)
+            except SubscribeError:
+                if not s.space or time.time() > end:
+                    raise
+                await asyncio.sleep(0.5)
 
     async def _take(self, client: Any, sub_id: str, sub: Any) -> None:
         async for batch in sub.batches(1000):
@@ -302,6 +350,8 @@ async def run(spec: Spec) -> dict[str, Any]:
     pub_log = _Log(out / "publishes.csv", ["publisher", "k", "pseq", "sent", "acked", "error"])
     sub_log = _Log(out / "deliveries.csv", ["sub", "quantity", "broker", "t"])
     stop = asyncio.Event()
+    if spec.flow:
+        await _deploy(spec)
     subscribers = [_Subscriber(spec, i, sub_log) for i in range(len(spec.subscribers))]
     readies = [asyncio.Event() for _ in subscribers]
     sub_tasks = [asyncio.ensure_future(s.run(r, stop)) for s, r in zip(subscribers, readies, strict=True)]
@@ -331,6 +381,24 @@ async def run(spec: Spec) -> dict[str, Any]:
     }
     (out / "summary.json").write_text(json.dumps(summary))
     return summary
+
+
+async def _deploy(spec: Spec) -> None:
+    """The spec's flow deployed on the brokers (tried again for 60 s: the ring may still be
+    forming)."""
+    import flowbus
+    from flowbus.client import ClientError
+
+    end = time.time() + 60.0
+    async with flowbus.connect(*spec.brokers_from(0), name="deployer", **spec.client) as client:
+        while True:
+            try:
+                await client.deploy(spec.flow)
+                return
+            except ClientError:
+                if time.time() > end:
+                    raise
+                await asyncio.sleep(1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,6 +82,9 @@ def run(
     loopback: Annotated[
         bool, typer.Option(help="Faults of processes only, on 127.0.0.1, even as root.")
     ] = False,
+    sync: Annotated[
+        str, typer.Option(help="The brokers' store syncing: full (each commit on the disk) or normal.")
+    ] = "full",
     as_json: JsonOption = False,
 ) -> None:
     """Run a fault campaign: every mix with every seed (default: the full campaign)."""
@@ -97,6 +100,7 @@ def run(
             overlay=overlay,
             brokers=brokers,
             isolate=False if loopback else None,
+            sync=sync,
         )
         doc = run_campaign(campaign, say=lambda text: err.print(f"[dim]chaos[/] {text}"))
     except FlowbusError as e:

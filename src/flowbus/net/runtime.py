@@ -15,8 +15,10 @@ the simulator does. A :class:`Directory` says where each address listens.
     A refused connection (the peer's host answered: nothing listens there) is a proof that
     the peer's process is gone, told first with ``on_peer_gone(dst, now)``; a timeout, an
     unreachable host or network (a partition, a paused peer) proves nothing of the kind.
-  - A reader on each outgoing connection notices when the peer closes it. The next send
-    then opens a new connection, which fails if the peer is gone.
+  - A reader on each outgoing connection notices when the peer closes it, or it breaks:
+    the core's ``on_link_lost(dst, now)`` (what was in the connection's buffers is gone,
+    with no failure notice). The next send then opens a new connection, which fails if the
+    peer is gone.
   - **Links that go silent** (a partition, a blackhole route, a link down). Opening a
     connection takes at most ``link_timeout`` seconds, and an open one is given up once what
     was written to it stays unacknowledged by the peer's host that long (``TCP_USER_TIMEOUT``).
@@ -387,11 +389,16 @@ class Runtime:
         return await asyncio.open_connection(host, port)
 
     async def _watch(self, dst: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """The peer never writes on our outgoing connection: EOF means it closed it."""
+        """The peer never writes on our outgoing connection: EOF means it closed it, an error
+        that it broke. Either way, what was written to it and not taken yet is gone without a
+        failure notice: the core is told (``on_link_lost``), to send again what it must."""
         with contextlib.suppress(OSError, ConnectionError):
             await reader.read()
         if self._out.get(dst) is writer:
             self._drop(dst)
+            lost = getattr(self.core, "on_link_lost", None)  # (a test's core may have none)
+            if not self._closed and lost is not None:
+                self._apply(lost(dst, self._now()))
 
     def _drop(self, dst: int) -> None:
         writer = self._out.pop(dst, None)

@@ -655,6 +655,20 @@ class RingBroker(Core):
             out.append(Send(src, Resume()))
         return out
 
+    def on_link_lost(self, dst: int, now: float) -> list[Effect]:
+        """Our connection to ``dst`` closed or broke (the driver's notice): what it held was
+        lost without a failure notice. For a live tree neighbour, everything it has not
+        confirmed is kept for it, and all else for it held, as if it had declined them,
+        until it answers our ``Resume`` (then sent in each publisher's order; sent again
+        one by one at the next heartbeat rounds, it came after newer events that went
+        straight on the new connection)."""
+        if not self.custody or not self.ring.joined or dst not in self.router.neighbours:
+            return []
+        if dst in self.repair.dead_addrs() or not self.ring.side_of_addr(dst):
+            return []
+        ids = list(dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting))
+        return self._out(self._declined(dst, ids))
+
     def _answer_drains(self) -> list[Effect]:
         """``Drained`` to the brokers that asked, for each dead broker we keep nothing for
         any more (see ring_barrier): found dead (or never known), out of the tree (kept in it,

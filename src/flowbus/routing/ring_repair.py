@@ -169,8 +169,11 @@ class Repair:
         # The side of a broker dead for a while, out of the window already, is by its id)
         sides = {self.ring.side_of_addr(a) or self.side_by_id(a) for a in fresh} - {0}
         dead = self.dead_addrs() if sides else set()
+        held = self._held
         for (e, d, s), rkey in kept:
-            if (d in fresh or (s in sides and d in dead)) and matches(e):
+            # (held only behind others, for a live neighbour: routed before this broker served
+            # the subscription, and on their way where it is not any more)
+            if (d in fresh or (s in sides and d in dead) or (e[EVENT_ID], d) in held) and matches(e):
                 out.append(Deliver(sub, e))
                 self.kept_ids.add(e[EVENT_ID])
                 if rkey is not None:

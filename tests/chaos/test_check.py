@@ -148,7 +148,15 @@ def test_a_flows_derived_space_is_checked_against_the_interpreter(tmp_path: Path
         brokers=("10.0.0.1:7000",),
         publishers=(Client("pub0", 0), Client("fpub", 0, space="trades", rate=10.0)),
         subscribers=(
-            Client("sub0", 0, (SubSpec("all", "level >= 1"), SubSpec("f0", "notional > 100", "big"))),
+            Client(
+                "sub0",
+                0,
+                (
+                    SubSpec("all", "level >= 1"),
+                    SubSpec("f0", "notional > 100", "big"),
+                    SubSpec("f1", "", "big"),
+                ),
+            ),
         ),
         out=str(tmp_path),
         rate=10.0,
@@ -173,9 +181,11 @@ def test_a_flows_derived_space_is_checked_against_the_interpreter(tmp_path: Path
     rows += [["f0", q, "10.0.0.1:7000", f"{T0 + 3 + i / 100:.4f}"] for i, q in enumerate(got)]
     rows.append(["f0", low, "10.0.0.1:7000", f"{T0 + 4:.4f}"])  # (selected out by the flow)
     rows.append(["all", STRIDE + 1, "10.0.0.1:7000", f"{T0 + 4:.4f}"])  # (another space's event)
+    every = sorted(q for q, e in flow_events.items() if e["level"] >= 3)  # (f1, no filter: all of big)
+    rows += [["f1", q, "10.0.0.1:7000", f"{T0 + 3 + i / 100:.4f}"] for i, q in enumerate(every)]
     _write(tmp_path, spec, pubs, rows)
     row = check_run(tmp_path)
-    assert row["expected_deliveries"] == 20 + len(big)
+    assert row["expected_deliveries"] == 20 + len(big) + len(every)
     assert row["lost"] == 1 and row["misrouted"] == 2 and row["duplicated"] == 0
 
 

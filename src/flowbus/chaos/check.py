@@ -173,8 +173,14 @@ def _wants(spec: Spec, pubs: _Publishes) -> dict[str, Callable[[int], bool]]:
     out: dict[str, Callable[[int], bool]] = {}
     for c in spec.subscribers:
         for s in c.subs:
-            out[s.id] = _in(derived.get(s.space, {}) if s.space else plain, compiled(parse(s.filter)))
+            match = compiled(parse(s.filter)) if s.filter.strip() else _everything
+            out[s.id] = _in(derived.get(s.space, {}) if s.space else plain, match)
     return out
+
+
+def _everything(event: Any) -> bool:
+    """An empty filter's: every event of the space."""
+    return True
 
 
 def _in(events: dict[int, dict[str, Any]], match: Callable[[Any], bool]) -> Callable[[int], bool]:

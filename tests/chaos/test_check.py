@@ -159,7 +159,7 @@ def test_a_flows_derived_space_is_checked_against_the_interpreter(tmp_path: Path
             ),
         ),
         out=str(tmp_path),
-        rate=10.0,
+        rate=100.0,  # (pub0's; it sends 10 a second: under half of it, unavailable)
         publish_for=2.0,
         flow=FLOW,
     )
@@ -187,6 +187,7 @@ def test_a_flows_derived_space_is_checked_against_the_interpreter(tmp_path: Path
     row = check_run(tmp_path)
     assert row["expected_deliveries"] == 20 + len(big) + len(every)
     assert row["lost"] == 1 and row["misrouted"] == 2 and row["duplicated"] == 0
+    assert row["unavailable_s"] == 2  # (pub0's two seconds; fpub at its own rate, 10, is available)
 
 
 def test_events_and_filters_are_the_same_in_every_process() -> None:

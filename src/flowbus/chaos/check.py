@@ -210,7 +210,7 @@ def _recovery(
 
 
 def _unavailable(spec: Spec, pubs: _Publishes) -> int:
-    """Publisher-seconds with fewer than half the rate's events acknowledged."""
+    """Publisher-seconds with fewer than half the publisher's rate's events acknowledged."""
     if not pubs.sent:
         return 0
     start = min(pubs.sent.values())
@@ -218,7 +218,8 @@ def _unavailable(spec: Spec, pubs: _Publishes) -> int:
     for q in pubs.acked:
         per[(q // STRIDE, int(pubs.sent[q] - start))] += 1
     seconds = int(spec.publish_for)
-    return sum(1 for p in range(len(spec.publishers)) for s in range(seconds) if per[(p, s)] < spec.rate / 2)
+    rates = [c.rate or spec.rate for c in spec.publishers]
+    return sum(1 for p, rate in enumerate(rates) for s in range(seconds) if per[(p, s)] < rate / 2)
 
 
 def _double_served(path: Path) -> float:

@@ -87,6 +87,18 @@ class Echo(Core):
         return []
 
 
+class Notified(Echo):
+    """An :class:`Echo` that keeps the failure notices it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: list[tuple[int, Any]] = []
+
+    def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
+        self.failed.append((dst, msg))
+        return []
+
+
 def test_a_malformed_frame_closes_only_its_connection() -> None:
     async def main() -> None:
         directory = Directory()
@@ -115,20 +127,15 @@ def test_a_malformed_frame_closes_only_its_connection() -> None:
 def test_a_send_to_a_stopped_node_is_a_failure_notice() -> None:
     async def main() -> None:
         directory = Directory()
-        failed: list[tuple[int, Any]] = []
 
-        class Notified(Echo):
-            def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
-                failed.append((dst, msg))
-                return []
-
-        a, b = Runtime(0, Notified(), directory), Runtime(1, Echo(), directory)
+        notified = Notified()
+        a, b = Runtime(0, notified, directory), Runtime(1, Echo(), directory)
         await a.start()
         await b.start()
         await b.close()
         try:
             await a.call(lambda c: [Send(1, "hello"), Send(7, "nobody")])
-            await _until(lambda: sorted(failed, key=repr) == [(1, "hello"), (7, "nobody")])
+            await _until(lambda: sorted(notified.failed, key=repr) == [(1, "hello"), (7, "nobody")])
         finally:
             await a.close()
 
@@ -142,18 +149,13 @@ def test_a_link_that_does_not_answer_is_given_up_within_its_timeout() -> None:
 
     async def main() -> None:
         directory = Directory()
-        failed: list[tuple[int, Any]] = []
-
-        class Notified(Echo):
-            def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
-                failed.append((dst, msg))
-                return []
 
         full = socket.socket()
         full.bind(("127.0.0.1", 0))
         full.listen(0)  # (never accepted: one connection fills the queue)
         filler = socket.create_connection(full.getsockname())
-        a = Runtime(0, Notified(), directory, link_timeout=0.5)
+        notified = Notified()
+        a = Runtime(0, notified, directory, link_timeout=0.5)
         b = Runtime(1, Echo(), directory)
         try:
             await a.start()
@@ -162,7 +164,7 @@ def test_a_link_that_does_not_answer_is_given_up_within_its_timeout() -> None:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             await a.call(lambda c: [Send(2, "into the void"), Send(1, "hello")])
-            await _until(lambda: failed == [(2, "into the void")], timeout=5.0)
+            await _until(lambda: notified.failed == [(2, "into the void")], timeout=5.0)
             assert loop.time() - t0 < 3.0
             await _until(lambda: b.core.seen == [(0, "hello")])  # type: ignore[attr-defined]
             sock = a._out[1].get_extra_info("socket")

@@ -21,8 +21,9 @@ clients' host) reads a :class:`Spec` and runs
 
 It prints ``ready`` once every subscription is made (the campaign's clock of faults starts
 then), publishes for ``publish_for`` seconds, waits for the publishes to be acknowledged
-(at most ``settle`` seconds) and for the subscriptions to be quiet (``quiet`` seconds with
-no event, within ``settle`` too), then writes ``summary.json`` and exits. The logs are CSV
+(at most ``settle`` seconds) and for the subscribers to be settled (connected, and
+``quiet`` seconds with no event, within ``settle`` too: a subscriber between brokers is
+quiet, and what waits for it would be counted lost), then writes ``summary.json`` and exits. The logs are CSV
 files in ``out``, flushed every second (a run cut short keeps what came until then):
 ``publishes.csv`` (``publisher,k,pseq,sent,acked,error``: one row when sent, one when
 resolved) and ``deliveries.csv`` (``sub,quantity,broker,t``). ``where.json`` says, as it
@@ -301,6 +302,21 @@ class _Subscriber:
         self.log = log
         self.last = time.time()  # when the last event came
         self.taken = 0
+        self.client: Any = None
+        self._up_since: float | None = None  # connected since (as seen by settled)
+
+    def settled(self, quiet: float) -> bool:
+        """No event for ``quiet`` seconds, and connected (a client between brokers, or refused
+        by all, is quiet too: what waits for it has not come yet)."""
+        from flowbus.client.client import Status
+
+        now = time.time()
+        if self.client is None or self.client.status is not Status.CONNECTED:
+            self._up_since = None
+            return False
+        if self._up_since is None:  # (back: what waited for it comes now)
+            self._up_since = now
+        return now - max(self.last, self._up_since) >= quiet
 
     async def run(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
         import flowbus
@@ -308,6 +324,7 @@ class _Subscriber:
         async with flowbus.connect(
             *self.spec.brokers_from(self.me.first), name=self.me.name, **self.spec.client
         ) as client:
+            self.client = client
             subs = [await self._subscribe(client, s) for s in self.me.subs]
             ready.set()
             tasks = [
@@ -363,7 +380,7 @@ async def run(spec: Spec) -> dict[str, Any]:
         publishers = [_Publisher(spec, i, pub_log, where) for i in range(len(spec.publishers))]
         await asyncio.gather(*(p.run(start) for p in publishers))
         end = time.time() + spec.settle
-        while time.time() < end and any(time.time() - s.last < spec.quiet for s in subscribers):
+        while time.time() < end and not all(s.settled(spec.quiet) for s in subscribers):
             await asyncio.sleep(0.2)
         stop.set()
         await asyncio.gather(*sub_tasks)

@@ -180,6 +180,27 @@ def test_a_broken_link_to_a_live_neighbour_loses_nothing_and_keeps_the_order() -
     assert all(b.in_custody() == 0 for b in w.brokers) and not src.repair.paused
 
 
+def test_a_subscription_announced_into_a_broken_link_is_announced_again() -> None:
+    """A subscription made while the link towards the publishers is broken: its
+    announcement is lost with the connection. Once the neighbour answers ``Resume`` on a
+    working one, everything the router forwarded it is sent again (``ContentRouter.resend``):
+    the later events reach the subscription (lost for good, without)."""
+    broken = Broken()
+    w = World(4, seed=5, ack_delay=0.5, layers=(broken,))
+    ends = w.order()
+    home, nb, far = ends[0], ends[1], ends[-1]
+    w.sim.run(until=w.sim.now + 20)
+    start = w.sim.now
+    broken.src, broken.dst, broken.since, broken.until = home.addr, nb.addr, start, start + 10.0
+    w.sim.invoke(home.addr, lambda c: c.subscribe("late", parse("x >= 0")), at=start + 1.0)
+    lost = getattr(home, "on_link_lost", lambda d, t: [])
+    w.sim.invoke(home.addr, lambda c: lost(nb.addr, w.sim.now), at=start + 3.0)
+    for i in range(20):
+        w.sim.invoke(far.addr, lambda c, i=i: c.publish({"x": i}, event_id=("p", i)), at=start + 40 + i)
+    w.sim.run(until=start + 200)
+    assert [eid[1] for _, sub, eid in w.got if sub == "late"] == list(range(20))
+
+
 class Stall:
     """Holds every message to ``dst`` until ``until``, then lets them in, in order: a broker
     paused (its sends and timers go on; what it reads waits), the lease it had ran out."""

@@ -479,6 +479,20 @@ class ContentRouter(Core):
                 out.extend(self._set(d, origin, None))
         return out
 
+    def resend(self, dst: int) -> list[Effect]:
+        """What this router forwarded to neighbour ``dst`` (its advertisements and roots), sent
+        again with new sequence numbers: its link broke, and what was in it may be lost. The
+        receiver keeps the last message per origin, so nothing is doubled; a withdrawal that
+        was lost leaves a stale entry there (the events it draws are routed nowhere here)."""
+        if dst not in self._neighbours:
+            return []
+        out: list[Effect] = []
+        for o in self._adv_dirs:
+            if (g := self._adv_cand(dst, o)) is not None:
+                out.append(Send(dst, Advertise(o, g, self._next())))
+        out.extend(Send(dst, Subscribe(o, f, self._next())) for o, f in self._sent[dst].map.items())
+        return out
+
     def received_from(self, neighbour: int) -> dict[Origin, Filter]:
         """The subscriptions that came from ``neighbour`` (a copy)."""
         return dict(self._table.get(neighbour, {}))

@@ -192,6 +192,7 @@ class RingBroker(Core):
         self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
         self._orphaned: dict[int, int] = {}  # of those, kept for their orphans -> heartbeat rounds
         self._buried: set[int] = set()  # dead tree neighbours whose custody records were kept
+        self._resyncing: set[int] = set()  # neighbours whose link broke: told our side again at Resumed
         self._tree_ids: dict[int, int] = {}  # tree neighbour address -> the ring id there (_renewed)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
@@ -536,10 +537,11 @@ class RingBroker(Core):
                 self._declining.discard(src)
                 return [Send(src, Resumed())]
             case Resumed():
+                out = self._resync(src) if src in self._resyncing else []
                 if src not in self.repair.paused:
-                    return []
+                    return out
                 self.repair.paused.discard(src)
-                return self._out(self.repair.retry_live())
+                return out + self._out(self.repair.retry_live())
             case Again(msg=again):  # (sent again: a copy of what is under way here is nothing new)
                 if self.custody and self.custodian.seen(src, again.event[EVENT_ID]):
                     return self._out([])
@@ -666,8 +668,26 @@ class RingBroker(Core):
             return []
         if dst in self.repair.dead_addrs() or not self.ring.side_of_addr(dst):
             return []
+        self._resyncing.add(dst)  # (what the router sent it may be lost too: see _resync)
         ids = list(dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting))
         return self._out(self._declined(dst, ids))
+
+    def _resync(self, dst: int) -> list[Effect]:
+        """``dst`` answered our ``Resume`` after its link broke, on a connection that works:
+        what we told it of our side (subscriptions, advertisements, our ``Synced``, flows,
+        link classes) is sent again, lost in the broken one or not. A subscription announced
+        in it and lost was never known there: the events for it went the old way, round to
+        brokers that did not know it either."""
+        self._resyncing.discard(dst)
+        if dst not in self.router.neighbours:
+            return []
+        out = self.router.resend(dst)
+        if dst not in self._owed:
+            out.append(Send(dst, Synced()))
+        out.extend(self.flow_side.welcome([dst]))
+        out.extend(self.link_book.welcome({dst}))
+        out.extend(self.express.book.welcome({dst}))
+        return out
 
     def _answer_drains(self) -> list[Effect]:
         """``Drained`` to the brokers that asked, for each dead broker we keep nothing for

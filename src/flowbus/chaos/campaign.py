@@ -96,6 +96,7 @@ class Campaign:
     tail: float = 12.0  # seconds of publishing after the last heal
     isolate: bool | None = None  # None: namespaces if possible
     sync: str = "full"  # the brokers' store syncing (a power loss costs what it did not sync)
+    flow: bool = True  # the campaign's flow deployed and under fire (the chordal ring only)
 
     def __post_init__(self) -> None:
         if self.overlay not in ("chordal-ring", "pastry-irbr"):
@@ -124,7 +125,7 @@ def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, se
     per subscriber client."""
     filters = filters_for(c.subscriptions, seed)
     per = -(-c.subscriptions // c.subscribers)
-    flow = c.overlay == "chordal-ring"
+    flow = c.flow and c.overlay == "chordal-ring"
     subscribers = tuple(
         Client(
             f"sub{i}",

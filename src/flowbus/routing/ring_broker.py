@@ -855,7 +855,7 @@ class RingBroker(Core):
                 if self._placeholders and e.dst in self._placeholders and type(e.msg) is cbr.Publish:
                     ev = e.msg.event  # (a dead neighbour not replaced yet: kept for its replacement)
                     key = step.get(ev[EVENT_ID]) if step else None
-                    side = self.ring.side_of_addr(e.dst) or repair.side_by_id(e.dst)
+                    side = repair.side_of(e.dst)
                     effects.extend(repair.keep(ev, e.dst, side, key))
                     continue  # (the deliveries it makes, to what was taken over, come next)
                 if repair.paused and e.dst in repair.paused and type(e.msg) is cbr.Publish:
@@ -1041,7 +1041,7 @@ class RingBroker(Core):
         out = {a for a in dead if ring.side_of_addr(a) in ring.open} if ring.open else set()
         tree = self.tree_neighbours()
         for a in sorted(dead - out):
-            side = ring.side_of_addr(a) or repair.side_by_id(a)
+            side = repair.side_of(a)
             near = ring.right if side > 0 else ring.left if side < 0 else None
             if near is None or near.addr in tree or self._orphaned.get(a, 0) >= OWED_ROUNDS:
                 continue

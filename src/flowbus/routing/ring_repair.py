@@ -167,7 +167,7 @@ class Repair:
         # tree, its tables had come from it; sent on to the broker beyond, they would be
         # routed back towards us, the way the subscription came, and not delivered: lost.
         # The side of a broker dead for a while, out of the window already, is by its id)
-        sides = {self.ring.side_of_addr(a) or self.side_by_id(a) for a in fresh} - {0}
+        sides = {self.side_of(a) for a in fresh} - {0}
         dead = self.dead_addrs() if sides else set()
         held = self._held
         for (e, d, s), rkey in kept:
@@ -224,11 +224,16 @@ class Repair:
         events for a moment, and those events were confirmed and lost)."""
         out: dict[int, int] = {}
         for a in self.router.neighbours - wanted:
-            side = self.ring.side_of_addr(a) or self.side_by_id(a)
+            side = self.side_of(a)
             now = self.ring.right if side > 0 else self.ring.left if side < 0 else None
             if now is not None and now.addr in wanted and now.addr not in self.router.neighbours:
                 out[a] = now.addr
         return out
+
+    def side_of(self, addr: int) -> int:
+        """The side of the ring a broker is (or, dead, was) on: by the ring's window, else by
+        its ring id (one dead for a while is out of the window); 0 if unknown."""
+        return self.ring.side_of_addr(addr) or self.side_by_id(addr)
 
     def side_by_id(self, addr: int) -> int:
         """The side a broker we linked to is on by its ring id (the tree is the ring cut at the
@@ -328,7 +333,7 @@ class Repair:
         out: list[Effect] = []
         gone = self.dead_addrs() if side else set()
         for d, subs in taken.items():
-            if d == dead or (d in gone and (self.ring.side_of_addr(d) or self.side_by_id(d)) == side):
+            if d == dead or (d in gone and self.side_of(d) == side):
                 out.extend(Deliver(sub, event) for sub, matches in subs if matches(event))
         if out:
             self.kept_ids.add(event[EVENT_ID])

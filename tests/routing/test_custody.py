@@ -524,3 +524,32 @@ def test_a_broker_restarted_on_its_address_during_a_stream_leaves_nothing_behind
             assert mine == sorted(mine)
         assert set(taken) == {(f"p{i % 2}", i) for i in range(240) if f.matches({"x": i % 4})}
     assert all(b.in_custody() == 0 and not b.repair.retry for b in w.brokers if b is not victim)
+
+
+@pytest.mark.parametrize(("seed", "publisher"), [(1, 2), (4, 4)])
+def test_the_first_broker_of_the_tree_dies_and_its_taker_settles_every_publish(
+    seed: int, publisher: int
+) -> None:
+    """The broker with the smallest id (an end of the tree) dies while a stream goes its way.
+    Its Right, its only tree neighbour, takes its subscriptions over and delivers what it
+    kept for it; its new Left is across the tree's cut. Handed over that way, the kept events
+    were routed on into the tree by a broker that had not taken the dead one's subscriptions
+    over, came round to brokers they had passed and waited there on themselves: half the
+    publishes never settled, their publishers' later events held behind them for ever."""
+    w = World(5, seed=seed, ack_delay=0.5)
+    order = w.order()
+    victim, pub = order[0], order[publisher]
+    subs = {(victim.addr, 0): parse("x >= 0")} | {(b.addr, 1): parse("x >= 1") for b in order[1:]}
+    for s in subs:
+        w.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
+    w.sim.run(until=w.sim.now + 60)
+    start, n = w.sim.now, 600
+    for i in range(n):
+        w.sim.invoke(pub.addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20)
+    w.sim.crash(victim.addr, at=start + 10)
+    w.sim.run(until=start + 400)
+    assert order[1].ring.taken_over
+    got = {(sub, eid) for _, sub, eid in w.got}
+    assert got == {(s, ("p", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 3})}
+    assert sorted(pub.settled, key=lambda eid: eid[1]) == [("p", i) for i in range(n)]
+    assert all(b.in_custody() == 0 for b in order[1:])

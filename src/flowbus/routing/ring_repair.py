@@ -292,13 +292,22 @@ class Repair:
                 blocked.add(publisher)
                 continue
             assert now is not None
+            rec = self.custodian.records.get(key) if key is not None else None
+            if now.addr not in self.router.neighbours and to in dead and self.took_from(to):
+                # (across the tree's cut only the dead broker's own subscriptions were beyond it,
+                # and we took them over: delivered here when kept or taken up. Handed over, the
+                # new neighbour, not their taker, routed it on into the tree, round to brokers it
+                # had passed: a custody cycle, its publisher's later events held for ever)
+                if rec is not None and key is not None:
+                    rec.retries -= 1
+                    self.custodian.step[eid] = key
+                continue
             if now.addr in self.router.neighbours:
                 out.append(Send(now.addr, cbr.Publish(event)))
             else:  # across the tree's cut: only the dead broker's own subscriptions are there
                 out.append(Send(now.addr, HandedOver(event, to)))
             self._held.discard((eid, to))
             self._going.add((eid, now.addr))
-            rec = self.custodian.records.get(key) if key is not None else None
             if rec is not None and key is not None:
                 rec.retries -= 1
                 rec.waiting.add(now.addr)

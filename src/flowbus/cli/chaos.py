@@ -85,9 +85,7 @@ def run(
     sync: Annotated[
         str, typer.Option(help="The brokers' store syncing: full (each commit on the disk) or normal.")
     ] = "full",
-    flow: Annotated[
-        bool, typer.Option(help="Deploy the campaign's flow and put it under fire (the short campaign: off).")
-    ] = True,
+    flow: Annotated[bool, typer.Option(help="Deploy the campaign's flow and put it under fire.")] = True,
     as_json: JsonOption = False,
 ) -> None:
     """Run a fault campaign: every mix with every seed (default: the full campaign)."""
@@ -104,7 +102,7 @@ def run(
             brokers=brokers,
             isolate=False if loopback else None,
             sync=sync,
-            flow=flow and not (short and not mix),
+            flow=flow,
         )
         doc = run_campaign(campaign, say=lambda text: err.print(f"[dim]chaos[/] {text}"))
     except FlowbusError as e:

@@ -13,16 +13,18 @@ How it works:
 * **Asked.** A broker that takes subscriptions over from a dead one asks the live brokers it
   links to (the dead one's former neighbours among them) :class:`Drain`: "tell me when you
   keep nothing for it". Until every one has answered, its deliveries to those subscriptions
-  wait (:meth:`Barriers.hold`: counted in custody, so the publishes wait too), except the
-  kept ones themselves (handed over, or kept here), which are what they wait for.
+  wait (:meth:`Barriers.hold`: counted in custody, so the publishes wait too), the kept
+  ones themselves (handed over, or kept here) with the others: the kept events of one broker
+  come over the ring link while another's, older, come round the tree; let through, they
+  overtook them (a traced isolation: 1,023 out of order at the taker).
 * **Answered.** A broker answers :class:`Drained` once it has found the dead one dead (or
   never knew it), no longer keeps it in its tree (while it does, what is routed its way is
   kept: until the taker's announcement has come, events on their way may still come), keeps
   no event for it and has no custody record waiting on it: what it kept has been sent on,
   to the broker beyond the dead one, the taker as a rule, on the link the answer then takes
   (in order behind them). A broker that never knew it answers at once. Kept events the
-  taker gets as plain publishes wait with the others, and are released with them, in
-  order (were the answer to wait for their confirmation, it would wait for itself).
+  taker gets wait with the others, and are released with them, in order (were the answer
+  to wait for their confirmation, it would wait for itself).
 * **Released.** The last answer releases the waiting deliveries, in each publisher's order.
   A barrier not released within ``DRAIN_ROUNDS`` heartbeat rounds (a broker that was asked
   died, or is cut off) is released then: order is given up before availability is.
@@ -95,11 +97,11 @@ class Barriers:
         self._subs.update(dict.fromkeys(subs, dead))
         return [Send(a, Drain(dead)) for a in sorted(waiting)]
 
-    def hold(self, subs: tuple[Hashable, ...], event: Any, kept: Collection[Any]) -> tuple[Hashable, ...]:
+    def hold(self, subs: tuple[Hashable, ...], event: Any) -> tuple[Hashable, ...]:
         """Of the deliveries of ``event`` to ``subs``, those that wait are kept here; the
-        others (all, for an event delivered from what was kept: one of ``kept``)."""
-        if event[EVENT_ID] in kept:
-            return subs
+        others. The kept events themselves wait too (handed over, or kept here): let through,
+        one handed over by a broker that kept it overtook older ones that came round the tree
+        and waited."""
         behind = self._subs
         if not any(s in behind for s in subs):
             return subs

@@ -822,7 +822,7 @@ class RingBroker(Core):
                 if self._count_cost:
                     self._cost(subs)
                 if barrier:  # (a takeover's deliveries wait for what was kept: counted already)
-                    kept = barrier.hold(subs, e.event, repair.kept_ids)
+                    kept = barrier.hold(subs, e.event)
                     if kept is not subs:
                         if not kept:
                             continue
@@ -847,7 +847,7 @@ class RingBroker(Core):
                     rec = custody.get(held) if held is not None else None
                     if rec is not None:
                         rec.local += 1
-                    if barrier and not barrier.hold((e.sub,), event, repair.kept_ids):
+                    if barrier and not barrier.hold((e.sub,), event):
                         continue
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
@@ -870,7 +870,6 @@ class RingBroker(Core):
                         custodian.note(key, e.dst, e.msg)
             out.append(e)
         out.extend(custodian.end_step())
-        repair.kept_ids.clear()
         return self.express.route(out, SPACE) if self.express.on else out
 
     def _open(self, src: int | None, event: Mapping[str, Any]) -> None:

@@ -85,7 +85,6 @@ class Repair:
         self.orphan_side: dict[int, int] = {}
         self.taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
-        self.kept_ids: set[Any] = set()  # events delivered from what was kept, this step (ring_barrier)
 
     def dead_addrs(self) -> set[int]:
         """The addresses of the brokers we linked to that the ring found dead."""
@@ -175,7 +174,6 @@ class Repair:
             # the subscription, and on their way where it is not any more)
             if (d in fresh or (s in sides and d in dead) or (e[EVENT_ID], d) in held) and matches(e):
                 out.append(Deliver(sub, e))
-                self.kept_ids.add(e[EVENT_ID])
                 if rkey is not None:
                     self.custodian.step[e[EVENT_ID]] = rkey
         return out
@@ -323,12 +321,8 @@ class Repair:
     def handed_over(self, msg: HandedOver) -> list[Effect]:
         """An event that was going to a dead broker: deliver it to the subscriptions we took
         over from that broker (the tree did not reach it, nobody else serves them)."""
-        out: list[Effect] = [
-            Deliver(sub, msg.event) for sub, matches in self._taken().get(msg.dead, ()) if matches(msg.event)
-        ]
-        if out:
-            self.kept_ids.add(msg.event[EVENT_ID])
-        return out
+        event = msg.event
+        return [Deliver(sub, event) for sub, matches in self._taken().get(msg.dead, ()) if matches(event)]
 
     def _to_taken(self, event: Mapping[str, Any], dead: int, side: int) -> list[Effect]:
         """The deliveries of ``event``, kept for ``dead`` on ``side``, to the subscriptions
@@ -344,8 +338,6 @@ class Repair:
         for d, subs in taken.items():
             if d == dead or (d in gone and self.side_of(d) == side):
                 out.extend(Deliver(sub, event) for sub, matches in subs if matches(event))
-        if out:
-            self.kept_ids.add(event[EVENT_ID])
         return out
 
     def _confirmed(self, key: Key) -> None:

@@ -204,13 +204,24 @@ class Repair:
                 del self.orphans[dead]
 
     def route_orphans(self, effects: list[Effect], event: Mapping[str, Any] | None) -> list[Effect]:
+        """``effects`` (the routing of ``event``), and ``event`` handed over the ring link to
+        the neighbour that serves a dead one's orphans it matches. Not to one the event goes
+        to as a :class:`~flowbus.routing.cbr.Publish` already (a tree neighbour by now): it
+        routes it to what it serves, the taken-over subscriptions included. Both sent, the
+        custody record kept one message per neighbour, the hand-over: declined by the
+        neighbour (no lease) and sent again, the publish was lost for the brokers beyond."""
         if event is None or not self.orphans:
             return effects
         out = list(effects)
+        published: set[int] | None = None
         for dead, orphans in self.orphans.items():
             side = self.orphan_side[dead]
             now = self.ring.right if side > 0 else self.ring.left
-            if now is not None and now.addr != dead and any(f.matches(event) for f in orphans.values()):
+            if now is None or now.addr == dead or not any(f.matches(event) for f in orphans.values()):
+                continue
+            if published is None:
+                published = {e.dst for e in effects if type(e) is Send and type(e.msg) is cbr.Publish}
+            if now.addr not in published:
                 out.append(Send(now.addr, HandedOver(event, dead)))
         return out
 

@@ -40,7 +40,8 @@ def _netns() -> set[str]:
 
 @pytest.mark.skipif(not ROOT, reason="the short campaign's partitions need root and network namespaces")
 def test_the_short_campaign_runs_checks_and_cleans_up(tmp_path: Path) -> None:
-    """Three faults (kill -9, a pause, a broker cut off from the others) on a ring of five:
+    """Three faults drawn from kill -9, a pause and a broker cut off from the others (seed 1:
+    two kills, then an isolation) on a ring of five:
     every acknowledged event is accounted for, none doubled, misrouted or made up, no
     publish hangs, no broker logs a traceback; the files are there and nothing of the hosts
     is left; the campaign's flow (trades -> priced -> big) is deployed and delivered under

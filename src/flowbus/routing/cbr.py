@@ -501,6 +501,18 @@ class ContentRouter(Core):
         """The directions ``origin`` comes from here (the broker's own id: local)."""
         return frozenset(self._dirs.get(origin, {}))
 
+    def toward(self, home: int, event: Mapping[str, Any]) -> set[int]:
+        """The neighbours from which subscriptions made at broker ``home`` that ``event``
+        matches came here (served elsewhere now, under their own origin). A scan of every
+        origin: for rare events (a hand-over relayed towards a dead broker's taker)."""
+        return {
+            d
+            for o, dirs in self._dirs.items()
+            if o[0] == home
+            for d, f in dirs.items()
+            if d != self.broker and f.matches(event)
+        }
+
     def drop(self, origin: Origin) -> list[Effect]:
         """Stop serving a local (own or adopted) subscription."""
         if origin not in self._table[self.broker]:

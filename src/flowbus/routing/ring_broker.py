@@ -94,7 +94,18 @@ from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.ring_barrier import Barriers, Drain, Drained
-from flowbus.routing.ring_custody import EVENT_ID, Again, Confirm, Custodian, Declined, Key, Resume, Resumed
+from flowbus.routing.ring_custody import (
+    EVENT_ID,
+    Again,
+    Confirm,
+    Custodian,
+    Declined,
+    Key,
+    Resume,
+    Resumed,
+    relay_id,
+    relayed,
+)
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
 from flowbus.routing.ring_repair import HandedOver, Repair
@@ -550,10 +561,7 @@ class RingBroker(Core):
                 self._open(src, msg.event)
                 if self.repair.took_from(msg.dead):
                     return self._out(self.repair.handed_over(msg))
-                # (we did not take its subscriptions over: we are not the one it was meant for, a
-                # broker restarted on the dead one's address, say; routed on, it reaches them)
-                via = src if src in self.router.neighbours else self.addr
-                return self._out(self._extra(self.router.route_batch([msg.event], via), msg.event, via))
+                return self._out(self._relay(src, msg))
             case Delegated():
                 self._open(src, msg.event)
                 return self._out(self.shared.deliveries(src, msg, self.subs, self.router.grouped))
@@ -592,6 +600,35 @@ class RingBroker(Core):
             case _ if type(msg) in RING_MESSAGES:
                 return self._out(self._sync(self.ring.on_message(src, msg, now)))
         raise ProtocolError(f"RingBroker {self.addr}: unknown message {msg!r} from {src}")
+
+    def _relay(self, src: int, msg: HandedOver) -> list[Effect]:
+        """A hand-over for a dead broker whose subscriptions we did not take over (we are not
+        the one it was meant for: a broker restarted on the dead one's address, a neighbour
+        that joined after the takeover): relayed, hop by hop, towards where the tables say the
+        dead one's subscriptions it matches are now, under a relay id (``relay_id``: the
+        relays so far) whose custody records are its own, each hop's kept in the record it
+        came in. Routed on as a publish of ours, it went everywhere, came back over a link it
+        had taken, was held there as a copy of itself under way, and the records waited on
+        each other for good (a traced pause run; every later event of its publisher held
+        behind it). A first hand-over where the tables know no such subscription is routed
+        on all the same (dropped and confirmed, it was lost); a relay that finds no way on
+        (or would come round to a relay it passed: tables in flux) ends here."""
+        event = msg.event
+        eid = event[EVENT_ID]
+        inner = relayed(eid)
+        trail: tuple[int, ...] = eid[2] if inner is not None else ()
+        toward = self.router.toward(msg.dead, event) - {src, self.addr, *trail}
+        if not toward:
+            if inner is not None or self.addr in trail:
+                return []
+            via = src if src in self.router.neighbours else self.addr
+            return self._extra(self.router.route_batch([event], via), event, via)
+        rid = relay_id(eid if inner is None else inner, (*trail, self.addr))
+        key = self.custodian.step.get(eid)
+        if key is not None:
+            self.custodian.relays[rid] = key
+            self.custodian.step[rid] = key
+        return [Send(d, HandedOver({**event, EVENT_ID: rid}, msg.dead)) for d in sorted(toward)]
 
     def _from_router(self, src: int, msg: Any, now: float) -> list[Effect]:
         """A content router's message (or ``Synced``): routed if ``src`` is a tree neighbour

@@ -59,8 +59,28 @@ DONE = 50_000
 """How many finished records (from other brokers) a broker remembers, to confirm a copy again."""
 
 
+RELAY = "__flowbus_relay"
+
+
+def relay_id(eid: Any, trail: tuple[int, ...]) -> tuple[str, Any, tuple[int, ...]]:
+    """The id a hand-over travels under while brokers that did not take the dead one's
+    subscriptions over relay it towards the one that did (``trail``: the relays so far):
+    its custody records are its own, apart from the event's (see
+    :meth:`RingBroker._relay <flowbus.routing.ring_broker.RingBroker._relay>`)."""
+    return (RELAY, eid, trail)
+
+
+def relayed(eid: Any) -> Any:
+    """The event id a relay id stands for (None: not a relay id)."""
+    if type(eid) is tuple and len(eid) == 3 and eid[0] == RELAY:
+        return eid[1]
+    return None
+
+
 def publish_order(eid: Any) -> tuple[str, int]:
     """An event id's place in its publisher's order (``(publisher, sequence number)``)."""
+    if type(eid) is tuple and len(eid) == 3 and eid[0] == RELAY:
+        eid = eid[1]
     if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
         return (repr(eid[0]), eid[1])
     return (repr(eid), 0)
@@ -137,6 +157,7 @@ class Custodian:
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self.done: OrderedDict[Key, str | None] = OrderedDict()  # finished, from others: refusal
+        self.relays: dict[Any, Key] = {}  # relay id -> the record it relays (see relay_id)
         self.on_done: Callable[[Key], None] | None = None  # (told when all a record went to are done)
         self.round = 0  # heartbeat rounds so far (see stale)
 
@@ -200,8 +221,12 @@ class Custodian:
         else:
             srcs = self.by_id.get(eid)
             if not srcs:
-                return
-            keys = [(s, eid) for s in srcs]
+                relaying = self.relays.get(eid) if self.relays else None
+                if relaying is None:
+                    return
+                keys = (relaying,)  # (a relay's confirmation: the record it relays)
+            else:
+                keys = [(s, eid) for s in srcs]
         records = self.records
         for key in keys:
             rec = records.get(key)
@@ -218,6 +243,9 @@ class Custodian:
         if rec.retries:
             return
         del self.records[key]
+        if self.relays:
+            for rid in [r for r, k in self.relays.items() if k == key]:
+                del self.relays[rid]
         src, eid = key
         srcs = self.by_id[eid]
         srcs.discard(src)

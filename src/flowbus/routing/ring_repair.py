@@ -49,7 +49,7 @@ from flowbus.filters import Filter
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing import cbr
 from flowbus.routing.memo import compiled
-from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order
+from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order, relayed
 
 
 @wire.message("ringbroker.handed_over")
@@ -60,6 +60,13 @@ class HandedOver:
 
     event: Mapping[str, Any]
     dead: int
+
+
+def _own(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``event`` under its own id (a relayed hand-over kept here goes on, or is delivered,
+    as what it is)."""
+    inner = relayed(event[EVENT_ID])
+    return event if inner is None else {**event, EVENT_ID: inner}
 
 
 class Repair:
@@ -173,7 +180,7 @@ class Repair:
             # (held only behind others, for a live neighbour: routed before this broker served
             # the subscription, and on their way where it is not any more)
             if (d in fresh or (s in sides and d in dead) or (e[EVENT_ID], d) in held) and matches(e):
-                out.append(Deliver(sub, e))
+                out.append(Deliver(sub, _own(e)))
                 if rkey is not None:
                     self.custodian.step[e[EVENT_ID]] = rkey
         return out
@@ -312,7 +319,7 @@ class Repair:
                     self.custodian.step[eid] = key
                 continue
             if now.addr in self.router.neighbours:
-                out.append(Send(now.addr, cbr.Publish(event)))
+                out.append(Send(now.addr, cbr.Publish(_own(event))))
             else:  # across the tree's cut: only the dead broker's own subscriptions are there
                 out.append(Send(now.addr, HandedOver(event, to)))
             self._held.discard((eid, to))
@@ -333,6 +340,12 @@ class Repair:
         """An event that was going to a dead broker: deliver it to the subscriptions we took
         over from that broker (the tree did not reach it, nobody else serves them)."""
         event = msg.event
+        inner = relayed(event[EVENT_ID])
+        if inner is not None:  # (relayed here by a broker that was no taker: its own id again)
+            key = self.custodian.step.get(event[EVENT_ID])
+            event = {**event, EVENT_ID: inner}
+            if key is not None:
+                self.custodian.step[inner] = key
         return [Deliver(sub, event) for sub, matches in self._taken().get(msg.dead, ()) if matches(event)]
 
     def _to_taken(self, event: Mapping[str, Any], dead: int, side: int) -> list[Effect]:
@@ -348,7 +361,7 @@ class Repair:
         gone = self.dead_addrs() if side else set()
         for d, subs in taken.items():
             if d == dead or (d in gone and self.side_of(d) == side):
-                out.extend(Deliver(sub, event) for sub, matches in subs if matches(event))
+                out.extend(Deliver(sub, _own(event)) for sub, matches in subs if matches(event))
         return out
 
     def _confirmed(self, key: Key) -> None:

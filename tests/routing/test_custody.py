@@ -58,6 +58,21 @@ class World:
     def order(self) -> list[RingBroker]:
         return sorted(self.brokers, key=lambda b: b.ring.me.id)
 
+    def subscribe(self, subs: dict[tuple[int, int], Any]) -> None:
+        """Each ``(broker, k)`` subscribes with its filter at that broker; the tables settle."""
+        for s in subs:
+            self.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
+        self.sim.run(until=self.sim.now + 60)
+
+    def stream(self, pub: RingBroker, n: int) -> float:
+        """``pub`` publishes ``{"x": i % 3}`` as ``("p", i)``, 20 a second from now (returned)."""
+        start = self.sim.now
+        for i in range(n):
+            self.sim.invoke(
+                pub.addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20
+            )
+        return start
+
 
 @pytest.mark.parametrize("grouped", [False, True])
 def test_a_publish_settles_only_when_every_subscriber_took_it(grouped: bool) -> None:
@@ -399,14 +414,9 @@ def test_the_broker_at_the_end_of_the_tree_dies_and_its_cover_moves_across_the_c
     order = w.order()
     victim = order[4]
     subs = {(victim.addr, 0): parse("x >= 0")} | {(b.addr, 1): parse("x >= 1") for b in order[1:4]}
-    for s in subs:
-        w.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
-    w.sim.run(until=w.sim.now + 60)
-    start, n = w.sim.now, 1200
-    for i in range(n):
-        w.sim.invoke(
-            order[0].addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20
-        )
+    w.subscribe(subs)
+    n = 1200
+    start = w.stream(order[0], n)
     w.sim.crash(victim.addr, at=start + 10)
     w.sim.run(until=start + 400)
     assert order[0].ring.taken_over  # (the Right, across the cut)
@@ -540,12 +550,9 @@ def test_the_first_broker_of_the_tree_dies_and_its_taker_settles_every_publish(
     order = w.order()
     victim, pub = order[0], order[publisher]
     subs = {(victim.addr, 0): parse("x >= 0")} | {(b.addr, 1): parse("x >= 1") for b in order[1:]}
-    for s in subs:
-        w.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
-    w.sim.run(until=w.sim.now + 60)
-    start, n = w.sim.now, 600
-    for i in range(n):
-        w.sim.invoke(pub.addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20)
+    w.subscribe(subs)
+    n = 600
+    start = w.stream(pub, n)
     w.sim.crash(victim.addr, at=start + 10)
     w.sim.run(until=start + 400)
     assert order[1].ring.taken_over
@@ -571,12 +578,9 @@ def test_a_hand_over_relayed_by_brokers_that_took_nothing_over_settles_every_pub
     order = w.order()
     victim, pub, nb = order[4], order[0], order[1]
     subs = {(victim.addr, 0): parse("x >= 0")} | {(b.addr, 1): parse("x >= 1") for b in order[1:4]}
-    for s in subs:
-        w.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
-    w.sim.run(until=w.sim.now + 60)
-    start, n = w.sim.now, 1200
-    for i in range(n):
-        w.sim.invoke(pub.addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20)
+    w.subscribe(subs)
+    n = 1200
+    start = w.stream(pub, n)
     broken.src, broken.dst, broken.since, broken.until = pub.addr, nb.addr, start + 5.0, start + 40.0
     w.sim.invoke(pub.addr, lambda c: c.on_link_lost(nb.addr, w.sim.now), at=start + 5.5)
     w.sim.crash(victim.addr, at=start + 10)

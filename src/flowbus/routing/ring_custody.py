@@ -79,8 +79,9 @@ def relayed(eid: Any) -> Any:
 
 def publish_order(eid: Any) -> tuple[str, int]:
     """An event id's place in its publisher's order (``(publisher, sequence number)``)."""
-    if type(eid) is tuple and len(eid) == 3 and eid[0] == RELAY:
-        eid = eid[1]
+    inner = relayed(eid)
+    if inner is not None:  # (a relayed hand-over: its event's place)
+        eid = inner
     if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
         return (repr(eid[0]), eid[1])
     return (repr(eid), 0)

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from flowbus.chaos.workload import FLOW
 from flowbus.filters import parse
+from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 from flowbus.sim import CoordinateLatency, Simulator
 
@@ -28,6 +30,7 @@ class World:
         self.got: list[tuple[int, Hashable, Any]] = []
         self.notices: list[tuple[int, Hashable, Any]] = []
         self.ack_delay = ack_delay
+        self.grouped = grouped
         self.sim.on_deliver = self._delivered
         self.brokers: list[RingBroker] = []
         rng = random.Random(seed)
@@ -63,6 +66,19 @@ class World:
         for s in subs:
             self.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
         self.sim.run(until=self.sim.now + 60)
+
+    def restart(self, old: RingBroker, nonce: int, contact: int) -> RingBroker:
+        """A new broker on the crashed ``old`` one's address: it announces the member it was,
+        and joins the ring through ``contact`` 40 s later (as a broker process does)."""
+        new = RingBroker(old.addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
+                         custody=True, local_ack=True, grouped=self.grouped, nonce=nonce)  # fmt: skip
+        self.sim.restart(old.addr, new)
+        self.brokers[self.brokers.index(old)] = new
+        window = [p.addr for p in old.ring.window]
+        self.sim.invoke(new.addr, lambda c: c.ring.announce(old.ring.me, window))
+        self.sim.run(until=self.sim.now + 40)
+        self.sim.invoke(new.addr, lambda c: c.join([contact]))
+        return new
 
     def stream(self, pub: RingBroker, n: int) -> float:
         """``pub`` publishes ``{"x": i % 3}`` as ``("p", i)``, 20 a second from now (returned)."""
@@ -518,14 +534,7 @@ def test_a_broker_restarted_on_its_address_during_a_stream_leaves_nothing_behind
         )
     w.sim.crash(victim.addr, at=start + 10)
     w.sim.run(until=start + 10 + gap)
-    new = RingBroker(victim.addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
-                     custody=True, local_ack=True, nonce=7)  # fmt: skip
-    w.sim.restart(victim.addr, new)
-    w.brokers[w.brokers.index(victim)] = new
-    old = [p.addr for p in victim.ring.window]
-    w.sim.invoke(new.addr, lambda c: c.ring.announce(victim.ring.me, old))
-    w.sim.run(until=w.sim.now + 40)
-    w.sim.invoke(new.addr, lambda c: c.join([pubs[0].addr]))
+    w.restart(victim, 7, pubs[0].addr)
     w.sim.run(until=w.sim.now + 400)
     for s, f in subs.items():
         taken = list(dict.fromkeys(eid for _, sub, eid in w.got if sub == s))
@@ -593,3 +602,46 @@ def test_a_hand_over_relayed_by_brokers_that_took_nothing_over_settles_every_pub
         assert {eid for sub, eid in got if sub == s} == {
             ("p", i) for i in range(n) if subs[s].matches({"x": i % 3})
         }
+
+
+def test_a_flow_subscription_taken_over_twice_gets_its_derived_events_from_its_new_home() -> None:
+    """A flow subscription's broker dies and is restarted as a new member on its address;
+    its taker dies too, and the broker that takes it over then never knew the first home
+    died (its neighbours were restarted meanwhile). To it the subscription's home is alive,
+    so it hosted it as a load share's: its deliveries, transformed already, went home as
+    ``Delegated``, came back refused, and the edge transformed the derived events again,
+    into nothing: every publish settled, not one derived event delivered. The flow's
+    subscriptions are never hosted: the taker delivers them."""
+    w = World(5, seed=1, ack_delay=0.5, grouped=True)
+    order = w.order()
+    w.sim.invoke(order[1].addr, lambda c: c.deploy(Deployment.from_text(FLOW), nonce=1)[1])
+    w.sim.run(until=w.sim.now + 30)
+    home = order[2]
+    w.sim.invoke(home.addr, lambda c: c.subscribe_flow("f", "big", ""))
+    w.sim.run(until=w.sim.now + 60)
+    w.sim.crash(home.addr)
+    w.sim.run(until=w.sim.now + 80)
+    w.restart(home, 7, order[0].addr)
+    w.sim.run(until=w.sim.now + 100)
+    taker = next(b for b in w.brokers if b.addr != home.addr and "f" in b.subs)
+    for near in (taker.ring.left, taker.ring.right):  # (new members: they never knew home died)
+        assert near is not None
+        if near.addr != home.addr:
+            old = next(b for b in w.brokers if b.addr == near.addr)
+            w.sim.crash(old.addr)
+            w.sim.run(until=w.sim.now + 80)
+            w.restart(old, 9, taker.addr)
+            w.sim.run(until=w.sim.now + 100)
+    w.sim.crash(taker.addr)
+    w.sim.run(until=w.sim.now + 100)
+    (second,) = [b for b in w.brokers if b.addr not in (home.addr, taker.addr) and "f" in b.subs]
+    assert second._adopted["f"][0] == home.addr and home.addr not in second.repair.dead_addrs()
+    pub = next(b for b in w.brokers if b.addr not in (home.addr, taker.addr, second.addr))
+    w.got.clear()
+    start = w.sim.now
+    for i in range(60):
+        event = {"symbol": "S", "price": 1.0, "quantity": i, "level": i % 6, "exchange": "X", SPACE: "trades"}
+        w.sim.invoke(pub.addr, lambda c, e=event, i=i: c.publish(e, event_id=("p", i)), at=start + i / 4)
+    w.sim.run(until=start + 100)
+    assert sorted(pub.settled, key=lambda eid: eid[1]) == [("p", i) for i in range(60)]
+    assert [eid for _, sub, eid in w.got if sub == "f"] == [("p", i) for i in range(60) if i % 6 >= 3]

@@ -1007,7 +1007,10 @@ class RingBroker(Core):
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:
             gone = repair.dead_addrs()
-            out.extend(self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed))
+            flows = self.flows.subs.keys() | self.flows.parts.keys()
+            out.extend(
+                self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed, flows=flows)
+            )
         if ring.joined:
             repair.known.update((p.id, p.addr) for p in ring.links())
         if repair.paused:  # (one no longer a neighbour: what is kept for it goes to who took its side)

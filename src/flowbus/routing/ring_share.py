@@ -40,6 +40,8 @@ tasks" with a neighbour "by passing the information"; the decision and the ackno
   ``Delegated`` still on its way comes back too, in order on the link: until the last one
   sent has (:attr:`SharedSubs.pending`), the subscription's later events go the same way
   round, so its publishers' order holds (delivered at once, they overtook those coming back).
+  A deployed flow's subscriptions and partitions are never hosted (:meth:`SharedSubs.host`):
+  their deliveries are transformed or folded where they are held.
 
 Not done: an ``Unshare`` sent to a holder that died meanwhile is lost, and the broker that
 took over its state keeps matching that subscription (its deliveries to the home are dropped
@@ -125,10 +127,12 @@ class SharedSubs:
         dead: Collection[int],
         *,
         changed: bool,
+        flows: Collection[Hashable] = (),
     ) -> list[Effect]:
         """After a ring step (``changed``: its state changed from outside): ours acknowledged
         elsewhere no longer routed here, ours back in our state (taken over from their
-        holder) routed again; who hosts what (``adopted`` subs, ``dead`` addresses)."""
+        holder) routed again; who hosts what (``adopted`` subs, ``dead`` addresses, ``flows``
+        the deployed flows' subscriptions and partitions served here: see :meth:`host`)."""
         out: list[Effect] = []
         if ring.shares.placed:
             placed, ring.shares.placed = ring.shares.placed, {}
@@ -141,7 +145,7 @@ class SharedSubs:
                 out.extend(
                     router.adopt((self.addr, sub), parse(text[0] if isinstance(text, tuple) else text))
                 )
-            self.host(adopted, dead)
+            self.host(adopted, dead, flows)
         return out
 
     def placed(self, keys: Mapping[Hashable, int]) -> list[Hashable]:
@@ -161,14 +165,27 @@ class SharedSubs:
             del self.out[s]
         return came
 
-    def host(self, adopted: Mapping[Hashable, tuple[int, Hashable]], dead: Collection[int]) -> None:
+    def host(
+        self,
+        adopted: Mapping[Hashable, tuple[int, Hashable]],
+        dead: Collection[int],
+        flows: Collection[Hashable] = (),
+    ) -> None:
         """The adopted subscriptions whose home is another, live broker (a refused one still
-        waiting for its events to come back, too)."""
+        waiting for its events to come back, too). Not a deployed flow's subscription or
+        partition (``flows``): never shared (:meth:`movable`), one has a live home here only
+        when it was taken over (twice, say) from a broker whose address now speaks for a new
+        member we never knew was one. Its deliveries are transformed here before they are
+        redirected: a :class:`Delegated` carried the derived event, the new member sent it
+        back, and our edge transformed it again, into nothing (acknowledged, lost)."""
         self.pending = {s: p for s, p in self.pending.items() if p[0] not in dead}
         self.hosted = {
             s: home
             for s, (home, _) in adopted.items()
-            if home != self.addr and home not in dead and (s not in self.refused or s in self.pending)
+            if home != self.addr
+            and home not in dead
+            and s not in flows
+            and (s not in self.refused or s in self.pending)
         }
 
     def undelegated(self, msg: Undelegated, served: Collection[Hashable], grouped: bool) -> list[Effect]:

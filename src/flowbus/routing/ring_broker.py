@@ -703,7 +703,7 @@ class RingBroker(Core):
         straight on the new connection)."""
         if not self.custody or not self.ring.joined or dst not in self.router.neighbours:
             return []
-        if dst in self.repair.dead_addrs() or not self.ring.side_of_addr(dst):
+        if dst in self.repair.gone_addrs() or not self.ring.side_of_addr(dst):
             return []
         self._resyncing.add(dst)  # (what the router sent it may be lost too: see _resync)
         ids = list(dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting))

@@ -97,6 +97,12 @@ class Repair:
         """The addresses of the brokers we linked to that the ring found dead."""
         return {self.known[d] for d in self.ring.dead if d in self.known}
 
+    def gone_addrs(self) -> set[int]:
+        """The same, less those a live ring member speaks from now (a broker restarted on its
+        address, or one found dead while paused that joined anew): what is kept for a broker
+        there waits for a live one, as for any neighbour cut off for a while."""
+        return self.dead_addrs() - {p.addr for p in self.ring.links()}
+
     def keep(self, event: Mapping[str, Any], dead: int, side: int, key: Key | None) -> list[Effect]:
         """``event`` could not go to ``dead``: keep it for the broker that takes its place,
         and deliver it now to the subscriptions we took over from ``dead`` already."""
@@ -128,7 +134,7 @@ class Repair:
         side = self.ring.side_of_addr(dst)
         if not self._unconfirmed.get(publisher) and (
             not targets
-            or (all(s != side for _, s in targets) and not any(t in self.dead_addrs() for t, _ in targets))
+            or (all(s != side for _, s in targets) and not any(t in self.gone_addrs() for t, _ in targets))
         ):
             return False
         self.hold(event, dst)
@@ -277,7 +283,7 @@ class Repair:
             return []
         # (an address a live broker speaks from again is no dead one's: a broker restarted on
         # it; what was kept for the dead one waited for ever, and its publisher's later events)
-        dead = self.dead_addrs() - {p.addr for p in self.ring.links()}
+        dead = self.gone_addrs()
         out: list[Effect] = []
         keep: list[tuple[Mapping[str, Any], int, int]] = []
         keep_for: list[Key | None] = []

@@ -253,3 +253,44 @@ def test_the_nemesis_writes_both_proxies_rules(tmp_path: Path) -> None:
     noted = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
     assert noted[0]["links"] == [["b2", "b0"]] and noted[0]["params"] == {"delay_ms": 40, "jitter_ms": 10}
     assert [(n["hosts"], n["publisher"]) for n in noted[2:]] == [(["b1"], "pub0")] * 2 + [(["b0"], "pub0")]
+
+
+class FakeCutHosts(FakeHosts):
+    def __init__(self) -> None:
+        self.cuts: set[frozenset[str]] = set()
+
+    def cut(self, a: str, b: str, both: bool = True) -> None:
+        self.cuts.add(frozenset((a, b)))
+
+    def mend(self, a: str, b: str, both: bool = True) -> None:
+        self.cuts.discard(frozenset((a, b)))
+
+
+def test_a_partition_cuts_the_ring_in_its_order_when_made_and_the_heal_mends_those_links(
+    tmp_path: Path,
+) -> None:
+    """Brokers restarted by earlier faults joined elsewhere in the ring: by the order of the
+    run's start, "the ring split 2 + 3" cut it into interleaved sides (a broker whose both
+    ring neighbours were across the cut: each side found the other's lone brokers dead and
+    took them over, 16 s served twice in a traced run)."""
+    hosts = FakeCutHosts()
+    orders = [["b0", "b1", "b2", "b3", "b4"], ["b0", "b3", "b1", "b4", "b2"]]
+    nemesis = Nemesis(
+        cast(Hosts, hosts),
+        cast(Brokers, FakeBrokers()),
+        order=orders[0],
+        clients="c",
+        log=tmp_path / "faults.jsonl",
+        ring_order=lambda: orders[-1],
+    )
+    split = Fault("split", 1.0, 5.0, (1, 2), (3, 4, 0))  # (positions: two arcs of the ring)
+    nemesis.inject(split)
+    assert hosts.cuts == {frozenset((a, b)) for a in ("b3", "b1") for b in ("b4", "b2", "b0")}
+    orders.append(orders[0])  # (the order changes again before the heal)
+    nemesis.heal(split)
+    assert hosts.cuts == set()
+    noted = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert [n["hosts"] for n in noted] == [["b3", "b1"], ["b3", "b1"]]
+    orders.append(["b0", "b1"])  # (brokers that did not answer: the order known last, the split's)
+    nemesis.inject(Fault("one-way", 9.0, 2.0, (0,), (1,)))
+    assert hosts.cuts == {frozenset(("b0", "b3"))}

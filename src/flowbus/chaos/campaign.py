@@ -229,6 +229,7 @@ def run_one(
             proxies=proxies,
             publishers={p.name: names[p.first] for p in spec.publishers},
             where=root / "where.json",
+            ring_order=brokers.ring_order if c.overlay == "chordal-ring" else None,
         )
         poller = _Poller(brokers, root / "states.jsonl")
         poller.start()

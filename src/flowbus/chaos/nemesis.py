@@ -19,7 +19,10 @@ How it works:
   meets every one of its kinds once per round. The same mix and seed give the same
   schedule, whatever the machine.
 * :class:`Nemesis` carries a fault out on the hosts and brokers and heals it, and logs both
-  with their wall-clock times (``faults.jsonl``); a fault that cannot be made here (a
+  with their wall-clock times (``faults.jsonl``). Ring positions are read in the ring's
+  order *when the fault is made* (brokers restarted by earlier faults joined with new ids
+  elsewhere in the ring: by the order of the run's start, a "split 2 + 3" cut the ring into
+  interleaved sides); the heal mends the same brokers. A fault that cannot be made here (a
   network fault on loopback) is an :class:`~flowbus.errors.ExperimentError` before the run
   starts (:func:`check_mixes`).
 
@@ -58,7 +61,7 @@ import json
 import random
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -303,17 +306,19 @@ class Nemesis:
         proxies: Proxies | None = None,
         publishers: Mapping[str, str] | None = None,
         where: Path | None = None,
+        ring_order: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self.hosts = hosts
         self.brokers = brokers
         self.order = list(order)  # broker names in ring order (positions index it)
+        self.ring_order = ring_order  # the order now (read at each fault; None: fixed)
         self.clients = clients
         self.log = log
         self.proxies = proxies  # the brokers' proxies (runs of mixes with faults of links)
         self.publishers = dict(publishers or {})  # publisher -> the broker it is given first
         self.where = where  # the workload's where.json: publisher -> "host:port" it is connected to
         self.injected = 0
-        self._struck: dict[Fault, list[str]] = {}  # ack-cut -> the broker it struck
+        self._struck: dict[Fault, tuple[list[str], list[str]]] = {}  # fault -> (victims, others) made
 
     def _names(self, positions: Sequence[int]) -> list[str]:
         return [self.order[i % len(self.order)] for i in positions]
@@ -323,14 +328,18 @@ class Nemesis:
         names = list(self.publishers)
         return names[fault.targets[0] % len(names)] if names else None
 
+    def _sides(self, fault: Fault) -> tuple[list[str], list[str]]:
+        """The brokers ``fault`` strikes and, for a partition or links, the far side: as it
+        was made (see :meth:`inject`)."""
+        made = self._struck.get(fault)
+        return made if made is not None else (self._victims(fault), self._names(fault.others))
+
     def _victims(self, fault: Fault) -> list[str]:
         """The brokers ``fault`` strikes: at its ring positions; an ``ack-cut``'s is the
         broker its publisher is connected to when it is made (the workload's ``where``; else
         the one the publisher is given first), where acknowledgements flow."""
         if fault.kind != "ack-cut" or not self.publishers:
             return self._names(fault.targets)
-        if fault in self._struck:
-            return self._struck[fault]
         publisher = self._publisher(fault)
         assert publisher is not None
         victim = self.publishers[publisher]
@@ -344,10 +353,10 @@ class Nemesis:
 
     def _links(self, fault: Fault) -> list[tuple[str, str]]:
         """A link fault's links (both ends)."""
-        return list(zip(self._names(fault.targets), self._names(fault.others), strict=True))
+        return list(zip(*self._sides(fault), strict=True))
 
     def _note(self, what: str, fault: Fault, **more: Any) -> None:
-        row = {"t": time.time(), "what": what, **asdict(fault), "hosts": self._victims(fault), **more}
+        row = {"t": time.time(), "what": what, **asdict(fault), "hosts": self._sides(fault)[0], **more}
         row["params"] = fault.rules
         if fault.kind in LINKS:
             links = self._links(fault)
@@ -364,9 +373,12 @@ class Nemesis:
         return self.proxies
 
     def inject(self, fault: Fault) -> None:
+        if self.ring_order is not None and fault.kind != "ack-cut":
+            now = list(self.ring_order())
+            if sorted(now) == sorted(self.order):  # (all answered: else the order known last)
+                self.order = now
         victims, others = self._victims(fault), self._names(fault.others)
-        if fault.kind == "ack-cut":
-            self._struck[fault] = victims
+        self._struck[fault] = (victims, others)
         kind, hosts, brokers = fault.kind, self.hosts, self.brokers
         self._note("inject", fault)
         self.injected += 1
@@ -410,7 +422,7 @@ class Nemesis:
             raise ExperimentError(f"unknown fault kind {kind!r}")
 
     def heal(self, fault: Fault) -> None:
-        victims, others = self._victims(fault), self._names(fault.others)
+        victims, others = self._sides(fault)
         kind, hosts, brokers = fault.kind, self.hosts, self.brokers
         failed: list[str] = []
         if kind in LINKS:

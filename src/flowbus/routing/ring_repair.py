@@ -222,7 +222,10 @@ class Repair:
         to as a :class:`~flowbus.routing.cbr.Publish` already (a tree neighbour by now): it
         routes it to what it serves, the taken-over subscriptions included. Both sent, the
         custody record kept one message per neighbour, the hand-over: declined by the
-        neighbour (no lease) and sent again, the publish was lost for the brokers beyond."""
+        neighbour (no lease) and sent again, the publish was lost for the brokers beyond.
+        While events of its publisher are kept, it is kept behind them, for the same dead
+        broker (:meth:`keep`): handed over at once, it overtook them (their hand-overs went
+        at the next flush; a traced mixed run: 7 out of order)."""
         if event is None or not self.orphans:
             return effects
         out = list(effects)
@@ -234,7 +237,12 @@ class Repair:
                 continue
             if published is None:
                 published = {e.dst for e in effects if type(e) is Send and type(e.msg) is cbr.Publish}
-            if now.addr not in published:
+            if now.addr in published:
+                continue
+            publisher = publish_order(event[EVENT_ID])[0]
+            if self._targets.get(publisher) or self._unconfirmed.get(publisher):
+                out.extend(self.keep(event, dead, side, self.custodian.step.get(event[EVENT_ID])))
+            else:
                 out.append(Send(now.addr, HandedOver(event, dead)))
         return out
 

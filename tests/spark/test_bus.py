@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -233,3 +234,70 @@ def test_flowbus_run_names_an_unknown_space_and_a_schema_clash(ring: list[str], 
     )
     assert clash.returncode == 2
     assert "space 'trades' has no field 'com'" in " ".join(clash.stderr.split())
+
+
+def test_a_streaming_read_keeps_exactly_once_when_its_subscriptions_broker_is_killed(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A query reads ``trades`` from a ring of three brokers; its subscription's broker is
+    killed (``kill -9``) between two micro-batches while the publisher goes on, and started
+    again on its data (it hands its queue to the subscription's taker, which numbers the
+    events its own way). The query, restarted on its checkpoint as after a driver's crash,
+    goes on at the taker: every event once, in each publisher's order."""
+    register(spark)
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    listen = f"127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(where: str, join: list[str], data: str) -> str:
+        log = tmp_path / f"{data}-{len(procs)}.log"
+        proc = start_process(where, join=join, data=tmp_path / data, config=tmp_path / "config.yaml", log=log)
+        procs.append(proc)
+        return _ready(proc, 60)
+
+    rows: list[Any] = []
+    try:
+        ring = [start(listen, [], "b0")]
+        ring += [start("127.0.0.1:0", ring[:1], f"b{i}") for i in (1, 2)]
+        time.sleep(1.0)  # (the ring settles)
+        source = {"brokers": ",".join(ring), "space": "trades", "subscription": "kill-src", "timeout": "60"}
+
+        def query() -> Any:
+            df = spark.readStream.format("flowbus").options(**source).load()
+            writer = df.writeStream.foreachBatch(lambda d, _: rows.extend(d.collect()))
+            return writer.option("checkpointLocation", str(tmp_path / "ck")).start()
+
+        def publish(name: str, vols: range) -> None:
+            with SyncClient(ring[2], name=name) as pub:
+                for i in vols:
+                    pub.publish("trades", {"issue": f"I{i}", "price": 1.0, "vol": i})
+                pub.flush(60)
+
+        q = query()
+        try:
+            q.processAllAvailable()
+            publish("p1", range(100))
+            q.processAllAvailable()
+        finally:
+            q.stop()
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(10)
+        publish("p2", range(100, 200))
+        start(listen, ring[1:2], "b0")  # (on its data: its queue goes to the taker)
+        q = query()
+        try:
+            deadline = time.monotonic() + 120
+            while len(rows) < 200 and time.monotonic() < deadline:
+                q.processAllAvailable()
+                time.sleep(0.5)
+            publish("p3", range(200, 250))
+            q.processAllAvailable()
+        finally:
+            q.stop()
+    finally:
+        for proc in procs:
+            stop(proc)
+    assert [r["vol"] for r in rows] == list(range(250))

@@ -15,9 +15,20 @@ How it works:
   queued (``top``). Nothing changes: a reader that dies re-reads the same rows.
 * **Acknowledge** (``QueueAck``): the rows up to a position leave the queue (if the store is
   full, the acknowledgement is refused, naming it: the reader acknowledges again later).
-* **Positions are one increasing sequence per broker**, over all its subscriptions: once a
+* **Positions are one increasing sequence per store**, over all its subscriptions: once a
   read has seen ``top`` for some subscriptions, no row at or below it can still come for
-  any of them, so one position cuts several subscriptions consistently.
+  any of them, so one position cuts several subscriptions consistently. Every answer names
+  the store (:attr:`~flowbus.broker.store.Store.identity`): positions of another store (the
+  subscription taken over by another broker) mean nothing here.
+* **Marks** (``QueueRead(marks=True)``): per publisher, the highest sequence number queued
+  at positions ``(after, upto]`` (ids only read), what a reader that must not depend on one
+  store's positions keeps (:class:`flowbus.client.pull.Mark`).
+* **Taken over** (:mod:`flowbus.broker.handover`): a subscription this broker took over from
+  a dead one waits for the dead one's queue (its older events, put before what came here
+  meanwhile, and the positions numbered anew); until it has come (or is given up), a read
+  answers no rows, ``top`` 0 and ``awaiting``. ``QueueOpen(resume=True)`` at a broker that
+  does not serve the subscription answers ``not here``: a reader that finds its subscription
+  after a takeover does not make a second one elsewhere.
 
 A subscription another connection has attached (a plain ``Subscribe``) is not pulled: its
 events go to that connection, and a read is refused.
@@ -58,24 +69,32 @@ class Pulls:
             why = self._clash(sub, msg)
             if why is not None:
                 return False, why, None
-            return True, None, {"top": queues.store.top(sub.sub_id)}
-        ok, error = queues.subscribe(session, p.Subscribe(msg.req, msg.sub_id, msg.space, msg.filter, True))
+            return True, None, {"top": queues.store.top(sub.sub_id), "store": queues.store.identity}
+        subscribe = p.Subscribe(msg.req, msg.sub_id, msg.space, msg.filter, True, resume=msg.resume)
+        ok, error = queues.subscribe(session, subscribe)
         if not ok:
             return False, error, None
-        queues.subs[msg.sub_id].detach()  # (in this step: no delivery reached it)
-        return True, None, {"top": 0}
+        sub = queues.subs[msg.sub_id]  # (made now, or taken over from a dead broker)
+        sub.detach()  # (in this step: no delivery reached it)
+        return True, None, {"top": queues.store.top(sub.sub_id), "store": queues.store.identity}
 
     def read(self, session: Session, msg: p.QueueRead) -> Answer:
         sub, why = self._pulled(msg.sub_id)
         if sub is None:
             return False, why, None
         store = self.queues.store
+        if sub.awaiting is not None:  # (its former broker's queue comes first, renumbered)
+            return True, None, {"top": 0, "rows": [], "marks": {}, "store": store.identity, "awaiting": True}
+        top = store.top(sub.sub_id)
+        if msg.marks:
+            marks = store.marks(sub.sub_id, msg.after, min(msg.upto, top))
+            return True, None, {"top": top, "marks": marks, "store": store.identity}
         limit = max(0, min(msg.limit, MAX_ROWS))
         rows = []
         for row in store.between(sub.sub_id, msg.after, msg.upto, limit) if limit else ():
             (publisher, pseq), event = msgpack.unpackb(row.payload)
             rows.append([row.seq, publisher, pseq, event])
-        return True, None, {"top": store.top(sub.sub_id), "rows": rows}
+        return True, None, {"top": top, "rows": rows, "store": store.identity}
 
     def ack(self, session: Session, msg: p.QueueAck) -> Answer:
         sub, why = self._pulled(msg.sub_id)

@@ -19,7 +19,8 @@ How it works: one SQLite database per broker, in WAL mode (readers never block t
   them before its tree neighbours sync it.
 * ``meta(key, value)``: the ring member this broker is (its id and its ring neighbours'
   addresses, :meth:`Store.membership`): a broker restarted on its data comes back as a new
-  member and tells them the old one is gone (:mod:`flowbus.broker.handover`).
+  member and tells them the old one is gone (:mod:`flowbus.broker.handover`); and the
+  store's own name (:attr:`Store.identity`), under which its queue positions are one sequence.
 
 **Syncing** (``sync``): ``"normal"`` (SQLite's ``synchronous=NORMAL`` in WAL mode) is
 durable across a process crash, which is what a broker's ``kill -9`` is, but a power loss
@@ -37,10 +38,13 @@ write commits again. Reads go on as usual.
 
 from __future__ import annotations
 
+import ast
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from flowbus.errors import StoreError, StoreFull
@@ -191,6 +195,18 @@ class Store:
                 [("ring_id", str(ring_id)), ("window", ",".join(window))],
             )
 
+    @cached_property
+    def identity(self) -> str:
+        """This store's own name, made once and kept on its disk: the queue positions it gives
+        are one sequence under it (a reader of positions knows them from another store's)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        if row is not None:
+            return str(row[0])
+        made = uuid.uuid4().hex
+        with self._tx("name the store") as db:
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('store_id', ?)", (made,))
+            return str(db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
+
     def forget_membership(self) -> None:
         with self._tx("forget the ring membership") as db:
             db.execute("DELETE FROM meta WHERE key IN ('ring_id', 'window')")
@@ -305,6 +321,21 @@ class Store:
             (sub_id, after, upto, limit),
         )
         return [QueuedEvent(s, e, bytes(p)) for s, e, p in rows]
+
+    def marks(self, sub_id: str, after: int, upto: int) -> dict[str, int]:
+        """Per publisher, the highest sequence number of ``sub_id``'s queued events at
+        positions in ``(after, upto]`` (their ids only are read)."""
+        out: dict[str, int] = {}
+        rows = self._db.execute(
+            "SELECT event_id FROM queue WHERE sub_id = ? AND seq > ? AND seq <= ?", (sub_id, after, upto)
+        )
+        for (text,) in rows:
+            eid = ast.literal_eval(text)  # (the repr of an event id, (publisher, pseq) as a rule)
+            if isinstance(eid, tuple) and len(eid) == 2 and isinstance(eid[1], int):
+                publisher = str(eid[0])
+                if eid[1] > out.get(publisher, -1):
+                    out[publisher] = eid[1]
+        return out
 
     def top(self, sub_id: str) -> int:
         """The highest position queued for ``sub_id`` (0: none)."""

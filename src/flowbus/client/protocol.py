@@ -30,13 +30,15 @@ Client -> broker:
   ``(req)``: deploy a flow (its document, :attr:`flowbus.flow.deploy.Deployment.text`) on the
   network, withdraw one, list them; answered by :class:`Reply` whose ``data`` describes the
   flow(s) (name, version, spaces).
-* :class:`QueueOpen` ``(req, sub_id, space, filter)``, :class:`QueueRead` ``(req, sub_id,
-  after, upto, limit)``, :class:`QueueAck` ``(req, sub_id, upto)``: a *pulled* durable
-  subscription (:mod:`flowbus.broker.pull`): no connection is attached to it, so every event
-  it gets waits in its broker's SQLite queue at a position (the queue's increasing key); a
-  reader reads positions ``(after, upto]`` as often as it likes and acknowledges up to a
-  position when it is done with them. Answered by :class:`Reply`, whose ``data`` holds the
-  highest position queued (``top``) and the rows read (``[position, publisher, pseq, event]``).
+* :class:`QueueOpen` ``(req, sub_id, space, filter, resume)``, :class:`QueueRead` ``(req,
+  sub_id, after, upto, limit, marks)``, :class:`QueueAck` ``(req, sub_id, upto)``: a *pulled*
+  durable subscription (:mod:`flowbus.broker.pull`): no connection is attached to it, so
+  every event it gets waits in its broker's SQLite queue at a position (the queue's
+  increasing key); a reader reads positions ``(after, upto]`` as often as it likes and
+  acknowledges up to a position when it is done with them. Answered by :class:`Reply`, whose
+  ``data`` holds the name of the store whose positions they are (``store``), the highest
+  position queued (``top``) and the rows read (``[position, publisher, pseq, event]``), or
+  with ``marks`` each publisher's highest sequence number in the range (``marks``).
 * :class:`ReloadAcl` ``(req)``: the broker reads the rights of its config file again
   (needs the ``admin`` right on ``acl``); answered by :class:`Reply` whose ``data`` says what
   changed (docs/security.md).
@@ -329,12 +331,14 @@ def _unpack(batch: bytes, what: str) -> list[Any]:
 @wire.message("client.queue_open")
 @dataclass(frozen=True, slots=True)
 class QueueOpen:
-    """Make (or find) the pulled durable subscription ``sub_id`` to ``space`` (``filter``)."""
+    """Make (or find) the pulled durable subscription ``sub_id`` to ``space`` (``filter``);
+    ``resume``: only find it (``error="not here"`` at a broker that does not serve it)."""
 
     req: int
     sub_id: str
     space: str
     filter: str
+    resume: bool = False
 
     def __post_init__(self) -> None:
         _name(self.sub_id, "QueueOpen.sub_id")
@@ -344,13 +348,15 @@ class QueueOpen:
 @wire.message("client.queue_read")
 @dataclass(frozen=True, slots=True)
 class QueueRead:
-    """The first ``limit`` events of ``sub_id``'s queue at positions in ``(after, upto]``."""
+    """The first ``limit`` events of ``sub_id``'s queue at positions in ``(after, upto]``;
+    ``marks``: instead, per publisher the highest sequence number queued there."""
 
     req: int
     sub_id: str
     after: int
     upto: int
     limit: int
+    marks: bool = False
 
 
 @wire.message("client.queue_ack")

@@ -14,18 +14,23 @@ How it works:
 
 * **Reading** uses a *pulled* durable subscription per space (:mod:`flowbus.broker.pull`,
   named by the ``subscription`` option, ``spark-<spaces>`` by default): the broker keeps
-  each of its events in its SQLite queue at a position, one increasing sequence per broker.
-  An offset is ``{"seq": P}``: a micro-batch reads positions ``(start, end]`` of every space
-  (one partition per space), in a Python worker with a connection of its own, and changes
-  nothing at the broker; only :meth:`BusStreamReader.commit` (Spark committed the batch)
-  acknowledges up to ``end``, so a query restarted from its checkpoint re-reads what it had
-  not committed, and nothing it had. ``latestOffset`` is the highest position queued for
-  any of the spaces: positions are given in arrival order, so no event at or below it can
-  still come. Every call opens the subscriptions first (found, or made: a new query's
-  subscription holds what was published from its first start on). The rows have the
-  event's position (``_seq``), space and id (``_publisher``, ``_pseq``), then the space's
-  fields (typed by its schema) -- or, with several spaces, one struct column per space.
-  A batch read (``spark.read``) gives what the subscriptions hold, without acknowledging.
+  each of its events in its SQLite queue at a position, one increasing sequence per store.
+  An offset holds a :class:`~flowbus.client.pull.Mark` per space (``{"spaces": {space:
+  {"seq", "store", "marks"}}}``: a position, the store it is one of, and per publisher the
+  highest sequence number read up to it). A micro-batch reads, per space (one partition
+  each), in a Python worker with a connection of its own, what is queued between its start
+  and end marks, and changes nothing at the broker; only :meth:`BusStreamReader.commit`
+  (Spark committed the batch) acknowledges up to ``end``, so a query restarted from its
+  checkpoint re-reads what it had not committed, and nothing it had. ``latestOffset`` marks
+  what is queued now. Every call finds the broker that serves the subscription now
+  (:func:`~flowbus.client.pull.serving`: a new query's is made at the first broker that
+  answers, and holds what was published from its first start on). So when that broker dies
+  and another takes the subscription over, with positions of its own and maybe events the
+  dead one had queued already, each event is still read once: by the marks (the module
+  note of :mod:`flowbus.client.pull`). The rows have the event's position (``_seq``, at its
+  store), space and id (``_publisher``, ``_pseq``), then the space's fields (typed by its
+  schema) -- or, with several spaces, one struct column per space. A batch read
+  (``spark.read``) gives what the subscriptions hold, without acknowledging.
 * **Writing** publishes each row (its columns not starting with ``_``) into ``space``, from
   each task's own client, named after the query, the micro-batch and the partition
   (``spark/<query id>/<batch>/<partition>``; a batch write's ``id`` option stands for the
@@ -46,9 +51,10 @@ An unreachable broker, an unknown space and a schema clash are errors naming it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -76,7 +82,7 @@ from pyspark.sql.types import (
 )
 
 from flowbus.client.client import Client, connect
-from flowbus.client.pull import PulledSubscription
+from flowbus.client.pull import Mark, serving
 from flowbus.errors import ClientError, SchemaError
 from flowbus.model import Schema
 
@@ -238,32 +244,77 @@ class FlowbusDataSource(DataSource):
 
 @dataclass(frozen=True)
 class SpaceRange(InputPartition):  # type: ignore[misc]
-    """The events of ``space`` at positions ``(after, upto]``."""
+    """The events of ``space`` queued after the mark ``start`` up to the mark ``end``
+    (:meth:`Mark.to_json`)."""
 
     space: str
-    after: int
-    upto: int
+    start: dict[str, Any]
+    end: dict[str, Any]
 
 
-async def _open_all(opts: BusOptions, c: Client) -> list[PulledSubscription]:
-    return [await PulledSubscription.open(c, opts.sub_id(s), s, opts.filter) for s in opts.spaces]
+@dataclass(frozen=True)
+class HeldRange(InputPartition):  # type: ignore[misc]
+    """What ``space``'s subscription holds now (a batch read)."""
+
+    space: str
 
 
-async def _top(opts: BusOptions) -> int:
-    async with opts.client() as c:
-        return max([await q.top() for q in await _open_all(opts, c)], default=0)
+def _serving(opts: BusOptions, space: str, *, resume: bool = True) -> Any:
+    """The pulled subscription of ``space`` at the broker that serves it (see serving)."""
+    return serving(opts.brokers, opts.sub_id(space), space, opts.filter, resume=resume, timeout=opts.timeout)
 
 
-async def _ack(opts: BusOptions, upto: int) -> None:
-    async with opts.client() as c:
-        for q in await _open_all(opts, c):
-            await q.ack(upto)
+Offset = dict[str, Any]  # {"spaces": {space: Mark.to_json()}}
+
+
+def _marks(opts: BusOptions, offset: Offset) -> dict[str, Mark]:
+    """An offset's mark per space (one from before marks, ``{"seq": P}``: P at every space)."""
+    spaces = offset.get("spaces")
+    if spaces is None:
+        return {s: Mark(int(offset.get("seq", 0))) for s in opts.spaces}
+    return {s: Mark.from_json(spaces.get(s, {})) for s in opts.spaces}
+
+
+def _offset(marks: dict[str, Mark]) -> Offset:
+    return {"spaces": {s: m.to_json() for s, m in marks.items()}}
+
+
+async def _initial(opts: BusOptions) -> Offset:
+    marks = {}
+    for s in opts.spaces:  # (found, or made: they hold what is published from now on)
+        async with _serving(opts, s, resume=False) as q:
+            marks[s] = Mark(0, q.store)
+    return _offset(marks)
+
+
+async def _latest(opts: BusOptions, start: Offset) -> Offset:
+    """What is queued now. The spaces' subscriptions in one store are cut at one position
+    (the highest queued for any of them: no row at or below it can still come), so their
+    rows' positions order them across batches (``flowbus run`` merges its spaces by them)."""
+    starts = _marks(opts, start)
+    async with contextlib.AsyncExitStack() as stack:
+        qs = {s: await stack.enter_async_context(_serving(opts, s)) for s in opts.spaces}
+        stores = {q.store for q in qs.values()}
+        cut = None
+        if len(stores) == 1 and all(m.at(q.store) for m, q in zip(starts.values(), qs.values(), strict=True)):
+            cut = max([await q.top() for q in qs.values()], default=0)
+        return _offset({s: await q.advance(starts[s], cut) for s, q in qs.items()})
+
+
+async def _commit(opts: BusOptions, end: Offset) -> None:
+    for s, mark in _marks(opts, end).items():
+        async with _serving(opts, s) as q:
+            await q.commit(mark)
 
 
 async def _read(opts: BusOptions, part: SpaceRange) -> list[Any]:
-    async with opts.client() as c:
-        q = await PulledSubscription.open(c, opts.sub_id(part.space), part.space, opts.filter)
-        return await q.read(after=part.after, upto=part.upto)
+    async with _serving(opts, part.space) as q:
+        return cast(list[Any], await q.between(Mark.from_json(part.start), Mark.from_json(part.end)))
+
+
+async def _held(opts: BusOptions, space: str) -> list[Any]:
+    async with _serving(opts, space, resume=False) as q:
+        return cast(list[Any], await q.read(after=0, upto=await q.top(wait=opts.timeout)))
 
 
 def _batch(opts: BusOptions, schema: StructType, space: str, rows: Sequence[Any]) -> pa.RecordBatch:
@@ -300,18 +351,19 @@ class BusStreamReader(DataSourceStreamReader):
         self.opts = opts
         self.schema = schema
 
-    def initialOffset(self) -> dict[str, int]:
-        _run(_top(self.opts))  # (opens the subscriptions: they hold events from now on)
-        return {"seq": 0}
+    def initialOffset(self) -> Offset:
+        return _run(_initial(self.opts))  # type: ignore[no-any-return]
 
-    def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None) -> dict[str, int]:
-        top = _run(_top(self.opts))
-        return {"seq": max(top, start["seq"] if start else 0)}
+    def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
+        return _run(_latest(self.opts, start if start is not None else _run(_initial(self.opts))))  # type: ignore[no-any-return]
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        if start["seq"] >= end["seq"]:
-            return []
-        return [SpaceRange(s, start["seq"], end["seq"]) for s in self.opts.spaces]
+    def partitions(self, start: Offset, end: Offset) -> list[InputPartition]:
+        starts, ends = _marks(self.opts, start), _marks(self.opts, end)
+        return [
+            SpaceRange(s, starts[s].to_json(), ends[s].to_json())
+            for s in self.opts.spaces
+            if starts[s] != ends[s]
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SpaceRange)
@@ -319,8 +371,8 @@ class BusStreamReader(DataSourceStreamReader):
         if rows:
             yield _batch(self.opts, self.schema, partition.space, rows)
 
-    def commit(self, end: dict[str, int]) -> None:
-        _run(_ack(self.opts, end["seq"]))
+    def commit(self, end: Offset) -> None:
+        _run(_commit(self.opts, end))
 
 
 class BusReader(DataSourceReader):
@@ -331,12 +383,11 @@ class BusReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[InputPartition]:
-        top = _run(_top(self.opts))
-        return [SpaceRange(s, 0, top) for s in self.opts.spaces]
+        return [HeldRange(s) for s in self.opts.spaces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SpaceRange)
-        rows = _run(_read(self.opts, partition))
+        assert isinstance(partition, HeldRange)
+        rows = _run(_held(self.opts, partition.space))
         if rows:
             yield _batch(self.opts, self.schema, partition.space, rows)
 

@@ -75,7 +75,7 @@ events wait until the link is back).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +93,7 @@ from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
 from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
+from flowbus.routing.memo import compiled
 from flowbus.routing.ring_barrier import Barriers, Drain, Drained
 from flowbus.routing.ring_custody import (
     EVENT_ID,
@@ -103,6 +104,7 @@ from flowbus.routing.ring_custody import (
     Key,
     Resume,
     Resumed,
+    publish_order,
     relay_id,
     relayed,
 )
@@ -142,6 +144,11 @@ DEDUP_EVENTS = 50_000
 
 OWED_ROUNDS = 10
 """Heartbeat rounds a new tree neighbour waits at most for our ``Synced`` (see the note)."""
+
+REPLAY_ROUNDS = 12
+"""Heartbeat rounds of events a broker routed that it delivers again to subscriptions it
+takes over from a dead broker (see :meth:`RingBroker._replay`): longer than a death takes
+to be found and taken up (the guard, a probe, the backup's first live holder)."""
 
 
 @wire.message("ringbroker.synced")
@@ -195,6 +202,8 @@ class RingBroker(Core):
         self.repair = Repair(self.ring, self.router, self.custodian)  # kept events (ring_repair.py)
         self.barrier = Barriers()  # takeovers' deliveries waiting for what was kept (ring_barrier.py)
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
+        self._recent: deque[list[Mapping[str, Any]]] = deque([[]], maxlen=REPLAY_ROUNDS)  # events
+        # routed here, by heartbeat round (with custody: see _replay)
         self._adopted: dict[Hashable, tuple[int, Hashable]] = {}  # taken-over sub -> its origin
         self._seq = 0
         self._delivered: OrderedDict[Any, Any] = OrderedDict()  # event id -> its subs (tuple, set)
@@ -648,6 +657,8 @@ class RingBroker(Core):
             return self._out(self._route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now)))
         if key == ("ring", "heartbeat"):
+            if self.custody:
+                self._recent.append([])
             if self._owed:
                 self._owed = {a: n + 1 for a, n in self._owed.items()}
                 out += self._pay(overdue=True)
@@ -910,9 +921,27 @@ class RingBroker(Core):
         return self.express.route(out, SPACE) if self.express.on else out
 
     def _open(self, src: int | None, event: Mapping[str, Any]) -> None:
-        """This step routes ``event`` (from ``src``; None: published here), in custody if on."""
+        """This step routes ``event`` (from ``src``; None: published here), in custody if on
+        (and remembered for a while: :meth:`_replay`)."""
         if self.custody:
             self.custodian.open(src, event)
+            self._recent[-1].append(event)
+
+    def _replay(self, sub: Hashable, filt: Filter) -> list[Effect]:
+        """The events routed here in the last ``REPLAY_ROUNDS`` heartbeat rounds that ``filt``
+        matches, delivered again to ``sub``, taken over now from a dead broker (in each
+        publisher's order, held by the takeover's barrier with the kept ones; the ones its
+        clients had are dropped by id, here, in the store, in the client). Those this broker
+        routed before it served ``sub`` were owed to it and kept by nobody when the brokers
+        on their way to it died too: two adjacent brokers at the end of the tree die at once,
+        the far one is taken over across the cut by a broker whose own publishes of the
+        moment went towards the near one; its taker, which knew nothing of the far one's
+        subscriptions, delivered them to its own only (a simulator run: 5-19 acknowledged
+        events lost of each of the far one's subscriptions)."""
+        matches = compiled(filt)
+        owed = [e for events in self._recent for e in events if relayed(e[EVENT_ID]) is None and matches(e)]
+        owed.sort(key=lambda e: publish_order(e[EVENT_ID]))
+        return [Deliver(sub, e) for e in owed]
 
     def _cost(self, subs: Iterable[Hashable]) -> None:
         """Deliveries to our own subscriptions, counted per state entry (a load share moves
@@ -996,6 +1025,8 @@ class RingBroker(Core):
                 out.extend(self.router.adopt(origin_of(key), filt, keep=keep))
                 out.extend(self.flow_side.adopted(key[1]))
                 out.extend(repair.taken_over(key[1], filt, fresh_dead))
+                if self.custody and any(a is not None for a in fresh_dead) and key[1] not in self.flows.parts:
+                    out.extend(self._replay(key[1], filt))
                 for a in {a for a in fresh_dead if a is not None}:
                     behind.setdefault(a, []).append(key[1])
         if behind and self.custody and ring.joined:  # (their deliveries wait for what was kept)

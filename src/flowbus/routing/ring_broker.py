@@ -82,9 +82,10 @@ from typing import Any
 
 from flowbus import wire
 from flowbus.core import Core, Deliver, DeliverAll, Effect, Send
-from flowbus.errors import ProtocolError, UserError
+from flowbus.errors import FilterError, ProtocolError, SubscriptionError, UserError
 from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.matching import Matcher
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
@@ -927,21 +928,40 @@ class RingBroker(Core):
             self.custodian.open(src, event)
             self._recent[-1].append(event)
 
-    def _replay(self, sub: Hashable, filt: Filter) -> list[Effect]:
-        """The events routed here in the last ``REPLAY_ROUNDS`` heartbeat rounds that ``filt``
-        matches, delivered again to ``sub``, taken over now from a dead broker (in each
-        publisher's order, held by the takeover's barrier with the kept ones; the ones its
+    def _replay(self, taken: Sequence[tuple[Hashable, Filter]]) -> list[Effect]:
+        """The events routed here in the last ``REPLAY_ROUNDS`` heartbeat rounds, delivered
+        again to the subscriptions ``taken`` over now from a dead broker that they match (in
+        each publisher's order, held by the takeover's barrier with the kept ones; those the
         clients had are dropped by id, here, in the store, in the client). Those this broker
-        routed before it served ``sub`` were owed to it and kept by nobody when the brokers
-        on their way to it died too: two adjacent brokers at the end of the tree die at once,
-        the far one is taken over across the cut by a broker whose own publishes of the
-        moment went towards the near one; its taker, which knew nothing of the far one's
-        subscriptions, delivered them to its own only (a simulator run: 5-19 acknowledged
-        events lost of each of the far one's subscriptions)."""
-        matches = compiled(filt)
-        owed = [e for events in self._recent for e in events if relayed(e[EVENT_ID]) is None and matches(e)]
-        owed.sort(key=lambda e: publish_order(e[EVENT_ID]))
-        return [Deliver(sub, e) for e in owed]
+        routed before it served them were owed to them and kept by nobody when the brokers
+        on their way to them died too: two adjacent brokers at an end of the tree die at
+        once, the far one is taken over across the cut by a broker whose own publishes of
+        the moment went towards the near one; the near one's taker, which knew nothing of
+        the far one's subscriptions, delivered them to its own only (a simulator run: 5-19
+        acknowledged events lost of each of the far one's subscriptions). One matcher pass
+        over the remembered events for all of them."""
+        seen: dict[Any, Mapping[str, Any]] = {}
+        for events in self._recent:
+            for e in events:
+                eid = e[EVENT_ID]
+                if relayed(eid) is None:
+                    seen.setdefault(eid, e)
+        if not seen or not taken:
+            return []
+        owed = sorted(seen.values(), key=lambda e: publish_order(e[EVENT_ID]))
+        matcher = Matcher(workers=1)
+        slow: list[tuple[Hashable, Any]] = []  # (the filters the matcher does not take)
+        for i, (sub, filt) in enumerate(taken):
+            try:
+                matcher.add(i, filt)
+            except (FilterError, SubscriptionError):
+                slow.append((sub, compiled(filt)))
+        hits: list[Any] = matcher.match_batch(owed) if len(matcher) else [()] * len(owed)
+        out: list[Effect] = []
+        for event, ids in zip(owed, hits, strict=True):
+            out.extend(Deliver(taken[int(i)][0], event) for i in ids)
+            out.extend(Deliver(sub, event) for sub, matches in slow if matches(event))
+        return out
 
     def _cost(self, subs: Iterable[Hashable]) -> None:
         """Deliveries to our own subscriptions, counted per state entry (a load share moves
@@ -1017,6 +1037,7 @@ class RingBroker(Core):
         # it learns where the subscription is now: it withdraws the entry then, with them)
         keep = set(self.router.neighbours) if changed else set()
         behind: dict[int, list[Hashable]] = {}  # fresh dead -> the subs taken over from it now
+        replay: list[tuple[Hashable, Filter]] = []  # (see _replay)
         for key, text in list(ring.state.items()) if changed else ():
             if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
                 self.subs.add(key[1])
@@ -1025,10 +1046,12 @@ class RingBroker(Core):
                 out.extend(self.router.adopt(origin_of(key), filt, keep=keep))
                 out.extend(self.flow_side.adopted(key[1]))
                 out.extend(repair.taken_over(key[1], filt, fresh_dead))
-                if self.custody and any(a is not None for a in fresh_dead) and key[1] not in self.flows.parts:
-                    out.extend(self._replay(key[1], filt))
+                if self.custody and key[1] not in self.flows.parts:
+                    replay.append((key[1], filt))
                 for a in {a for a in fresh_dead if a is not None}:
                     behind.setdefault(a, []).append(key[1])
+        if replay and any(a is not None for a in fresh_dead):
+            out.extend(self._replay(replay))
         if behind and self.custody and ring.joined:  # (their deliveries wait for what was kept)
             live = [p.addr for p in ring.links() if p.id not in ring.dead and p.addr != self.addr]
             for a, subs in sorted(behind.items()):

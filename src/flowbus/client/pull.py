@@ -53,6 +53,10 @@ QueuedRow = tuple[int, tuple[str, int], dict[str, Any]]
 AWAIT_POLL = 0.5
 """Seconds between two reads of a subscription that awaits its former broker's queue."""
 
+AWAIT_LIMIT = 600.0
+"""Seconds a read waits at most for that queue (the broker gives up on it after its
+``backlog_wait``, 300 s by default, and serves what it has)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Mark:
@@ -114,7 +118,7 @@ class PulledSubscription:
         if time.monotonic() > deadline:
             raise SubscribeError(f"{self.id!r} at broker {self.client.broker} still awaits its former queue")
 
-    async def read(self, *, after: int, upto: int, wait: float = 600.0) -> list[QueuedRow]:
+    async def read(self, *, after: int, upto: int, wait: float = AWAIT_LIMIT) -> list[QueuedRow]:
         """Every queued event at a position in ``(after, upto]``, in order (a subscription that
         awaits its former broker's queue is read once it has come: ``wait`` seconds at most)."""
         out: list[QueuedRow] = []
@@ -162,7 +166,7 @@ class PulledSubscription:
         if self.store == end.store:
             rows = await self.read(after=start.seq if start.at(end.store) else 0, upto=end.seq)
         else:  # (the subscription moved since: its whole queue here, by sequence numbers)
-            rows = await self.read(after=0, upto=await self.top(wait=600.0))
+            rows = await self.read(after=0, upto=await self.top(wait=AWAIT_LIMIT))
         low, high = start.marks, end.marks
         return [r for r in rows if _between(r[1], low, high)]
 

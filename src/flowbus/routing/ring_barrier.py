@@ -26,8 +26,11 @@ How it works:
   taker gets wait with the others, and are released with them, in order (were the answer
   to wait for their confirmation, it would wait for itself).
 * **Released.** The last answer releases the waiting deliveries, in each publisher's order.
-  A barrier not released within ``DRAIN_ROUNDS`` heartbeat rounds (a broker that was asked
-  died, or is cut off) is released then: order is given up before availability is.
+  A broker that was asked and is found dead since answers nothing: it is no longer waited
+  for from the next heartbeat round (what it kept died with it; what it had not confirmed
+  is kept by its own neighbours, asked by its own taker). A barrier not released within
+  ``DRAIN_ROUNDS`` heartbeat rounds (a broker that was asked is cut off) is released then:
+  order is given up before availability is.
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ class Barriers:
     def __bool__(self) -> bool:
         return bool(self._subs)
 
+    def askers(self) -> set[int]:
+        """The brokers whose barriers wait for our answer: what they get from us is held by
+        them, unconfirmed, until it comes (see :class:`~flowbus.routing.ring_repair.Repair`)."""
+        return set().union(*self.asked.values()) if self.asked else set()
+
     def open(self, dead: int, subs: Collection[Hashable], ask: Iterable[int]) -> list[Effect]:
         """``subs`` were taken over from ``dead``: their deliveries wait for the answers of
         the brokers ``ask``."""
@@ -121,14 +129,23 @@ class Barriers:
         self.released += 1
         return self._release(dead)
 
-    def round(self) -> list[Effect]:
-        """A heartbeat round: the deliveries of barriers waiting too long, released."""
+    def round(self, dead: set[int] | frozenset[int] = frozenset()) -> list[Effect]:
+        """A heartbeat round, the brokers at ``dead`` found dead: the deliveries of barriers
+        that waited only for those (they answer nothing: two neighbours of a broker dying at
+        once, each one's taker asked the other, and both waited the ``DRAIN_ROUNDS``, their
+        publishers' acknowledgements with them), or waited too long, released."""
         out: list[Effect] = []
-        for dead, barrier in sorted(self._open.items()):
+        for d, barrier in sorted(self._open.items()):
             barrier.rounds += 1
+            if dead and barrier.waiting & dead:
+                barrier.waiting -= dead
+                if not barrier.waiting:
+                    self.released += 1
+                    out.extend(self._release(d))
+                    continue
             if barrier.rounds >= DRAIN_ROUNDS:
                 self.overdue += 1
-                out.extend(self._release(dead))
+                out.extend(self._release(d))
         return out
 
     def forget(self, sub: Hashable) -> None:

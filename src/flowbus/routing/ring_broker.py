@@ -200,8 +200,8 @@ class RingBroker(Core):
         self._owed: dict[int, int] = {}  # new tree neighbours owed our Synced -> rounds waited
         self._declining: set[int] = set()  # neighbours whose events we decline until their Resume
         self._tables = (-1, -1)  # the router's changes at the last prepare() and those prepared for
-        self.repair = Repair(self.ring, self.router, self.custodian)  # kept events (ring_repair.py)
         self.barrier = Barriers()  # takeovers' deliveries waiting for what was kept (ring_barrier.py)
+        self.repair = Repair(self.ring, self.router, self.custodian, self.barrier)  # kept events
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._recent: deque[list[Mapping[str, Any]]] = deque([[]], maxlen=REPLAY_ROUNDS)  # events
         # routed here, by heartbeat round (with custody: see _replay)
@@ -546,6 +546,7 @@ class RingBroker(Core):
             case Confirm(ids=ids):
                 for eid in ids:
                     self.custodian.release(src, eid)
+                self.repair.heard.add(src)
                 return self._out(self.repair.resend() if self.repair.release_due else [])
             case Declined(ids=ids):
                 return self._out(self._declined(src, ids))
@@ -667,7 +668,7 @@ class RingBroker(Core):
                 self._orphaned = {a: n + 1 for a, n in self._orphaned.items()}
             if self.custody:  # (not through _out: they are in custody already)
                 out += self._resend_stale() + self._out([])
-                out += self.barrier.round() + self._answer_drains()
+                out += self.barrier.round(self.repair.gone_addrs()) + self._answer_drains()
             if self.express.on:  # (links measured at each round)
                 out += self.express.beat_round(self.peer_addrs(), self.tree_neighbours(), now)
         return out

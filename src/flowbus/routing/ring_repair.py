@@ -49,6 +49,7 @@ from flowbus.filters import Filter
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing import cbr
 from flowbus.routing.memo import compiled
+from flowbus.routing.ring_barrier import Barriers
 from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order, relayed
 
 
@@ -73,8 +74,15 @@ class Repair:
     """The events one broker keeps for brokers that take dead ones' places, and the
     subscriptions it took over from dead brokers."""
 
-    def __init__(self, ring: RingNode, router: cbr.ContentRouter, custodian: Custodian) -> None:
+    def __init__(
+        self,
+        ring: RingNode,
+        router: cbr.ContentRouter,
+        custodian: Custodian,
+        barriers: Barriers | None = None,
+    ) -> None:
         self.ring = ring
+        self.barriers = barriers  # (the takeovers' barriers, ours and those waiting on us)
         self.router = router
         self.custodian = custodian
         self.retry: list[tuple[Mapping[str, Any], int, int]] = []  # (event, dead addr, ring side)
@@ -86,6 +94,7 @@ class Repair:
         # not confirmed yet -> where they went
         self.release_due = False  # (a publisher's last one was confirmed: what waits behind may go)
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
+        self.heard: set[int] = set()  # neighbours that confirmed since we last kept for them
         custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
         self.orphans: dict[int, dict[Any, Filter]] = {}  # dead addr -> its subs, across the cut
@@ -107,6 +116,7 @@ class Repair:
         """``event`` could not go to ``dead``: keep it for the broker that takes its place,
         and deliver it now to the subscriptions we took over from ``dead`` already."""
         self._append(event, dead, side, key)
+        self.heard.discard(dead)
         rec = self.custodian.records.get(key) if key is not None else None
         if rec is not None and key is not None:
             rec.waiting.discard(dead)
@@ -295,11 +305,16 @@ class Repair:
         out: list[Effect] = []
         keep: list[tuple[Mapping[str, Any], int, int]] = []
         keep_for: list[Key | None] = []
-        blocked: set[str] = set()
+        blocked: set[tuple[str, int]] = set()  # (publisher, side) held back; side 0: all its sides
         self._going = set()
         kept = sorted(
             zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
         )
+        # (a broker whose takeover's barrier waits for our answer holds what we sent it,
+        # unconfirmed, until the answer: waited for, the answer waited for what was kept for
+        # its dead one, behind that; a cycle, its publishers' acknowledgements stalled the
+        # DRAIN_ROUNDS. Its barrier puts what we sent it in order)
+        barred = self.barriers.askers() if self.barriers is not None else set()
         for (event, to, side), key in kept:
             eid = event[EVENT_ID]
             publisher = publish_order(eid)[0]
@@ -309,17 +324,22 @@ class Repair:
             before = self._unconfirmed.get(publisher)  # (sent again, older: one another way, not
             # this event's own, must be confirmed first; one down the same link is ahead of it)
             go = (
-                publisher not in blocked
+                (publisher, side) not in blocked
+                and (publisher, 0) not in blocked
                 and now is not None
                 and now.addr not in self.paused
                 and not self.ring.open & {side}
-                and (not same or ((held or live) and to not in dead))
-                and not (held and before and any(k != key and d != now.addr for k, d in before.items()))
+                and (not same or ((held or live or to in self.heard) and to not in dead))
+                and not (
+                    held
+                    and before
+                    and any(k != key and d != now.addr and d not in barred for k, d in before.items())
+                )
             )
             if not go:
                 keep.append((event, to, side))
                 keep_for.append(key)
-                blocked.add(publisher)
+                blocked.add((publisher, side))
                 continue
             assert now is not None
             rec = self.custodian.records.get(key) if key is not None else None

@@ -814,3 +814,41 @@ def test_two_adjacent_brokers_dying_at_once_hold_one_side_back_by_its_own_waits(
     assert got == want
     ooo, late = _order_and_lateness(w, [s for s in subs if s[0] not in {b.addr for b in dying}], start, 0.1)
     assert ooo == 0 and late < 45.0
+
+
+def test_a_delegated_event_sent_back_by_the_broker_it_came_from_settles() -> None:
+    """A subscription taken over twice: from its home, then from its first taker by a
+    broker restarted meanwhile, which never knew the home died; the home's address now
+    speaks for a new member, so the taker holds the subscription as a load share and hands
+    its deliveries to the "home" (``Delegated``), which sends them back (``Undelegated``, in
+    custody). The new member publishes: its event reaches the taker, whose record of it
+    waited on the new member for the answer to the ``Delegated`` while the new member, in
+    custody of the ``Undelegated``, waited for that record's confirmation: no publish
+    settled (a campaign crash run: 13 records, the publisher stalled for good). The answer
+    now releases the record's wait (``RingBroker._answered``)."""
+    w = World(5, seed=6, ack_delay=0.5)
+    home = w.order()[1]
+    w.subscribe({(home.addr, 0): parse("x >= 0")})
+    w.sim.crash(home.addr)
+    w.sim.run(until=w.sim.now + 80)
+    first = next(b for b in w.brokers if b is not home and (home.addr, 0) in b._adopted)
+    home = w.restart(home, 7, first.addr)
+    w.sim.run(until=w.sim.now + 120)
+    for i, b in enumerate([b for b in list(w.brokers) if b not in (home, first)]):
+        w.sim.crash(b.addr)
+        w.sim.run(until=w.sim.now + 80)
+        w.restart(b, 11 + i, home.addr)
+        w.sim.run(until=w.sim.now + 120)
+    w.sim.crash(first.addr)
+    w.sim.run(until=w.sim.now + 80)
+    taker = next(b for b in w.brokers if b is not first and (home.addr, 0) in b._adopted)
+    assert (home.addr, 0) in taker.shared.hosted  # (the case: held for a "home" that is not one)
+    w.got.clear()
+    start, n = w.sim.now, 40
+    for k in range(n):
+        w.sim.invoke(home.addr, lambda c, k=k: c.publish({"x": k}, event_id=("p", k)), at=start + k / 4)
+    w.sim.run(until=start + 200)
+    got = [eid[1] for eid in dict.fromkeys(eid for _, sub, eid in w.got if sub == (home.addr, 0))]
+    assert got == list(range(n))
+    assert len(home.settled) == n
+    assert all(b.in_custody() == 0 for b in w.brokers if b is not first)

@@ -578,7 +578,8 @@ class RingBroker(Core):
                 return self._out(self.shared.deliveries(src, msg, self.subs, self.router.grouped))
             case Undelegated():
                 self._open(src, msg.event)
-                return self._out(self.shared.undelegated(msg, self.subs, self.router.grouped))
+                out = self._out(self.shared.undelegated(msg, self.subs, self.router.grouped))
+                return out + self._answered(src, msg.event[EVENT_ID])
             case Unshare(keys=keys):
                 return self._out(self._unshared(keys))
             case LinkBeat() | LinkEcho() | LinkLatency():
@@ -706,6 +707,20 @@ class RingBroker(Core):
             self.repair.paused.add(src)
             out.append(Send(src, Resume()))
         return out
+
+    def _answered(self, src: int, eid: Any) -> list[Effect]:
+        """``src`` sent back our :class:`Delegated` of ``eid`` (:class:`Undelegated`), which it
+        had from us: the deliveries are ours now (counted in the record). If that record is
+        the one ``src`` sent the event in, it no longer waits on ``src``: it waited for the
+        answer to our ``Delegated`` while ``src``, in custody of its ``Undelegated``, waited
+        for the record's confirmation (a campaign crash run: 13 publishes that never
+        settled, its publisher's acknowledgements stopped for good)."""
+        key = (src, eid)
+        rec = self.custodian.records.get(key) if self.custody else None
+        if rec is None or src not in rec.waiting or type((rec.sent or {}).get(src)) is not Delegated:
+            return []
+        self.custodian.release(src, eid, only=key)
+        return self.custodian.end_step()
 
     def on_link_lost(self, dst: int, now: float) -> list[Effect]:
         """Our connection to ``dst`` closed or broke (the driver's notice): what it held was

@@ -40,6 +40,9 @@ tasks" with a neighbour "by passing the information"; the decision and the ackno
   ``Delegated`` still on its way comes back too, in order on the link: until the last one
   sent has (:attr:`SharedSubs.pending`), the subscription's later events go the same way
   round, so its publishers' order holds (delivered at once, they overtook those coming back).
+  An ``Undelegated`` is the answer to the ``Delegated``: where the holder had the event
+  from that very broker, its record of it stops waiting there (it waited for the answer,
+  the other broker for the record's confirmation: neither came).
   A deployed flow's subscriptions and partitions are never hosted (:meth:`SharedSubs.host`):
   their deliveries are transformed or folded where they are held.
 

@@ -623,15 +623,16 @@ class RingBroker(Core):
         had taken, was held there as a copy of itself under way, and the records waited on
         each other for good (a traced pause run; every later event of its publisher held
         behind it). A first hand-over where the tables know no such subscription is routed
-        on all the same (dropped and confirmed, it was lost); a relay that finds no way on
-        (or would come round to a relay it passed: tables in flux) ends here."""
+        on all the same (dropped and confirmed, it was lost), unless this broker routed the
+        event already (:meth:`_routed`); a relay that finds no way on (or would come round
+        to a relay it passed: tables in flux) ends here."""
         event = msg.event
         eid = event[EVENT_ID]
         inner = relayed(eid)
         trail: tuple[int, ...] = eid[2] if inner is not None else ()
         toward = self.router.toward(msg.dead, event) - {src, self.addr, *trail}
         if not toward:
-            if inner is not None or self.addr in trail:
+            if inner is not None or self.addr in trail or self._routed(eid, src):
                 return []
             via = src if src in self.router.neighbours else self.addr
             return self._extra(self.router.route_batch([event], via), event, via)
@@ -641,6 +642,19 @@ class RingBroker(Core):
             self.custodian.relays[rid] = key
             self.custodian.step[rid] = key
         return [Send(d, HandedOver({**event, EVENT_ID: rid}, msg.dead)) for d in sorted(toward)]
+
+    def _routed(self, eid: Any, src: int) -> bool:
+        """Whether this broker routed the event ``eid`` already, as it came on the tree (or
+        published here), not from ``src``: a hand-over of it for a dead broker whose
+        subscriptions the tables do not know is then nothing new. Routed on again as our
+        own, it went back the way it had come, round to brokers it had passed, and the
+        records waited on each other for good (a traced mixed run, a broker paused, found
+        dead and back as a new member on its address: its neighbour across the cut handed
+        it what it had kept for the old one; 155 publishes never settled, 7,334 refused)."""
+        custodian = self.custodian
+        if any(s != src for s in custodian.by_id.get(eid, ())):
+            return True
+        return any((s, eid) in custodian.done for s in (*self.router.neighbours, None) if s != src)
 
     def _from_router(self, src: int, msg: Any, now: float) -> list[Effect]:
         """A content router's message (or ``Synced``): routed if ``src`` is a tree neighbour

@@ -21,6 +21,7 @@ from flowbus.routing import cbr
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 from flowbus.routing.ring_custody import Confirm
 from flowbus.routing.ring_repair import HandedOver
+from flowbus.routing.ring_share import Delegated, Undelegated
 from flowbus.sim import CoordinateLatency, Simulator
 
 
@@ -881,3 +882,24 @@ def test_a_hand_over_of_an_event_routed_here_already_is_confirmed_not_routed_aga
     assert Send(across, Confirm((("q", 0),))) in again
     fresh = b.on_message(across, HandedOver({"x": 1, EVENT_ID: ("q", 1)}, nowhere), w.sim.now)
     assert any(type(e) is Send and type(e.msg) is cbr.Publish for e in fresh)
+
+
+def test_a_delegated_event_that_came_without_the_lease_is_read_before_a_copy_of_it() -> None:
+    """A home gets a holder's ``Delegated`` while its lease has lapsed: not taken (it may
+    have been taken over). It was dropped, for its sender's ``Again``; but the same event
+    came next as a plain publish, once the lease was back, and its confirmation (by event
+    id) ended the holder's wait for the ``Delegated`` too: the home's answer never came and
+    those deliveries were lost (a traced crash run: 61 acknowledged events, 11
+    subscriptions). It is read once the lease is back, before the next event from the
+    holder: here the home serves none of those subscriptions, so it sends them back."""
+    w = World(5, seed=1, ack_delay=0.5)
+    order = w.order()
+    home, holder = order[2], order[1]
+    event = {"x": 1, EVENT_ID: ("q", 0)}
+    lapsed = home.ring.serving
+    home.ring.serving = lambda now: False  # type: ignore[method-assign]
+    assert home.on_message(holder.addr, Delegated(("gone",), event), w.sim.now) == []
+    home.ring.serving = lapsed  # type: ignore[method-assign]
+    out = home.on_message(holder.addr, cbr.Publish(event), w.sim.now)
+    assert Send(holder.addr, Undelegated(("gone",), event)) in out
+    assert not home._deferred

@@ -199,6 +199,7 @@ class RingBroker(Core):
         self._syncing: set[int] = set()  # new tree neighbours whose Synced has not come
         self._owed: dict[int, int] = {}  # new tree neighbours owed our Synced -> rounds waited
         self._declining: set[int] = set()  # neighbours whose events we decline until their Resume
+        self._deferred: dict[int, dict[tuple[type, Any], Any]] = {}  # src -> delegations kept unread
         self._tables = (-1, -1)  # the router's changes at the last prepare() and those prepared for
         self.barrier = Barriers()  # takeovers' deliveries waiting for what was kept (ring_barrier.py)
         self.repair = Repair(self.ring, self.router, self.custodian, self.barrier)  # kept events
@@ -518,6 +519,8 @@ class RingBroker(Core):
         if self.custody and (src in self._declining or not self.ring.serving(now)):  # (see on_message)
             self._declining.add(src)
             return [Send(src, Declined(tuple(e[EVENT_ID] for e in events)))]
+        if self._deferred and src in self._deferred:
+            return self._undefer(src, now) + self._publishes_from(src, events, now)
         for event in events:
             self._open(src, event)
         if not self.repair.orphans and not self._syncing:
@@ -538,10 +541,13 @@ class RingBroker(Core):
             # nor confirmed; its sender keeps it, in order, for us once back, or for the taker;
             # see ring_custody.py)
             inner = msg.msg if type(msg) is Again else msg
-            if type(inner) is Delegated or type(inner) is Undelegated:
+            if type(inner) is Delegated or type(inner) is Undelegated:  # (read once we may)
+                self._deferred.setdefault(src, {}).setdefault((type(inner), inner.event[EVENT_ID]), msg)
                 return []
             self._declining.add(src)
             return [Send(src, Declined((inner.event[EVENT_ID],)))]
+        if self._deferred and src in self._deferred and type(msg) in _EVENTS:
+            return self._undefer(src, now) + self.on_message(src, msg, now)
         match msg:
             case Confirm(ids=ids):
                 for eid in ids:
@@ -681,6 +687,9 @@ class RingBroker(Core):
                 out += self._pay(overdue=True)
             if self._orphaned:
                 self._orphaned = {a: n + 1 for a, n in self._orphaned.items()}
+            if self._deferred and self.ring.serving(now):
+                for src in sorted(self._deferred):
+                    out += self._undefer(src, now)
             if self.custody:  # (not through _out: they are in custody already)
                 out += self._resend_stale() + self._out([])
                 out += self.barrier.round(self.repair.gone_addrs()) + self._answer_drains()
@@ -720,6 +729,18 @@ class RingBroker(Core):
         if src not in self.repair.paused:  # (all else for it is kept until it resumes)
             self.repair.paused.add(src)
             out.append(Send(src, Resume()))
+        return out
+
+    def _undefer(self, src: int, now: float) -> list[Effect]:
+        """The :class:`Delegated` and :class:`Undelegated` ``src`` sent while we had no lease,
+        read now, before its next event (and at a heartbeat round with the lease back).
+        Dropped, they were left to their sender's ``Again``; but a plain copy of the same
+        event, taken first, was confirmed, and the confirmation (by event id) ended the
+        sender's wait for them too: a home's deliveries lost for good (a traced crash run,
+        a broker whose lease had lapsed: 61 acknowledged events lost to 11 subscriptions)."""
+        out: list[Effect] = []
+        for msg in self._deferred.pop(src, {}).values():
+            out.extend(self.on_message(src, msg, now))
         return out
 
     def _answered(self, src: int, eid: Any) -> list[Effect]:

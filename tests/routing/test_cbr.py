@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Send
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter, parse
 from flowbus.routing.cbr import ContentRouter, Publish, Subscribe, Unsubscribe
@@ -317,3 +318,26 @@ def test_errors_change_no_state() -> None:
         Subscribe(("b", 1), parse("x > 1"), 1)  # type: ignore[arg-type]
     with pytest.raises(ProtocolError, match="Filter"):
         Subscribe((1, 1), "x > 1", 1)  # type: ignore[arg-type]
+
+
+def test_a_cover_that_leaves_withdraws_itself_after_every_root_it_hid_came() -> None:
+    """Path 0-1-2: x > 10 at broker 1 hides two subscriptions from broker 0 (20 < x < 30
+    and x > 50) towards 2. When it leaves, broker 1 forwards both; the cover's withdrawal
+    rode on the first, so between the two messages broker 2 routed an event for the second
+    (x = 60) nowhere: lost, had one been published there then. The withdrawal now comes with
+    the last: after each message broker 2 still routes it towards 1."""
+    r1 = ContentRouter(1, {0, 2})
+    r2 = ContentRouter(2, {1})
+    pending = list(r1.on_message(0, Subscribe((0, "a"), parse("x > 20 & x < 30"), 1), 0.0))
+    pending += r1.on_message(0, Subscribe((0, "b"), parse("x > 50"), 2), 0.0)
+    pending += r1.subscribe("f1", parse("x > 10"))
+    for e in pending:
+        if isinstance(e, Send) and e.dst == 2:
+            r2.on_message(1, e.msg, 0.0)
+    assert r2.routing_state()[0][1] == {(1, "f1"): parse("x > 10")}  # (the cover hides them)
+    leaving = [e for e in r1.unsubscribe("f1") if isinstance(e, Send) and e.dst == 2]
+    assert len(leaving) == 2
+    for e in leaving:
+        r2.on_message(1, e.msg, 0.0)
+        assert [x.dst for x in r2.publish({"x": 60}) if isinstance(x, Send)] == [1]
+        assert [x.dst for x in r2.publish({"x": 25}) if isinstance(x, Send)] == [1]

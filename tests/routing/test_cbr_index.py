@@ -51,7 +51,8 @@ def _roots(entries: Iterable[tuple[Origin, Filter]]) -> dict[Origin, Filter]:
 
 
 class ReferenceRouter:
-    """``flowbus.routing.cbr.ContentRouter`` before its indexes, unchanged but for its name."""
+    """``flowbus.routing.cbr.ContentRouter`` before its indexes, unchanged but for its name
+    (and the withdrawal riding on the last of a change's additions, as the router's now)."""
 
     __slots__ = (
         "_dirs",
@@ -301,9 +302,9 @@ class ReferenceRouter:
         added = [(r, g) for r, g in sent.items() if before.get(r) != g]
         if not added:
             return [Send(m, Unsubscribe(r, self._next())) for r in gone]
-        (r, g), rest = added[0], added[1:]
-        out: list[Effect] = [Send(m, Subscribe(r, g, self._next(), gone))]
-        out.extend(Send(m, Subscribe(r, g, self._next())) for r, g in rest)
+        *first, (r, g) = added  # (the withdrawal on the last addition, as the router's)
+        out: list[Effect] = [Send(m, Subscribe(o, f, self._next())) for o, f in first]
+        out.append(Send(m, Subscribe(r, g, self._next(), gone)))
         return out
 
     def _exposed(self, m: int, gone: Origin, f: Filter) -> dict[Origin, Filter]:

@@ -714,9 +714,11 @@ class ContentRouter(Core):
         gone, added = sent.changes()
         if not added:
             return [Send(m, Unsubscribe(r, self._next())) for r in gone]
-        (r, g), rest = added[0], added[1:]
-        out: list[Effect] = [Send(m, Subscribe(r, g, self._next(), gone))]
-        out.extend(Send(m, Subscribe(r, g, self._next())) for r, g in rest)
+        # (what goes rides on the last addition: make before break. On the first, a cover
+        # that left took its hidden subscriptions' way with it until the others came)
+        *first, (r, g) = added
+        out: list[Effect] = [Send(m, Subscribe(o, f, self._next())) for o, f in first]
+        out.append(Send(m, Subscribe(r, g, self._next(), gone)))
         return out
 
     def _exposed(self, m: int, gone: Origin, f: Filter) -> dict[Origin, Filter]:

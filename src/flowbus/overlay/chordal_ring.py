@@ -320,7 +320,7 @@ class RingNode(Core):
         would otherwise never take a new neighbour in. True if the window changed."""
         me = self.me
         known = {p.id: p for p in (*self.succ, *self.pred)}
-        news = [p for p in peers if p.id != me.id and p.id not in self.dead]
+        news = [p for p in peers if p.id != me.id and p.id not in self.dead and p.addr != me.addr]
         known.update((p.id, p) for p in news)
         if closes:
             self.open.clear()
@@ -973,7 +973,9 @@ class RingNode(Core):
         second one."""
         me = self.me
         peers = list(dict.fromkeys(peers))
-        fresh = [p for p in peers if p.id != me.id and p.id not in self.dead][:WINDOW]
+        # (a broker on our own address is one we were: a restart joined before the news of
+        # its death went round, and took itself in as a neighbour, its tree neighbour itself)
+        fresh = [p for p in peers if p.id != me.id and p.id not in self.dead and p.addr != me.addr][:WINDOW]
         old = list(self._side(side))
         if any(p.id == me.id for p in peers):  # it wraps round to us: the whole ring is known
             cut = next(i for i, p in enumerate(peers) if p.id == me.id)

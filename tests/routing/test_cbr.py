@@ -341,3 +341,28 @@ def test_a_cover_that_leaves_withdraws_itself_after_every_root_it_hid_came() -> 
         r2.on_message(1, e.msg, 0.0)
         assert [x.dst for x in r2.publish({"x": 60}) if isinstance(x, Send)] == [1]
         assert [x.dst for x in r2.publish({"x": 25}) if isinstance(x, Send)] == [1]
+
+
+def test_a_neighbour_restarted_on_its_address_keeps_its_side_routed_until_it_synced() -> None:
+    """Path 0-1-2: broker 0's subscriptions reach 2 through 1. Broker 0 is restarted on its
+    address (a new broker there): 1 renews it. Dropping what came from the old one at once
+    withdrew its side up the tree, and 2 routed that side's events nowhere until the new
+    one's subscriptions came round. Now 2 still routes them to 1 meanwhile; once the new
+    broker synced 1, what it did not send again is withdrawn."""
+    r1 = ContentRouter(1, {0, 2})
+    r2 = ContentRouter(2, {1})
+    ups = r1.on_message(0, Subscribe((0, "a"), parse("x > 50"), 7), 0.0)
+    ups += r1.on_message(0, Subscribe((0, "b"), parse("x < 10"), 8), 0.0)
+    for e in ups:
+        if isinstance(e, Send) and e.dst == 2:
+            r2.on_message(1, e.msg, 0.0)
+    renewed = r1.renew(0)
+    assert not [e for e in renewed if isinstance(e, Send) and e.dst == 2]  # (nothing withdrawn up the tree)
+    assert [x.dst for x in r2.publish({"x": 60}) if isinstance(x, Send)] == [1]
+    again = r1.on_message(0, Subscribe((0, "a"), parse("x > 50"), 1), 0.0)  # (the new one's seq: afresh)
+    assert again == [] and r1.directions((0, "a")) == {0}
+    gone = r1.synced(0)
+    assert [
+        (e.dst, e.msg.origin) for e in gone if isinstance(e, Send) and isinstance(e.msg, Unsubscribe)
+    ] == [(2, (0, "b"))]
+    assert r1.directions((0, "b")) == frozenset() and r1.directions((0, "a")) == {0}

@@ -231,6 +231,7 @@ class ContentRouter(Core):
         "_seen",
         "_sent",
         "_seq",
+        "_stale",
         "_table",
         "advertising",
         "broker",
@@ -269,6 +270,7 @@ class ContentRouter(Core):
         self._sent: dict[int, Forwarded] = {}  # neighbour -> forwarded roots
         self._seen: dict[int, dict[Origin, int]] = {}  # neighbour -> origin -> last seq
         self._seq = 0
+        self._stale: dict[int, set[Origin]] = {}  # renewed neighbour -> its predecessor's origins
         # advertisements: direction -> origin -> filter, origin -> direction -> filter, and
         # neighbour -> origin -> last seq; per neighbour, memoised "overlaps one of its adverts"
         self._adv: dict[int, dict[Origin, Filter]] = {broker: {}}
@@ -380,6 +382,7 @@ class ContentRouter(Core):
             self._former.add(r)
             del self._sent[r], self._seen[r], self._adv_seen[r]
             self._eligible.pop(r, None)
+            self._stale.pop(r, None)
             for o in list(self._adv[r]):
                 out.extend(self._adv_set(r, o, None))
             for o in list(self._table[r]):
@@ -479,6 +482,32 @@ class ContentRouter(Core):
                 out.extend(self._set(d, origin, None))
         return out
 
+    def renew(self, neighbour: int) -> list[Effect]:
+        """``neighbour``'s address now speaks for another broker (one restarted on it): what
+        came from the one before stays, as coming from the new one, until the new one's
+        table is whole here (:meth:`synced`); what it has not sent again by then goes.
+        Dropped at once, its withdrawal went up the tree, and the brokers beyond routed that
+        side's events nowhere until the new one's subscriptions came round (a campaign run:
+        events published at that moment lost there). Its sequence numbers start afresh; it
+        gets our advertisements and roots again (it knows nothing of this side)."""
+        if neighbour not in self._neighbours:
+            raise ProtocolError(f"broker {self.broker}: {neighbour} to renew is not a neighbour")
+        self._stale.setdefault(neighbour, set()).update(self._table[neighbour])
+        self._seen[neighbour] = {}
+        self._adv_seen[neighbour] = {}
+        return self.resend(neighbour)
+
+    def synced(self, neighbour: int) -> list[Effect]:
+        """``neighbour``'s table is whole here (its ``Synced``): of what came from the broker
+        before it on its address (:meth:`renew`), what it did not send again goes."""
+        stale = self._stale.pop(neighbour, None)
+        if not stale or neighbour not in self._neighbours:
+            return []
+        out: list[Effect] = []
+        for o in sorted(stale & self._table[neighbour].keys(), key=self._order.__getitem__):
+            out.extend(self._set(neighbour, o, None))
+        return out
+
     def resend(self, dst: int) -> list[Effect]:
         """What this router forwarded to neighbour ``dst`` (its advertisements and roots), sent
         again with new sequence numbers: its link broke, and what was in it may be lost. The
@@ -569,7 +598,13 @@ class ContentRouter(Core):
 
     def _receive(self, src: int, o: Origin, f: Filter | None, seq: int) -> list[Effect]:
         """A subscription (``f``) or its removal (None) from neighbour ``src``."""
-        return self._set(src, o, f) if _newer(self._seen[src], o, seq) else []
+        if not _newer(self._seen[src], o, seq):
+            return []
+        if self._stale:
+            stale = self._stale.get(src)
+            if stale is not None:
+                stale.discard(o)
+        return self._set(src, o, f)
 
     def _cand(self, m: int, o: Origin) -> Filter | None:
         """``o``'s filter as a candidate for neighbour ``m``: from its smallest direction

@@ -841,7 +841,7 @@ class RingBroker(Core):
         confirmed, it was lost beyond this broker, a join racing a stream of events)."""
         if isinstance(msg, Synced):
             self._syncing.discard(src)
-            return self._pay()
+            return self.router.synced(src) + self._pay()
         if isinstance(msg, cbr.Publish):
             self._open(src, msg.event)
             self.ring.routed(now)  # (the ring's load: events routed a second)
@@ -1150,9 +1150,9 @@ class RingBroker(Core):
 
     def _renewed(self, ring: RingNode, wanted: set[int]) -> list[Effect]:
         """A tree neighbour's address now speaks for another broker (one restarted on it, a new
-        member): to the router it is a neighbour gone and a new one come, whose tables start
-        empty and are synced (the same address hid the change, and the new broker never got
-        the subscriptions of this side)."""
+        member): a new neighbour to sync (the same address hid the change, and the new broker
+        never got the subscriptions of this side), whose predecessor's part of the tables
+        stays until it synced us (:meth:`ContentRouter.renew <flowbus.routing.cbr.ContentRouter.renew>`)."""
         ids = {p.addr: p.id for p in (ring.left, ring.right) if p is not None and p.addr in wanted}
         renewed = {a for a, i in ids.items() if self._tree_ids.get(a, i) != i and a in self.router.neighbours}
         for a in wanted - ids.keys():  # (a dead one kept until replaced: its id, not a new one's)
@@ -1161,7 +1161,15 @@ class RingBroker(Core):
         self._tree_ids = ids
         if not renewed:
             return []
-        return self.router.set_neighbours(set(self.router.neighbours) - renewed)
+        out: list[Effect] = []
+        for a in sorted(renewed):  # (make before break: see ContentRouter.renew)
+            out.extend(self.router.renew(a))
+        self._syncing |= renewed
+        self._owed.update(dict.fromkeys(renewed, 0))
+        out.extend(self.flow_side.welcome(sorted(renewed)))
+        out.extend(self.link_book.welcome(renewed))
+        out.extend(self.express.book.welcome(renewed))
+        return out + self._pay()
 
     def _gaps(self, ring: RingNode, repair: Repair) -> set[int]:
         """Dead tree neighbours kept in the tree (make before break; what is routed their way

@@ -713,6 +713,26 @@ def test_a_flow_subscription_taken_over_twice_gets_its_derived_events_from_its_n
     assert [eid for _, sub, eid in w.got if sub == "f"] == [("p", i) for i in range(60) if i % 6 >= 3]
 
 
+def _two_publish_and_two_die(
+    w: World, dying: tuple[RingBroker, RingBroker], values: int
+) -> tuple[list[RingBroker], float, int]:
+    """Two other brokers publish ``{"x": i % values}`` as ``(p0|p1, i)``, 10 a second, 400 in
+    all; ``dying`` crash together 10 s in; the run goes on to 400 s. (The publishers, the
+    start, the count.)"""
+    pubs = [b for b in w.order() if b not in dying][:2]
+    start, n = w.sim.now, 400
+    for i in range(n):
+        w.sim.invoke(
+            pubs[i % 2].addr,
+            lambda c, i=i: c.publish({"x": i % values}, event_id=(f"p{i % 2}", i)),
+            at=start + i / 10,
+        )
+    for b in dying:
+        w.sim.crash(b.addr, at=start + 10)
+    w.sim.run(until=start + 400)
+    return pubs, start, n
+
+
 @pytest.mark.parametrize(
     ("filters", "seed", "pos"), [("own", 1, 0), ("own", 3, 3), ("all", 1, 3), ("all", 2, 0)]
 )
@@ -738,17 +758,7 @@ def test_two_adjacent_brokers_at_an_end_of_the_tree_dying_at_once_lose_nothing(
     w.subscribe(subs)
     w.got.clear()
     dying = (order[pos], order[(pos + 1) % 5])
-    pubs = [b for b in order if b not in dying][:2]
-    start, n = w.sim.now, 400
-    for i in range(n):
-        w.sim.invoke(
-            pubs[i % 2].addr,
-            lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)),
-            at=start + i / 10,
-        )
-    for b in dying:
-        w.sim.crash(b.addr, at=start + 10)
-    w.sim.run(until=start + 400)
+    pubs, _, n = _two_publish_and_two_die(w, dying, 4)
     got = {(sub, eid) for _, sub, eid in w.got}
     assert got == {
         (s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})
@@ -825,17 +835,7 @@ def test_two_adjacent_brokers_dying_at_once_hold_one_side_back_by_its_own_waits(
     w.got.clear()
     w.taken_at.clear()
     dying = (order[2], order[3])
-    pubs = [b for b in order if b not in dying][:2]
-    start, n = w.sim.now, 400
-    for i in range(n):
-        w.sim.invoke(
-            pubs[i % 2].addr,
-            lambda c, i=i: c.publish({"x": i % 3}, event_id=(f"p{i % 2}", i)),
-            at=start + i / 10,
-        )
-    for b in dying:
-        w.sim.crash(b.addr, at=start + 10)
-    w.sim.run(until=start + 400)
+    _, start, n = _two_publish_and_two_die(w, dying, 3)
     got = {(sub, eid) for _, sub, eid in w.got}
     want = {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 3})}
     assert got == want

@@ -1136,12 +1136,9 @@ class RingBroker(Core):
                     if a in dead_addrs:
                         out.extend(repair.bury(a))
             out.extend(self.router.set_neighbours(wanted, handover=handover))
-            self._syncing = (self._syncing & wanted) | added
-            self._owed = {a: n for a, n in self._owed.items() if a in wanted} | dict.fromkeys(added, 0)
-            out.extend(self.flow_side.welcome(sorted(added)))
-            out.extend(self.link_book.welcome(added))
-            out.extend(self.express.book.welcome(added))
-            out.extend(self._pay())
+            self._syncing &= wanted
+            self._owed = {a: n for a, n in self._owed.items() if a in wanted}
+            out.extend(self._welcome(added))
             for src in sorted(added):
                 for msg in self._early.pop(src, []):
                     out.extend(self._routing_message(src, msg, 0.0))
@@ -1164,11 +1161,16 @@ class RingBroker(Core):
         out: list[Effect] = []
         for a in sorted(renewed):  # (make before break: see ContentRouter.renew)
             out.extend(self.router.renew(a))
-        self._syncing |= renewed
-        self._owed.update(dict.fromkeys(renewed, 0))
-        out.extend(self.flow_side.welcome(sorted(renewed)))
-        out.extend(self.link_book.welcome(renewed))
-        out.extend(self.express.book.welcome(renewed))
+        return out + self._welcome(renewed)
+
+    def _welcome(self, added: set[int]) -> list[Effect]:
+        """New tree neighbours (or a new broker on a neighbour's address): synced both ways
+        (flooded until their ``Synced``, ours owed), told our flows and link classes."""
+        self._syncing |= added
+        self._owed.update(dict.fromkeys(added, 0))
+        out = list(self.flow_side.welcome(sorted(added)))
+        out.extend(self.link_book.welcome(added))
+        out.extend(self.express.book.welcome(added))
         return out + self._pay()
 
     def _gaps(self, ring: RingNode, repair: Repair) -> set[int]:

@@ -317,3 +317,31 @@ def test_a_taker_over_its_load_limit_shares_with_the_next_neighbour() -> None:
     assert {("v", k) for k in range(3)} <= set(keys)
     with pytest.raises(ProtocolError, match="load limit"):
         RingNode(0, load_limit=0)
+
+
+@pytest.mark.parametrize("seed", [1, 3, 5])
+def test_two_adjacent_brokers_restarted_before_found_dead_are_buried_within_a_probe(seed: int) -> None:
+    """Two adjacent brokers crash and come back on their addresses 3 s later, before the
+    ring found them dead. A neighbour told of one restart asks the other one, its far
+    neighbour, to test it: that one is a new process too and answers nothing. Each further
+    ``Restarted`` asked it again and put the test's timer off, so both were buried only
+    once the announcements stopped (70 s in a traced run, with the dead brokers'
+    subscriptions served nowhere). A tester proven gone is asked nothing: the neighbour
+    probes the suspect itself, and buries both when the probe runs out."""
+    r = ring(8, seed=seed)
+    order = r.by_id()
+    dying = order[3:5]
+    r.crash(dying)
+    r.sim.run(until=r.sim.now + 3)
+    back = [r.reborn(b) for b in dying]
+    t0 = r.sim.now
+    while r.sim.now < t0 + 120 and not all(n.buried is not None for n in back):
+        r.sim.run(until=r.sim.now + 0.25)
+    assert all(n.buried is not None and n.buried.taker is not None for n in back)
+    assert r.sim.now - t0 <= 2 * r.probe_timeout + 4  # (a probe, then the next announcement)
+    for n in back:
+        r.call(n.addr, lambda c: c.join([order[0].addr]))
+    r.settle(150.0)
+    assert ring_errors(r.live) == []
+    assert all(len(v) == 1 for v in owners(r).values())
+    assert {("sub", b.addr) for b in dying} <= owners(r).keys()

@@ -946,3 +946,37 @@ def test_a_broker_restarted_before_its_death_went_round_never_takes_itself_for_a
     for b in back:
         assert b.ring.joined and b.addr not in b.tree_neighbours()
         assert all(p.addr != b.addr for p in b.ring.window)
+
+
+@pytest.mark.parametrize(("seed", "first"), [(1, 3), (2, 3)])
+def test_two_adjacent_brokers_restarted_before_found_dead_lose_nothing_of_a_stream(
+    seed: int, first: int
+) -> None:
+    """Two adjacent brokers crash during a stream and come back on their addresses 3 s
+    later, before the ring found them dead. Their subscriptions were taken over only once
+    the new processes stopped announcing (70 s): in that time what was routed their way
+    went to the new processes, which serve nothing (611 to 1,272 of 3,000 expected
+    deliveries lost in two runs). Every event now reaches every subscription once."""
+    w = World(5, seed=seed, ack_delay=0.5, grouped=True)
+    order = w.order()
+    subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
+    w.subscribe(subs)
+    w.got.clear()
+    dying = [order[first], order[(first + 1) % 5]]
+    pubs = [b for b in order if b not in dying]
+    start, n = w.sim.now, 2000
+    for i in range(n):
+        at = start + i / 50
+        w.sim.invoke(
+            pubs[i % 2].addr, lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=at
+        )
+    for b in dying:
+        w.sim.crash(b.addr, at=start + 10)
+    w.sim.run(until=start + 13)
+    w.restart_soon(dying, 20)
+    w.sim.run(until=start + 300)
+    got = Counter((sub, eid) for _, sub, eid in w.got)
+    want = {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})}
+    assert want - got.keys() == set()
+    assert got.keys() <= want
+    assert sum(len(p.settled) for p in pubs[:2]) == n

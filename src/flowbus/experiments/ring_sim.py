@@ -154,17 +154,25 @@ class RingSim:
         for nd in brokers:
             self.sim.crash(nd.addr)
 
-    def restart(self, broker: RingNode, through: Sequence[int]) -> RingNode:
-        """A crashed ``broker`` restarted on its address: a new member, joining ``through``."""
+    def reborn(self, broker: RingNode, through: Sequence[int] = ()) -> RingNode:
+        """A new process on crashed ``broker``'s address, not joined yet: if ``broker`` was a
+        member, it announces its restart to the member's window and to ``through``."""
         node = RingNode(
             broker.addr, backup=self.backup, heartbeat=self.heartbeat, probe_timeout=self.probe_timeout,
             ping_timeout=self.probe_timeout, nonce=1 + int(self.sim.now * 1000), **self.node_options,
         )  # fmt: skip
         self.nodes[self.nodes.index(broker)] = node
         self.sim.restart(broker.addr, _Counting(node, self._receivers))
-        old = [p.addr for p in broker.window] if broker.joined else []
-        if broker.joined:  # (announced first: its old neighbours bury the member it was)
+        if broker.joined:  # (its old neighbours bury the member it was)
+            old = [p.addr for p in broker.window if p.addr != broker.addr]
             self.call(node.addr, lambda c: c.announce(broker.me, [*old, *through]))
+        return node
+
+    def restart(self, broker: RingNode, through: Sequence[int]) -> RingNode:
+        """A crashed ``broker`` restarted on its address: a new member, joining ``through``
+        once the member it was is buried (or it announced in vain)."""
+        node = self.reborn(broker, through)
+        if broker.joined:
             for _ in range(ANNOUNCE + 1):
                 self.sim.run(until=self.sim.now + self.probe_timeout)
                 if node.buried is not None:

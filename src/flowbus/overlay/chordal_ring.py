@@ -822,6 +822,8 @@ class RingNode(Core):
         c = self._at(side, 2)
         if c is None or c in (b, me):  # no third broker: test it ourselves
             return self.detector.probe(me, b)
+        if self.detector.is_gone(c.id):  # (C restarted too: we test B, and bury C with it)
+            return self.detector.probe(me, b, (c,))
         return self.detector.ask(me, b, c, self._far_side(side))
 
     def _on_test(self, src: int, msg: TestNeighbour, now: float) -> list[Effect]:
@@ -842,14 +844,17 @@ class RingNode(Core):
         if prev.id == self.id or not any(p.id == prev.id for p in self._at_addr(prev.addr)):
             return []
         self.detector.gone(prev.id, now)
+        out: list[Effect] = []
+        for b in self.detector.asked_of(prev.id):  # (it was to test them: we probe them)
+            out += self._test_expired(b.id, now, timer=True)
         if prev not in (self.left, self.right):
-            return []
+            return out
         s = self.detector.suspicion(prev.id)
         if s is None:
-            return self._suspect(prev)
-        if s.phase is Phase.ASKED:
-            return self.detector.ask_again(self.me, prev, self._far_side(self._side_of(prev)))
-        return []
+            return out + self._suspect(prev)
+        if s.phase is Phase.ASKED:  # (its tester proven gone too: we probe it ourselves)
+            return out + self._test_expired(prev.id, now, timer=True)
+        return out
 
     def _on_probe(self, src: int, msg: Probe, now: float) -> list[Effect]:
         if msg.asker.id in self.dead:

@@ -167,6 +167,10 @@ class FailureDetector:
     def suspicion(self, peer_id: int) -> Suspicion | None:
         return self._suspicions.get(peer_id)
 
+    def asked_of(self, tester: int) -> list[Peer]:
+        """Our suspects that broker ``tester`` was asked to test (and has not answered)."""
+        return [s.peer for s in self._suspicions.values() if s.phase is Phase.ASKED and s.tester.id == tester]
+
     def testers(self) -> Iterator[Peer]:
         """The brokers testing our suspects, in the order the suspicions began."""
         return (s.tester for s in self._suspicions.values())
@@ -233,9 +237,10 @@ class FailureDetector:
         """(none) -> TRACING: our chord to ``b`` looks down; the node traces a way round."""
         self._begin(Suspicion(b, Phase.TRACING, b))
 
-    def probe(self, me: Peer, b: Peer) -> list[Effect]:
-        """(none) -> PROBING: no third broker to ask, we probe ``b`` ourselves."""
-        self._begin(Suspicion(b, Phase.PROBING, b))
+    def probe(self, me: Peer, b: Peer, also: tuple[Peer, ...] = ()) -> list[Effect]:
+        """(none) -> PROBING: no third broker to ask (or the one to ask, ``also``, is proven
+        gone: buried with ``b`` if ``b`` is found dead), we probe ``b`` ourselves."""
+        self._begin(Suspicion(b, Phase.PROBING, b, also=also))
         running = self._probing.get(b.id)  # (probing it for an asker already: ours now)
         self._probing[b.id] = Probing(b, me) if running is None else replace(running, asker=me)
         return [Send(b.addr, Probe(me)), SetTimer(self.probe_timeout, probe_key(b.id))]
@@ -287,10 +292,7 @@ class FailureDetector:
         """ASKED -> PROBING: the tester is proven gone; we probe ``b`` ourselves, and bury
         the tester with it if ``b`` is found dead."""
         s = self._suspicions.pop(b.id, None)
-        also = (s.tester,) if s is not None and s.phase is Phase.ASKED else ()
-        out = self.probe(me, b)
-        self._suspicions[b.id] = replace(self._suspicions[b.id], also=also)
-        return out
+        return self.probe(me, b, (s.tester,) if s is not None and s.phase is Phase.ASKED else ())
 
     def reprobe(self, me: Peer, b: Peer, now: float) -> list[Effect]:
         """Probing -> Probing: no verdict yet (not proven gone, not silent for the guard):
@@ -333,8 +335,8 @@ class FailureDetector:
         """Something came from ``peer`` since we probed it for an asker: it is alive, if
         slow to answer the probe."""
         probing = self._probing.get(suspect)
-        if probing is None or probing.probed_at is None or peer is None:
-            return False
+        if probing is None or probing.probed_at is None or peer is None or peer.id in self._gone:
+            return False  # (proven gone: what comes from its address is another process)
         return self._heard.get(peer.addr, -math.inf) >= probing.probed_at
 
     def unanswered(self, suspect: int) -> Probing | None:

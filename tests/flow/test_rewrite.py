@@ -277,3 +277,23 @@ def test_a_subexpression_of_both_select_and_transform_is_computed_once_per_event
         local.publish("a", {"x": x})
     assert calls == [0.5, 2.0, 3.0]  # once per event, though S, and T's two outputs, all read f(x)
     assert local.outputs["z"] == [{"y": 1.0, "w": 2.0}, {"y": 2.0, "w": 4.0}]
+
+
+def test_a_source_feeding_a_collapse_and_a_transform_gets_an_exit() -> None:
+    """A source read by a collapse and by a transform: the rewrite routed the source to its
+    exit ``src.sub`` for the collapse but never made that node, and refused the graph (a
+    route "to unknown space 'src.sub'"): such a flow could be neither deployed nor run."""
+    b = FlowBuilder().source("src", {"k": "str", "v": "int"})
+    b.sink("doubled", {"k": "str", "v": "int"}).sink("totals", {"k": "str", "v": "int"})
+    b.state("sum", {"k": "str", "total": "int"}, key="k", initial={"total": 0})
+    b.collapse("c", "src", "sum", {"key": "k", "rules": [{"set": {"total": "total + v"}}]})
+    b.transform("d", "src", "doubled", {"k": "k", "v": "v * 2"})
+    b.expand("e", "sum", "totals", {"key": "k", "rules": [{"set": {"total": "v"}}]})
+    g = b.build()
+    r = rewrite(g)
+    assert r.arc("c").source == "src.sub" and r.space("src").kind == "source"
+    events = [("src", {"k": k, "v": v}) for k, v in [("a", 1), ("b", 5), ("a", 2)]]
+    original, rewritten = LocalRun(g).run(events), LocalRun(r).run(events)
+    assert rewritten.outputs == original.outputs
+    assert original.outputs["totals"] == [{"k": "a", "v": 1}, {"k": "b", "v": 5}, {"k": "a", "v": 3}]
+    assert original.outputs["doubled"] == [{"k": "a", "v": 2}, {"k": "b", "v": 10}, {"k": "a", "v": 4}]

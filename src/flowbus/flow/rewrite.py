@@ -249,10 +249,22 @@ def _event_nodes(g: Graph, s: EventSpace) -> list[EventSpace]:
     return out
 
 
+def _source_nodes(g: Graph, s: EventSpace) -> list[EventSpace]:
+    """A source space, and its exit ``NAME.sub`` if it feeds a collapse and stateless arcs too."""
+    if not is_exit(g, s) or exit_name(g, s.name) == s.name:
+        return [s]
+    return [s, EventSpace(exit_name(g, s.name), s.schema, "events")]
+
+
 def _nodes(g: Graph) -> list[Space]:
     nodes: dict[str, Space] = {}
     for s in g.spaces:
-        made = _event_nodes(g, s) if isinstance(s, EventSpace) and s.kind == "events" else [s]
+        if isinstance(s, EventSpace) and s.kind == "events":
+            made: list[Space] = list(_event_nodes(g, s))
+        elif isinstance(s, EventSpace) and s.kind == "source":
+            made = list(_source_nodes(g, s))
+        else:
+            made = [s]
         for node in made:
             if node.name in nodes:
                 raise FlowError(f"space name {node.name!r} clashes with a node the rewrite adds: rename it")

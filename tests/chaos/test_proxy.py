@@ -16,7 +16,17 @@ import pytest
 from flowbus.chaos.brokers import Brokers
 from flowbus.chaos.hosts import Hosts
 from flowbus.chaos.nemesis import LINKS, MIXES, NETWORK, Fault, Nemesis, proxied, schedule
-from flowbus.chaos.proxy import LinkRules, Proxies, Proxy, Rules, Shaper, frame_tag, split_frames
+from flowbus.chaos.proxy import (
+    MAX_RETRIES,
+    RTO,
+    LinkRules,
+    Proxies,
+    Proxy,
+    Rules,
+    Shaper,
+    frame_tag,
+    split_frames,
+)
 from flowbus.client import protocol as p
 from flowbus.net.codec import encode, frame
 
@@ -56,14 +66,14 @@ def fates(rules: LinkRules | None, n: int, *, seed: int = 1, every: float = 0.00
 
 def test_no_rules_forward_at_once_in_order() -> None:
     out = fates(None, 10)
-    assert [f.copies for f in out] == [1] * 10
     assert [f.release for f in out] == [100.0 + i * 0.001 for i in range(10)]
+    assert not any(f.lost or f.duplicated or f.reordered for f in out)
 
 
 def test_delay_and_jitter_keep_the_order_and_never_go_negative() -> None:
     out = fates(LinkRules(delay_ms=40, jitter_ms=30), 2000)
     waits = [f.release - (100.0 + i * 0.001) for i, f in enumerate(out)]
-    assert all(f.copies == 1 and not f.reordered for f in out)
+    assert not any(f.lost or f.reordered for f in out)
     assert all(a.release <= b.release for a, b in itertools.pairwise(out))  # (in order)
     assert min(waits) >= 0.010 - 1e-9 and max(waits) <= 0.070 + 1e-9  # (40 ± 30, or behind the one ahead)
     apart = fates(LinkRules(delay_ms=40, jitter_ms=30), 2000, every=0.1)  # (none behind another)
@@ -74,26 +84,35 @@ def test_delay_and_jitter_keep_the_order_and_never_go_negative() -> None:
     assert any(f.release == 100.0 + i * 1.0 for i, f in enumerate(big_jitter))  # (some wait 0)
 
 
-def test_loss_dup_and_reorder_at_their_rates_seeded() -> None:
+def test_loss_dup_and_reorder_at_their_rates_seeded_and_in_order() -> None:
+    """What TCP makes of a lossy, doubling, reordering network: every frame arrives once,
+    in order, the faulty ones late and those behind them with them."""
     rules = LinkRules(loss=0.1, dup=0.2, reorder=0.05, reorder_ms=60)
     out = fates(rules, 20_000)
     assert out == fates(rules, 20_000)  # (the same seed: the same fates)
     assert out != fates(rules, 20_000, seed=2)
-    dropped = sum(f.copies == 0 for f in out)
-    kept = [f for f in out if f.copies]
-    assert 0.08 < dropped / len(out) < 0.12
-    assert 0.17 < sum(f.copies == 2 for f in kept) / len(kept) < 0.23
-    assert 0.04 < sum(f.reordered for f in kept) / len(kept) < 0.06
+    assert all(a.release <= b.release for a, b in itertools.pairwise(out))
+    assert 0.09 < sum(f.lost for f in out) / len(out) < 0.13  # (0.1 + 0.01 + ...: a loss again)
+    assert 0.17 < sum(f.duplicated for f in out) / len(out) < 0.23
+    assert 0.04 < sum(f.reordered for f in out) / len(out) < 0.06
 
 
-def test_a_reordered_frame_is_overtaken() -> None:
+def test_a_lost_segment_waits_for_its_retransmissions_and_holds_those_behind() -> None:
+    shaper = Shaper(random.Random(1))
+    lost = shaper.decide(LinkRules(delay_ms=10, loss=0.999999), 100.0)
+    assert lost.lost == MAX_RETRIES
+    assert lost.release == pytest.approx(100.01 + RTO * (2**MAX_RETRIES - 1))
+    behind = shaper.decide(LinkRules(delay_ms=10), 100.001)
+    assert behind.release == lost.release and behind.lost == 0 and behind.delayed
+
+
+def test_a_reordered_segment_holds_the_ones_that_came_before_it() -> None:
     shaper = Shaper(random.Random(1))
     held = shaper.decide(LinkRules(delay_ms=10, reorder=1.0, reorder_ms=60), 100.0)
     assert held.reordered and held.release == pytest.approx(100.07)
     later = shaper.decide(LinkRules(delay_ms=10), 100.001)
-    assert not later.reordered and later.release == pytest.approx(100.011)
-    assert later.release < held.release
-    assert shaper.decide(None, 100.002).release == pytest.approx(100.011)  # (behind the one ahead)
+    assert not later.reordered and later.release == held.release  # (TCP holds it for the first)
+    assert shaper.decide(None, 100.08).release == pytest.approx(100.08)
 
 
 def test_frames_are_cut_whole_and_tagged() -> None:
@@ -148,11 +167,12 @@ def test_a_proxy_on_loopback(tmp_path: Path) -> None:
             bw.write(_frame(b"down"))
             assert await _frames(cr, 1) == [b"down"]
 
-            # (every frame from 127.0.0.1 twice, both ways; then an ack cut before)
-            rules.write_text(json.dumps({"links": {"127.0.0.1": {"dup": 1.0, "delay_ms": 5}}}))
+            # (every segment from 127.0.0.1 doubled and lost once, both ways: TCP delivers
+            # each frame once, in order, a retransmission timeout late; then an ack cut before)
+            rules.write_text(json.dumps({"links": {"127.0.0.1": {"dup": 1.0, "delay_ms": 5, "loss": 0.3}}}))
             await asyncio.sleep(0.3)
-            cw.write(_frame(b"twice"))
-            assert await _frames(br, 2) == [b"twice", b"twice"]
+            cw.write(b"".join(_frame(b"once%d" % i) for i in range(4)))
+            assert await _frames(br, 4) == [b"once%d" % i for i in range(4)]
             rules.write_text(json.dumps({"ack_cut": {"peer": "127.0.0.1", "when": "before"}}))
             await asyncio.sleep(0.3)
             bw.write(_frame(b"event") + frame(encode(p.PubAck(p.pack_pubacks([7])))))
@@ -181,7 +201,8 @@ def test_a_proxy_on_loopback(tmp_path: Path) -> None:
             broker.close()
             await proxy.close()
         stats = json.loads(Path(f"{rules}.stats.json").read_text())
-        assert stats["duplicated"] == 1 and stats["cuts"] == 1 and stats["resets"] == 1
+        assert stats["duplicated"] == 4 and stats["retransmitted"] >= 1
+        assert stats["cuts"] == 1 and stats["resets"] == 1
         assert stats["connections"] == 3 and stats["dropped"] == 1
         assert stats["by_source"]["127.0.0.1"]["cuts"] == 1
 

@@ -16,8 +16,8 @@ How it works (:func:`run_one`):
    quiet), the brokers and then the proxies are stopped by process id, the hosts removed,
    whatever happened.
 5. :func:`flowbus.chaos.check.check_run` gives the run's row (with the proxies' counters
-   summed in ``proxy``, if it had proxies: frames forwarded, dropped, duplicated,
-   reordered, delayed, connections cut); its timeline goes to ``timeline.csv`` and
+   summed in ``proxy``, if it had proxies: frames forwarded, dropped, losses
+   retransmitted, duplicated, reordered, delayed, connections cut); its timeline goes to ``timeline.csv`` and
    ``timeline.png`` with the faults drawn as bands.
 
 :func:`run_campaign` runs each mix with each seed, and sums the rows

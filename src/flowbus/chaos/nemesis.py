@@ -45,10 +45,11 @@ The kinds (``heal`` is what ends them):
 ``restart``        ``SIGTERM`` of one broker and a restart on its data (a rolling step)
 ``delay``          1-3 broker links delayed 20-200 ms, with a jitter of 20-100 % of it
                    (frames stay in order); heal: the rules removed
-``loss``           1-3 broker links losing 1-10 % of their frames
-``dup``            1-3 broker links forwarding 1-10 % of their frames twice
-``reorder``        1-3 broker links holding back 2-20 % of their frames 20-150 ms (later
-                   frames overtake them)
+``loss``           1-3 broker links losing 1-10 % of their segments (each sent again after
+                   TCP's retransmission timeout, the frames behind it waiting)
+``dup``            1-3 broker links doubling 1-10 % of their segments (dropped by TCP)
+``reorder``        1-3 broker links delivering 2-20 % of their segments 20-150 ms late,
+                   after later ones (held by TCP until it comes)
 ``ack-cut``        the link of a publisher (drawn) to the broker it is connected to cut
                    just ``before`` or ``after`` a publish acknowledgement (once; ``when``
                    drawn); heal: the rule removed

@@ -25,15 +25,23 @@ How it works:
   connection (a link between two brokers both ways: each broker's proxy names the other).
   Every field is optional (0 by default).
 * **A frame's fate** (:class:`Shaper`, one per direction of a connection, with a random
-  generator seeded by ``--seed``, the connection's number and the direction):
+  generator seeded by ``--seed``, the connection's number and the direction). The links
+  between brokers are TCP connections: what a lossy, duplicating or reordering network does
+  to their packets, the kernels' TCP repairs, and the brokers see it as time. A frame stands
+  for a segment, and its fate is what TCP makes of that segment's fault:
 
-  - ``loss`` (a probability): the frame is dropped;
-  - ``delay_ms`` and ``jitter_ms``: it waits ``delay ± U(jitter)`` ms (never less than 0),
-    but never leaves before the frame ahead of it: frames keep their order;
-  - ``dup`` (a probability): it is forwarded twice, one copy after the other;
-  - ``reorder`` (a probability): it is held back ``reorder_ms`` more (50 by default) and
-    does not hold the frames behind it, which overtake it.
+  - ``delay_ms`` and ``jitter_ms``: it waits ``delay ± U(jitter)`` ms (never less than 0);
+  - ``loss`` (a probability, drawn again for each try): the segment is lost and sent again
+    after the retransmission timeout, 200 ms (Linux's least) doubled at each loss of it, at
+    most :data:`MAX_RETRIES` times;
+  - ``reorder`` (a probability): it arrives ``reorder_ms`` later (50 by default) than it
+    would have, after those behind it, which the receiving TCP holds until it comes;
+  - ``dup`` (a probability): a copy arrives too, which the receiving TCP drops (counted).
 
+  Whatever its fate, a frame never leaves before the frame ahead of it (TCP delivers in
+  order): one that waits holds those behind it. Faults that reach the application as such
+  (a connection that breaks, an acknowledgement that never comes) are the partitions' and
+  ``ack_cut``'s.
 * **ack_cut.** On a connection from ``peer``, the next frame the broker sends the client
   whose tag is ``client.pub_ack`` (:func:`~flowbus.net.codec.head_tag`) is dropped and both
   sides of the connection are closed at once (``"when": "before"``: the client never sees
@@ -43,8 +51,9 @@ How it works:
 * **A broker that is gone.** If the broker refuses the proxy's connection, the client's
   connection is reset (``SO_LINGER`` 0), as a refused connection would be; a connection
   the broker resets is reset on the other side too.
-* **Counters** (:class:`Counters`: connections, frames forwarded, dropped, duplicated,
-  reordered, delayed, cuts, resets; by source too) are written to ``RULES.stats.json`` every
+* **Counters** (:class:`Counters`: connections, frames forwarded, dropped (behind an ack
+  cut), losses retransmitted, copies duplicated, frames reordered and delayed, cuts,
+  resets; by source too) are written to ``RULES.stats.json`` every
   second and when the proxy ends, and printed as one JSON line on standard output at
   ``SIGTERM`` (or ``SIGINT``), after which the proxy exits.
 
@@ -226,13 +235,23 @@ class Rules:
 
 @dataclass(frozen=True, slots=True)
 class Fate:
-    """What becomes of one frame: ``copies`` of it (0: dropped) leave at ``release``
-    (the event loop's clock); ``reordered``: held back for later frames to overtake it."""
+    """What becomes of one frame: it leaves at ``release`` (the event loop's clock), after
+    ``lost`` losses and retransmissions; ``duplicated``: a copy came too (dropped by TCP);
+    ``reordered``: it came after the frames behind it (which waited for it)."""
 
-    copies: int
     release: float
+    lost: int = 0
+    duplicated: bool = False
     reordered: bool = False
     delayed: bool = False
+
+
+RTO = 0.2
+"""Seconds: TCP's retransmission timeout for a lost segment (Linux's least), doubled at each
+loss of the same segment."""
+
+MAX_RETRIES = 6
+"""Losses of one segment at most (then it gets through): 200 ms + 400 ms ... = 12.6 s."""
 
 
 class Shaper:
@@ -240,31 +259,33 @@ class Shaper:
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
-        self.tail = -math.inf  # when the last frame kept in order leaves
+        self.tail = -math.inf  # when the last frame leaves
 
     def decide(self, rules: LinkRules | None, now: float) -> Fate:
         """The fate of the next frame, read at ``now`` (seconds), under ``rules`` (None:
         forwarded as it comes, behind the frames ahead of it)."""
-        ahead = max(now, self.tail)
         if rules is None:
-            self.tail = ahead
-            return Fate(1, ahead)
+            self.tail = max(now, self.tail)
+            return Fate(self.tail)
         rng = self.rng
-        if rules.loss and rng.random() < rules.loss:
-            return Fate(0, ahead)
         wait = rules.delay_ms
         if rules.jitter_ms:
             wait += rng.uniform(-rules.jitter_ms, rules.jitter_ms)
-        release = max(now + max(0.0, wait) / 1000.0, self.tail)
-        copies = 2 if rules.dup and rng.random() < rules.dup else 1
-        if rules.reorder and rng.random() < rules.reorder:
-            return Fate(copies, release + rules.reorder_ms / 1000.0, reordered=True, delayed=True)
-        self.tail = release
-        return Fate(copies, release, delayed=release > now)
+        arrives = now + max(0.0, wait) / 1000.0
+        lost = 0
+        while rules.loss and lost < MAX_RETRIES and rng.random() < rules.loss:
+            arrives += RTO * 2**lost
+            lost += 1
+        reordered = bool(rules.reorder) and rng.random() < rules.reorder
+        if reordered:
+            arrives += rules.reorder_ms / 1000.0
+        duplicated = bool(rules.dup) and rng.random() < rules.dup
+        self.tail = max(arrives, self.tail)
+        return Fate(self.tail, lost, duplicated, reordered, delayed=self.tail > now)
 
 
-def _in_order(rules: LinkRules) -> LinkRules:
-    """``rules`` without their chance of loss, duplication or reordering (the delay only)."""
+def _delay_only(rules: LinkRules) -> LinkRules:
+    """``rules`` without their chance of loss, duplication or reordering."""
     return LinkRules(delay_ms=rules.delay_ms, jitter_ms=rules.jitter_ms)
 
 
@@ -291,7 +312,10 @@ def frame_tag(frame: bytes) -> str | None:
 # ------------------------------------------------------------------------------------- counters
 
 
-COUNTS = ("connections", "forwarded", "dropped", "duplicated", "reordered", "delayed", "cuts", "resets")
+COUNTS = (
+    "connections", "forwarded", "dropped", "retransmitted", "duplicated",
+    "reordered", "delayed", "cuts", "resets",
+)  # fmt: skip
 
 
 class Counters:
@@ -485,7 +509,7 @@ class _Connection:
             direction.cut = True
             counts.add(source, "cuts")
             print(f"ack cut {cut.when} on a connection from {source}", file=sys.stderr, flush=True)
-            release = direction.shaper.decide(None if rules is None else _in_order(rules), now).release
+            release = direction.shaper.decide(None if rules is None else _delay_only(rules), now).release
             if cut.when == "before":  # (the frames ahead of it go, then the connection closes)
                 counts.add(source, "dropped")
                 direction.push(release, b"", close_after=True)
@@ -494,12 +518,11 @@ class _Connection:
                 direction.push(release, frame, close_after=True)
             return
         fate = direction.shaper.decide(rules, now)
-        if fate.copies == 0:
-            counts.add(source, "dropped")
-            return
-        direction.push(fate.release, frame * fate.copies)
+        direction.push(fate.release, frame)
         counts.add(source, "forwarded")
-        if fate.copies > 1:
+        if fate.lost:
+            counts.add(source, "retransmitted", fate.lost)
+        if fate.duplicated:
             counts.add(source, "duplicated")
         if fate.reordered:
             counts.add(source, "reordered")

@@ -38,7 +38,7 @@ def _write(root: Path, spec: Spec, pubs: list[list[object]], deliveries: list[li
         w.writerows(pubs)
     with (root / "deliveries.csv").open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["sub", "quantity", "broker", "t"])
+        w.writerow(["sub", "quantity", "broker", "t", "n"])
         w.writerows(deliveries)
 
 
@@ -214,3 +214,53 @@ def test_schedules_are_seeded_and_mixes_checked() -> None:
     assert [m.name for m in check_mixes(["process"], isolated=False)] == ["process"]
     with pytest.raises(ExperimentError, match="unknown kinds"):
         Mix("bad", ("earthquake",), 1, "")
+
+
+def test_a_space_downstream_of_the_flows_state_is_checked_for_its_counts_and_per_key_order(
+    tmp_path: Path,
+) -> None:
+    """``counted`` carries, per trade, the ``n``-th trade of its symbol (the flow's state
+    ``tally``). The interpreter counts what the network took: the acknowledged trades, and
+    one never acknowledged but delivered (its acknowledgement lost). A count that differs is
+    a wrong value; two events of different symbols may come in any order (their partitions
+    are not one), two of one symbol may not."""
+    from flowbus.chaos.workload import FLOW
+
+    spec = Spec(
+        brokers=("10.0.0.1:7000",),
+        publishers=(Client("fpub", 0, space="trades", rate=10.0),),
+        subscribers=(Client("sub0", 0, (SubSpec("c0", "", "counted"), SubSpec("c1", "n >= 2", "counted"))),),
+        out=str(tmp_path),
+        publish_for=6.0,
+        flow=FLOW,
+    )
+    n = 60
+    symbol = {k: event_of(0, k)["symbol"] for k in range(1, n + 1)}
+    count: dict[int, int] = {}
+    for k in range(1, n + 1):
+        count[k] = sum(1 for j in range(1, k + 1) if symbol[j] == symbol[k])
+    pubs: list[list[object]] = []
+    for k in range(1, n + 1):
+        pubs.append(["fpub", k, k, f"{T0 + k / 10:.4f}", "", ""])
+        if k != 5:  # (its acknowledgement never came; it was taken all the same)
+            pubs.append(["fpub", k, k, "", f"{T0 + k / 10 + 0.05:.4f}", ""])
+    assert any(count[k] > 1 and symbol[k] == symbol[5] for k in range(6, n + 1))  # (counted after it)
+    c0 = list(range(1, n + 1))
+    c0[0], c0[1] = c0[1], c0[0]  # (two symbols swapped: allowed)
+    assert symbol[1] != symbol[2] and 7 not in (1, 2)
+    rows: list[list[object]] = [
+        ["c0", k, "b", f"{T0 + 7 + i / 100:.4f}", count[k] + (k == 7)] for i, k in enumerate(c0)
+    ]
+    c1 = [k for k in range(1, n + 1) if count[k] >= 2]
+    third = next(k for k in c1 if count[k] == 3)
+    second = next(k for k in c1 if count[k] == 2 and symbol[k] == symbol[third])
+    c1.remove(second)
+    c1.insert(c1.index(third) + 1, second)  # (behind a later one of its symbol: out of order)
+    rows += [["c1", k, "b", f"{T0 + 8 + i / 100:.4f}", count[k]] for i, k in enumerate(c1)]
+    _write(tmp_path, spec, pubs, rows)
+    row = check_run(tmp_path)
+    assert row["acknowledged"] == n - 1
+    assert row["expected_deliveries"] == (n - 1) + sum(1 for k in c1 if k != 5)
+    assert row["delivered"] == row["expected_deliveries"] and row["lost"] == 0
+    assert row["misrouted"] == row["phantom"] == row["duplicated"] == 0
+    assert row["wrong_values"] == 1 and row["out_of_order"] == 1

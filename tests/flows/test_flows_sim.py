@@ -309,3 +309,40 @@ def test_owners_publish_drops_only_as_far_as_the_subscriptions_on_the_ring_need_
     for name, want in per_key(later, "name").items():
         assert got[name][-len(want) :] == want  # (after its snapshot)
     assert per_key(w.received("alarms"), "name") == per_key(both["alarms"], "name")
+
+
+def test_a_source_read_by_a_collapse_and_a_transform_runs_on_the_brokers_as_in_the_interpreter() -> None:
+    """The source feeds a transform and a collapse (the rewrite gives it an exit node of its
+    own, ``trades.sub``, for the collapse): every derived event the interpreter gives, at
+    every broker, per key in the state's order."""
+    d = Deployment.from_text(
+        """
+name: direct
+spaces:
+  trades: {kind: source, schema: {symbol: str, quantity: int, level: int}}
+  big: {kind: sink, schema: {symbol: str, quantity: int}}
+  tally: {kind: state, schema: {symbol: str, n: int, last: int}, key: [symbol], initial: {n: 0, last: 0}}
+  counted: {kind: sink, schema: {symbol: str, n: int, quantity: int}}
+rulesets:
+  tally: {key: {symbol: symbol}, rules: [{set: {n: n + 1, last: quantity}}]}
+  counts: {key: {symbol: symbol}, rules: [{set: {n: event.n, last: event.quantity}}]}
+arcs:
+  - {name: T, from: trades, to: big, transform: {symbol: symbol, quantity: quantity * level}}
+  - {name: C, from: trades, to: tally, collapse: tally}
+  - {name: E, from: tally, to: counted, expand: counts}
+"""
+    )
+    w = FlowWorld(3, seed=2)
+    w.deploy(d)
+    for i, b in enumerate(w.brokers):
+        w.subscribe(b.addr, ("counted", i), "counted")
+        w.subscribe(b.addr, ("big", i), "big")
+    w.settle()
+    events = [("trades", {"symbol": f"S{k % 7}", "quantity": k, "level": k % 5}) for k in range(400)]
+    w.publish(0, events)
+    w.settle(200)
+    ref = reference(d, events, ["big", "counted"])
+    assert len(ref["counted"]) == 400 and ref["big"]
+    for i in range(3):
+        assert canon(w.received(("big", i))) == canon(ref["big"])
+        assert per_key(w.received(("counted", i)), "symbol") == per_key(ref["counted"], "symbol")

@@ -42,7 +42,7 @@ from flowbus.chaos.check import check_run, timeline
 from flowbus.chaos.hosts import Hosts, can_isolate, open_hosts
 from flowbus.chaos.nemesis import Fault, Mix, Nemesis, check_mixes, proxied, schedule
 from flowbus.chaos.proxy import COUNTS, Proxies
-from flowbus.chaos.workload import FLOW, FLOW_FILTERS, Client, Spec, SubSpec, filters_for
+from flowbus.chaos.workload import COUNT_FILTERS, FLOW, FLOW_FILTERS, Client, Spec, SubSpec, filters_for
 from flowbus.errors import ExperimentError
 
 __all__ = ["TOTALS", "Campaign", "run_campaign", "run_one", "summarize"]
@@ -60,6 +60,7 @@ TOTALS = (
     "lost_postfix",
     "duplicated",
     "misrouted",
+    "wrong_values",
     "phantom",
     "out_of_order",
     "hung_publishes",
@@ -121,8 +122,8 @@ def _config(path: Path, c: Campaign) -> Path:
 
 def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, seed: int) -> Spec:
     """The run's clients. On the chordal ring (the overlay that runs flows), the campaign's
-    flow too: a publisher into its source space, and one subscription of its derived space
-    per subscriber client."""
+    flow too: a publisher into its source space, and per subscriber client one subscription
+    of its stateless derived space (``big``) and one downstream of its state (``counted``)."""
     filters = filters_for(c.subscriptions, seed)
     per = -(-c.subscriptions // c.subscribers)
     flow = c.flow and c.overlay == "chordal-ring"
@@ -133,7 +134,14 @@ def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, se
             tuple(
                 SubSpec(f"d{i}-{j}", filters[i * per + j]) for j in range(min(per, c.subscriptions - i * per))
             )
-            + ((SubSpec(f"f{i}", FLOW_FILTERS[i % len(FLOW_FILTERS)], "big"),) if flow else ()),
+            + (
+                (
+                    SubSpec(f"f{i}", FLOW_FILTERS[i % len(FLOW_FILTERS)], "big"),
+                    SubSpec(f"c{i}", COUNT_FILTERS[i % len(COUNT_FILTERS)], "counted"),
+                )
+                if flow
+                else ()
+            ),
         )
         for i in range(c.subscribers)
     )
@@ -331,8 +339,8 @@ def failed_row(c: Campaign, mix: str, seed: int, error: str) -> dict[str, Any]:
 
 def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -> dict[str, Any]:
     """The campaign's document: totals over the runs, the worst recovery, the rows."""
-    totals = {k: sum(r[k] for r in rows) for k in TOTALS}
-    proxy = {k: sum(r["proxy"][k] for r in rows if "proxy" in r) for k in COUNTS}
+    totals = {k: sum(r.get(k, 0) for r in rows) for k in TOTALS}  # (rows of older runs: 0)
+    proxy = {k: sum(r["proxy"].get(k, 0) for r in rows if "proxy" in r) for k in COUNTS}
     return {
         "overlay": overlay,
         "isolated": isolated,

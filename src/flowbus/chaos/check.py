@@ -11,8 +11,10 @@ nothing from the brokers. :func:`check_run` gives one row:
   ``lost``, the others, split by when the event was published: before the first fault
   (``lost_prefix``), until the last heal (``lost_middle``), after it (``lost_postfix``).
 * ``duplicated``: an event taken twice by one subscription (each extra time counts);
-  ``misrouted``: taken by a subscription whose filter it does not match; ``phantom``: taken
-  but never published; ``out_of_order``: taken after a later event of the same publisher.
+  ``misrouted``: taken by a subscription whose filter it does not match; ``wrong_values``:
+  an event downstream of the flow's state whose count is not the reference interpreter's;
+  ``phantom``: taken but never published; ``out_of_order``: taken after a later event of
+  the same publisher (of the same key of the state, downstream of one).
 * ``hung_publishes``: neither acknowledged nor refused by the end; ``refused``: publishes
   refused (by a broker, or a timeout: each with its reason, counted by reason).
 * ``recovery_p99_s`` / ``recovery_max_s``: per heal and subscription, how long after the heal
@@ -85,14 +87,15 @@ def check_run(root: Path) -> dict[str, Any]:
     faults = [json.loads(line) for line in _lines(root / "faults.jsonl")]
     first = min((f["t"] for f in faults if f["what"] == "inject"), default=math.inf)
     last = max((f["t"] for f in faults if f["what"] == "heal"), default=-math.inf)
-    subs = _wants(spec, pubs)
-    expected = {sid: {q for q in pubs.acked if wants(q)} for sid, wants in subs.items()}
+    deliveries = _read_csv(root / "deliveries.csv")
+    wanted = _Wants(spec, pubs, {int(row["quantity"]) for row in deliveries})
+    expected = {sid: {q for q in pubs.acked if wants(q)} for sid, wants in wanted.subs.items()}
     # (sub -> the acknowledged events it must get)
     got: dict[str, Counter[int]] = defaultdict(Counter)
     taken_at: dict[tuple[str, int], float] = {}
-    order_errors = misrouted = phantom = 0
-    highest: dict[tuple[str, int], int] = {}
-    for row in _read_csv(root / "deliveries.csv"):
+    order_errors = misrouted = phantom = wrong = 0
+    highest: dict[tuple[Any, ...], int] = {}
+    for row in deliveries:
         sid, q, t = row["sub"], int(row["quantity"]), float(row["t"])
         got[sid][q] += 1
         if got[sid][q] > 1:
@@ -101,9 +104,11 @@ def check_run(root: Path) -> dict[str, Any]:
         if q not in pubs.sent:
             phantom += 1
             continue
-        if not subs[sid](q):
+        if not wanted.subs[sid](q):
             misrouted += 1
-        key = (sid, q // STRIDE)
+        elif row.get("n") and row["n"] != str(wanted.count(sid, q)):
+            wrong += 1
+        key = wanted.order_key(sid, q)
         if q % STRIDE < highest.get(key, 0):
             order_errors += 1
         highest[key] = max(highest.get(key, 0), q % STRIDE)
@@ -130,6 +135,7 @@ def check_run(root: Path) -> dict[str, Any]:
         **{f"lost_{k}": v for k, v in lost.items()},
         "duplicated": sum(n - 1 for c in got.values() for n in c.values() if n > 1),
         "misrouted": misrouted,
+        "wrong_values": wrong,
         "phantom": phantom,
         "out_of_order": order_errors,
         "hung_publishes": refused.pop("hung", 0),
@@ -152,30 +158,60 @@ def _reason(error: str) -> str:
     return error.split(":", 1)[0].strip() or "refused"
 
 
-def _wants(spec: Spec, pubs: _Publishes) -> dict[str, Callable[[int], bool]]:
-    """Per subscription, whether it wants event ``q`` (one that was published): a plain one,
-    the events of its space its filter matches; one of the flow's derived space, the
-    events the flow (run by the reference interpreter on every published event of its
-    source) derives there that its filter matches. A derived event keeps the quantity of
-    the event it came from."""
-    space = [c.space or spec.space for c in spec.publishers]
-    events = {q: event_of(q // STRIDE, q % STRIDE) for q in pubs.sent}
-    derived: dict[str, dict[int, dict[str, Any]]] = {}
-    if spec.flow:
-        from flowbus.flow.deploy import Deployment
-        from flowbus.flow.local import run_graph
+class _Wants:
+    """What each subscription wants, and what the flow derives (see :meth:`__init__`)."""
 
-        graph = Deployment.from_text(spec.flow).graph
-        ins = [(space[q // STRIDE], events[q]) for q in sorted(events) if space[q // STRIDE] != spec.space]
-        for name, evs in run_graph(graph, ins).items():
-            derived[name] = {int(e["quantity"]): dict(e) for e in evs}
-    plain = {q: e for q, e in events.items() if space[q // STRIDE] == spec.space}
-    out: dict[str, Callable[[int], bool]] = {}
-    for c in spec.subscribers:
-        for s in c.subs:
-            match = compiled(parse(s.filter)) if s.filter.strip() else _everything
-            out[s.id] = _in(derived.get(s.space, {}) if s.space else plain, match)
-    return out
+    def __init__(self, spec: Spec, pubs: _Publishes, seen: set[int]) -> None:
+        """Per subscription, whether it wants event ``q`` (one that was published): a plain
+        one, the events of its space its filter matches; one of the flow's derived spaces,
+        the events the flow (run by the reference interpreter) derives there that its filter
+        matches. A derived event keeps the quantity of the event it came from.
+
+        The interpreter runs on the events of the flow's source the network took, in the
+        order they were sent: the acknowledged ones, and those ``seen`` (delivered anywhere:
+        an event whose acknowledgement was lost may have been taken, and a state counts
+        it). The events of a space downstream of a state keep their order per key of the
+        state (per partition), not per publisher: :meth:`order_key`."""
+        space = [c.space or spec.space for c in spec.publishers]
+        events = {q: event_of(q // STRIDE, q % STRIDE) for q in pubs.sent}
+        self.derived: dict[str, dict[int, dict[str, Any]]] = {}
+        self.keyed: dict[str, tuple[str, ...]] = {}  # space downstream of a state -> its key
+        if spec.flow:
+            from flowbus.flow.deploy import Deployment
+            from flowbus.flow.graph import Expand, StateSpace
+            from flowbus.flow.local import run_graph
+
+            graph = Deployment.from_text(spec.flow).graph
+            taken = [q for q in events if space[q // STRIDE] != spec.space and (q in pubs.acked or q in seen)]
+            ins = [(space[q // STRIDE], events[q]) for q in sorted(taken, key=pubs.sent.__getitem__)]
+            for name, evs in run_graph(graph, ins).items():
+                self.derived[name] = {int(e["quantity"]): dict(e) for e in evs}
+            for arc in graph.arcs:
+                state = graph.space(arc.source) if isinstance(arc, Expand) else None
+                if isinstance(state, StateSpace):
+                    fields = graph.space(arc.target).schema.fields
+                    self.keyed[arc.target] = tuple(k for k in state.key if k in fields)
+        plain = {q: e for q, e in events.items() if space[q // STRIDE] == spec.space}
+        self.subs: dict[str, Callable[[int], bool]] = {}
+        self.space: dict[str, str] = {}
+        for c in spec.subscribers:
+            for s in c.subs:
+                match = compiled(parse(s.filter)) if s.filter.strip() else _everything
+                self.subs[s.id] = _in(self.derived.get(s.space, {}) if s.space else plain, match)
+                self.space[s.id] = s.space
+
+    def count(self, sid: str, q: int) -> Any:
+        """The ``n`` the derived event ``q`` of ``sid``'s space carries (None: no such field)."""
+        return self.derived.get(self.space[sid], {}).get(q, {}).get("n")
+
+    def order_key(self, sid: str, q: int) -> tuple[Any, ...]:
+        """What ``sid``'s events of event ``q``'s publisher keep their order within: the
+        publisher, and the state's key for a space downstream of a state."""
+        key = self.keyed.get(self.space[sid])
+        if not key:
+            return (sid, q // STRIDE)
+        event = self.derived[self.space[sid]].get(q, {})
+        return (sid, q // STRIDE, *(event.get(k) for k in key))
 
 
 def _everything(event: Any) -> bool:

@@ -16,8 +16,8 @@ clients' host) reads a :class:`Spec` and runs
 * **a deployed flow** (``flow``, :data:`FLOW` in a campaign), deployed before anything is
   subscribed: a publisher whose ``space`` is the flow's source publishes into it, and
   subscriptions whose ``space`` is one of its derived spaces take what the brokers derive
-  (the transform keeps ``quantity``, the event's identity). So a flow's edges and its
-  derived spaces are under fire too.
+  (every derived event keeps ``quantity``, the identity of the event it came from). So a
+  flow's edges, its derived spaces and its state's partitions are under fire too.
 
 It prints ``ready`` once every subscription is made (the campaign's clock of faults starts
 then), publishes for ``publish_for`` seconds, waits for the publishes to be acknowledged
@@ -26,7 +26,8 @@ then), publishes for ``publish_for`` seconds, waits for the publishes to be ackn
 quiet, and what waits for it would be counted lost), then writes ``summary.json`` and exits. The logs are CSV
 files in ``out``, flushed every second (a run cut short keeps what came until then):
 ``publishes.csv`` (``publisher,k,pseq,sent,acked,error``: one row when sent, one when
-resolved) and ``deliveries.csv`` (``sub,quantity,broker,t``). ``where.json`` says, as it
+resolved) and ``deliveries.csv`` (``sub,quantity,broker,t,n``; ``n``: the count a state's
+event carries, empty for the others). ``where.json`` says, as it
 changes, the broker each publisher is connected to (``{publisher: "host:port"}``: the
 nemesis cuts a publisher's link at an acknowledgement there).
 
@@ -47,7 +48,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["FLOW", "STRIDE", "Spec", "SubSpec", "event_of", "filters_for", "main"]
+__all__ = [
+    "COUNT_FILTERS",
+    "FLOW",
+    "FLOW_FILTERS",
+    "STRIDE",
+    "Spec",
+    "SubSpec",
+    "event_of",
+    "filters_for",
+    "main",
+]
 
 STRIDE = 10_000_000
 """``quantity = publisher * STRIDE + k``: an event's identity, unique in a run."""
@@ -59,19 +70,43 @@ spaces:
   trades: {kind: source, schema: {symbol: str, price: float, quantity: int, exchange: str, level: int}}
   priced: {kind: events, schema: {symbol: str, quantity: int, notional: float, level: int}}
   big: {kind: sink, schema: {symbol: str, quantity: int, notional: float, level: int}}
+  ticks: {kind: events, schema: {symbol: str, quantity: int}}
+  tally:
+    kind: state
+    schema: {symbol: str, n: int, last: int}
+    key: [symbol]
+    initial: {n: 0, last: 0}
+  counted: {kind: sink, schema: {symbol: str, n: int, quantity: int}}
+rulesets:
+  tally:
+    key: {symbol: symbol}
+    rules:
+      - {set: {n: n + 1, last: quantity}}
+  counts:
+    key: {symbol: symbol}
+    rules:
+      - {set: {n: event.n, last: event.quantity}}
 arcs:
   - name: T
     from: trades
     to: priced
     transform: {symbol: symbol, quantity: quantity, notional: price*level, level: level}
   - {name: S, from: priced, to: big, select: "level >= 3"}
+  - {name: K, from: trades, to: ticks, transform: {symbol: symbol, quantity: quantity}}
+  - {name: C, from: ticks, to: tally, collapse: tally}
+  - {name: E, from: tally, to: counted, expand: counts}
 """
 """The campaign's flow: events of :func:`event_of` published into ``trades`` are priced, and
 those of level 3 and up reach ``big`` (a transform and a select, run as routing plus edge
-transforms on the brokers)."""
+transforms on the brokers); and each symbol's trades are counted in the state ``tally``
+(partitioned over the ring, its rows backed up and taken over with the rest), each change
+published into ``counted`` as ``[symbol, n, quantity]``: the ``n``-th trade of its symbol."""
 
 FLOW_FILTERS = ("", "notional > 250", 'symbol in {"S1", "S2", "S3", "S4"}', "level = 5 & notional < 300")
 """Filters over ``big`` for the subscriptions of the flow's derived space."""
+
+COUNT_FILTERS = ("", "n >= 40", 'symbol in {"S5", "S6", "S7"}', 'n <= 60 & symbol != "S0"')
+"""Filters over ``counted`` for the subscriptions downstream of the flow's state."""
 
 SYMBOLS = 20
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE")
@@ -355,7 +390,7 @@ class _Subscriber:
             now = time.time()
             broker = client.broker or ""
             for event in batch:
-                self.log.row(sub_id, event["quantity"], broker, f"{now:.4f}")
+                self.log.row(sub_id, event["quantity"], broker, f"{now:.4f}", event.get("n", ""))
             self.taken += len(batch)
             self.last = now
 
@@ -365,7 +400,7 @@ async def run(spec: Spec) -> dict[str, Any]:
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     pub_log = _Log(out / "publishes.csv", ["publisher", "k", "pseq", "sent", "acked", "error"])
-    sub_log = _Log(out / "deliveries.csv", ["sub", "quantity", "broker", "t"])
+    sub_log = _Log(out / "deliveries.csv", ["sub", "quantity", "broker", "t", "n"])
     stop = asyncio.Event()
     if spec.flow:
         await _deploy(spec)

@@ -86,6 +86,9 @@ def run(
         str, typer.Option(help="The brokers' store syncing: full (each commit on the disk) or normal.")
     ] = "full",
     flow: Annotated[bool, typer.Option(help="Deploy the campaign's flow and put it under fire.")] = True,
+    state: Annotated[
+        bool, typer.Option(help="Subscribe downstream of the flow's state too (its catch-up is checked).")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Run a fault campaign: every mix with every seed (default: the full campaign)."""
@@ -103,6 +106,7 @@ def run(
             isolate=False if loopback else None,
             sync=sync,
             flow=flow,
+            state=state,
         )
         doc = run_campaign(campaign, say=lambda text: err.print(f"[dim]chaos[/] {text}"))
     except FlowbusError as e:

@@ -68,7 +68,11 @@ How it works (flowbus's own delivery guarantees, on the custody of
 * **Catch-up** (the IFG's expand, Banavar et al. section 4.2). A subscription that names a
   collapse rule set gets, when its client comes back, instead of its backlog the shortest
   sequence of events equivalent to it (:mod:`flowbus.broker.interpret`), from the state
-  folded from what its client took (in batches of ``FOLD_EVERY``).
+  folded from what its client took (in batches of ``FOLD_EVERY``). Only a broker that
+  served the client knows that state: a subscription taken over from a dead broker, or
+  restored from the disk after a restart, delivers its backlog as it is (the client drops
+  by id what it had). Caught up from a state it did not know, it gave the client again the
+  latest events it had, under new ids (the fault campaign: 29 repeats in one run).
 * **Durability.** Durable subscriptions and spilled queues are in SQLite
   (:mod:`flowbus.broker.store`): :meth:`Queues.restore` serves them again after a restart.
 """
@@ -162,13 +166,20 @@ class Subscription:
     awaiting: int | None = None  # the former broker whose backlog of it is awaited (see note)
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
     taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
+    known: bool = True  # seen is what its client took (False: taken over or restored, see note)
     linger: asyncio.TimerHandle | None = None
 
     @classmethod
     def from_meta(cls, sub_id: str, meta: Mapping[str, Any]) -> Subscription:
         """A subscription from what :meth:`meta` gave (taken over from a dead broker)."""
         return cls(
-            sub_id, meta["client"], meta["space"], meta["filter"], bool(meta["durable"]), meta["collapse"]
+            sub_id,
+            meta["client"],
+            meta["space"],
+            meta["filter"],
+            bool(meta["durable"]),
+            meta["collapse"],
+            known=meta["collapse"] is None,
         )
 
     def meta(self) -> dict[str, Any]:
@@ -312,7 +323,7 @@ class Queues:
                     sub.in_memory -= 1
                 elif where > 0:
                     disk[sub] = max(disk.get(sub, 0), where)
-                if sub.collapse is not None:
+                if sub.collapse is not None and sub.known:
                     sub.taken.append(event)
                     if len(sub.taken) >= FOLD_EVERY:
                         self._fold(sub)
@@ -366,7 +377,9 @@ class Queues:
                 with contextlib.suppress(StoreFull):  # (a full store: removed at a later restart)
                     self.store.remove_subscription(row.sub_id)
                 return
-            sub = Subscription(row.sub_id, row.client, row.space, row.filter, True, row.collapse)
+            sub = Subscription(
+                row.sub_id, row.client, row.space, row.filter, True, row.collapse, known=row.collapse is None
+            )
             sub.on_disk = self.store.depth(row.sub_id)
             self._serve_again(sub)
 
@@ -764,7 +777,12 @@ class Queues:
             sub.linger = None
         sub.session = session
         session.subs.add(sub.sub_id)
-        if sub.collapse is not None and (sub.pending or sub.on_disk or sub.held) and sub.awaiting is None:
+        if (
+            sub.collapse is not None
+            and sub.known
+            and (sub.pending or sub.on_disk or sub.held)
+            and sub.awaiting is None
+        ):
             self._catch_up(sub)
         self._pump_soon(sub)
 

@@ -54,6 +54,7 @@ TOTALS = (
     "acknowledged",
     "expected_deliveries",
     "delivered",
+    "caught_up",
     "lost",
     "lost_prefix",
     "lost_middle",

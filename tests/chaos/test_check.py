@@ -270,3 +270,35 @@ def test_a_space_downstream_of_the_flows_state_is_checked_for_its_counts_and_per
     assert row["delivered"] == row["expected_deliveries"] - 2
     assert row["misrouted"] == row["phantom"] == row["duplicated"] == 0
     assert row["wrong_values"] == 1 and row["out_of_order"] == 1
+
+
+def test_brokers_that_end_with_other_flows_than_those_deployed_are_counted(tmp_path: Path) -> None:
+    """The last poll's flows per broker against the campaign's flow and what the redeploy
+    faults deployed and undeployed (an undeploy that failed leaves its flow expected)."""
+    from flowbus.chaos.workload import FLOW
+
+    spec = Spec(
+        brokers=("10.0.0.1:7000",),
+        publishers=(Client("pub0", 0),),
+        subscribers=(Client("sub0", 0, (SubSpec("all", ""),)),),
+        out=str(tmp_path),
+        flow=FLOW,
+    )
+    _write(tmp_path, spec, [], [])
+    polls = [
+        {"t": T0, "served": {}, "flows": {"b0": ["chaos"], "b1": ["chaos"], "b2": ["chaos"]}},
+        {"t": T0 + 1, "served": {}, "flows": {"b0": ["chaos"], "b1": ["chaos", "extra"], "b2": []}},
+    ]
+    (tmp_path / "states.jsonl").write_text("".join(json.dumps(r) + "\n" for r in polls))
+    for undone, mismatch in ((None, 2), ("ClientError: refused", 2)):
+        ops = [
+            {"t": T0, "what": "deploy", "flow": "extra", "error": None},
+            {"t": T0 + 1, "what": "undeploy", "flow": "extra", "error": undone},
+        ]
+        (tmp_path / "faults.jsonl").write_text("".join(json.dumps(f) + "\n" for f in ops))
+        assert check_run(tmp_path)["registry_mismatch"] == mismatch
+    polls[-1]["flows"] = {"b0": ["chaos"], "b1": ["chaos"], "b2": ["chaos"]}
+    (tmp_path / "states.jsonl").write_text("".join(json.dumps(r) + "\n" for r in polls))
+    assert check_run(tmp_path)["registry_mismatch"] == 3  # (the undeploy failed: extra expected)
+    (tmp_path / "faults.jsonl").write_text("")
+    assert check_run(tmp_path)["registry_mismatch"] == 0

@@ -28,6 +28,7 @@ from flowbus.chaos.proxy import (
     split_frames,
 )
 from flowbus.client import protocol as p
+from flowbus.errors import ExperimentError
 from flowbus.net.codec import encode, frame
 
 # ------------------------------------------------------------------------------------- the rules
@@ -315,3 +316,51 @@ def test_a_partition_cuts_the_ring_in_its_order_when_made_and_the_heal_mends_tho
     orders.append(["b0", "b1"])  # (brokers that did not answer: the order known last, the split's)
     nemesis.inject(Fault("one-way", 9.0, 2.0, (0,), (1,)))
     assert hosts.cuts == {frozenset(("b0", "b3"))}
+
+
+class FakeFlows:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        self.refuse_undeploy = False
+
+    def deploy(self, broker: str, text: str) -> str | None:
+        self.calls.append(("deploy", broker, text.split("\n", 1)[0]))
+        return None
+
+    def undeploy(self, broker: str, name: str) -> str | None:
+        self.calls.append(("undeploy", broker, name))
+        return "ClientError: no lease" if self.refuse_undeploy else None
+
+
+def test_a_redeploy_deploys_a_flow_across_a_partition_and_undeploys_it_at_the_heal(tmp_path: Path) -> None:
+    hosts, flows = FakeCutHosts(), FakeFlows()
+    nemesis = Nemesis(
+        cast(Hosts, hosts),
+        cast(Brokers, FakeBrokers()),
+        order=["b0", "b1", "b2", "b3"],
+        clients="c",
+        log=tmp_path / "faults.jsonl",
+        flows=flows,
+    )
+    fault = Fault("redeploy", 1.0, 5.0, (1,), (3,))
+    nemesis.inject(fault)
+    assert hosts.cuts == {frozenset(("b1", o)) for o in ("b0", "b2", "b3")}  # (cut off from brokers)
+    assert flows.calls == [("deploy", "b3", "name: extra")]  # (through the other side)
+    flows.refuse_undeploy = True
+    nemesis.heal(fault)
+    assert hosts.cuts == set() and flows.calls[1:] == [("undeploy", "b1", "extra")]
+    noted = [json.loads(line) for line in (tmp_path / "faults.jsonl").read_text().splitlines()]
+    assert [(n["what"], n.get("error")) for n in noted] == [
+        ("inject", None),
+        ("deploy", None),
+        ("undeploy", "ClientError: no lease"),
+        ("heal", None),
+    ]
+    redeploys = schedule(MIXES["flows"], 3, brokers=5, detect=5.0)
+    assert {f.kind for f in redeploys} <= {"redeploy", "kill", "isolate"} and "flows" in MIXES
+    assert all(f.others[0] != f.targets[0] for f in redeploys if f.kind == "redeploy")
+    assert "redeploy" in NETWORK
+    without = Nemesis(cast(Hosts, FakeCutHosts()), cast(Brokers, FakeBrokers()), order=["b0"], clients="c",
+                      log=tmp_path / "other.jsonl")  # fmt: skip
+    with pytest.raises(ExperimentError, match="needs a way to deploy flows"):
+        without.inject(fault)

@@ -68,6 +68,7 @@ TOTALS = (
     "refused",
     "unavailable_s",
     "double_served_s",
+    "registry_mismatch",
     "tracebacks",
 )
 """The counts a campaign sums over its runs."""
@@ -165,9 +166,45 @@ def _workload(c: Campaign, brokers: list[str], out: Path, publish_for: float, se
     )
 
 
+class _FlowOps:
+    """Deploys and undeploys flows for the nemesis (``redeploy``), as a client of the
+    brokers from the campaign's process: through one broker first, the others after it."""
+
+    def __init__(self, brokers: Brokers, names: Sequence[str]) -> None:
+        self.brokers = brokers
+        self.names = list(names)
+
+    def _run(self, broker: str, call: Callable[[Any], Any]) -> str | None:
+        import asyncio
+
+        import flowbus
+        from flowbus.errors import FlowbusError
+
+        i = self.names.index(broker)
+        first = [self.brokers.address(n) for n in self.names[i:] + self.names[:i]]
+
+        async def main() -> None:
+            async with flowbus.connect(
+                *first, name="nemesis", idle_timeout=5.0, publish_timeout=30.0
+            ) as client:
+                await asyncio.wait_for(call(client), 30.0)
+
+        try:
+            asyncio.run(main())
+        except (FlowbusError, OSError, TimeoutError) as e:
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    def deploy(self, broker: str, text: str) -> str | None:
+        return self._run(broker, lambda client: client.deploy(text))
+
+    def undeploy(self, broker: str, name: str) -> str | None:
+        return self._run(broker, lambda client: client.undeploy(name))
+
+
 class _Poller(threading.Thread):
     """Polls every broker's console each second: the durable subscriptions each serves (a
-    broker without its ring lease serves none: it refuses clients)."""
+    broker without its ring lease serves none: it refuses clients), and the flows it has."""
 
     def __init__(self, brokers: Brokers, path: Path) -> None:
         super().__init__(daemon=True)
@@ -178,7 +215,7 @@ class _Poller(threading.Thread):
     def run(self) -> None:
         with self.path.open("a") as f:
             while not self.done.wait(1.0):
-                served, rings = {}, {}
+                served, rings, flows = {}, {}, {}
                 for name in list(self.brokers.up):
                     state = self.brokers.poll(name)
                     if state is None or not state["broker"].get("serving", True):
@@ -186,12 +223,14 @@ class _Poller(threading.Thread):
                     served[name] = [
                         s["id"] for sp in state["spaces"] for s in sp["subscriptions"] if s["durable"]
                     ]
+                    flows[name] = sorted(state["broker"].get("flows", []))
                     ring = state.get("ring", {})
                     rings[name] = {
                         "dead": len(ring.get("dead", [])),
                         "suspects": len(ring.get("suspects", [])),
                     }
-                f.write(json.dumps({"t": time.time(), "every": 1.0, "served": served, "rings": rings}) + "\n")
+                row = {"t": time.time(), "every": 1.0, "served": served, "rings": rings, "flows": flows}
+                f.write(json.dumps(row) + "\n")
                 f.flush()
 
 
@@ -242,6 +281,7 @@ def run_one(
             publishers={p.name: names[p.first] for p in spec.publishers},
             where=root / "where.json",
             ring_order=brokers.ring_order if c.overlay == "chordal-ring" else None,
+            flows=_FlowOps(brokers, names),
         )
         poller = _Poller(brokers, root / "states.jsonl")
         poller.start()

@@ -27,6 +27,9 @@ nothing from the brokers. :func:`check_run` gives one row:
   acknowledged (blocked or refused), summed over publishers.
 * ``double_served_s``: seconds in which two brokers' consoles listed one durable subscription
   as served (from the campaign's polls, ``states.jsonl``).
+* ``registry_mismatch``: brokers whose flows at the last poll are not the ones deployed and
+  not undeployed (the campaign's flow; a ``redeploy`` fault's, deployed during a partition
+  and undeployed at its heal).
 * ``tracebacks``: Python tracebacks in the brokers' and the workload's logs.
 * ``heal_failures``: brokers that did not come back at a heal (no ready line in 60 s after
   their restart: they did not rejoin the ring; the run went on without them).
@@ -154,6 +157,7 @@ def check_run(root: Path) -> dict[str, Any]:
         "recovery_max_s": round(max(recovery, default=0.0), 3),
         "unavailable_s": _unavailable(spec, pubs),
         "double_served_s": _double_served(root / "states.jsonl"),
+        "registry_mismatch": _registry_mismatch(root / "states.jsonl", spec, faults),
         "tracebacks": _tracebacks(root),
     }
 
@@ -292,6 +296,26 @@ def _double_served(path: Path) -> float:
         if any(n > 1 for n in where.values()):
             seconds += r.get("every", 1.0)
     return seconds
+
+
+def _registry_mismatch(path: Path, spec: Spec, faults: list[dict[str, Any]]) -> int:
+    """Brokers whose flows, at the last poll, are not those deployed and not undeployed
+    (the campaign's, and a ``redeploy`` fault's while its undeploy has not been made): a
+    registry that did not converge."""
+    rounds = [json.loads(line) for line in _lines(path)]
+    if not rounds or "flows" not in rounds[-1]:
+        return 0
+    want: set[str] = set()
+    if spec.flow:
+        from flowbus.flow.deploy import Deployment
+
+        want.add(Deployment.from_text(spec.flow).name)
+    for f in faults:
+        if f["what"] == "deploy" and not f.get("error"):
+            want.add(f["flow"])
+        elif f["what"] == "undeploy" and not f.get("error"):
+            want.discard(f["flow"])
+    return sum(1 for flows in rounds[-1]["flows"].values() if set(flows) != want)
 
 
 def _tracebacks(root: Path) -> int:

@@ -53,6 +53,11 @@ The kinds (``heal`` is what ends them):
 ``ack-cut``        the link of a publisher (drawn) to the broker it is connected to cut
                    just ``before`` or ``after`` a publish acknowledgement (once; ``when``
                    drawn); heal: the rule removed
+``redeploy``       one broker cut off from the other brokers, and a second flow (with a
+                   state: :data:`EXTRA_FLOW`) deployed through a broker of the other
+                   side; heal: mended, then that flow undeployed through the broker that
+                   was cut off (its clients' other brokers if it refuses). Every broker
+                   must end with the same flows (the checker's ``registry_mismatch``)
 =================  ===================================================================
 """
 
@@ -65,7 +70,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowbus.chaos.brokers import Brokers
 from flowbus.chaos.hosts import Hosts
@@ -75,12 +80,14 @@ if TYPE_CHECKING:
     from flowbus.chaos.proxy import Proxies
 
 __all__ = [
+    "EXTRA_FLOW",
     "KINDS",
     "LINKS",
     "MIXES",
     "NETWORK",
     "PROXIED",
     "Fault",
+    "FlowOps",
     "Mix",
     "Nemesis",
     "check_mixes",
@@ -108,7 +115,34 @@ KINDS = (
     "dup",
     "reorder",
     "ack-cut",
+    "redeploy",
 )
+
+EXTRA_FLOW = """\
+name: extra
+description: A flow deployed and undeployed by the fault campaign's redeploy fault.
+spaces:
+  extra_in: {kind: source, schema: {k: str, v: int}}
+  extra_sum: {kind: state, schema: {k: str, total: int}, key: [k], initial: {total: 0}}
+  extra_out: {kind: sink, schema: {k: str, v: int}}
+rulesets:
+  add: {key: {k: k}, rules: [{set: {total: total + v}}]}
+  totals: {key: {k: k}, rules: [{set: {total: event.v}}]}
+arcs:
+  - {name: C, from: extra_in, to: extra_sum, collapse: add}
+  - {name: E, from: extra_sum, to: extra_out, expand: totals}
+"""
+"""The flow a ``redeploy`` fault deploys during a partition and undeploys at its heal (its
+state's partitions are subscriptions of its owners: ring state that changes under fire)."""
+
+
+class FlowOps(Protocol):
+    """Deploys and undeploys flows through a broker (its clients' other brokers after it);
+    each gives None, or what went wrong."""
+
+    def deploy(self, broker: str, text: str) -> str | None: ...
+    def undeploy(self, broker: str, name: str) -> str | None: ...
+
 
 LINKS = ("delay", "loss", "dup", "reorder")
 """Kinds that strike links between brokers (through their proxies)."""
@@ -127,6 +161,7 @@ NETWORK = frozenset(
         "client-cut",
         "disk-full",
         "power-loss",
+        "redeploy",
         *PROXIED,
     }
 )
@@ -172,6 +207,7 @@ MIXES: dict[str, Mix] = {
         ),
         Mix("links", LINKS, 4, "broker links delayed with jitter, lossy, duplicating, reordering", each=True),
         Mix("acks", ("ack-cut",), 6, "a publisher's link cut just before or after a publish acknowledgement"),
+        Mix("flows", ("redeploy", "kill", "isolate"), 5, "a flow deployed and undeployed across a partition"),
         Mix("short", ("kill", "pause", "isolate"), 3, "what CI runs (--short)"),
         Mix("process", ("kill", "kill-adjacent", "pause", "restart"), 5, "faults of processes only"),
     )
@@ -268,6 +304,8 @@ def _victims(kind: str, rng: random.Random, n: int) -> tuple[tuple[int, ...], tu
     if kind == "bridge":
         half = (n - 1) // 2
         return tuple(ring[1 : 1 + half]), tuple(ring[1 + half :])  # (ring[0] reaches both)
+    if kind == "redeploy":  # (cut off; the deploy goes through a broker of the other side)
+        return (first,), (ring[rng.randrange(1, n)],)
     if kind in LINKS:  # (links between ring neighbours: those the events take)
         starts = sorted(rng.sample(range(n), rng.randint(1, min(3, n))))
         return tuple(starts), tuple((p + 1) % n for p in starts)
@@ -308,6 +346,7 @@ class Nemesis:
         publishers: Mapping[str, str] | None = None,
         where: Path | None = None,
         ring_order: Callable[[], Sequence[str]] | None = None,
+        flows: FlowOps | None = None,
     ) -> None:
         self.hosts = hosts
         self.brokers = brokers
@@ -318,6 +357,7 @@ class Nemesis:
         self.proxies = proxies  # the brokers' proxies (runs of mixes with faults of links)
         self.publishers = dict(publishers or {})  # publisher -> the broker it is given first
         self.where = where  # the workload's where.json: publisher -> "host:port" it is connected to
+        self.flows = flows  # deploys and undeploys (redeploy faults)
         self.injected = 0
         self._struck: dict[Fault, tuple[list[str], list[str]]] = {}  # fault -> (victims, others) made
 
@@ -368,6 +408,11 @@ class Nemesis:
         with self.log.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def _flows(self, fault: Fault) -> FlowOps:
+        if self.flows is None:
+            raise ExperimentError(f"a {fault.kind} fault needs a way to deploy flows")
+        return self.flows
+
     def _proxies(self, fault: Fault) -> Proxies:
         if self.proxies is None:
             raise ExperimentError(f"a {fault.kind} fault needs the brokers behind proxies")
@@ -401,7 +446,7 @@ class Nemesis:
         elif kind == "restart":
             for v in victims:
                 brokers.stop(v)
-        elif kind in ("isolate", "link-down"):
+        elif kind in ("isolate", "link-down", "redeploy"):
             for v in victims:
                 if kind == "link-down":
                     hosts.link(v, up=False)
@@ -409,6 +454,9 @@ class Nemesis:
                     for o in self.order:
                         if o != v:
                             hosts.cut(v, o)
+            if kind == "redeploy":
+                error = self._flows(fault).deploy(others[0], EXTRA_FLOW)
+                self._note("deploy", fault, flow="extra", through=others[0], error=error)
         elif kind in ("split", "cut-two", "bridge"):
             for a in victims:
                 for b in others:
@@ -442,10 +490,13 @@ class Nemesis:
                 brokers.signal(v, signal.SIGCONT)
         elif kind == "link-down":
             hosts.link(victims[0], up=True)
-        elif kind == "isolate":
+        elif kind in ("isolate", "redeploy"):
             for o in self.order:
                 if o != victims[0]:
                     hosts.mend(victims[0], o)
+            if kind == "redeploy":
+                error = self._flows(fault).undeploy(victims[0], "extra")
+                self._note("undeploy", fault, flow="extra", through=victims[0], error=error)
         elif kind in ("split", "cut-two", "bridge"):
             for a in victims:
                 for b in others:

@@ -35,6 +35,7 @@ FULL = (
     "acks",
     "disk",
     "membership",
+    "flows",
     "mixed",
 )
 

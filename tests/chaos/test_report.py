@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flowbus.chaos.campaign import TOTALS
 from flowbus.chaos.report import markdown
 
@@ -57,3 +59,33 @@ def test_a_run_that_could_not_be_made_is_a_row_of_its_own_and_counted(tmp_path: 
     )
     assert doc["runs"] == 2 and doc["failed_runs"] == 1 and doc["lost"] == 3 and doc["recovery_p99_s"] == 1.5
     assert doc["rows"][1]["error"] == "broker b0: no ready line in 60 s"
+
+
+def test_a_fault_band_ends_at_its_heal_not_at_a_redeploys_deploy() -> None:
+    from typing import Any
+
+    from flowbus.chaos.report import _bands
+
+    class Axes:
+        def __init__(self) -> None:
+            self.spans: list[tuple[float, float]] = []
+
+        def axvspan(self, a: float, b: float, **kw: Any) -> None:
+            self.spans.append((a, b))
+
+        def text(self, *a: Any, **kw: Any) -> None:
+            pass
+
+        def get_xaxis_transform(self) -> None:
+            return None
+
+    ax = Axes()
+    fault = {"kind": "redeploy", "start": 4.0, "hosts": ["b1"]}
+    rows = [
+        {**fault, "t": 104.0, "what": "inject"},
+        {**fault, "t": 104.5, "what": "deploy"},
+        {**fault, "t": 113.0, "what": "undeploy"},
+        {**fault, "t": 113.2, "what": "heal"},
+    ]
+    _bands(ax, rows, 100.0)
+    assert ax.spans == [(4.0, pytest.approx(13.2))]

@@ -72,7 +72,7 @@ def _bands(ax: Any, faults: Sequence[dict[str, Any]], start: float) -> None:
         key = (f["kind"], f["start"])
         if f["what"] == "inject":
             injected[key] = f["t"]
-        elif key in injected:
+        elif f["what"] == "heal" and key in injected:  # (not a redeploy's deploy or undeploy)
             t0 = injected.pop(key) - start
             ax.axvspan(t0, f["t"] - start, color=_COLOURS.get(f["kind"], "#ff7f0e"), alpha=0.15, lw=0)
             ax.text(

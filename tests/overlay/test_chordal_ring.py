@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from flowbus.core import Send
 from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
+from flowbus.overlay.ring_messages import JoinAccept, JoinRequest
 from flowbus.sim import LinkFailure
 
 
@@ -345,3 +347,17 @@ def test_two_adjacent_brokers_restarted_before_found_dead_are_buried_within_a_pr
     assert ring_errors(r.live) == []
     assert all(len(v) == 1 for v in owners(r).values())
     assert {("sub", b.addr) for b in dying} <= owners(r).keys()
+
+
+def test_a_broker_whose_left_side_is_lost_still_places_a_joining_broker() -> None:
+    """A rolling restart in the simulator left a broker with a Right and no Left (its left
+    side all found dead, not refilled yet) when a restarted broker asked it to join: the
+    join's placement assumed both and failed an assertion, the broker's step with it. The
+    one side it has stands for both, as in a ring of two."""
+    r = ring(4, seed=3)
+    node = r.by_id()[1]
+    node.pred = []
+    assert node.left is None and node.right is not None
+    out = node.on_message(99, JoinRequest(99, 0, 7), r.sim.now)
+    accept = [e.msg for e in out if isinstance(e, Send) and isinstance(e.msg, JoinAccept)]
+    assert len(accept) == 1 and accept[0].id not in {p.id for p in node.window if p.addr != 99}

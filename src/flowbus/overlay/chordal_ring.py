@@ -594,8 +594,8 @@ class RingNode(Core):
             new_id = SECOND_ID if me.id == 0 else (me.id + SPACE // 2) % SPACE
             new_id = _offset(new_id, SPACE // 2, msg.nonce)
         else:
-            left, right = self.left, self.right
-            assert left is not None and right is not None
+            left, right = self.left or self.right, self.right or self.left  # (one side lost)
+            assert left is not None and right is not None  # (succ is not empty)
             lgap, rgap = cw(left.id, me.id), cw(me.id, right.id)
             if lgap >= rgap and lgap > 1:
                 new_id = _offset((left.id + lgap // 2) % SPACE, lgap, msg.nonce)

@@ -212,6 +212,7 @@ class RingBroker(Core):
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
         self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
         self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
+        self._dead_seen: set[int] = set()  # the ring's dead (ids) at the last _sync
         self._orphaned: dict[int, int] = {}  # of those, kept for their orphans -> heartbeat rounds
         self._buried: set[int] = set()  # dead tree neighbours whose custody records were kept
         self._resyncing: set[int] = set()  # neighbours whose link broke: told our side again at Resumed
@@ -1076,9 +1077,18 @@ class RingBroker(Core):
             # kept in the tree, what is routed its way is kept: the older ones go first, not on
             # their failed sends' notices, later)
             gone = repair.dead_addrs() & self.router.neighbours
-            for a in sorted({a for a in fresh_dead if a is not None} | (gone - self._buried)):
+            fresh = {a for a in fresh_dead if a is not None}
+            for a in sorted(fresh | (gone - self._buried)):
                 out.extend(repair.bury(a))
             self._buried = gone
+            # (and what waits on a broker found dead now that is no tree neighbour any more:
+            # the tree moved on while it lived, then it died; its address may speak for a new
+            # member already, which never had those events: a rolling restart in the
+            # simulator, the records waited on the address for good, 173 publishes unsettled)
+            newly = {repair.known[d] for d in ring.dead - self._dead_seen if d in repair.known}
+            self._dead_seen = set(ring.dead)
+            for a in sorted(newly - fresh - self.router.neighbours):
+                out.extend(repair.bury(a, by_id=True))
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature

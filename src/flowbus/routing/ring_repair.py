@@ -162,9 +162,10 @@ class Repair:
             rec.retries += 1
             rec.waiting.discard(dst)
 
-    def bury(self, dead: int) -> list[Effect]:
-        """A tree neighbour died: what it had not confirmed is kept, as if its send failed."""
-        side = self.ring.side_of_addr(dead)
+    def bury(self, dead: int, *, by_id: bool = False) -> list[Effect]:
+        """A tree neighbour died: what it had not confirmed is kept, as if its send failed
+        (``by_id``: one that is no neighbour any more, its side found by its ring id too)."""
+        side = self.side_of(dead) if by_id else self.ring.side_of_addr(dead)
         out: list[Effect] = []
         for key, rec in list(self.custodian.records.items()):
             if dead in rec.waiting:

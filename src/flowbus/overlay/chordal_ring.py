@@ -586,7 +586,12 @@ class RingNode(Core):
             return [] if self.joined else self.join(sorted(self._candidates))
         best = min(self._rtt, key=lambda a: (self._rtt[a], a))
         self._rtt.clear()
-        return [Send(best, JoinRequest(self.addr, 0, self.nonce))]
+        # (asked again if no JoinAccept comes: the broker asked may die with the request,
+        # and a broker restarted in a rolling restart then never joined)
+        return [
+            Send(best, JoinRequest(self.addr, 0, self.nonce)),
+            SetTimer(3 * self.ping_timeout, ("ring", "join")),
+        ]
 
     def _on_join_request(self, src: int, msg: JoinRequest, now: float) -> list[Effect]:
         me = self.me
@@ -617,6 +622,8 @@ class RingNode(Core):
         return out + self._after_change()
 
     def _on_join_accept(self, src: int, msg: JoinAccept, now: float) -> list[Effect]:
+        if self.id is not None:  # (an answer to a request asked again: we are a member already)
+            return []
         self.id = msg.id
         self._take(msg.window, closes=True)
         for p in msg.window:  # (our lease starts here: they have just taken us in)
@@ -753,14 +760,21 @@ class RingNode(Core):
         """A ring neighbour's window, from its heartbeat (Chord's stabilization, in a ring
         of windows): our side towards it is filled from it (our second neighbour there is
         its neighbour; a broker that joined between us, an ``Insert`` we missed, is taken
-        in), and a gap on that side is closed. Under churn, a broker that heard of a death
+        in), and a gap on that side is closed. A heartbeat from a broker that is not our
+        neighbour (heartbeats go to Left and Right only) is answered with the ``Insert`` of
+        the one between us, which it missed: else it takes us for its neighbour for good
+        (a rolling restart in the simulator). Under churn, a broker that heard of a death
         or a join only in part keeps wrong second pointers (testers, backup holders) for
         good otherwise."""
         side = 1 if peer == self.right else -1 if peer == self.left else 0
-        if not side or not window:
-            return []
         me = self.me.id
-        valid = {p.id: p for p in (peer, *window) if p.id != me and p.id not in self.dead}
+        if not side:  # (it takes us for its neighbour, and one is between us: it missed a join)
+            near = self.left if cw(peer.id, me) < cw(me, peer.id) else self.right
+            return [Send(peer.addr, Insert(near))] if near is not None and near.id != peer.id else []
+        if not window:
+            return []
+        here = self.me.addr  # (a broker on our own address is one we were: see _set_side)
+        valid = {p.id: p for p in (peer, *window) if p.id != me and p.id not in self.dead and p.addr != here}
         dist = (lambda p: cw(me, p.id)) if side > 0 else (lambda p: cw(p.id, me))
         fresh = sorted(valid.values(), key=dist)[:WINDOW]
         self.open.discard(side)
@@ -984,9 +998,13 @@ class RingNode(Core):
         old = list(self._side(side))
         if any(p.id == me.id for p in peers):  # it wraps round to us: the whole ring is known
             cut = next(i for i, p in enumerate(peers) if p.id == me.id)
+            # (to the teller: a broker that joined next to us while its news was on its way is
+            # in our window only; dropped, it was lost from it for good, the ring's pointers
+            # wrong after a rolling restart in the simulator)
+            known = [p for p in (*self.succ, *self.pred) if p.id not in self.dead and p not in gone]
             self.open.clear()
             self.succ, self.pred = [], []
-            self._take(peers[:cut], closes=True)
+            self._take([*peers[:cut], *known], closes=True)
         elif side > 0:
             self.succ = fresh
         else:

@@ -572,6 +572,8 @@ class RingNode(Core):
     # -- join
 
     def _on_ping(self, src: int, msg: Ping, now: float) -> list[Effect]:
+        if not self.joined:  # (it cannot take a join: answered, two adjacent brokers restarted
+            return []  # together took each other for the nearest way in, for ever)
         return [Send(msg.addr, Pong(self.addr, msg.sent))]
 
     def _on_pong(self, src: int, msg: Pong, now: float) -> list[Effect]:

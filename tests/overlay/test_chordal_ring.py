@@ -15,7 +15,7 @@ from flowbus.core import Send
 from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
-from flowbus.overlay.ring_messages import JoinAccept, JoinRequest
+from flowbus.overlay.ring_messages import Heartbeat, HeartbeatAck, Insert, JoinAccept, JoinRequest, Peer
 from flowbus.sim import LinkFailure
 
 
@@ -361,3 +361,40 @@ def test_a_broker_whose_left_side_is_lost_still_places_a_joining_broker() -> Non
     out = node.on_message(99, JoinRequest(99, 0, 7), r.sim.now)
     accept = [e.msg for e in out if isinstance(e, Send) and isinstance(e.msg, JoinAccept)]
     assert len(accept) == 1 and accept[0].id not in {p.id for p in node.window if p.addr != 99}
+
+
+def test_a_heartbeat_from_a_broker_that_takes_us_for_its_neighbour() -> None:
+    """A broker's side lost its neighbour and stayed open (the news that closes it died
+    with a broker): its new neighbour there heartbeats it as its own and must be taken in
+    (a crash schedule in the simulator: the side open for good, 1,673 publishes unsettled).
+    If one of ours is between us, the sender missed its join: it gets that one's Insert."""
+    r = ring(5, seed=2)
+    order = r.by_id()
+    node, right, beyond = order[0], order[1], order[2]
+    node.succ = []
+    node.open.add(1)
+    out = node.on_message(right.addr, Heartbeat(right.me, 0.0, r.sim.now, tuple(right.window)), r.sim.now)
+    assert node.right == right.me and node.rightright == beyond.me and 1 not in node.open
+    assert any(isinstance(e, Send) and e.dst == right.addr for e in out)  # (its heartbeat acknowledged)
+    out = node.on_message(beyond.addr, Heartbeat(beyond.me, 0.0, r.sim.now, tuple(beyond.window)), r.sim.now)
+    assert node.right == right.me  # (beyond knows right: it heartbeats right, not us)
+    stale = (*beyond.window[:-1], node.me)  # (a window from before right joined: node its Left)
+    out = node.on_message(beyond.addr, Heartbeat(beyond.me, 0.0, r.sim.now, stale), r.sim.now)
+    assert node.right == right.me
+    assert [
+        e.msg for e in out if isinstance(e, Send) and e.dst == beyond.addr and isinstance(e.msg, Insert)
+    ] == [Insert(right.me)]
+
+
+def test_an_answer_from_a_dead_brokers_address_under_another_id_proves_it_gone() -> None:
+    """A neighbour that missed the news of a broker's death heartbeat its address, where a
+    new process answered: the answers kept the dead one alive for it for good (a dead
+    incarnation kept as Right, 1,672 publishes unsettled in a simulator run). An answer
+    under another id is a proof that the one we knew there is gone, and it is suspected."""
+    r = ring(5, seed=2)
+    node = r.by_id()[0]
+    old = node.right
+    assert old is not None
+    new = Peer(old.id + 1, old.addr)
+    node.on_message(old.addr, HeartbeatAck(new, r.sim.now), r.sim.now)
+    assert node.detector.is_gone(old.id) and node.detector.suspected(old.id)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from flowbus.chaos.workload import FLOW
+from flowbus.chaos.workload import FLOW, event_of
 from flowbus.core import Send
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.filters import parse
@@ -1063,3 +1063,45 @@ def test_two_adjacent_brokers_restarted_together_both_join(seed: int, pos: int) 
     w.restart_soon(pair, 20)
     w.sim.run(until=w.sim.now + 200)
     assert all(b.ring.joined for b in w.brokers) and ring_errors([b.ring for b in w.brokers]) == []
+
+
+def test_events_from_a_broker_that_takes_us_for_its_tree_neighbour_are_routed_and_settle() -> None:
+    """The campaign's crash-1 schedule (two adjacent brokers killed, a minority twice, one,
+    two adjacent again, each restarted on its address) under a stream, the flow deployed. A
+    broker sent events to a broker it took for a tree neighbour, which never took it for
+    its own: they were kept there for a link that never came, and sent again each round,
+    for ever (45,154 messages kept, 1,672 publishes never settled). Kept a few heartbeat
+    rounds, they are routed as a former neighbour's."""
+    w = World(5, seed=6, ack_delay=0.5)
+    w.sim.invoke(0, lambda c: c.deploy(Deployment.from_text(FLOW), nonce=1)[1])
+    w.sim.run(until=w.sim.now + 60)
+    subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in w.order() for k in range(2)}
+    w.subscribe(subs)
+    start, n = w.sim.now, 4500
+    for i in range(n):
+        w.sim.invoke(0, lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=start + i / 50)
+        if i % 3 == 0:
+            event = {**event_of(2, i + 1), "__space": "trades"}
+            w.sim.invoke(
+                0, lambda c, i=i, e=event: c.publish(e, event_id=("fpub", i)), at=start + i / 50 + 0.001
+            )
+    schedule = [
+        (4.0, [3, 2], 9.6),
+        (18.3, [1, 4], 29.2),
+        (36.9, [1, 3], 45.3),
+        (55.9, [4], 66.1),
+        (74.9, [1, 3], 78.8),
+    ]
+    for nonce, (at, victims, heal) in enumerate(schedule):
+        w.sim.run(until=start + at)
+        struck = [b for b in w.brokers if b.addr in victims and b.ring.joined]
+        for b in struck:
+            w.sim.crash(b.addr)
+        w.sim.run(until=start + heal)
+        w.restart_soon(struck, 50 + 2 * nonce)
+    w.sim.run(until=start + n / 50 + 400)
+    assert w.brokers[0].in_custody() == 0 and ring_errors([b.ring for b in w.brokers]) == []
+    got = {(sub, eid) for _, sub, eid in w.got}
+    assert {
+        (s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})
+    } <= got

@@ -845,18 +845,9 @@ class RingBroker(Core):
         to its subscriptions if we took them over already)."""
         out: list[Effect] = []
         if isinstance(msg, cbr.Publish | HandedOver) and self.ring.joined:
-            side = self.repair.side_of(dst)  # (the ring may be repaired already: by its id then;
-            # by the window alone the side was unknown and the event released as if confirmed,
-            # 8 deliveries lost in a simulator run of two restarts)
-            eid = msg.event.get(EVENT_ID)
+            eid = msg.event.get(EVENT_ID)  # (kept for dst's side, by its id if the ring moved on)
             keys: list[Key | None] = list(self.custodian.waiting_on(dst, eid)) if self.custody else []
-            if side:
-                for key in keys or [None]:
-                    out.extend(self.repair.keep(msg.event, dst, side, key))
-            else:
-                for key in keys:
-                    if key is not None:
-                        self.custodian.release(dst, eid, only=key)
+            out.extend(self.repair.failed(msg.event, dst, keys or [None]))
         elif isinstance(msg, Detour):
             out.extend(self.express.failed(msg))
         elif isinstance(msg, Delegated | Undelegated) and self.custody:  # (gone: so are its sessions)

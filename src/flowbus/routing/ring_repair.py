@@ -39,7 +39,7 @@ detected (heartbeats or failed sends).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,11 +172,25 @@ class Repair:
         out: list[Effect] = []
         for key, rec in list(self.custodian.records.items()):
             if dead in rec.waiting:
-                if side:
-                    out.extend(self.keep(rec.event, dead, side, key))
-                else:
-                    self.custodian.release(dead, key[1], only=key)
+                out.extend(self._keep_or_release(rec.event, dead, side, (key,)))
         return out
+
+    def failed(self, event: Mapping[str, Any], dst: int, keys: Sequence[Key | None]) -> list[Effect]:
+        """``event``'s send to ``dst`` failed (``keys``: its custody records waiting on
+        ``dst``, or ``[None]`` without custody): kept as :meth:`bury` keeps."""
+        return self._keep_or_release(event, dst, self.side_of(dst), keys)
+
+    def _keep_or_release(
+        self, event: Mapping[str, Any], dst: int, side: int, keys: Sequence[Key | None]
+    ) -> list[Effect]:
+        """Kept for ``side`` (see :meth:`bury`); with no side known (a broker we never
+        placed), its records' waits on ``dst`` end."""
+        if side:
+            return [e for key in keys for e in self.keep(event, dst, side, key)]
+        for key in keys:
+            if key is not None:
+                self.custodian.release(dst, key[1], only=key)
+        return []
 
     def taken_over(self, sub: Hashable, filt: Filter, fresh_dead: list[int | None]) -> list[Effect]:
         """``sub`` (its filter ``filt``) is taken over from the brokers ``fresh_dead``: the

@@ -15,7 +15,7 @@ from flowbus.core import Send
 from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
-from flowbus.overlay.ring_messages import Heartbeat, HeartbeatAck, Insert, JoinAccept, JoinRequest, Peer
+from flowbus.overlay.ring_messages import Heartbeat, HeartbeatAck, Insert, JoinAccept, JoinRequest, Peer, cw
 from flowbus.sim import LinkFailure
 
 
@@ -398,3 +398,32 @@ def test_an_answer_from_a_dead_brokers_address_under_another_id_proves_it_gone()
     new = Peer(old.id + 1, old.addr)
     node.on_message(old.addr, HeartbeatAck(new, r.sim.now), r.sim.now)
     assert node.detector.is_gone(old.id) and node.detector.suspected(old.id)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_the_holder_of_a_dead_brokers_backup_is_told_though_a_join_moved_it_off_the_gap(seed: int) -> None:
+    """Four brokers; two adjacent ones, C and D, crash, and at once a new broker N joins
+    through A, D's Right (the first holder of D's backup), into the gap between D and A.
+    B and N, the dead ones' neighbours now, close the ring; A is no neighbour of the dead
+    any more, and it is in the window of both, so the side each changed went to nobody:
+    A heard of D's death only by chance (a query to D that another answered, naming
+    itself, or, sent through C, never: D's subscriptions then served by no one, 859
+    events lost in a simulated schedule). A ring closed round dead brokers now tells the
+    other neighbour, A takes D over, and says so to the process restarted on D's address."""
+    r = ring(4, seed=seed)
+    order = r.by_id()
+    a = order[0]
+    assert a.left is not None and a.right is not None
+    into_left = cw(a.left.id, a.me.id) >= cw(a.me.id, a.right.id)  # (the larger gap next to A)
+    d, c = (order[3], order[2]) if into_left else (order[1], order[2])
+    r.crash([c, d])
+    new = r.join_through(a.addr)
+    r.settle(200.0)
+    assert new.joined
+    assert ring_errors(r.live) == []
+    state = owners(r)
+    assert state[("sub", d.addr)] == [a.addr] and ("sub", c.addr) in state
+    assert all(len(v) == 1 for v in state.values())
+    back = r.reborn(d)
+    r.settle(3 * r.probe_timeout)
+    assert back.buried is not None and back.buried.taker == a.me

@@ -1051,7 +1051,11 @@ class RingNode(Core):
             self.open.clear()
         out: list[Effect] = []
         other = self._at(-side, 1)
-        if (gone or fresh[:1] != old[:1]) and other is not None and other.id not in {p.id for p in fresh}:
+        # (brokers died: the other neighbour is told even if it is in the side sent, a ring of
+        # three: it may hold a dead one's backup, found dead by nobody else; not the one the
+        # side begins with, a ring of two: it is the one that told us)
+        tell = {p.id for p in fresh[:1]} if gone else {p.id for p in fresh}
+        if (gone or fresh[:1] != old[:1]) and other is not None and other.id not in tell:
             out.append(Send(other.addr, SetSide(side, (me, *fresh), tuple(gone))))
         return out + self._after_change()
 
@@ -1135,6 +1139,8 @@ class RingNode(Core):
 
     def _on_redirect(self, src: int, msg: Redirect, now: float) -> list[Effect]:
         out = self._bury((msg.dead,))
+        if self.redirect.get(msg.dead.id) == self.me:  # (we took it over in that burial: the
+            return out  # sender, a broker that answered a query for it, named itself)
         self.redirect[msg.dead.id] = msg.to
         if msg.to.id != self.me.id:  # (it took the state over: a copy kept here is not needed)
             self.backups.drop(msg.dead.id)

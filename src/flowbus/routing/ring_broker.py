@@ -111,6 +111,7 @@ from flowbus.routing.ring_custody import (
 )
 from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
+from flowbus.routing.ring_moves import Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
 
@@ -209,6 +210,7 @@ class RingBroker(Core):
         self._tables = (-1, -1)  # the router's changes at the last prepare() and those prepared for
         self.barrier = Barriers()  # takeovers' deliveries waiting for what was kept (ring_barrier.py)
         self.repair = Repair(self.ring, self.router, self.custodian, self.barrier)  # kept events
+        self.moves = Moves(self.custodian)  # events for a route's new way wait for the old (ring_moves.py)
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._recent: deque[list[Mapping[str, Any]]] = deque([[]], maxlen=REPLAY_ROUNDS)  # events
         # routed here, by heartbeat round (with custody: see _replay)
@@ -719,6 +721,7 @@ class RingBroker(Core):
             if self._early or self._early_rounds:
                 out += self._stale_early(now)
             if self.custody:  # (not through _out: they are in custody already)
+                self.moves.round()
                 out += self._resend_stale() + self._out([])
                 out += self.barrier.round(self.repair.gone_addrs()) + self._answer_drains()
             if self.express.on:  # (links measured at each round)
@@ -869,6 +872,10 @@ class RingBroker(Core):
             if src not in self.router.neighbours:
                 via = self._side_now(src)
                 return self._extra(self.router.route_batch([msg.event], via), msg.event, via)
+        if self.custody and isinstance(msg, cbr.Subscribe) and src in self.router.neighbours:
+            old = self.router.directions(msg.origin) - {src, self.addr}
+            if old:  # (the route moves: what goes to src waits for what went the old way)
+                self.moves.moved(src, old)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
         if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
             return self._extra(routed, msg.event, src)
@@ -918,7 +925,7 @@ class RingBroker(Core):
         if self._placeholders:
             effects = list(effects)  # (kept events' deliveries are appended while it is read)
         out: list[Effect] = []
-        custodian, repair, barrier = self.custodian, self.repair, self.barrier
+        custodian, repair, barrier, moves = self.custodian, self.repair, self.barrier, self.moves
         step = custodian.step
         delivered, custody, local_ack = self._delivered, custodian.records, self.local_ack
         for e in effects:
@@ -989,7 +996,11 @@ class RingBroker(Core):
                     custodian.hold(key, e.dst)
                     if type(e.msg) is not cbr.Publish:
                         custodian.note(key, e.dst, e.msg)
+                if moves and type(e.msg) is cbr.Publish and moves.hold(e):
+                    continue
             out.append(e)
+        if moves:
+            out.extend(moves.due())
         out.extend(custodian.end_step())
         return self.express.route(out, SPACE) if self.express.on else out
 

@@ -211,6 +211,7 @@ class RingBroker(Core):
         self.barrier = Barriers()  # takeovers' deliveries waiting for what was kept (ring_barrier.py)
         self.repair = Repair(self.ring, self.router, self.custodian, self.barrier)  # kept events
         self.moves = Moves(self.custodian)  # events for a route's new way wait for the old (ring_moves.py)
+        self.repair.moving = self.moves
         self._takeovers = 0  # how many of the ring node's takeovers we have taken up
         self._recent: deque[list[Mapping[str, Any]]] = deque([[]], maxlen=REPLAY_ROUNDS)  # events
         # routed here, by heartbeat round (with custody: see _replay)
@@ -874,8 +875,8 @@ class RingBroker(Core):
                 return self._extra(self.router.route_batch([msg.event], via), msg.event, via)
         if self.custody and isinstance(msg, cbr.Subscribe) and src in self.router.neighbours:
             old = self.router.directions(msg.origin) - {src, self.addr}
-            if old:  # (the route moves: what goes to src waits for what went the old way)
-                self.moves.moved(src, old)
+            if old and self.ring.side_of_addr(src):  # (the route moves: what goes to src waits
+                self.moves.moved(src, old)  # for what went the old way, kept for its side)
         routed = self.router.on_message(src, msg, now)  # (removed for good: dropped there)
         if isinstance(msg, cbr.Publish) and src in self.router.neighbours:
             return self._extra(routed, msg.event, src)
@@ -986,8 +987,10 @@ class RingBroker(Core):
                     side = repair.side_of(e.dst)
                     effects.extend(repair.keep(ev, e.dst, side, key))
                     continue  # (the deliveries it makes, to what was taken over, come next)
-                if repair.paused and e.dst in repair.paused and type(e.msg) is cbr.Publish:
-                    repair.hold(e.msg.event, e.dst)  # (it declined events: kept until it resumes)
+                if ((repair.paused and e.dst in repair.paused) or (moves and e.dst in moves)) and type(
+                    e.msg
+                ) is cbr.Publish:  # (it declined events: kept until it resumes;
+                    repair.hold(e.msg.event, e.dst)  # a route's new way: until the old is confirmed)
                     continue
                 if repair.retry and type(e.msg) is cbr.Publish and repair.behind_kept(e.dst, e.msg.event):
                     continue
@@ -996,11 +999,9 @@ class RingBroker(Core):
                     custodian.hold(key, e.dst)
                     if type(e.msg) is not cbr.Publish:
                         custodian.note(key, e.dst, e.msg)
-                if moves and type(e.msg) is cbr.Publish and moves.hold(e):
-                    continue
             out.append(e)
-        if moves:
-            out.extend(moves.due())
+        if moves and moves.due():
+            out.extend(repair.resend())
         out.extend(custodian.end_step())
         return self.express.route(out, SPACE) if self.express.on else out
 

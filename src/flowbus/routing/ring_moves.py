@@ -13,22 +13,20 @@ How it works:
 * **A move.** A tree neighbour ``n`` announces an origin (``Subscribe``) that comes from
   other directions here too: the custody records waiting on those directions at that moment
   are the ones the new way must not overtake (:meth:`Moves.moved`).
-* **Held.** Until they are confirmed (every subscriber beyond has them), the events sent to
-  ``n`` wait here, in order, counted in custody as sent (:meth:`Moves.hold`): their
-  publishes wait with them.
-* **Released** in order once the last one is confirmed, or after ``MOVE_ROUNDS`` heartbeat
-  rounds (an old way cut off: order is given up before availability is; fewer rounds than
-  the custody's re-send, which would send them ahead of the queue). A neighbour that died
-  or left the tree meanwhile gets them all the same: a failed send keeps them for its side,
-  a former neighbour routes them as if they came from the one now on our side.
+* **Held.** Until they are confirmed (every subscriber beyond has them), the events for
+  ``n`` are kept for it as for a neighbour that declined them
+  (:meth:`~flowbus.routing.ring_repair.Repair.hold`): one queue per neighbour, in each
+  publisher's order with what the repair keeps for it for other reasons (two queues
+  released one after the other broke the order they were each built to keep).
+* **Released** once the last one is confirmed, or after ``MOVE_ROUNDS`` heartbeat rounds (an
+  old way cut off: order is given up before availability is), by the repair's next flush.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from flowbus.core import Send
 from flowbus.routing.ring_custody import Custodian, Key
 
 __all__ = ["MOVE_ROUNDS", "Moves"]
@@ -41,7 +39,6 @@ MOVE_ROUNDS = 2
 class _Wait:
     before: set[Key]  # the records sent the old way, unconfirmed when the route moved
     old: frozenset[int]  # the old directions
-    queue: list[Send] = field(default_factory=list)
     rounds: int = 0
 
 
@@ -57,6 +54,10 @@ class Moves:
     def __bool__(self) -> bool:
         return bool(self.waits)
 
+    def __contains__(self, new: object) -> bool:
+        """Whether the events for ``new`` wait."""
+        return new in self.waits
+
     def moved(self, new: int, old: Collection[int]) -> None:
         """An origin that comes from ``old`` here was announced by the neighbour ``new``."""
         old_dirs = frozenset(old)
@@ -71,18 +72,11 @@ class Moves:
             wait.before |= before
             wait.old |= old_dirs
 
-    def hold(self, send: Send) -> bool:
-        """Queue ``send`` (an event for a neighbour that waits) and say so; False: it goes."""
-        wait = self.waits.get(send.dst)
-        if wait is None:
-            return False
-        wait.queue.append(send)
-        return True
-
-    def due(self) -> list[Send]:
-        """The queues whose wait is over, in order (checked after each step while any waits)."""
+    def due(self) -> bool:
+        """End the waits that are over (checked after each step while any waits); whether any
+        ended (what was kept for them goes at the repair's flush)."""
         records = self.custodian.records
-        out: list[Send] = []
+        ended = False
         for new, wait in list(self.waits.items()):
             wait.before = {k for k in wait.before if k in records and records[k].waiting & wait.old}
             if wait.before and wait.rounds < MOVE_ROUNDS:
@@ -90,8 +84,8 @@ class Moves:
             if wait.before:
                 self.overdue += 1
             del self.waits[new]
-            out.extend(wait.queue)
-        return out
+            ended = True
+        return ended
 
     def round(self) -> None:
         """A heartbeat round."""

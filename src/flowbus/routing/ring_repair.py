@@ -39,7 +39,7 @@ detected (heartbeats or failed sends).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,7 @@ class Repair:
         # not confirmed yet -> where they went
         self.release_due = False  # (a publisher's last one was confirmed: what waits behind may go)
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
+        self.moving: Container[int] = ()  # neighbours whose events wait for an old way (ring_moves)
         self.heard: set[int] = set()  # neighbours that confirmed since we last kept for them
         custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
@@ -346,6 +347,7 @@ class Repair:
                 and (publisher, 0) not in blocked
                 and now is not None
                 and now.addr not in self.paused
+                and now.addr not in self.moving
                 and not self.ring.open & {side}
                 and (not same or ((held or live or to in self.heard) and to not in dead))
                 and not (

@@ -159,6 +159,7 @@ class Custodian:
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
         self.done: OrderedDict[Key, str | None] = OrderedDict()  # finished, from others: refusal
         self.relays: dict[Any, Key] = {}  # relay id -> the record it relays (see relay_id)
+        self.unwrapped: dict[Any, set[Key]] = {}  # event id -> relays' records sent on under it
         self.on_done: Callable[[Key], None] | None = None  # (told when all a record went to are done)
         self.round = 0  # heartbeat rounds so far (see stale)
 
@@ -191,6 +192,20 @@ class Custodian:
         rec = self.records.get(key) if key is not None else None
         if rec is not None:
             rec.waiting.add(party)
+
+    def unwrap(self, key: Key, dst: int | None = None, msg: Any = None) -> None:
+        """A relay's record (keyed by its relay id) goes on under the event's own id: its
+        deliveries here (a hand-over to what we took over: the driver settles them by that
+        id), or a copy to ``dst`` as ``msg`` (a kept hand-over sent again as a publish:
+        ``dst`` confirms that id, and a copy sent again is ``msg``, not the relay's event).
+        Either way the record ends by that id: by its relay id, the deliveries never
+        settled, and a publish carried the relay id to subscribers (652 deliveries under it
+        in a simulator schedule, 753 records never done)."""
+        if dst is not None:
+            self.note(key, dst, msg)
+        inner = relayed(key[1])
+        if inner is not None:
+            self.unwrapped.setdefault(inner, set()).add(key)
 
     def note(self, key: Key | None, dst: int, msg: Any) -> None:
         """What went to ``dst`` was ``msg`` (not a plain Publish: sent again as it was)."""
@@ -228,6 +243,8 @@ class Custodian:
                 keys = (relaying,)  # (a relay's confirmation: the record it relays)
             else:
                 keys = [(s, eid) for s in srcs]
+            if self.unwrapped and eid in self.unwrapped:
+                keys = [*keys, *self.unwrapped[eid]]
         records = self.records
         for key in keys:
             rec = records.get(key)
@@ -248,6 +265,11 @@ class Custodian:
             for rid in [r for r, k in self.relays.items() if k == key]:
                 del self.relays[rid]
         src, eid = key
+        inner = relayed(eid) if self.unwrapped else None
+        if inner is not None and inner in self.unwrapped:
+            self.unwrapped[inner].discard(key)
+            if not self.unwrapped[inner]:
+                del self.unwrapped[inner]
         srcs = self.by_id[eid]
         srcs.discard(src)
         if not srcs:
@@ -275,18 +297,28 @@ class Custodian:
                 aliases.pop(event_id)  # (the event's first delivery settles it)
                 continue
             srcs = by_id.get(event_id)
-            if not srcs:
-                continue
-            for src in (next(iter(srcs)),) if len(srcs) == 1 else list(srcs):
-                rec = records[(src, event_id)]
-                took = min(n, rec.local)
-                if took:
-                    rec.local -= took
-                    n -= took
-                    if not rec.local:
-                        self.maybe_done((src, event_id))  # (may change srcs: iterated on a copy)
-                if not n:
-                    break
+            if srcs:
+                for src in (next(iter(srcs)),) if len(srcs) == 1 else list(srcs):
+                    rec = records[(src, event_id)]
+                    took = min(n, rec.local)
+                    if took:
+                        rec.local -= took
+                        n -= took
+                        if not rec.local:
+                            self.maybe_done((src, event_id))  # (may change srcs: iterated on a copy)
+                    if not n:
+                        break
+            if n and self.unwrapped and event_id in self.unwrapped:  # (delivered from a relay's)
+                for key in list(self.unwrapped[event_id]):
+                    relay = records.get(key)
+                    took = min(n, relay.local) if relay is not None else 0
+                    if took and relay is not None:
+                        relay.local -= took
+                        n -= took
+                        if not relay.local:
+                            self.maybe_done(key)
+                    if not n:
+                        break
 
     def refuse_local(self, items: Iterable[tuple[Hashable, str]], aliases: dict[Any, Any]) -> None:
         """``(event id, reason)``: one local delivery of the event the driver gave up (its
@@ -299,15 +331,18 @@ class Custodian:
             n = 1
             if aliases and event_id in aliases:
                 event_id, n = aliases.pop(event_id), 0
-            for src in list(by_id.get(event_id, ())):
-                rec = records[(src, event_id)]
-                if not rec.local:
+            keys = [(src, event_id) for src in by_id.get(event_id, ())]
+            if self.unwrapped and event_id in self.unwrapped:  # (delivered from a relay's)
+                keys.extend(self.unwrapped[event_id])
+            for key in keys:
+                rec = records.get(key)
+                if rec is None or not rec.local:
                     continue
                 if rec.refused is None:
                     rec.refused = why
                 rec.local -= n
                 if not rec.local:
-                    self.maybe_done((src, event_id))
+                    self.maybe_done(key)
                 break
 
     def refuse(self, dst: int, items: Iterable[tuple[Any, str]]) -> None:

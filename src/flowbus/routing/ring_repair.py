@@ -380,7 +380,10 @@ class Repair:
                         rec.waiting.add(now.addr)
                 continue
             if now.addr in self.router.neighbours:
-                out.append(Send(now.addr, cbr.Publish(_own(event))))
+                publish = cbr.Publish(_own(event))
+                out.append(Send(now.addr, publish))
+                if key is not None and relayed(key[1]) is not None:
+                    self.custodian.unwrap(key, now.addr, publish)
             else:  # across the tree's cut: only the dead broker's own subscriptions are there
                 out.append(Send(now.addr, HandedOver(event, to)))
             self._held.discard((eid, to))
@@ -416,6 +419,7 @@ class Repair:
             event = {**event, EVENT_ID: inner}
             if key is not None:
                 self.custodian.step[inner] = key
+                self.custodian.unwrap(key)
         return [Deliver(sub, event) for sub, matches in self._taken().get(msg.dead, ()) if matches(event)]
 
     def _to_taken(self, event: Mapping[str, Any], dead: int, side: int) -> list[Effect]:

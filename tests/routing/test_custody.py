@@ -1179,7 +1179,8 @@ def test_a_route_that_moves_after_two_restarts_keeps_every_publishers_order(seed
     assert sum(b.moves.moved_count for b in w.brokers) > 0 and not any(b.moves for b in w.brokers)
 
 
-def test_a_hand_over_relayed_round_a_ring_of_new_members_settles_and_keeps_its_ids() -> None:
+@pytest.mark.parametrize("flow", [False, True])
+def test_a_hand_over_relayed_round_a_ring_of_new_members_settles_and_keeps_its_ids(flow: bool) -> None:
     """A schedule the simulator's fuzzing found: two adjacent brokers crash and come back
     at once as new members, then one of them dies again for 22 s. The
     events kept for it are handed over and relayed by brokers that did not take it over
@@ -1188,8 +1189,16 @@ def test_a_hand_over_relayed_round_a_ring_of_new_members_settles_and_keeps_its_i
     settles them by the event's own id (the records never ended: 753 publishes unsettled),
     and a relay's event kept and sent again went as a publish under its relay id, which
     then reached subscribers (652 deliveries under an id no publisher gave). Both now end
-    by the event's own id (Custodian.unwrap)."""
+    by the event's own id (Custodian.unwrap). With the campaign's flow deployed and fed too,
+    a hand-over came back to the broker that had published the event and settled it: it
+    did not know the event any more, routed it on as new, and it went round a ring of three
+    brokers whose records waited on each other for good; a finished publish is remembered
+    now as a finished relay is (``Custodian.done``)."""
     w = World(5, seed=48, ack_delay=0.5)
+    if flow:
+        deployment = Deployment.from_text(FLOW)
+        w.sim.invoke(0, lambda c: c.deploy(deployment, nonce=1)[1])
+        w.sim.run(until=w.sim.now + 60)
     order = w.order()
     subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
     w.subscribe(subs)
@@ -1200,6 +1209,11 @@ def test_a_hand_over_relayed_round_a_ring_of_new_members_settles_and_keeps_its_i
         w.sim.invoke(
             pubs[i % 2], lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=start + i / 50
         )
+        if flow and i % 3 == 0:
+            ev = {**event_of(2, i + 1), SPACE: "trades"}
+            w.sim.invoke(
+                pubs[0], lambda c, i=i, ev=ev: c.publish(ev, event_id=("fpub", i)), at=start + i / 50 + 0.001
+            )
     w.sim.run(until=start + 4)
     live = sorted((b for b in w.brokers if b.addr not in pubs), key=lambda b: b.ring.me.id)
     first = [live[2], live[0]]

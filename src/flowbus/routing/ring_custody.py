@@ -56,7 +56,8 @@ RESEND_ROUNDS = 3
 """Heartbeat rounds an event waits on a neighbour before it is sent to it again."""
 
 DONE = 50_000
-"""How many finished records (from other brokers) a broker remembers, to confirm a copy again."""
+"""How many finished records a broker remembers: to confirm a copy from another broker again,
+and to know an event it published or routed already when a hand-over of it comes back."""
 
 
 RELAY = "__flowbus_relay"
@@ -157,7 +158,7 @@ class Custodian:
         self.refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
         self.settled: list[Any] = []  # ids of events published here that everyone is done with
         self.refused: list[tuple[Any, str]] = []  # (id, reason) of those refused on the way instead
-        self.done: OrderedDict[Key, str | None] = OrderedDict()  # finished, from others: refusal
+        self.done: OrderedDict[Key, str | None] = OrderedDict()  # finished records: their refusal
         self.relays: dict[Any, Key] = {}  # relay id -> the record it relays (see relay_id)
         self.unwrapped: dict[Any, set[Key]] = {}  # event id -> relays' records sent on under it
         self.on_done: Callable[[Key], None] | None = None  # (told when all a record went to are done)
@@ -274,10 +275,9 @@ class Custodian:
         srcs.discard(src)
         if not srcs:
             del self.by_id[eid]
-        if src is not None:
-            self.done[key] = rec.refused
-            if len(self.done) > DONE:
-                self.done.popitem(last=False)
+        self.done[key] = rec.refused  # (one published here too: a hand-over of it coming back
+        if len(self.done) > DONE:  # is nothing new, RingBroker._routed)
+            self.done.popitem(last=False)
         if rec.refused is not None:
             if src is None:
                 self.refused.append((eid, rec.refused))

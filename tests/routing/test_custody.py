@@ -1262,3 +1262,17 @@ def test_the_first_holder_of_a_dead_brokers_backup_two_joins_away_is_told() -> N
     w, subs, pubs = _restarts(40, flow=False)
     assert _lost(w, subs) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+
+
+@pytest.mark.parametrize("flow", [False, True])
+def test_an_event_back_at_its_publishers_broker_while_under_way_is_confirmed_not_routed(flow: bool) -> None:
+    """The fuzzing's schedule 60: two adjacent brokers crash for 2 s, then two others for
+    19 s. An event kept for the second pair went round: handed over to a broker that had
+    not taken them over, routed on by it as new, it came back to the publisher's broker,
+    where it was still under way; routed again, it went round the three brokers left,
+    each one's record waiting on the next for good (483 publishes never settled). A copy
+    of an event published here and under way is confirmed at once."""
+    w, subs, pubs = _restarts(60, flow=flow)
+    assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+    assert all(not b.custodian.records for b in w.brokers)
+    assert _lost(w, subs) == 0

@@ -531,16 +531,17 @@ class RingBroker(Core):
             return [Send(src, Declined(tuple(e[EVENT_ID] for e in events)))]
         if self._deferred and src in self._deferred:
             return self._undefer(src, now) + self._publishes_from(src, events, now)
+        before = self._early_before(src, events, now) if self._early else []
         if self.custody:
             events = self._not_under_way(src, events)
         for event in events:
             self._open(src, event)
         if not self.repair.orphans and not self._syncing:
-            return self._out(self.router.route_batch(events, src))
+            return before + self._out(self.router.route_batch(events, src))
         out: list[Effect] = []
         for event in events:
             out.extend(self._extra(self.router.route_batch([event], src), event, src))
-        return self._out(out)
+        return before + self._out(out)
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
@@ -696,6 +697,37 @@ class RingBroker(Core):
             return True
         return any((s, eid) in custodian.done for s in (*self.router.neighbours, None) if s != src)
 
+    def _early_before(self, src: int, events: Sequence[Mapping[str, Any]], now: float) -> list[Effect]:
+        """Events kept in ``_early`` (from a broker that takes us for its tree neighbour, not
+        we it) that come before ``events`` in their publishers' order, routed now as a former
+        neighbour's are (see :meth:`_stale_early`), ahead of them: the sender's view of the
+        tree was behind ours (a broker had joined between us), its events waited here for
+        rounds while the publisher's later ones came the new way, and went first (a simulator
+        schedule of two restarts: 226 out of order at two subscriptions)."""
+        first: dict[str, int] = {}
+        for event in events:
+            publisher, seq = publish_order(event[EVENT_ID])
+            if seq > first.get(publisher, -1):
+                first[publisher] = seq
+        out: list[Effect] = []
+        for early_src in sorted(a for a in self._early if a != src):
+            kept = self._early[early_src]
+            due = [
+                m
+                for m in kept
+                if type(m) is cbr.Publish
+                and (order := publish_order(m.event[EVENT_ID]))[0] in first
+                and order[1] < first[order[0]]
+            ]
+            if not due:
+                continue
+            self._early[early_src] = [m for m in kept if not any(m is d for d in due)]
+            if not self._early[early_src]:
+                del self._early[early_src]
+            for m in due:
+                out.extend(self._out(self._routing_message(early_src, m, now)))
+        return out
+
     def _stale_early(self, now: float) -> list[Effect]:
         """Routing messages kept for a link new to its other end only (``_early``) whose
         sender is still no tree neighbour here ``EARLY_ROUNDS`` heartbeat rounds later: that
@@ -720,7 +752,9 @@ class RingBroker(Core):
         (or a former one), else kept until the link is new to this end too."""
         router = self.router
         if src in router.neighbours or (src in router.former and src not in self.tree_neighbours()):
-            return self._out(self._routing_message(src, msg, now))
+            early = self._early and type(msg) is cbr.Publish  # (kept events that come first)
+            before = self._early_before(src, [msg.event], now) if early else []
+            return before + self._out(self._routing_message(src, msg, now))
         self._early.setdefault(src, []).append(msg)  # the link is new to its other end only
         return []
 

@@ -208,6 +208,7 @@ class RingNode(Core):
         self.open: set[int] = set()  # sides (1: right, -1: left) that lost a broker, not yet refilled
         self.chords = Chords()  # level j >= 2 -> the broker 2^j positions clockwise
         self.redirect: dict[int, Peer] = {}  # dead broker id -> who took over
+        self.taken_by: dict[int, Peer] = {}  # the same, as the taker itself told (or us)
         self.detour: dict[int, tuple[Peer, ...]] = {}  # broker id -> path when our link to it is down
         self.dead: set[int] = set()
         self._rtt: dict[int, float] = {}
@@ -1085,7 +1086,7 @@ class RingNode(Core):
             held = self.backups.take_over(dead, dead=self.dead)
             if held is None:
                 continue
-            self.redirect[dead.id] = me
+            self.redirect[dead.id] = self.taken_by[dead.id] = me
             self.taken_over.append(dead.id)
             notify = {p.id: p for p in held.links if p.id not in self.dead and p.id != me.id}
             out += [Send(p.addr, Redirect(dead, me)) for p in sorted(notify.values())]
@@ -1149,6 +1150,8 @@ class RingNode(Core):
         if self.redirect.get(msg.dead.id) == self.me:  # (we took it over in that burial: the
             return out  # sender, a broker that answered a query for it, named itself)
         self.redirect[msg.dead.id] = msg.to
+        if msg.to.addr == src:  # (not a broker that answered a query naming itself)
+            self.taken_by[msg.dead.id] = msg.to
         if msg.to.id != self.me.id:  # (it took the state over: a copy kept here is not needed)
             self.backups.drop(msg.dead.id)
         return out

@@ -808,8 +808,10 @@ class RingBroker(Core):
         """A ring neighbour without its lease did not take these events: kept for it (sent
         again when it is back, in order) or for the broker that takes its place."""
         side = self.ring.side_of_addr(src) if self.custody and self.ring.joined else 0
-        if not side:  # (no longer a neighbour: they are sent again, as anything unconfirmed)
-            return []
+        if not side:  # (no ring neighbour: they are sent again, as anything unconfirmed; it
+            # declines all we send until our Resume: a taker handed what we kept for its dead
+            # one declined it for good, and the records waiting on it with it)
+            return [Send(src, Resume())] if self.custody else []
         out: list[Effect] = []
         for eid in ids:
             for key in self.custodian.waiting_on(src, eid):

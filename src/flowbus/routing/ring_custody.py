@@ -230,6 +230,8 @@ class Custodian:
 
     def waiting_on(self, party: Hashable, eid: Any) -> list[Key]:
         keys = [(s, eid) for s in self.by_id.get(eid, ())]
+        if self.unwrapped and eid in self.unwrapped:  # (relays' records sent on under it)
+            keys.extend(k for k in self.unwrapped[eid] if k in self.records)
         return [k for k in keys if party in self.records[k].waiting]
 
     def release(self, party: Hashable, eid: Any, *, only: Key | None = None) -> None:

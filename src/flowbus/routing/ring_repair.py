@@ -13,7 +13,8 @@ How it works:
   it), not only sent: it may take a longer way (across the tree's cut, or routed on by a
   broker restarted on the dead one's address) than they would.
 * **Resent.** When the ring has a new neighbour on that side, the kept events go there, in
-  each publisher's order (:meth:`Repair.resend`). That broker is the first one of the part
+  each publisher's order (:meth:`Repair.resend`); those kept for a dead broker once the
+  ring has said who took it over, to the taker too (handed over). That broker is the first one of the part
   of the tree the dead broker led to, so nothing there had the event yet; across the tree's
   cut only the dead broker's own subscriptions are there, so the event goes as
   :class:`HandedOver`.
@@ -47,10 +48,15 @@ from flowbus import wire
 from flowbus.core import Deliver, Effect, Send
 from flowbus.filters import Filter
 from flowbus.overlay.chordal_ring import RingNode
+from flowbus.overlay.ring_messages import Peer
 from flowbus.routing import cbr
 from flowbus.routing.memo import compiled
 from flowbus.routing.ring_barrier import Barriers
 from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order, relayed
+
+TAKER_ROUNDS = 2
+"""Heartbeat rounds what is kept for a dead broker waits at most to learn who took it over
+(see :meth:`Repair.resend`)."""
 
 
 @wire.message("ringbroker.handed_over")
@@ -95,6 +101,7 @@ class Repair:
         self.release_due = False  # (a publisher's last one was confirmed: what waits behind may go)
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
         self.moving: Container[int] = ()  # neighbours whose events wait for an old way (ring_moves)
+        self._taker_rounds: dict[int, int] = {}  # dead addr -> heartbeat rounds its taker is unknown
         self.heard: set[int] = set()  # neighbours that confirmed since we last kept for them
         custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
@@ -305,7 +312,13 @@ class Repair:
     def resend(self) -> list[Effect]:
         """Kept events go to the new neighbour on their side once the ring has one (those
         kept only behind others, to their neighbour), in each publisher's order: one that
-        cannot go yet holds its publisher's later ones back."""
+        cannot go yet holds its publisher's later ones back. One kept for a dead broker
+        waits until the ring says who took it over (at most ``TAKER_ROUNDS`` heartbeat
+        rounds), and goes to the taker too, handed over: what it took over is there
+        wherever the tables route the event. Sent to the new neighbour only, before the
+        taker's announcement came, it was confirmed there and lost for them when the taker
+        was on the other side of the tree (simulator schedules of restarts: 10 and 653
+        events lost)."""
         self.release_due = False
         return self._flush(live=False)
 
@@ -334,6 +347,12 @@ class Repair:
         # its dead one, behind that; a cycle, its publishers' acknowledgements stalled the
         # DRAIN_ROUNDS. Its barrier puts what we sent it in order)
         barred = self.barriers.askers() if self.barriers is not None else set()
+        # (kept for a dead broker: its taker told first, see the note on resend)
+        takers = {to: self._taker(to) for _, to, _ in self.retry if to in dead}
+        if live:  # (a heartbeat round)
+            rounds = self._taker_rounds
+            self._taker_rounds = {to: rounds.get(to, 0) + 1 for to, t in takers.items() if t is None}
+        due_rounds = {to for to, n in self._taker_rounds.items() if n >= TAKER_ROUNDS}
         for (event, to, side), key in kept:
             eid = event[EVENT_ID]
             publisher = publish_order(eid)[0]
@@ -349,6 +368,7 @@ class Repair:
                 and now.addr not in self.paused
                 and now.addr not in self.moving
                 and not self.ring.open & {side}
+                and (to not in takers or takers[to] is not None or to in due_rounds)
                 and (not same or ((held or live or to in self.heard) and to not in dead))
                 and not (
                     held
@@ -379,6 +399,15 @@ class Repair:
                     if beyond:
                         rec.waiting.add(now.addr)
                 continue
+            taker = takers.get(to)
+            handed = taker is not None and taker.addr not in (now.addr, self.router.broker)
+            if handed:  # (what it took over is there, wherever the tables route the event)
+                assert taker is not None
+                hand = HandedOver(_own(event), to)
+                out.append(Send(taker.addr, hand))
+                if rec is not None and key is not None:
+                    rec.waiting.add(taker.addr)
+                    self.custodian.unwrap(key, taker.addr, hand)
             if now.addr in self.router.neighbours:
                 publish = cbr.Publish(_own(event))
                 out.append(Send(now.addr, publish))
@@ -399,6 +428,13 @@ class Repair:
         for e, to, side in keep:
             self._targets.setdefault(publish_order(e[EVENT_ID])[0], set()).add((to, side))
         return out
+
+    def _taker(self, dead: int) -> Peer | None:
+        """Who took over the dead broker at address ``dead``, if the taker told us (a broker
+        that answered a query about it may have named itself) and is not found dead since."""
+        ids = sorted((i for i in self.ring.dead if self.known.get(i) == dead), reverse=True)
+        taker = next((self.ring.taken_by[i] for i in ids if i in self.ring.taken_by), None)
+        return None if taker is None or taker.id in self.ring.dead else taker
 
     def _beyond(self, to: int, side: int, dead: set[int]) -> list[int]:
         """The brokers found dead on ``side`` besides ``to`` whose subscriptions we did not

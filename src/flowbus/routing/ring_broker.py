@@ -1234,8 +1234,6 @@ class RingBroker(Core):
             added = wanted - set(self.router.neighbours)
             handover = repair.handover(wanted)
             repair.keep_orphans(wanted, handover)
-            for a in sorted((self._syncing - wanted) & repair.dead_addrs()):
-                repair.unsynced(a)  # (it died before it sent us its tables)
             if self.custody:
                 dead_addrs = repair.dead_addrs()
                 for a in sorted(self.router.neighbours - wanted):

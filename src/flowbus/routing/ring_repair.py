@@ -54,13 +54,6 @@ from flowbus.routing.memo import compiled
 from flowbus.routing.ring_barrier import Barriers
 from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order, relayed
 
-UNSYNCED = "__flowbus_unsynced"
-"""The placeholder subscription of a dead new neighbour that never synced (see
-:meth:`Repair.unsynced`)."""
-
-UNSYNCED_ROUNDS = 2
-"""Heartbeat rounds after its taker's word that events are handed over for such a one."""
-
 TAKER_ROUNDS = 2
 """Heartbeat rounds what is kept for a dead broker waits at most to learn who took it over
 (see :meth:`Repair.resend`)."""
@@ -109,7 +102,6 @@ class Repair:
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
         self.moving: Container[int] = ()  # neighbours whose events wait for an old way (ring_moves)
         self._taker_rounds: dict[int, int] = {}  # dead addr -> heartbeat rounds its taker is unknown
-        self._unsynced: dict[int, int] = {}  # dead new neighbour that never synced -> rounds since told
         self.heard: set[int] = set()  # neighbours that confirmed since we last kept for them
         custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
@@ -252,32 +244,6 @@ class Repair:
                     self.orphans[a] = orphans
                     self.orphan_side[a] = side
 
-    def unsynced(self, dead: int) -> None:
-        """A new tree neighbour died before it sent us its tables (we were still syncing with
-        it): the subscriptions beyond it are not known here, and those it had taken over are
-        served by its taker now, maybe across the tree's cut. Until its taker has told us and
-        its announcement has had ``UNSYNCED_ROUNDS`` heartbeat rounds to come, every event
-        routed here is handed over for it as for an orphan (the taker delivers what it took
-        from it, a broker that took nothing relays it): confirmed here with nowhere to go,
-        they were lost (a simulator schedule of restarts: 34 events at two subscriptions)."""
-        side = self.side_of(dead)
-        if not side:
-            return
-        self.orphans.setdefault(dead, {})[(dead, UNSYNCED)] = Filter.true()
-        self.orphan_side[dead] = side
-        self._unsynced[dead] = 0
-
-    def _unsynced_round(self) -> None:
-        for dead, rounds in list(self._unsynced.items()):
-            told = self._taker(dead) is not None
-            rounds = self._unsynced[dead] = rounds + (1 if told else 0)
-            if rounds >= UNSYNCED_ROUNDS:
-                del self._unsynced[dead]
-                orphans = self.orphans.get(dead, {})
-                orphans.pop((dead, UNSYNCED), None)
-                if not orphans:
-                    self.orphans.pop(dead, None)
-
     def drop_orphans(self) -> None:
         """Orphans adopted and routed by now (they come from another direction) are dropped."""
         for dead, orphans in list(self.orphans.items()):
@@ -360,8 +326,6 @@ class Repair:
         """The same, and kept events whose side still has the neighbour they failed to reach,
         alive as far as the ring knows, go to it again (a heartbeat round's: it was cut off
         for a while, then came back)."""
-        if self._unsynced:
-            self._unsynced_round()
         return self._flush(live=True)
 
     def _flush(self, *, live: bool) -> list[Effect]:

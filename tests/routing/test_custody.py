@@ -1151,17 +1151,8 @@ def test_a_route_that_moves_after_two_restarts_keeps_every_publishers_order(seed
     went the short way and overtook those sent the long way a moment before (12 and 60 out
     of order at one subscription). What goes the new way now waits for the old way's
     confirmations (ring_moves)."""
-    w = World(5, seed=seed, ack_delay=0.5)
-    order = w.order()
-    subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
-    w.subscribe(subs)
-    w.got.clear()
-    pubs = [order[0].addr, order[1].addr]
-    start, n = w.sim.now, 1800
-    for i in range(n):
-        w.sim.invoke(
-            pubs[i % 2], lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=start + i / 50
-        )
+    n = 1800
+    w, subs, _, start = _streaming(seed, flow=False, n=n)
     victims = [b for b in w.brokers if b.addr in (3, 2)]
     w.sim.run(until=start + 4)
     for v in victims:
@@ -1179,14 +1170,13 @@ def test_a_route_that_moves_after_two_restarts_keeps_every_publishers_order(seed
     assert sum(b.moves.moved_count for b in w.brokers) > 0 and not any(b.moves for b in w.brokers)
 
 
-def _restarts(seed: int, *, flow: bool, n: int = 2500) -> tuple[World, dict[tuple[int, int], Any], list[int]]:
-    """The simulator fuzzing's schedule ``seed``: 5 brokers in custody, two subscriptions
-    each, two publishers (the first two brokers in ring order) at 50 events a second, the
-    campaign's flow deployed and fed if ``flow``; from 4 s on, every 8 to 20 s, one broker
-    or two adjacent ones (neither publisher's) crash, for 1-4 s or 14-25 s, and come back
-    as new members (``World.restart_soon``). Run to quiet; the world, the subscriptions
-    and the publishers' brokers."""
-    rng = random.Random(seed)
+def _streaming(
+    seed: int, *, flow: bool, n: int
+) -> tuple[World, dict[tuple[int, int], Any], list[int], float]:
+    """5 brokers in custody, two subscriptions each (``x = (broker + k) % 4``), and two
+    publishers (the first two brokers in ring order) set to publish ``n`` events at 50 a
+    second from now, the campaign's flow deployed and fed if ``flow``: the world, the
+    subscriptions, the publishers' brokers and the stream's start."""
     w = World(5, seed=seed, ack_delay=0.5)
     if flow:
         deployment = Deployment.from_text(FLOW)
@@ -1197,13 +1187,25 @@ def _restarts(seed: int, *, flow: bool, n: int = 2500) -> tuple[World, dict[tupl
     w.subscribe(subs)
     w.got.clear()
     pubs = [order[0].addr, order[1].addr]
-    start, rate = w.sim.now, 50
+    start = w.sim.now
     for i in range(n):
-        at = start + i / rate
+        at = start + i / 50
         w.sim.invoke(pubs[i % 2], lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=at)
         if flow and i % 3 == 0:
             ev = {**event_of(2, i + 1), SPACE: "trades"}
             w.sim.invoke(pubs[0], lambda c, i=i, ev=ev: c.publish(ev, event_id=("fpub", i)), at=at + 0.001)
+    return w, subs, pubs, start
+
+
+def _restarts(seed: int, *, flow: bool, n: int = 2500) -> tuple[World, dict[tuple[int, int], Any], list[int]]:
+    """The simulator fuzzing's schedule ``seed``: 5 brokers in custody, two subscriptions
+    each, two publishers (the first two brokers in ring order) at 50 events a second, the
+    campaign's flow deployed and fed if ``flow``; from 4 s on, every 8 to 20 s, one broker
+    or two adjacent ones (neither publisher's) crash, for 1-4 s or 14-25 s, and come back
+    as new members (``World.restart_soon``). Run to quiet; the world, the subscriptions
+    and the publishers' brokers."""
+    rng, rate = random.Random(seed), 50
+    w, subs, pubs, start = _streaming(seed, flow=flow, n=n)
     t, nonce = 4.0, 40
     while t < n / rate - 10:
         kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])

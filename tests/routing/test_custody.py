@@ -1320,3 +1320,35 @@ def test_events_kept_for_a_dead_broker_reach_its_taker_on_the_other_side_of_the_
     assert _lost(w, subs) == 0
     assert _out_of_order(w) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+
+
+def test_what_was_kept_for_a_dead_broker_reaches_the_taker_of_one_beyond_it() -> None:
+    """The fuzzing's schedule 23: two adjacent brokers crash for 4 s (a subscription of the
+    second is taken over by the broker beyond it), then that taker and the broker before
+    it crash for 2 s together. The publisher's broker kept what the first had not
+    confirmed, for its side; the subscription was taken over again, by a broker on the
+    publisher's other side, whose word came 3 s after the deaths were found. The kept
+    events went on to the new neighbour on their side, which confirmed them: nothing there
+    wanted them any more (207 events of the subscription lost). What is kept for a dead
+    broker goes to the takers of the others found dead lately on its side too, once they
+    are known; and the wait for them counts heartbeat rounds only (a neighbour's
+    ``Resumed`` counted as one, and the wait ended half a second before the word came)."""
+    w, subs, pubs = _restarts(23, flow=True)
+    assert _lost(w, subs) == 0
+    assert _out_of_order(w) == 0
+    assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+
+
+@pytest.mark.parametrize("seed", [38, 99])
+def test_events_flooded_to_a_neighbour_that_died_before_it_synced_us_reach_its_taker(seed: int) -> None:
+    """The fuzzing's schedules 38 and 99: a broker rejoins between two others and one of
+    them dies before it sent its subscriptions (it never synced the newcomer); the new
+    broker sent it every event while it waited (flooding), and found dead, the dead one
+    went out of its tree at once: what came on the way there was routed by tables that
+    never had the dead one's subscriptions, dropped and confirmed (54 and 17 events lost at
+    each of two subscriptions). A dead neighbour that never synced us stays in the tree as
+    a placeholder for a few rounds, and what is flooded its way is kept for its taker."""
+    w, subs, pubs = _restarts(seed, flow=True)
+    assert _lost(w, subs) == 0
+    assert _out_of_order(w) == 0
+    assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)

@@ -48,3 +48,27 @@ def test_an_orphans_event_is_handed_over_behind_the_events_of_its_publisher_kept
     assert repair.resend() == [Send(4, HandedOver(first, 2)), Send(4, HandedOver(second, 2))]
     third = {"x": 5, EVENT_ID: ("p", 3)}
     assert repair.route_orphans([], third) == [Send(4, HandedOver(third, 2))]  # (nothing kept now)
+
+
+def test_an_event_held_for_a_live_tree_neighbour_goes_to_it_whoever_is_on_its_side_now() -> None:
+    """In a ring of three, the other two brokers are both our sides; an event routed to the
+    left one, held behind what was kept for the right side, was kept "for the right side"
+    and went, at the flush, to whoever was our right neighbour by then: a broker that routed
+    it back towards us, the way it came, and confirmed it (a simulator schedule: 130 events
+    lost once a flush waited a round longer). Held for a live tree neighbour, it goes there."""
+    peers = {a: SimpleNamespace(addr=a, id=a) for a in (0, 4)}
+    ring = SimpleNamespace(
+        right=peers[4],
+        left=peers[0],
+        joined=True,
+        open=set(),
+        dead=set(),
+        links=lambda: [peers[4], peers[0]],
+        side_of_addr=lambda addr: 1,  # (both sides: the first found)
+    )
+    router = SimpleNamespace(neighbours={0, 4}, broker=1)
+    repair = Repair(ring, router, Custodian())  # type: ignore[arg-type]
+    first, second = ({"x": 5, EVENT_ID: ("p", i)} for i in (1, 2))
+    repair.keep(first, 2, 1, None)  # (kept for the right side: a neighbour there failed)
+    assert repair.behind_kept(0, second)  # (routed to the left one: held behind it)
+    assert repair.resend() == [Send(4, cbr.Publish(first)), Send(0, cbr.Publish(second))]

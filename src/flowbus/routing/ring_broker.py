@@ -580,7 +580,7 @@ class RingBroker(Core):
                 if src not in self.repair.paused:
                     return out
                 self.repair.paused.discard(src)
-                return out + self._out(self.repair.retry_live())
+                return out + self._out(self.repair.retry_live(round=False))
             case Again(msg=again):  # (sent again: a copy of what is under way here is nothing new)
                 if self.custody and self.custodian.seen(src, again.event[EVENT_ID]):
                     return self._out([])
@@ -1177,6 +1177,7 @@ class RingBroker(Core):
             # simulator, the records waited on the address for good, 173 publishes unsettled)
             newly = {repair.known[d] for d in ring.dead - self._dead_seen if d in repair.known}
             self._dead_seen = set(ring.dead)
+            repair.found_dead(newly)
             for a in sorted(newly - fresh - self.router.neighbours):
                 out.extend(repair.bury(a))
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
@@ -1286,7 +1287,11 @@ class RingBroker(Core):
           taker serves them across the cut, and what is kept for them is handed to it over
           the ring link. Taken out at once, their withdrawal went up the tree ahead of the
           taker's own announcement, and an event on its way there met a broker that knew
-          them nowhere: dropped, and confirmed.
+          them nowhere: dropped, and confirmed. So, as long, is one that never synced us:
+          what it led to is unknown here (it died as we joined next to it), and the events
+          flooded its way (all of them) are kept for its taker; taken out, those on their
+          way here were routed by tables that never had its subscriptions (a simulator
+          schedule: 54 events of each of two subscriptions confirmed, never delivered).
         """
         dead = repair.dead_addrs() & self.router.neighbours
         if not dead:
@@ -1300,7 +1305,7 @@ class RingBroker(Core):
             if near is None or near.addr in tree or self._orphaned.get(a, 0) >= OWED_ROUNDS:
                 continue
             router = self.router
-            if any(not (router.directions(o) - {a}) for o in router.received_from(a)):
+            if a in self._syncing or any(not (router.directions(o) - {a}) for o in router.received_from(a)):
                 out.add(a)
                 self._orphaned.setdefault(a, 0)
         self._orphaned = {a: n for a, n in self._orphaned.items() if a in dead}

@@ -40,7 +40,7 @@ detected (heartbeats or failed sends).
 
 from __future__ import annotations
 
-from collections.abc import Container, Hashable, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,10 @@ from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order
 TAKER_ROUNDS = 2
 """Heartbeat rounds what is kept for a dead broker waits at most to learn who took it over
 (see :meth:`Repair.resend`)."""
+
+AFTERMATH_ROUNDS = 6
+"""Heartbeat rounds after a broker is found dead during which what is kept for another dead
+broker on its side goes to its taker too (see :meth:`Repair._others`)."""
 
 
 @wire.message("ringbroker.handed_over")
@@ -102,6 +106,7 @@ class Repair:
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
         self.moving: Container[int] = ()  # neighbours whose events wait for an old way (ring_moves)
         self._taker_rounds: dict[int, int] = {}  # dead addr -> heartbeat rounds its taker is unknown
+        self._found_dead: dict[int, int] = {}  # dead addr -> the heartbeat round it was found dead in
         self.heard: set[int] = set()  # neighbours that confirmed since we last kept for them
         custodian.on_done = self._confirmed
         self.known: dict[int, int] = {}  # ring id -> address of the brokers we have linked to
@@ -109,6 +114,11 @@ class Repair:
         self.orphan_side: dict[int, int] = {}
         self.taken_from: dict[Hashable, tuple[Filter, set[int]]] = {}  # sub -> (filter, dead addrs)
         self._taken_by_dead: dict[int, list[tuple[Hashable, Any]]] | None = None  # (see _taken)
+
+    def found_dead(self, addrs: Iterable[int]) -> None:
+        """The brokers at ``addrs`` were found dead now (see :meth:`_others`)."""
+        for a in addrs:
+            self._found_dead[a] = self.custodian.round
 
     def dead_addrs(self) -> set[int]:
         """The addresses of the brokers we linked to that the ring found dead."""
@@ -322,13 +332,16 @@ class Repair:
         self.release_due = False
         return self._flush(live=False)
 
-    def retry_live(self) -> list[Effect]:
+    def retry_live(self, *, round: bool = True) -> list[Effect]:
         """The same, and kept events whose side still has the neighbour they failed to reach,
-        alive as far as the ring knows, go to it again (a heartbeat round's: it was cut off
-        for a while, then came back)."""
-        return self._flush(live=True)
+        alive as far as the ring knows, go to it again (a heartbeat ``round``'s: it was cut
+        off for a while, then came back; or a neighbour that resumed). Only a heartbeat
+        round counts towards ``TAKER_ROUNDS``: counted at each ``Resumed`` too, the wait for
+        a taker's word ended 3 s after the broker was found dead, half a second before the
+        word came (a simulator schedule)."""
+        return self._flush(live=True, round=round)
 
-    def _flush(self, *, live: bool) -> list[Effect]:
+    def _flush(self, *, live: bool, round: bool = False) -> list[Effect]:
         if not self.retry or not self.ring.joined:
             return []
         # (an address a live broker speaks from again is no dead one's: a broker restarted on
@@ -349,16 +362,27 @@ class Repair:
         barred = self.barriers.askers() if self.barriers is not None else set()
         # (kept for a dead broker: its taker told first, see the note on resend)
         takers = {to: self._taker(to) for _, to, _ in self.retry if to in dead}
-        if live:  # (a heartbeat round)
+        recent = self._recent(dead)
+        takers.update((d, self._taker(d)) for d in recent)
+        if round:
             rounds = self._taker_rounds
             self._taker_rounds = {to: rounds.get(to, 0) + 1 for to, t in takers.items() if t is None}
         due_rounds = {to for to, n in self._taker_rounds.items() if n >= TAKER_ROUNDS}
+        others: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (to, side) -> see _others
         for (event, to, side), key in kept:
             eid = event[EVENT_ID]
             publisher = publish_order(eid)[0]
             now = (self.ring.right if side > 0 else self.ring.left) if side else None
-            same = now is not None and now.addr == to
+            also = others.get((to, side))
+            if also is None:
+                also = others[(to, side)] = self._others(to, side, dead, recent)
             held = (eid, to) in self._held
+            if held and to in self.router.neighbours and to not in dead:  # (routed to a live tree
+                # neighbour, it goes there, whoever is on its side now: in a ring of three the
+                # other two are both sides, and held for the left one, an event went to the
+                # new right one, which routed it back towards us, the way it came: dropped)
+                now = next((p for p in self.ring.links() if p.addr == to), now)
+            same = now is not None and now.addr == to
             before = self._unconfirmed.get(publisher)  # (sent again, older: one another way, not
             # this event's own, must be confirmed first; one down the same link is ahead of it)
             go = (
@@ -368,7 +392,7 @@ class Repair:
                 and now.addr not in self.paused
                 and now.addr not in self.moving
                 and not self.ring.open & {side}
-                and (to not in takers or takers[to] is not None or to in due_rounds)
+                and all(d not in takers or takers[d] is not None or d in due_rounds for d in (to, *also[1]))
                 and (not same or ((held or live or to in self.heard) and to not in dead))
                 and not (
                     held
@@ -401,13 +425,20 @@ class Repair:
                 continue
             taker = takers.get(to)
             handed = taker is not None and taker.addr not in (now.addr, self.router.broker)
-            if handed:  # (what it took over is there, wherever the tables route the event)
-                assert taker is not None
-                hand = HandedOver(_own(event), to)
-                out.append(Send(taker.addr, hand))
+            hands = [(to, taker.addr)] if handed and taker is not None else []
+            if also[0]:  # (one hand-over per taker: it delivers, the others are copies)
+                skip = {now.addr, self.router.broker, *(t for _, t in hands)}
+                for d in also[0]:
+                    other = takers.get(d)
+                    if other is not None and other.addr not in skip:
+                        skip.add(other.addr)
+                        hands.append((d, other.addr))
+            for d, at in hands:  # (what they took over is there, wherever the tables route the event)
+                hand = HandedOver(_own(event), d)
+                out.append(Send(at, hand))
                 if rec is not None and key is not None:
-                    rec.waiting.add(taker.addr)
-                    self.custodian.unwrap(key, taker.addr, hand)
+                    rec.waiting.add(at)
+                    self.custodian.unwrap(key, at, hand)
             if now.addr in self.router.neighbours:
                 publish = cbr.Publish(_own(event))
                 out.append(Send(now.addr, publish))
@@ -435,6 +466,29 @@ class Repair:
         ids = sorted((i for i in self.ring.dead if self.known.get(i) == dead), reverse=True)
         taker = next((self.ring.taken_by[i] for i in ids if i in self.ring.taken_by), None)
         return None if taker is None or taker.id in self.ring.dead else taker
+
+    def _recent(self, dead: set[int]) -> set[int]:
+        """The dead brokers (of ``dead``) found dead in the last ``AFTERMATH_ROUNDS`` rounds."""
+        since = self.custodian.round - AFTERMATH_ROUNDS
+        return {d for d in dead if self._found_dead.get(d, since) > since}
+
+    def _others(self, to: int, side: int, dead: set[int], recent: set[int]) -> tuple[list[int], list[int]]:
+        """The brokers found dead lately on ``side`` besides the dead ``to``, that another
+        broker took over, and those of them found dead with ``to`` or after it: what was kept
+        for ``to`` goes to the takers of the first (handed over), and waits for the word of
+        the second's (at most ``TAKER_ROUNDS``). ``to`` stood between us and them in the
+        tree: what it had not confirmed may have been going their way, and their
+        subscriptions are at their takers now, maybe on our other side, where no table
+        routed it (a simulator schedule: a subscription taken over once, then from its
+        taker, both dead with the broker before them: 207 of its events confirmed by the new
+        neighbour beyond, never delivered). Waiting for the takers of older deaths too held
+        a side back for rounds for a taker we are never told of (another schedule)."""
+        if to not in dead:
+            return [], []
+        also = sorted(d for d in recent - {to} if self.side_of(d) == side and not self.took_from(d))
+        found = self._found_dead
+        since = found.get(to, self.custodian.round) - 1
+        return also, [d for d in also if found.get(d, since) >= since]
 
     def _beyond(self, to: int, side: int, dead: set[int]) -> list[int]:
         """The brokers found dead on ``side`` besides ``to`` whose subscriptions we did not

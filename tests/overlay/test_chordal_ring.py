@@ -15,7 +15,18 @@ from flowbus.core import Send
 from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
-from flowbus.overlay.ring_messages import Heartbeat, HeartbeatAck, Insert, JoinAccept, JoinRequest, Peer, cw
+from flowbus.overlay.ring_messages import (
+    Alive,
+    Heartbeat,
+    HeartbeatAck,
+    Insert,
+    JoinAccept,
+    JoinRequest,
+    Peer,
+    Probe,
+    Restarted,
+    cw,
+)
 from flowbus.sim import LinkFailure
 
 
@@ -427,3 +438,45 @@ def test_the_holder_of_a_dead_brokers_backup_is_told_though_a_join_moved_it_off_
     back = r.reborn(d)
     r.settle(3 * r.probe_timeout)
     assert back.buried is not None and back.buried.taker == a.me
+
+
+def test_a_broker_that_speaks_to_a_restarted_members_address_is_told_of_the_restart() -> None:
+    """A broker joined next to a dead member's place after it died (the member never knew
+    it): the member's new process announced its restart only to the member's old window,
+    and the newcomer, hearing a process at the address, took the member for alive; asked to
+    test it, it answered "alive" for 65 s (a simulator schedule: 889 deliveries lost).
+    Whoever speaks to a process announcing a restart is told ``Restarted`` too, once, then
+    at each announcement."""
+    r = ring(5, seed=2)
+    order = r.by_id()
+    dying, newcomer = order[2], order[4]
+    r.crash([dying])
+    back = r.reborn(dying)
+    told_before = [e for e in back.announce(dying.me, [order[1].addr]) if isinstance(e, Send)]
+    assert {e.dst for e in told_before} == {order[1].addr}
+    beat = Heartbeat(newcomer.me, 0.0, r.sim.now, tuple(newcomer.window))
+    out = back.on_message(newcomer.addr, beat, r.sim.now)
+    assert out == [Send(newcomer.addr, Restarted(dying.me))]
+    assert back.on_message(newcomer.addr, beat, r.sim.now) == []  # (once)
+    again = back.on_timer(("ring", "announce"), r.sim.now)
+    assert {e.dst for e in again if isinstance(e, Send)} == {order[1].addr, newcomer.addr}
+    assert back.met(newcomer.addr) == [] and back.met(back.addr) == []
+
+
+def test_alive_from_a_tester_is_not_believed_of_a_broker_proven_gone_here() -> None:
+    """We hold the proof that B is gone (its new process told us); C, asked to test B,
+    heard that new process on B's address and answered "alive". Believed, B stayed a
+    member (a simulator schedule: asked again at each announcement, for 65 s). We probe B
+    ourselves, and the probe's verdict buries it."""
+    r = ring(5, seed=2)
+    order = r.by_id()
+    node, b = order[0], order[1]
+    c = next(p for p in node.window if p.id == order[2].me.id)
+    node.detector.gone(b.me.id, r.sim.now)
+    node._suspect(b.me)
+    out = node.on_message(c.addr, Alive(b.me, c), r.sim.now)
+    assert any(isinstance(e, Send) and e.dst == b.addr and isinstance(e.msg, Probe) for e in out)
+    assert not node.detour.get(b.me.id)
+    r.crash([b])
+    r.settle(60.0)
+    assert b.me.id in node.dead

@@ -1352,3 +1352,19 @@ def test_events_flooded_to_a_neighbour_that_died_before_it_synced_us_reach_its_t
     assert _lost(w, subs) == 0
     assert _out_of_order(w) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+
+
+@pytest.mark.parametrize("seed", [164, 178])
+def test_kept_for_a_dead_broker_taken_over_here_reaches_the_taker_of_the_one_beyond(seed: int) -> None:
+    """The fuzzing's schedules 164 and 178: a broker restarted early (a new member, with no
+    subscriptions of its own) and the broker beyond it, which had taken over subscriptions,
+    die together at the end of the tree. Their neighbour took the near one over and kept
+    what went its way; it handed that over, across the tree's cut, "for the near one", to
+    the taker of the far one, which had taken nothing from the near one: relayed round the
+    ring, delivered by nobody (530 and 456 events lost). A dead broker taken over here is
+    ours whether it had subscriptions or not: what is kept for it goes to the taker beyond
+    handed over for the one that broker took."""
+    w, subs, pubs = _restarts(seed, flow=True)
+    assert _lost(w, subs) == 0
+    assert _out_of_order(w) == 0
+    assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)

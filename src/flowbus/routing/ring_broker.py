@@ -526,6 +526,8 @@ class RingBroker(Core):
     def _publishes_from(self, src: int, events: list[Mapping[str, Any]], now: float) -> list[Effect]:
         """Events a tree neighbour sent (what ``on_message`` does with each, in one pass)."""
         self.ring.heard_from(src, now)
+        if not self.ring.joined and (told := self.ring.met(src)):  # (see on_message)
+            return told + self._publishes_from(src, events, now)
         if self.custody and (src in self._declining or not self.ring.serving(now)):  # (see on_message)
             self._declining.add(src)
             return [Send(src, Declined(tuple(e[EVENT_ID] for e in events)))]
@@ -543,6 +545,8 @@ class RingBroker(Core):
 
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
+        if not self.ring.joined and (told := self.ring.met(src)):  # (a restarted broker: whoever
+            return told + self.on_message(src, msg, now)  # takes it for the member it was is told)
         if type(msg) in _HANDOVER:  # (from or for a broker back as a new one: ring_handover)
             if type(msg) is WhereIs:
                 return self._where_is(msg)

@@ -407,13 +407,16 @@ class Repair:
                 continue
             assert now is not None
             rec = self.custodian.records.get(key) if key is not None else None
-            if now.addr not in self.router.neighbours and to in dead and self.took_from(to):
+            if now.addr not in self.router.neighbours and to in dead and self._took(to, takers):
                 # (across the tree's cut only the dead broker's own subscriptions were beyond it,
                 # and we took them over: delivered here when kept or taken up. Handed over, the
                 # new neighbour, not their taker, routed it on into the tree, round to brokers it
                 # had passed: a custody cycle, its publisher's later events held for ever. But a
                 # broker beyond it found dead too was taken over across the cut: its own share
-                # goes there, handed over for it, see _beyond)
+                # goes there, handed over for it, see _beyond. Taken over here with no
+                # subscriptions of its own, it is ours all the same: handed over for it, the
+                # taker of the one beyond did not know it, relayed the events round the ring
+                # and nobody delivered them, 530 in a simulator schedule)
                 beyond = self._beyond(to, side, dead)
                 for d in beyond:
                     out.append(Send(now.addr, HandedOver(_own(event), d)))
@@ -460,11 +463,23 @@ class Repair:
             self._targets.setdefault(publish_order(e[EVENT_ID])[0], set()).add((to, side))
         return out
 
+    def _took(self, dead: int, takers: Mapping[int, Peer | None]) -> bool:
+        """Whether the dead broker at ``dead`` was taken over here (its subscriptions, or,
+        with none, the member itself)."""
+        taker = takers.get(dead)
+        return self.took_from(dead) or (taker is not None and taker.addr == self.router.broker)
+
     def _taker(self, dead: int) -> Peer | None:
         """Who took over the dead broker at address ``dead``, if the taker told us (a broker
-        that answered a query about it may have named itself) and is not found dead since."""
+        that answered a query about it may have named itself; or its takeover's barrier asks
+        us, ``Drain``: only the taker asks, and a broker that is not the dead one's ring
+        neighbour gets no ``Redirect``) and is not found dead since."""
         ids = sorted((i for i in self.ring.dead if self.known.get(i) == dead), reverse=True)
         taker = next((self.ring.taken_by[i] for i in ids if i in self.ring.taken_by), None)
+        if taker is None and self.barriers is not None:
+            askers = self.barriers.asked.get(dead, ())
+            if len(askers) == 1:
+                taker = next((p for p in self.ring.links() if p.addr in askers), None)
         return None if taker is None or taker.id in self.ring.dead else taker
 
     def _recent(self, dead: set[int]) -> set[int]:

@@ -136,6 +136,14 @@ class Repair:
         self._append(event, dead, side, key)
         self.heard.discard(dead)
         rec = self.custodian.records.get(key) if key is not None else None
+        if key is not None and self._unconfirmed:  # (kept again: no longer under way; left
+            # as under way to a dead broker, it held its publisher's later events back until
+            # that broker's address spoke again, 20 s, while the newer ones went round: a
+            # simulator schedule, 57 out of order)
+            waiting = self._unconfirmed.get(publish_order(event[EVENT_ID])[0])
+            if waiting is not None and waiting.pop(key, None) is not None and not waiting:
+                del self._unconfirmed[publish_order(event[EVENT_ID])[0]]
+                self.release_due = True
         if rec is not None and key is not None:
             rec.waiting.discard(dead)
             rec.retries += 1

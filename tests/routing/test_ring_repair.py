@@ -102,3 +102,34 @@ def test_a_takeovers_drain_names_the_taker_of_what_is_kept_for_the_dead() -> Non
     assert repair.resend() == []  # (the taker's word not come yet)
     barriers.asked[20] = {30}
     assert repair.resend() == [Send(30, HandedOver(event, 20)), Send(40, cbr.Publish(event))]
+
+
+def test_what_is_kept_for_a_dead_broker_goes_to_the_takers_of_the_others_found_dead_on_its_side() -> None:
+    """Two adjacent brokers died; we kept events for the near one. A subscription the far one
+    had taken over is at the far one's taker now, maybe on our other side, where no table
+    routed them (a simulator schedule: 207 lost). What is kept for the near one goes to the
+    new neighbour on its side and, handed over, to the taker of each: one hand-over per
+    dead broker, the same taker or not (a taker delivers a hand-over to what it took from
+    the broker it names; one per taker, a taker of both got half: 387 out of order)."""
+    taker, beyond = SimpleNamespace(addr=30, id=3), SimpleNamespace(addr=40, id=4)
+    ring = SimpleNamespace(
+        right=beyond,
+        left=None,
+        joined=True,
+        open=set(),
+        dead={7, 8},
+        taken_by={7: taker, 8: taker},
+        links=lambda: [beyond, taker],
+        side_of_addr=lambda addr: 1 if addr in (20, 21, 40) else 0,
+    )
+    router = SimpleNamespace(neighbours={40}, broker=1)
+    repair = Repair(ring, router, Custodian())  # type: ignore[arg-type]
+    repair.known = {7: 20, 8: 21, 3: 30, 4: 40}
+    repair.found_dead([20, 21])
+    event = {"x": 5, EVENT_ID: ("p", 1)}
+    repair.keep(event, 20, 1, None)
+    assert repair.resend() == [
+        Send(30, HandedOver(event, 20)),
+        Send(30, HandedOver(event, 21)),
+        Send(40, cbr.Publish(event)),
+    ]

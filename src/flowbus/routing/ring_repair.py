@@ -437,12 +437,13 @@ class Repair:
             taker = takers.get(to)
             handed = taker is not None and taker.addr not in (now.addr, self.router.broker)
             hands = [(to, taker.addr)] if handed and taker is not None else []
-            if also[0]:  # (one hand-over per taker: it delivers, the others are copies)
-                skip = {now.addr, self.router.broker, *(t for _, t in hands)}
+            if also[0]:  # (one hand-over per dead broker, to its taker: a taker delivers what
+                # is handed over for a dead one to the subscriptions it took from that one only;
+                # one per taker, a taker of two got the events of one: 387 out of order, late)
+                skip = {now.addr, self.router.broker}
                 for d in also[0]:
                     other = takers.get(d)
                     if other is not None and other.addr not in skip:
-                        skip.add(other.addr)
                         hands.append((d, other.addr))
             for d, at in hands:  # (what they took over is there, wherever the tables route the event)
                 hand = HandedOver(_own(event), d)

@@ -133,3 +133,25 @@ def test_what_is_kept_for_a_dead_broker_goes_to_the_takers_of_the_others_found_d
         Send(30, HandedOver(event, 21)),
         Send(40, cbr.Publish(event)),
     ]
+
+
+def test_a_live_tree_neighbour_past_a_join_hands_its_place_to_the_joiner_on_its_tree_side() -> None:
+    """A broker joined between us and a live tree neighbour; that neighbour's address had
+    been a member's that died on our other side earlier (a restart), and by the address its
+    side was that one's: its place went to nobody, its entries were withdrawn up the tree
+    until the joiner synced us, and what was published at the far end meanwhile was
+    confirmed and lost (a traced campaign run: 44 deliveries in 30 ms). Its side is its tree
+    side by its id now."""
+    me, left, joiner, far = (SimpleNamespace(addr=a, id=i) for a, i in ((2, 20), (3, 10), (4, 30), (1, 40)))
+    ring = SimpleNamespace(
+        me=me,
+        right=joiner,
+        left=left,
+        joined=True,
+        dead=set(),
+        links=lambda: [joiner, far, left],
+        side_of_addr=lambda addr: -1 if addr == 1 else 1 if addr == 4 else -1 if addr == 3 else 0,
+    )
+    router = SimpleNamespace(neighbours={1, 3})
+    repair = Repair(ring, router, Custodian())  # type: ignore[arg-type]
+    assert repair.handover({3, 4}) == {1: 4}

@@ -305,11 +305,18 @@ class Repair:
         the broker beyond it, a live one's to a broker that joined between us (the new one's
         tables come from the old one; until it synced us, what came from the old one is routed
         to it, not withdrawn: withdrawn, this side was cut off from our other neighbours'
-        events for a moment, and those events were confirmed and lost)."""
+        events for a moment, and those events were confirmed and lost). A live one's side is
+        its tree side by its id now: by the address, a side recorded when an earlier member
+        there died could be the other one, and the place went to nobody (a traced campaign
+        run: the entries withdrawn up the tree for the 30 ms until the new one synced us,
+        the events published meanwhile at the far end confirmed and lost, 44 deliveries)."""
         out: dict[int, int] = {}
+        ring = self.ring
+        live = {p.addr: p for p in ring.links() if p.id not in ring.dead} if ring.joined else {}
         for a in self.router.neighbours - wanted:
-            side = self.side_of(a)
-            now = self.ring.right if side > 0 else self.ring.left if side < 0 else None
+            peer = live.get(a)
+            side = (1 if peer.id > ring.me.id else -1) if peer is not None else self.side_of(a)
+            now = ring.right if side > 0 else ring.left if side < 0 else None
             if now is not None and now.addr in wanted and now.addr not in self.router.neighbours:
                 out[a] = now.addr
         return out

@@ -12,6 +12,23 @@ from flowbus.routing.ring_custody import EVENT_ID, Custodian
 from flowbus.routing.ring_repair import HandedOver, Repair
 
 
+def _beyond_a_death(dead: set[int], taken_by: dict[int, object]) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """A joined ring node whose right side was refilled by the broker at 40 (id 4) after
+    deaths; the broker at 30 (id 3) is a live link. Its ring and router."""
+    taker, beyond = SimpleNamespace(addr=30, id=3), SimpleNamespace(addr=40, id=4)
+    ring = SimpleNamespace(
+        right=beyond,
+        left=None,
+        joined=True,
+        open=set(),
+        dead=dead,
+        taken_by=taken_by,
+        links=lambda: [beyond, taker],
+        side_of_addr=lambda addr: 1 if addr in (20, 21, 40) else 0,
+    )
+    return ring, SimpleNamespace(neighbours={40}, broker=1)
+
+
 def test_orphans_are_handed_over_only_to_a_neighbour_the_event_does_not_go_to_already() -> None:
     """A dead tree neighbour's own subscriptions (orphans) go to the ring neighbour across the
     cut as ``HandedOver``; when that neighbour is a tree neighbour by now and the router sends
@@ -82,18 +99,7 @@ def test_a_takeovers_drain_names_the_taker_of_what_is_kept_for_the_dead() -> Non
     never did, waited the rounds out and sent the events to the new neighbour only, which
     did not serve what was taken over (a simulator schedule: 408 of 432 losses). The
     taker's ``Drain`` (only a taker asks it) is its word too."""
-    taker, beyond = SimpleNamespace(addr=30, id=3), SimpleNamespace(addr=40, id=4)
-    ring = SimpleNamespace(
-        right=beyond,
-        left=None,
-        joined=True,
-        open=set(),
-        dead={7},
-        taken_by={},
-        links=lambda: [beyond, taker],
-        side_of_addr=lambda addr: 1 if addr in (20, 40) else 0,
-    )
-    router = SimpleNamespace(neighbours={40}, broker=1)
+    ring, router = _beyond_a_death({7}, {})
     barriers = Barriers()
     repair = Repair(ring, router, Custodian(), barriers)  # type: ignore[arg-type]
     repair.known = {7: 20, 3: 30, 4: 40}
@@ -111,18 +117,8 @@ def test_what_is_kept_for_a_dead_broker_goes_to_the_takers_of_the_others_found_d
     new neighbour on its side and, handed over, to the taker of each: one hand-over per
     dead broker, the same taker or not (a taker delivers a hand-over to what it took from
     the broker it names; one per taker, a taker of both got half: 387 out of order)."""
-    taker, beyond = SimpleNamespace(addr=30, id=3), SimpleNamespace(addr=40, id=4)
-    ring = SimpleNamespace(
-        right=beyond,
-        left=None,
-        joined=True,
-        open=set(),
-        dead={7, 8},
-        taken_by={7: taker, 8: taker},
-        links=lambda: [beyond, taker],
-        side_of_addr=lambda addr: 1 if addr in (20, 21, 40) else 0,
-    )
-    router = SimpleNamespace(neighbours={40}, broker=1)
+    taker = SimpleNamespace(addr=30, id=3)
+    ring, router = _beyond_a_death({7, 8}, {7: taker, 8: taker})
     repair = Repair(ring, router, Custodian())  # type: ignore[arg-type]
     repair.known = {7: 20, 8: 21, 3: 30, 4: 40}
     repair.found_dead([20, 21])

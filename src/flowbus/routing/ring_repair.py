@@ -140,9 +140,10 @@ class Repair:
             # as under way to a dead broker, it held its publisher's later events back until
             # that broker's address spoke again, 20 s, while the newer ones went round: a
             # simulator schedule, 57 out of order)
-            waiting = self._unconfirmed.get(publish_order(event[EVENT_ID])[0])
+            publisher = publish_order(event[EVENT_ID])[0]
+            waiting = self._unconfirmed.get(publisher)
             if waiting is not None and waiting.pop(key, None) is not None and not waiting:
-                del self._unconfirmed[publish_order(event[EVENT_ID])[0]]
+                del self._unconfirmed[publisher]
                 self.release_due = True
         if rec is not None and key is not None:
             rec.waiting.discard(dead)

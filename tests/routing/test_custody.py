@@ -9,10 +9,11 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Collection, Hashable
-from typing import Any
 
 import pytest
 
+from flowbus.chaos.restarts import CustodyRing as World
+from flowbus.chaos.restarts import lost, out_of_order, restarts, streaming
 from flowbus.chaos.workload import FLOW, event_of
 from flowbus.core import Send
 from flowbus.experiments.ring_sim import ring_errors
@@ -23,102 +24,6 @@ from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 from flowbus.routing.ring_custody import Confirm
 from flowbus.routing.ring_repair import HandedOver
 from flowbus.routing.ring_share import Delegated, Undelegated
-from flowbus.sim import CoordinateLatency, Simulator
-
-
-class World:
-    """Ring brokers in custody mode; the 'clients' settle each delivery ``ack_delay`` later."""
-
-    def __init__(
-        self, n: int, seed: int, ack_delay: float = 3.0, grouped: bool = False, layers: tuple[Any, ...] = ()
-    ) -> None:
-        transport = [CoordinateLatency(0.5, 2.0), *layers]
-        self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
-        self.got: list[tuple[int, Hashable, Any]] = []
-        self.taken_at: dict[tuple[Hashable, Any], float] = {}  # (sub, event id) -> first delivery
-        self.notices: list[tuple[int, Hashable, Any]] = []
-        self.ack_delay = ack_delay
-        self.grouped = grouped
-        self.sim.on_deliver = self._delivered
-        self.brokers: list[RingBroker] = []
-        rng = random.Random(seed)
-        for a in range(n):
-            b = RingBroker(
-                a,
-                backup=2,
-                heartbeat=5.0,
-                probe_timeout=10.0,
-                ping_timeout=10.0,
-                custody=True,
-                local_ack=True,
-                grouped=grouped,
-            )
-            self.brokers.append(b)
-            self.sim.add_node(a, b)
-            picks = rng.sample(range(a), min(3, a))
-            self.sim.invoke(a, (lambda c: c.start()) if a == 0 else (lambda c, p=picks: c.join(p)))
-            self.sim.run(until=self.sim.now + 40)
-
-    def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
-        if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)
-            self.notices.append((node, sub, event))
-            return
-        self.got.append((node, sub, event[EVENT_ID]))
-        self.taken_at.setdefault((sub, event[EVENT_ID]), now)
-        self.sim.invoke(node, lambda c: c.settle(sub, event[EVENT_ID]), at=now + self.ack_delay)
-
-    def order(self) -> list[RingBroker]:
-        return sorted(self.brokers, key=lambda b: b.ring.me.id)
-
-    def subscribe(self, subs: dict[tuple[int, int], Any]) -> None:
-        """Each ``(broker, k)`` subscribes with its filter at that broker; the tables settle."""
-        for s in subs:
-            self.sim.invoke(s[0], lambda c, s=s: c.subscribe(s, subs[s]))
-        self.sim.run(until=self.sim.now + 60)
-
-    def restart(self, old: RingBroker, nonce: int, contact: int) -> RingBroker:
-        """A new broker on the crashed ``old`` one's address: it announces the member it was,
-        and joins the ring through ``contact`` 40 s later (as a broker process does)."""
-        new = RingBroker(old.addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
-                         custody=True, local_ack=True, grouped=self.grouped, nonce=nonce)  # fmt: skip
-        self.sim.restart(old.addr, new)
-        self.brokers[self.brokers.index(old)] = new
-        window = [p.addr for p in old.ring.window]
-        self.sim.invoke(new.addr, lambda c: c.ring.announce(old.ring.me, window))
-        self.sim.run(until=self.sim.now + 40)
-        self.sim.invoke(new.addr, lambda c: c.join([contact]))
-        return new
-
-    def restart_soon(self, olds: list[RingBroker], nonce: int) -> list[RingBroker]:
-        """As :meth:`restart`, for each of ``olds`` at once, but each new broker joins as a
-        broker process does: as soon as a broker told of its restart answers that the old one
-        is dead (its ``buried`` notice), through the brokers it knew."""
-        news: dict[int, tuple[RingBroker, list[int]]] = {}
-        for i, old in enumerate(olds):
-            new = RingBroker(old.addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
-                             custody=True, local_ack=True, grouped=self.grouped, nonce=nonce + i)  # fmt: skip
-            self.sim.restart(old.addr, new)
-            self.brokers[self.brokers.index(old)] = new
-            window = [p.addr for p in old.ring.window if p.addr != old.addr]
-            self.sim.invoke(new.addr, lambda c, o=old, w=window: c.ring.announce(o.ring.me, w))
-            news[new.addr] = (new, window)
-        waiting, until, seen = set(news), self.sim.now + 120, len(self.notices)
-        while waiting and self.sim.now < until:
-            self.sim.run(until=self.sim.now + 0.25)
-            for node, sub, _ in self.notices[seen:]:  # (not a notice of an earlier restart there)
-                if sub == ("ring", "buried") and node in waiting:
-                    waiting.discard(node)
-                    self.sim.invoke(node, lambda c, w=news[node][1]: c.join(w))
-        return [new for new, _ in news.values()]
-
-    def stream(self, pub: RingBroker, n: int) -> float:
-        """``pub`` publishes ``{"x": i % 3}`` as ``("p", i)``, 20 a second from now (returned)."""
-        start = self.sim.now
-        for i in range(n):
-            self.sim.invoke(
-                pub.addr, lambda c, i=i: c.publish({"x": i % 3}, event_id=("p", i)), at=start + i / 20
-            )
-        return start
 
 
 @pytest.mark.parametrize("grouped", [False, True])
@@ -234,8 +139,8 @@ def test_a_broken_link_to_a_live_neighbour_loses_nothing_and_keeps_the_order() -
     for i in range(n):
         w.sim.invoke(src.addr, lambda c, i=i: c.publish({"x": i}, event_id=("p", i)), at=start + i / 4)
     broken.src, broken.dst, broken.since, broken.until = src.addr, nb.addr, start + 5.0, start + 8.1
-    lost = getattr(src, "on_link_lost", lambda d, t: [])  # (without it: sent again one by one)
-    w.sim.invoke(src.addr, lambda c: lost(nb.addr, w.sim.now), at=start + 8.1)
+    link_lost = getattr(src, "on_link_lost", lambda d, t: [])  # (without it: sent again one by one)
+    w.sim.invoke(src.addr, lambda c: link_lost(nb.addr, w.sim.now), at=start + 8.1)
     w.sim.run(until=start + 300)
     seen = [eid[1] for eid in dict.fromkeys(eid for _, sub, eid in w.got if sub == "far")]
     assert sorted(seen) == list(range(n)) and seen == sorted(seen)
@@ -291,8 +196,8 @@ def test_a_subscription_announced_into_a_broken_link_is_announced_again() -> Non
     start = w.sim.now
     broken.src, broken.dst, broken.since, broken.until = home.addr, nb.addr, start, start + 10.0
     w.sim.invoke(home.addr, lambda c: c.subscribe("late", parse("x >= 0")), at=start + 1.0)
-    lost = getattr(home, "on_link_lost", lambda d, t: [])
-    w.sim.invoke(home.addr, lambda c: lost(nb.addr, w.sim.now), at=start + 3.0)
+    link_lost = getattr(home, "on_link_lost", lambda d, t: [])
+    w.sim.invoke(home.addr, lambda c: link_lost(nb.addr, w.sim.now), at=start + 3.0)
     for i in range(20):
         w.sim.invoke(far.addr, lambda c, i=i: c.publish({"x": i}, event_id=("p", i)), at=start + 40 + i)
     w.sim.run(until=start + 200)
@@ -1152,7 +1057,7 @@ def test_a_route_that_moves_after_two_restarts_keeps_every_publishers_order(seed
     of order at one subscription). What goes the new way now waits for the old way's
     confirmations (ring_moves)."""
     n = 1800
-    w, subs, _, start = _streaming(seed, flow=False, n=n)
+    w, subs, _, start = streaming(seed, flow=False, n=n)
     victims = [b for b in w.brokers if b.addr in (3, 2)]
     w.sim.run(until=start + 4)
     for v in victims:
@@ -1170,78 +1075,6 @@ def test_a_route_that_moves_after_two_restarts_keeps_every_publishers_order(seed
     assert sum(b.moves.moved_count for b in w.brokers) > 0 and not any(b.moves for b in w.brokers)
 
 
-def _streaming(
-    seed: int, *, flow: bool, n: int
-) -> tuple[World, dict[tuple[int, int], Any], list[int], float]:
-    """5 brokers in custody, two subscriptions each (``x = (broker + k) % 4``), and two
-    publishers (the first two brokers in ring order) set to publish ``n`` events at 50 a
-    second from now, the campaign's flow deployed and fed if ``flow``: the world, the
-    subscriptions, the publishers' brokers and the stream's start."""
-    w = World(5, seed=seed, ack_delay=0.5)
-    if flow:
-        deployment = Deployment.from_text(FLOW)
-        w.sim.invoke(0, lambda c: c.deploy(deployment, nonce=1)[1])
-        w.sim.run(until=w.sim.now + 60)
-    order = w.order()
-    subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
-    w.subscribe(subs)
-    w.got.clear()
-    pubs = [order[0].addr, order[1].addr]
-    start = w.sim.now
-    for i in range(n):
-        at = start + i / 50
-        w.sim.invoke(pubs[i % 2], lambda c, i=i: c.publish({"x": i % 4}, event_id=(f"p{i % 2}", i)), at=at)
-        if flow and i % 3 == 0:
-            ev = {**event_of(2, i + 1), SPACE: "trades"}
-            w.sim.invoke(pubs[0], lambda c, i=i, ev=ev: c.publish(ev, event_id=("fpub", i)), at=at + 0.001)
-    return w, subs, pubs, start
-
-
-def _restarts(seed: int, *, flow: bool, n: int = 2500) -> tuple[World, dict[tuple[int, int], Any], list[int]]:
-    """The simulator fuzzing's schedule ``seed``: 5 brokers in custody, two subscriptions
-    each, two publishers (the first two brokers in ring order) at 50 events a second, the
-    campaign's flow deployed and fed if ``flow``; from 4 s on, every 8 to 20 s, one broker
-    or two adjacent ones (neither publisher's) crash, for 1-4 s or 14-25 s, and come back
-    as new members (``World.restart_soon``). Run to quiet; the world, the subscriptions
-    and the publishers' brokers."""
-    rng, rate = random.Random(seed), 50
-    w, subs, pubs, start = _streaming(seed, flow=flow, n=n)
-    t, nonce = 4.0, 40
-    while t < n / rate - 10:
-        kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])
-        down = rng.uniform(1, 4) if "quick" in kind else rng.uniform(14, 25)
-        w.sim.run(until=start + t)
-        live = sorted((b for b in w.brokers if b.ring.joined and b.addr not in pubs), key=lambda b: b.ring.id)
-        i0 = rng.randrange(len(live))
-        picked = [live[i0], live[(i0 + 1) % len(live)]] if kind.startswith("pair") else [live[i0]]
-        victims = list({v.addr: v for v in picked}.values())
-        for v in victims:
-            w.sim.crash(v.addr)
-        w.sim.run(until=start + t + down)
-        nonce += 2
-        w.restart_soon(victims, nonce)
-        t = (w.sim.now - start) + rng.uniform(8, 20)
-    w.sim.run(until=start + n / rate + 400)
-    return w, subs, pubs
-
-
-def _out_of_order(w: World) -> int:
-    """Deliveries that came after a later one of the same publisher, per subscription."""
-    last: dict[tuple[Hashable, str], int] = {}
-    late = 0
-    for sub, (publisher, seq) in dict.fromkeys((sub, eid) for _, sub, eid in w.got):
-        if seq < last.get((sub, publisher), -1):
-            late += 1
-        last[(sub, publisher)] = max(seq, last.get((sub, publisher), -1))
-    return late
-
-
-def _lost(w: World, subs: dict[tuple[int, int], Any], n: int = 2500) -> int:
-    got = {(sub, eid) for _, sub, eid in w.got}
-    want = {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})}
-    return len(want - got)
-
-
 @pytest.mark.parametrize("flow", [False, True])
 def test_a_hand_over_relayed_round_a_ring_of_new_members_settles_and_keeps_its_ids(flow: bool) -> None:
     """The fuzzing's schedule 48: two adjacent brokers crash and come back at once as new
@@ -1256,7 +1089,7 @@ def test_a_hand_over_relayed_round_a_ring_of_new_members_settles_and_keeps_its_i
     settled it: it did not know the event any more, routed it on as new, and it went round
     a ring of three brokers whose records waited on each other for good; a finished publish
     is remembered now as a finished relay is (``Custodian.done``)."""
-    w, _, pubs = _restarts(48, flow=flow)
+    w, _, pubs, _ = restarts(48, flow=flow)
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
     assert all(not b.custodian.records for b in w.brokers)
     ids = {eid for _, _, eid in w.got}
@@ -1272,8 +1105,8 @@ def test_the_first_holder_of_a_dead_brokers_backup_two_joins_away_is_told() -> N
     subscriptions over (its own and those it had taken from the first two), and they got
     nothing more (975 events lost). A broker told of a death it knew of (in its window, or
     holding the dead one's backup) tells its other neighbour too."""
-    w, subs, pubs = _restarts(40, flow=False)
-    assert _lost(w, subs) == 0
+    w, subs, pubs, _ = restarts(40, flow=False)
+    assert lost(w, subs) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
@@ -1288,10 +1121,10 @@ def test_an_event_back_at_its_publishers_broker_while_under_way_is_confirmed_not
     waits (confirmed at once if that was all: confirmed whatever its routing, a copy that
     was what a neighbour kept for a dead broker was lost on brokers, 18,425 deliveries in a
     campaign run)."""
-    w, subs, pubs = _restarts(60, flow=flow)
+    w, subs, pubs, _ = restarts(60, flow=flow)
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
     assert all(not b.custodian.records for b in w.brokers)
-    assert _lost(w, subs) == 0
+    assert lost(w, subs) == 0
 
 
 def test_events_kept_from_a_broker_behind_on_the_tree_go_before_the_publishers_later_ones() -> None:
@@ -1302,9 +1135,9 @@ def test_events_kept_from_a_broker_behind_on_the_tree_go_before_the_publishers_l
     events came by the new member, and were delivered first (226 out of order at two
     subscriptions). Kept events that come before an event in its publisher's order are
     routed first now, as a former neighbour's."""
-    w, subs, _ = _restarts(71, flow=False)
-    assert _out_of_order(w) == 0
-    assert _lost(w, subs) == 0
+    w, subs, _, _ = restarts(71, flow=False)
+    assert out_of_order(w) == 0
+    assert lost(w, subs) == 0
 
 
 @pytest.mark.parametrize("seed", [77, 48])
@@ -1316,9 +1149,9 @@ def test_events_kept_for_a_dead_broker_reach_its_taker_on_the_other_side_of_the_
     the subscriptions taken over (10 and 653 events lost, 98 out of order). Kept events for
     a dead broker wait for its taker's word (at most 2 heartbeat rounds) and go to the taker
     too, handed over; a taker that declines them (its lease lapsed) is sent our Resume."""
-    w, subs, pubs = _restarts(seed, flow=False)
-    assert _lost(w, subs) == 0
-    assert _out_of_order(w) == 0
+    w, subs, pubs, _ = restarts(seed, flow=False)
+    assert lost(w, subs) == 0
+    assert out_of_order(w) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
@@ -1333,9 +1166,9 @@ def test_what_was_kept_for_a_dead_broker_reaches_the_taker_of_one_beyond_it() ->
     broker goes to the takers of the others found dead lately on its side too, once they
     are known; and the wait for them counts heartbeat rounds only (a neighbour's
     ``Resumed`` counted as one, and the wait ended half a second before the word came)."""
-    w, subs, pubs = _restarts(23, flow=True)
-    assert _lost(w, subs) == 0
-    assert _out_of_order(w) == 0
+    w, subs, pubs, _ = restarts(23, flow=True)
+    assert lost(w, subs) == 0
+    assert out_of_order(w) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
@@ -1348,9 +1181,9 @@ def test_events_flooded_to_a_neighbour_that_died_before_it_synced_us_reach_its_t
     never had the dead one's subscriptions, dropped and confirmed (54 and 17 events lost at
     each of two subscriptions). A dead neighbour that never synced us stays in the tree as
     a placeholder for a few rounds, and what is flooded its way is kept for its taker."""
-    w, subs, pubs = _restarts(seed, flow=True)
-    assert _lost(w, subs) == 0
-    assert _out_of_order(w) == 0
+    w, subs, pubs, _ = restarts(seed, flow=True)
+    assert lost(w, subs) == 0
+    assert out_of_order(w) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
@@ -1364,9 +1197,9 @@ def test_kept_for_a_dead_broker_taken_over_here_reaches_the_taker_of_the_one_bey
     ring, delivered by nobody (530 and 456 events lost). A dead broker taken over here is
     ours whether it had subscriptions or not: what is kept for it goes to the taker beyond
     handed over for the one that broker took."""
-    w, subs, pubs = _restarts(seed, flow=True)
-    assert _lost(w, subs) == 0
-    assert _out_of_order(w) == 0
+    w, subs, pubs, _ = restarts(seed, flow=True)
+    assert lost(w, subs) == 0
+    assert out_of_order(w) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
@@ -1376,7 +1209,7 @@ def test_an_event_kept_again_no_longer_holds_its_publishers_later_ones_as_under_
     they still counted as under way to it, and held the publisher's later kept events back
     until a process spoke from that address again, 20 s, while the newer ones went round to
     the taker (57 out of order). An event kept again is no longer under way."""
-    w, subs, pubs = _restarts(136, flow=True)
-    assert _out_of_order(w) == 0
-    assert _lost(w, subs) == 0
+    w, subs, pubs, _ = restarts(136, flow=True)
+    assert out_of_order(w) == 0
+    assert lost(w, subs) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)

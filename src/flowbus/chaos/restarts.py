@@ -1,0 +1,332 @@
+"""Random restart schedules in the simulator: the campaign's crash-and-rejoin faults on the
+ring's own cores, many schedules a minute, each replayable from its seed.
+
+The campaign (:mod:`flowbus.chaos.campaign`) strikes real brokers, a few minutes a run; a
+run's losses are traced by hand. The same protocol core (:class:`RingBroker` in custody,
+``local_ack``) runs here in the discrete-event simulator (:mod:`flowbus.sim`), where one
+schedule takes seconds and any schedule that goes wrong can be run again, event by event,
+from its seed.
+
+How it works: :class:`CustodyRing` is a ring of brokers in custody whose "clients" settle
+each delivery ``ack_delay`` later. :func:`streaming` sets up the workload of one schedule:
+5 brokers, two subscriptions each (``x = (broker + k) % 4``), two publishers (the first two
+brokers in ring order) publishing ``n`` events at 50 a second, and, with ``flow``, the
+campaign's flow deployed and fed. :func:`restarts` runs schedule ``seed``: from 4 s on,
+every 8 to 20 s, one broker or two adjacent ones (neither publisher's) crash for 1-4 s or
+14-25 s and come back as new members on their addresses (:meth:`CustodyRing.restart_soon`,
+as a broker process restarted on its data does); then it runs to quiet. :func:`judge` reads
+what happened: deliveries lost (filters evaluated offline), out of order (a delivery after
+a later one of the same publisher, per subscription), delivered to a subscription that did
+not ask (``wrong``), publishes never settled, brokers not joined, ring pointers that
+disagree. A schedule is *bad* when any of those is not zero. ``flowbus chaos sim`` runs
+:class:`RestartSchedules` (:func:`run_schedules`): one row per seed to ``rows.csv``, the
+document to ``result.json``, a plot to ``chaos-sim.png``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from functools import partial
+from operator import methodcaller
+from pathlib import Path
+from typing import Any, ClassVar
+
+from flowbus.chaos.workload import FLOW, event_of
+from flowbus.core import Effect
+from flowbus.errors import ExperimentError
+from flowbus.experiments.config import config_dict, integer
+from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result, pyplot, save
+from flowbus.experiments.ring_sim import ring_errors
+from flowbus.filters import Filter, parse
+from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.sim import CoordinateLatency, Simulator
+
+__all__ = [
+    "CustodyRing",
+    "RestartSchedules",
+    "judge",
+    "lost",
+    "out_of_order",
+    "restarts",
+    "run_schedules",
+    "streaming",
+]
+
+RATE = 50
+"""Events a second of the two publishers together."""
+
+Subs = dict[tuple[int, int], Filter]
+
+
+class CustodyRing:
+    """Ring brokers in custody mode; the 'clients' settle each delivery ``ack_delay`` later."""
+
+    def __init__(
+        self, n: int, seed: int, ack_delay: float = 3.0, grouped: bool = False, layers: tuple[Any, ...] = ()
+    ) -> None:
+        transport = [CoordinateLatency(0.5, 2.0), *layers]
+        self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
+        self.got: list[tuple[int, Hashable, Any]] = []
+        self.taken_at: dict[tuple[Hashable, Any], float] = {}  # (sub, event id) -> first delivery
+        self.notices: list[tuple[int, Hashable, Any]] = []
+        self.ack_delay = ack_delay
+        self.grouped = grouped
+        self.sim.on_deliver = self._delivered
+        self.brokers: list[RingBroker] = []
+        rng = random.Random(seed)
+        for a in range(n):
+            b = self._broker(a)
+            self.brokers.append(b)
+            self.sim.add_node(a, b)
+            picks = rng.sample(range(a), min(3, a))
+            self.sim.invoke(a, methodcaller("start") if a == 0 else methodcaller("join", picks))
+            self.sim.run(until=self.sim.now + 40)
+
+    def _broker(self, addr: int, nonce: int = 0) -> RingBroker:
+        return RingBroker(addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
+                          custody=True, local_ack=True, grouped=self.grouped, nonce=nonce)  # fmt: skip
+
+    def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
+        if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)
+            self.notices.append((node, sub, event))
+            return
+        self.got.append((node, sub, event[EVENT_ID]))
+        self.taken_at.setdefault((sub, event[EVENT_ID]), now)
+        self.sim.invoke(node, methodcaller("settle", sub, event[EVENT_ID]), at=now + self.ack_delay)
+
+    def order(self) -> list[RingBroker]:
+        return sorted(self.brokers, key=lambda b: b.ring.me.id)
+
+    def subscribe(self, subs: dict[tuple[int, int], Any]) -> None:
+        """Each ``(broker, k)`` subscribes with its filter at that broker; the tables settle."""
+        for s in subs:
+            self.sim.invoke(s[0], methodcaller("subscribe", s, subs[s]))
+        self.sim.run(until=self.sim.now + 60)
+
+    def restart(self, old: RingBroker, nonce: int, contact: int) -> RingBroker:
+        """A new broker on the crashed ``old`` one's address: it announces the member it was,
+        and joins the ring through ``contact`` 40 s later (as a broker process does)."""
+        new = self._broker(old.addr, nonce)
+        self.sim.restart(old.addr, new)
+        self.brokers[self.brokers.index(old)] = new
+        window = [p.addr for p in old.ring.window]
+        self.sim.invoke(new.addr, partial(_announce, old, window))
+        self.sim.run(until=self.sim.now + 40)
+        self.sim.invoke(new.addr, methodcaller("join", [contact]))
+        return new
+
+    def restart_soon(self, olds: list[RingBroker], nonce: int) -> list[RingBroker]:
+        """As :meth:`restart`, for each of ``olds`` at once, but each new broker joins as a
+        broker process does: as soon as a broker told of its restart answers that the old one
+        is dead (its ``buried`` notice), through the brokers it knew."""
+        news: dict[int, tuple[RingBroker, list[int]]] = {}
+        for i, old in enumerate(olds):
+            new = self._broker(old.addr, nonce + i)
+            self.sim.restart(old.addr, new)
+            self.brokers[self.brokers.index(old)] = new
+            window = [p.addr for p in old.ring.window if p.addr != old.addr]
+            self.sim.invoke(new.addr, partial(_announce, old, window))
+            news[new.addr] = (new, window)
+        waiting, until, seen = set(news), self.sim.now + 120, len(self.notices)
+        while waiting and self.sim.now < until:
+            self.sim.run(until=self.sim.now + 0.25)
+            for node, sub, _ in self.notices[seen:]:  # (not a notice of an earlier restart there)
+                if sub == ("ring", "buried") and node in waiting:
+                    waiting.discard(node)
+                    self.sim.invoke(node, methodcaller("join", news[node][1]))
+        return [new for new, _ in news.values()]
+
+    def stream(self, pub: RingBroker, n: int) -> float:
+        """``pub`` publishes ``{"x": i % 3}`` as ``("p", i)``, 20 a second from now (returned)."""
+        start = self.sim.now
+        for i in range(n):
+            self.sim.invoke(
+                pub.addr, methodcaller("publish", {"x": i % 3}, event_id=("p", i)), at=start + i / 20
+            )
+        return start
+
+
+def _ring_id(broker: RingBroker) -> int:
+    return broker.ring.me.id
+
+
+def _announce(old: RingBroker, window: list[int], new: RingBroker) -> list[Effect]:
+    return new.ring.announce(old.ring.me, window)
+
+
+def _deploy(deployment: Deployment, broker: RingBroker) -> list[Effect]:
+    return broker.deploy(deployment, nonce=1)[1]
+
+
+def streaming(seed: int, *, flow: bool, n: int) -> tuple[CustodyRing, Subs, list[int], float]:
+    """Schedule ``seed``'s workload, set to start now (see the module note): the ring, the
+    subscriptions, the publishers' brokers and the stream's start."""
+    w = CustodyRing(5, seed=seed, ack_delay=0.5)
+    if flow:
+        deployment = Deployment.from_text(FLOW)
+        w.sim.invoke(0, partial(_deploy, deployment))
+        w.sim.run(until=w.sim.now + 60)
+    order = w.order()
+    subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
+    w.subscribe(subs)
+    w.got.clear()
+    pubs = [order[0].addr, order[1].addr]
+    start = w.sim.now
+    for i in range(n):
+        at = start + i / RATE
+        event_id = (f"p{i % 2}", i)
+        w.sim.invoke(pubs[i % 2], methodcaller("publish", {"x": i % 4}, event_id=event_id), at=at)
+        if flow and i % 3 == 0:
+            ev = {**event_of(2, i + 1), SPACE: "trades"}
+            w.sim.invoke(pubs[0], methodcaller("publish", ev, event_id=("fpub", i)), at=at + 0.001)
+    return w, subs, pubs, start
+
+
+def restarts(seed: int, *, flow: bool, n: int = 2500) -> tuple[CustodyRing, Subs, list[int], int]:
+    """Schedule ``seed`` (see the module note), run to quiet: the ring, the subscriptions, the
+    publishers' brokers and the number of brokers crashed (and restarted)."""
+    rng = random.Random(seed)
+    w, subs, pubs, start = streaming(seed, flow=flow, n=n)
+    t, nonce, crashed = 4.0, 40, 0
+    while t < n / RATE - 10:
+        kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])
+        down = rng.uniform(1, 4) if "quick" in kind else rng.uniform(14, 25)
+        w.sim.run(until=start + t)
+        live = sorted((b for b in w.brokers if b.ring.joined and b.addr not in pubs), key=_ring_id)
+        i0 = rng.randrange(len(live))
+        picked = [live[i0], live[(i0 + 1) % len(live)]] if kind.startswith("pair") else [live[i0]]
+        victims = list({v.addr: v for v in picked}.values())
+        for v in victims:
+            w.sim.crash(v.addr)
+        crashed += len(victims)
+        w.sim.run(until=start + t + down)
+        nonce += 2
+        w.restart_soon(victims, nonce)
+        t = (w.sim.now - start) + rng.uniform(8, 20)
+    w.sim.run(until=start + n / RATE + 400)
+    return w, subs, pubs, crashed
+
+
+def _wanted(subs: Subs, n: int) -> set[tuple[Hashable, Any]]:
+    return {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})}
+
+
+def lost(w: CustodyRing, subs: Subs, n: int = 2500) -> int:
+    """Deliveries the filters ask for that never came."""
+    return len(_wanted(subs, n) - {(sub, eid) for _, sub, eid in w.got})
+
+
+def out_of_order(w: CustodyRing) -> int:
+    """Deliveries that came after a later one of the same publisher, per subscription."""
+    last: dict[tuple[Hashable, str], int] = {}
+    late = 0
+    for sub, (publisher, seq) in dict.fromkeys((sub, eid) for _, sub, eid in w.got):  # (first deliveries)
+        if seq < last.get((sub, publisher), -1):
+            late += 1
+        last[(sub, publisher)] = max(seq, last.get((sub, publisher), -1))
+    return late
+
+
+def judge(w: CustodyRing, subs: Subs, pubs: list[int], n: int) -> dict[str, int]:
+    """What schedule's run went wrong, counted (see the module note)."""
+    want = _wanted(subs, n)
+    firsts = Counter((sub, eid) for _, sub, eid in w.got if sub in subs)  # (not the flow's own)
+    rings = [b.ring for b in w.brokers]
+    return {
+        "expected": len(want),
+        "delivered": len(want & firsts.keys()),
+        "lost": len(want - firsts.keys()),
+        "wrong": len(firsts.keys() - want),
+        "out_of_order": out_of_order(w),
+        "redelivered": sum(c - 1 for c in firsts.values()),
+        "unsettled": sum(b.in_custody() for b in w.brokers if b.addr in pubs),
+        "not_joined": sum(not r.joined for r in rings),
+        "ring_errors": len(ring_errors(rings)) if all(r.joined for r in rings) else 0,
+    }
+
+
+BAD = ("lost", "wrong", "out_of_order", "unsettled", "not_joined", "ring_errors")
+"""The counts that make a schedule bad when not zero (``redelivered`` is allowed: a
+subscriber takes an event once by its id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartSchedules:
+    """Schedules ``seeds`` of :func:`restarts`, each with ``events`` events, the flow if ``flow``."""
+
+    NAME: ClassVar[str] = "chaos-sim"
+
+    seeds: tuple[int, ...] = tuple(range(260))
+    events: int = 2500
+    flow: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.seeds or any(type(s) is not int or s < 0 for s in self.seeds):
+            raise ExperimentError(f"chaos-sim: seeds must be ints >= 0, got {list(self.seeds)[:8]}")
+        integer("chaos-sim: events", self.events, 1500)
+        if type(self.flow) is not bool:
+            raise ExperimentError(f"chaos-sim: flow must be true or false, got {self.flow!r}")
+        object.__setattr__(self, "seeds", tuple(dict.fromkeys(self.seeds)))
+
+    @property
+    def experiment(self) -> str:
+        return self.NAME
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_dict(self)
+
+
+def run_schedules(
+    config: RestartSchedules,
+    *,
+    progress: ProgressFn | None = None,
+    say: Callable[[str], object] | None = None,
+) -> Result:
+    """One row per schedule (``say`` told of each); findings: the bad schedules and the totals."""
+    t0 = time.perf_counter()
+    rows = []
+    for k, seed in enumerate(config.seeds):
+        s0 = time.perf_counter()
+        w, subs, pubs, crashed = restarts(seed, flow=config.flow, n=config.events)
+        rows.append({"seed": seed, "crashed": crashed, **judge(w, subs, pubs, config.events),
+                     "seconds": round(time.perf_counter() - s0, 2)})  # fmt: skip
+        if progress is not None:
+            progress("restart schedules", k + 1, len(config.seeds))
+        if say is not None:
+            wrong = ", ".join(f"{rows[-1][key]} {key.replace('_', ' ')}" for key in BAD if rows[-1][key])
+            say(f"schedule {seed} ({k + 1}/{len(config.seeds)}, {crashed} crashes): {wrong or 'ok'}")
+    bad = [r["seed"] for r in rows if any(r[key] for key in BAD)]
+    totals = {
+        key: sum(r[key] for r in rows) for key in ("crashed", "expected", "lost", "out_of_order", *BAD[3:])
+    }
+    findings = {"bad": bad, "bad_count": len(bad), "schedules": len(rows), "totals": totals}
+    return Result(config, FILES, rows, findings=findings, timing={"wall_s": time.perf_counter() - t0})
+
+
+def plot_schedules(result: Result, png: Path) -> None:
+    """Lost and out-of-order deliveries per schedule (the bad ones named)."""
+    rows = result.rows
+    fig, ax = pyplot().subplots(figsize=(12, 4))
+    seeds = [r["seed"] for r in rows]
+    ax.bar(seeds, [r["lost"] for r in rows], width=0.9, label="lost", color="tab:red")
+    ax.bar(seeds, [r["out_of_order"] for r in rows], width=0.9, bottom=[r["lost"] for r in rows],
+           label="out of order", color="tab:orange")  # fmt: skip
+    for r in rows:
+        if any(r[key] for key in BAD):
+            ax.annotate(str(r["seed"]), (r["seed"], r["lost"] + r["out_of_order"]), ha="center", va="bottom")
+    ax.set_xlabel("schedule (seed)")
+    ax.set_ylabel("deliveries")
+    bad = result.findings["bad_count"]
+    ax.set_title(f"{len(rows)} restart schedules in the simulator: {bad} bad, "
+                 f"{result.findings['totals']['crashed']} crashes")  # fmt: skip
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    save(fig, png)
+
+
+FILES = OutputFiles((Csv("rows", "rows.csv"),), plot_schedules)

@@ -1,0 +1,65 @@
+"""``flowbus chaos sim``: random restart schedules of the ring's cores in the simulator."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flowbus.chaos.restarts import RestartSchedules, judge, restarts
+from flowbus.cli import app
+from flowbus.errors import ExperimentError
+
+runner = CliRunner()
+
+
+def test_a_schedule_is_replayed_exactly_from_its_seed() -> None:
+    """The same seed gives the same crashes and the same deliveries, one by one."""
+    one = restarts(3, flow=False, n=1500)
+    two = restarts(3, flow=False, n=1500)
+    assert one[3] == two[3] > 0
+    assert one[0].got == two[0].got
+
+
+def test_the_judge_counts_a_lost_and_a_misplaced_delivery() -> None:
+    w, subs, pubs, _ = restarts(3, flow=False, n=1500)
+    clean = judge(w, subs, pubs, 1500)
+    assert clean["lost"] == clean["wrong"] == clean["out_of_order"] == 0 < clean["delivered"]
+    node, sub, _ = next(g for g in w.got if g[2] == ("p1", 1))  # (x = 1)
+    w.got[:] = [g for g in w.got if g[1:] != (sub, ("p1", 1))]  # (never delivered to it)
+    w.got.append((node, sub, ("p0", 2)))  # (x = 2: not this subscription's)
+    w.got.append((node, sub, ("p1", 1)))  # (after later ones of p1)
+    hurt = judge(w, subs, pubs, 1500)
+    assert (hurt["lost"], hurt["wrong"], hurt["out_of_order"]) == (0, 1, 1)
+    w.got.pop()
+    assert judge(w, subs, pubs, 1500)["lost"] == 1
+
+
+def test_the_command_writes_its_rows_plot_and_document(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["chaos", "sim", "--seeds", "3,", "--events", "1500", "--no-flow",
+                                 "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["experiment"] == "chaos-sim" and doc["config"]["seeds"] == [3]
+    assert doc["bad"] == [] and doc["schedules"] == 1 and doc["totals"]["crashed"] > 0
+    with (tmp_path / "rows.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["seed"] == "3" and row["lost"] == "0" and int(row["expected"]) > 0
+    assert (tmp_path / "chaos-sim.png").stat().st_size > 0
+    assert json.loads((tmp_path / "result.json").read_text())["rows"] == doc["rows"]
+
+
+def test_bad_input_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    for args in (["--seeds", "x"], ["--events", "10"], ["--seeds", "3-1"]):
+        result = runner.invoke(app, ["chaos", "sim", *args, "--out", str(tmp_path / "o"), "--json"])
+        assert result.exit_code == 2 and "error" in result.stderr
+        assert result.stdout == ""
+    assert not (tmp_path / "o").exists()
+    try:
+        RestartSchedules(seeds=(-1,))
+    except ExperimentError as e:
+        assert "seeds" in str(e)
+    else:
+        raise AssertionError("a negative seed was taken")

@@ -110,6 +110,25 @@ def test_a_takeovers_drain_names_the_taker_of_what_is_kept_for_the_dead() -> Non
     assert repair.resend() == [Send(30, HandedOver(event, 20)), Send(40, cbr.Publish(event))]
 
 
+def test_what_is_kept_for_a_restarted_broker_that_died_again_waits_for_its_own_taker() -> None:
+    """The member at an address died, was taken over by the broker at 50, came back as a new
+    member and died again. What was kept for the new one was handed to the old one's taker,
+    which delivered it to nothing (it had taken only the old one's subscriptions) and
+    confirmed it; the events reached their subscribers 25 s later, another way, after
+    later ones of their publisher (a simulator schedule: 173 out of order). A dead address's
+    taker is the last member's there."""
+    old_taker, taker = SimpleNamespace(addr=50, id=5), SimpleNamespace(addr=30, id=3)
+    ring, router = _beyond_a_death({7, 8}, {7: old_taker})
+    repair = Repair(ring, router, Custodian())  # type: ignore[arg-type]
+    repair.known = {7: 20, 3: 30, 4: 40, 8: 20}  # (ids 7, then 8, at address 20)
+    repair.found_dead([20])
+    event = {"x": 5, EVENT_ID: ("p", 1)}
+    repair.keep(event, 20, 1, None)
+    assert repair.resend() == []  # (not the old one's taker: the word of the new one's waited for)
+    ring.taken_by[8] = taker
+    assert repair.resend() == [Send(30, HandedOver(event, 20)), Send(40, cbr.Publish(event))]
+
+
 def test_what_is_kept_for_a_dead_broker_goes_to_the_takers_of_the_others_found_dead_on_its_side() -> None:
     """Two adjacent brokers died; we kept events for the near one. A subscription the far one
     had taken over is at the far one's taker now, maybe on our other side, where no table

@@ -327,10 +327,15 @@ class Repair:
         its ring id (one dead for a while is out of the window); 0 if unknown."""
         return self.ring.side_of_addr(addr) or self.side_by_id(addr)
 
+    def ids_at(self, addr: int) -> list[int]:
+        """The ring ids of the members we linked to at ``addr``, the last one first (a broker
+        restarted on its address comes back under a new id, and ids are never given twice)."""
+        return [i for i, a in reversed(self.known.items()) if a == addr]
+
     def side_by_id(self, addr: int) -> int:
         """The side a broker we linked to is on by its ring id (the tree is the ring cut at the
         wrap: a smaller id is to our left), 0 if unknown."""
-        old = next((i for i, a in self.known.items() if a == addr), None)
+        old = next(iter(self.ids_at(addr)), None)
         if old is None or not self.ring.joined or old == self.ring.me.id:
             return 0
         return -1 if old < self.ring.me.id else 1
@@ -490,9 +495,12 @@ class Repair:
         """Who took over the dead broker at address ``dead``, if the taker told us (a broker
         that answered a query about it may have named itself; or its takeover's barrier asks
         us, ``Drain``: only the taker asks, and a broker that is not the dead one's ring
-        neighbour gets no ``Redirect``) and is not found dead since."""
-        ids = sorted((i for i in self.ring.dead if self.known.get(i) == dead), reverse=True)
-        taker = next((self.ring.taken_by[i] for i in ids if i in self.ring.taken_by), None)
+        neighbour gets no ``Redirect``) and is not found dead since. The member is the last
+        one known at the address: the taker of one that died there before it, a restart
+        earlier, took the events kept for it and delivered none (they matched no subscription
+        it had taken from the earlier one; 173 out of order in a simulator schedule)."""
+        last = next((i for i in self.ids_at(dead) if i in self.ring.dead), None)
+        taker = self.ring.taken_by.get(last) if last is not None else None
         if taker is None and self.barriers is not None:
             askers = self.barriers.asked.get(dead, ())
             if len(askers) == 1:

@@ -180,3 +180,24 @@ def test_a_ring_under_churn_stays_one_consistent_ring(seed: int) -> None:
         r.settle(20 * HB)
         live = [nd for nd in r.live if nd.joined]
         assert len(live) == 5 and ring_errors(live) == []
+
+
+def test_a_broker_whose_two_neighbours_die_at_once_serves_on_with_new_ones_it_had_before() -> None:
+    """Both ring neighbours of a broker crashed at once; the brokers beyond them had been its
+    neighbours earlier (their last echo long past). It stopped serving the moment they were
+    its neighbours again, until their next echo, its clients sent away meanwhile (a
+    campaign run: 1,528 deliveries lost). A new neighbour's lease runs from when it became
+    one."""
+    r = ring(6)
+    order = r.by_id()
+    b = order[2]
+    for far in (order[0], order[4]):
+        b.detector.echo(far.me.id, r.sim.now - 20 * HB)  # (neighbours once, long ago)
+    r.sim.crash(order[1].addr)
+    r.sim.crash(order[3].addr)
+    start, served = r.sim.now, []
+    while r.sim.now < start + 10 * HB:
+        r.sim.run(until=r.sim.now + 0.25)
+        served.append(serving(r, b))
+    assert {b.left.addr, b.right.addr} == {order[0].addr, order[4].addr}  # type: ignore[union-attr]
+    assert all(served)

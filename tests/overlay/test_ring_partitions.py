@@ -188,7 +188,9 @@ def test_a_broker_whose_two_neighbours_die_at_once_serves_on_with_new_ones_it_ha
     its neighbours again, until their next echo, its clients sent away meanwhile (a
     campaign run: 1,528 deliveries lost). A new neighbour's lease runs from when it became
     one."""
-    r = ring(6)
+    r = RingSim(seed=1, backup=2, heartbeat=HB, notice=0.5)  # (a refused connection: told at once)
+    r.grow(6)
+    r.settle(100.0)
     order = r.by_id()
     b = order[2]
     for far in (order[0], order[4]):

@@ -447,17 +447,24 @@ class RingNode(Core):
             return False
         if self.lease is None:
             return True
-        near = {p.id for p in (self.left, self.right) if p is not None and p.id != self.id}
+        near = self._note_neighbours(now)
         if not near:
             return True
-        since, d = now - self.lease, self.detector
-        for i in near - self._near:  # (a new neighbour: its lease runs from now, as it saw us
-            # just now; one that had been a neighbour before too: by its old echo, a broker
-            # whose two neighbours died at once stopped serving the moment it had new ones,
-            # its clients sent away: 1,528 deliveries lost in a campaign run)
-            d.echo(i, now)
+        since = now - self.lease
+        return any(self.detector.echoed(i) >= since for i in near)
+
+    def _note_neighbours(self, now: float) -> set[int]:
+        """The ring neighbours' ids, noted after every message and timer: a new one's lease
+        runs from when it became one, as it saw us just then. Also when it had been a
+        neighbour before: by its old echo, a broker whose two neighbours died at once
+        stopped serving the moment it had new ones, its clients sent away (1,528 deliveries
+        lost in a campaign run). Noted only when asked whether we serve, a broker that read
+        nothing for longer than its lease took its neighbours for new ones and served on."""
+        near = {p.id for p in (self.left, self.right) if p is not None and p.id != self.id}
+        for i in near - self._near:
+            self.detector.echo(i, now)
         self._near = near
-        return any(d.echoed(i) >= since for i in near)
+        return near
 
     def refresh_chords(self) -> list[Effect]:
         """(Re)build the chords by pointer doubling from Rightright."""
@@ -508,7 +515,9 @@ class RingNode(Core):
             return []  # (found dead: we are not a member any more, whatever comes)
         if self.id is None and type(msg) not in _BEFORE_JOINING:
             return self.met(src)  # (meant for a member: maybe the one we were before a restart)
-        return handler(self, src, msg, now)
+        out = handler(self, src, msg, now)
+        self._note_neighbours(now)
+        return out
 
     def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
         """``dst``'s process is gone (a refused connection): a proof, for the detector's
@@ -530,7 +539,9 @@ class RingNode(Core):
             case ("ring", "announce"):
                 return [] if self.buried is not None or self.previous is None else self._announce()
             case ("ring", "heartbeat"):
-                return self._heartbeat_round(now)
+                out = self._heartbeat_round(now)
+                self._note_neighbours(now)
+                return out
             case ("ring", "backup"):
                 self.backups.timer_went_off()
                 return self._send_backups(force=True)

@@ -1213,3 +1213,16 @@ def test_an_event_kept_again_no_longer_holds_its_publishers_later_ones_as_under_
     assert out_of_order(w) == 0
     assert lost(w, subs) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+
+
+def test_what_is_kept_for_a_broker_restarted_and_dead_again_goes_to_its_own_taker() -> None:
+    """The fuzzing's schedule 184: two brokers die and come back as new members; one of
+    them dies again with another. What its neighbour kept for it went to the taker of its
+    first death, read from the first dead id at its address, which delivered it to none of
+    the subscriptions it had taken (they were the first one's) and confirmed it; the events
+    reached their subscribers 25 s later, round the other way, after later ones (173 out of
+    order). A dead address's taker is the last member's there."""
+    w, subs, pubs, _ = restarts(184, flow=True)
+    assert out_of_order(w) == 0
+    assert lost(w, subs) == 0
+    assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from flowbus.chaos.restarts import RestartSchedules, judge, restarts
+from flowbus.chaos.restarts import RestartSchedules, judge, restarts, run_schedules
 from flowbus.cli import app
 from flowbus.errors import ExperimentError
 
@@ -63,3 +63,14 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path: Path) -> None:
         assert "seeds" in str(e)
     else:
         raise AssertionError("a negative seed was taken")
+
+
+def test_schedules_run_side_by_side_give_the_same_rows_in_the_order_of_the_seeds() -> None:
+    config = RestartSchedules(seeds=(5, 3), events=1500, flow=False)
+    told: list[str] = []
+    one = run_schedules(config)
+    two = run_schedules(config, jobs=2, say=told.append)
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in one.rows]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in two.rows] == strip
+    assert [r["seed"] for r in two.rows] == [5, 3] and len(told) == 2
+    assert one.findings == two.findings

@@ -235,7 +235,7 @@ def out_of_order(w: CustodyRing) -> int:
 
 
 def judge(w: CustodyRing, subs: Subs, pubs: list[int], n: int) -> dict[str, int]:
-    """What schedule's run went wrong, counted (see the module note)."""
+    """What went wrong in a schedule's run, counted (see the module note)."""
     want = _wanted(subs, n)
     firsts = Counter((sub, eid) for _, sub, eid in w.got if sub in subs)  # (not the flow's own)
     rings = [b.ring for b in w.brokers]

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from flowbus.chaos.restarts import RestartSchedules, judge, restarts, run_schedules
+from flowbus.chaos.restarts import BAD, RestartSchedules, judge, restarts, run_schedules
 from flowbus.cli import app
 from flowbus.errors import ExperimentError
+from flowbus.routing.ring_custody import EVENT_ID
 
 runner = CliRunner()
 
@@ -74,3 +75,45 @@ def test_schedules_run_side_by_side_give_the_same_rows_in_the_order_of_the_seeds
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in two.rows] == strip
     assert [r["seed"] for r in two.rows] == [5, 3] and len(told) == 2
     assert one.findings == two.findings
+
+
+def test_bad_timers_are_refused() -> None:
+    try:
+        RestartSchedules(timers="fast")
+    except ExperimentError as e:
+        assert "timers" in str(e) and "broker" in str(e)
+    else:
+        raise AssertionError("unknown timers were taken")
+    result = runner.invoke(app, ["chaos", "sim", "--timers", "fast", "--seeds", "1", "--json"])
+    assert result.exit_code == 2 and "timers" in result.stderr and result.stdout == ""
+
+
+def test_the_judge_counts_a_delivery_no_client_subscription_takes() -> None:
+    """A delivery to a flow's partition that reaches the driver is never settled there."""
+    w, subs, pubs, _ = restarts(3, flow=False, n=1500)
+    w._delivered(0, ("part", "chaos", (0, 1), "g0", 7), {EVENT_ID: ("p0", 4)}, w.sim.now)
+    row = judge(w, subs, pubs, 1500)
+    assert row["unserved"] == 1 and row["lost"] == 0
+
+
+def test_a_delegated_delivery_whose_home_died_is_made_by_its_holder() -> None:
+    """On the brokers' clocks, schedule 16: a broker holds a subscription taken over from one
+    that died (its entry still names that broker's address as its home); a new broker there
+    dies with 2 others' crash, while a Delegated of an event to it is on its way. Released as
+    'gone with its sessions', handed over round the ring as a kept event to nobody serving it,
+    it was lost (1 delivery): the holder makes it, once the home is found dead."""
+    w, subs, pubs, crashed = restarts(16, flow=True, n=6000, timers="broker")
+    row = judge(w, subs, pubs, 6000)
+    assert crashed == 8 and row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+def test_kept_events_delivered_to_a_partition_taken_over_are_folded_not_sent_to_the_driver() -> None:
+    """On the brokers' clocks, schedule 1: events kept for a dead neighbour not replaced yet
+    are delivered to what was taken over from it, a flow's partitions among them; read after
+    the flow side, they went to the driver as plain deliveries (66 in this schedule), which
+    never settles them: their publishes were never acknowledged."""
+    w, subs, pubs, _ = restarts(1, flow=True, n=6000, timers="broker")
+    row = judge(w, subs, pubs, 6000)
+    assert row["unserved"] == 0 and row["unsettled"] == 0
+    assert row["delivered"] == row["expected"] > 0

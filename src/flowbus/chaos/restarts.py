@@ -17,8 +17,11 @@ every 8 to 20 s, one broker or two adjacent ones (neither publisher's) crash for
 as a broker process restarted on its data does); then it runs to quiet. :func:`judge` reads
 what happened: deliveries lost (filters evaluated offline), out of order (a delivery after
 a later one of the same publisher, per subscription), delivered to a subscription that did
-not ask (``wrong``), publishes never settled, brokers not joined, ring pointers that
-disagree. A schedule is *bad* when any of those is not zero. ``flowbus chaos sim`` runs
+not ask (``wrong``), publishes never settled, deliveries to anything but a client's
+subscription (``unserved``: a broker's queues never settle those, so their publishes are never
+acknowledged), brokers not joined, ring pointers that disagree. A schedule is *bad* when any
+of those is not zero. A schedule runs on one of two clocks (:data:`TIMERS`): slow links and
+slow failure detection (``sim``), or the broker network's own (``broker``). ``flowbus chaos sim`` runs
 :class:`RestartSchedules` (:func:`run_schedules`, in ``--jobs`` processes side by side: the
 same rows): one row per seed to ``rows.csv``, the document to ``result.json``, a plot to
 ``chaos-sim.png``.
@@ -49,8 +52,10 @@ from flowbus.routing.ring_broker import EVENT_ID, RingBroker
 from flowbus.sim import CoordinateLatency, Simulator
 
 __all__ = [
+    "TIMERS",
     "CustodyRing",
     "RestartSchedules",
+    "Timers",
     "judge",
     "lost",
     "out_of_order",
@@ -62,6 +67,31 @@ __all__ = [
 RATE = 50
 """Events a second of the two publishers together."""
 
+
+@dataclass(frozen=True, slots=True)
+class Timers:
+    """A schedule's clocks: the brokers' heartbeat and probe timeouts, the links' latency
+    (``base + distance * scale`` seconds, :class:`~flowbus.sim.CoordinateLatency`), how soon a
+    send to a dead broker is reported failed, and how long a client takes to settle."""
+
+    heartbeat: float
+    probe: float
+    base: float
+    scale: float
+    failure_notice: float
+    ack_delay: float
+
+
+TIMERS = {
+    "sim": Timers(heartbeat=5.0, probe=10.0, base=0.5, scale=2.0, failure_notice=8.0, ack_delay=0.5),
+    "broker": Timers(heartbeat=1.0, probe=2.0, base=0.001, scale=0.004, failure_notice=0.01, ack_delay=0.02),
+}
+"""``sim``: slow links (0.5-2.5 s) and slow failure detection, where many events are under
+way at each crash. ``broker``: the broker network's own clocks (1 s heartbeats, probes of
+2 s, links of a few ms, a refused connection reported at once), where a crash is found in
+milliseconds and the ring repaired while the events sent into it are still coming back; it
+found a loss the other did not (a ``Delegated`` to a dead home, :meth:`RingBroker._bury`)."""
+
 Subs = dict[tuple[int, int], Filter]
 
 
@@ -69,13 +99,22 @@ class CustodyRing:
     """Ring brokers in custody mode; the 'clients' settle each delivery ``ack_delay`` later."""
 
     def __init__(
-        self, n: int, seed: int, ack_delay: float = 3.0, grouped: bool = False, layers: tuple[Any, ...] = ()
+        self,
+        n: int,
+        seed: int,
+        ack_delay: float = 3.0,
+        grouped: bool = False,
+        layers: tuple[Any, ...] = (),
+        timers: Timers = TIMERS["sim"],
     ) -> None:
-        transport = [CoordinateLatency(0.5, 2.0), *layers]
-        self.sim = Simulator(seed=seed, transport=transport, failure_notice=8.0)
+        self.timers = timers
+        transport = [CoordinateLatency(timers.base, timers.scale), *layers]
+        self.sim = Simulator(seed=seed, transport=transport, failure_notice=timers.failure_notice)
         self.got: list[tuple[int, Hashable, Any]] = []
         self.taken_at: dict[tuple[Hashable, Any], float] = {}  # (sub, event id) -> first delivery
         self.notices: list[tuple[int, Hashable, Any]] = []
+        self.clients: set[Hashable] = set()  # the clients' subscriptions (see _delivered)
+        self.unserved: list[tuple[int, Hashable, Any]] = []  # deliveries to anything else
         self.ack_delay = ack_delay
         self.grouped = grouped
         self.sim.on_deliver = self._delivered
@@ -87,16 +126,20 @@ class CustodyRing:
             self.sim.add_node(a, b)
             picks = rng.sample(range(a), min(3, a))
             self.sim.invoke(a, methodcaller("start") if a == 0 else methodcaller("join", picks))
-            self.sim.run(until=self.sim.now + 40)
+            self.sim.run(until=self.sim.now + 8 * timers.heartbeat)
 
     def _broker(self, addr: int, nonce: int = 0) -> RingBroker:
-        return RingBroker(addr, backup=2, heartbeat=5.0, probe_timeout=10.0, ping_timeout=10.0,
+        t = self.timers
+        return RingBroker(addr, backup=2, heartbeat=t.heartbeat, probe_timeout=t.probe, ping_timeout=t.probe,
                           custody=True, local_ack=True, grouped=self.grouped, nonce=nonce)  # fmt: skip
 
     def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
         if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)
             self.notices.append((node, sub, event))
             return
+        if self.clients and sub not in self.clients:  # (a broker's queues serve its clients'
+            self.unserved.append((node, sub, event[EVENT_ID]))  # subscriptions only: a delivery
+            return  # to anything else, a flow's partition say, is never settled there)
         self.got.append((node, sub, event[EVENT_ID]))
         self.taken_at.setdefault((sub, event[EVENT_ID]), now)
         self.sim.invoke(node, methodcaller("settle", sub, event[EVENT_ID]), at=now + self.ack_delay)
@@ -106,6 +149,7 @@ class CustodyRing:
 
     def subscribe(self, subs: dict[tuple[int, int], Any]) -> None:
         """Each ``(broker, k)`` subscribes with its filter at that broker; the tables settle."""
+        self.clients.update(subs)
         for s in subs:
             self.sim.invoke(s[0], methodcaller("subscribe", s, subs[s]))
         self.sim.run(until=self.sim.now + 60)
@@ -165,10 +209,13 @@ def _deploy(deployment: Deployment, broker: RingBroker) -> list[Effect]:
     return broker.deploy(deployment, nonce=1)[1]
 
 
-def streaming(seed: int, *, flow: bool, n: int) -> tuple[CustodyRing, Subs, list[int], float]:
+def streaming(
+    seed: int, *, flow: bool, n: int, timers: str = "sim"
+) -> tuple[CustodyRing, Subs, list[int], float]:
     """Schedule ``seed``'s workload, set to start now (see the module note): the ring, the
-    subscriptions, the publishers' brokers and the stream's start."""
-    w = CustodyRing(5, seed=seed, ack_delay=0.5)
+    subscriptions, the publishers' brokers and the stream's start (``timers``: see :data:`TIMERS`)."""
+    clocks = TIMERS[timers]
+    w = CustodyRing(5, seed=seed, ack_delay=clocks.ack_delay, grouped=timers == "broker", timers=clocks)
     if flow:
         deployment = Deployment.from_text(FLOW)
         w.sim.invoke(0, partial(_deploy, deployment))
@@ -189,11 +236,13 @@ def streaming(seed: int, *, flow: bool, n: int) -> tuple[CustodyRing, Subs, list
     return w, subs, pubs, start
 
 
-def restarts(seed: int, *, flow: bool, n: int = 2500) -> tuple[CustodyRing, Subs, list[int], int]:
+def restarts(
+    seed: int, *, flow: bool, n: int = 2500, timers: str = "sim"
+) -> tuple[CustodyRing, Subs, list[int], int]:
     """Schedule ``seed`` (see the module note), run to quiet: the ring, the subscriptions, the
     publishers' brokers and the number of brokers crashed (and restarted)."""
     rng = random.Random(seed)
-    w, subs, pubs, start = streaming(seed, flow=flow, n=n)
+    w, subs, pubs, start = streaming(seed, flow=flow, n=n, timers=timers)
     t, nonce, crashed = 4.0, 40, 0
     while t < n / RATE - 10:
         kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])
@@ -247,25 +296,28 @@ def judge(w: CustodyRing, subs: Subs, pubs: list[int], n: int) -> dict[str, int]
         "out_of_order": out_of_order(w),
         "redelivered": sum(c - 1 for c in firsts.values()),
         "unsettled": sum(b.in_custody() for b in w.brokers if b.addr in pubs),
+        "unserved": len(w.unserved),
         "not_joined": sum(not r.joined for r in rings),
         "ring_errors": len(ring_errors(rings)) if all(r.joined for r in rings) else 0,
     }
 
 
-BAD = ("lost", "wrong", "out_of_order", "unsettled", "not_joined", "ring_errors")
+BAD = ("lost", "wrong", "out_of_order", "unsettled", "unserved", "not_joined", "ring_errors")
 """The counts that make a schedule bad when not zero (``redelivered`` is allowed: a
 subscriber takes an event once by its id)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RestartSchedules:
-    """Schedules ``seeds`` of :func:`restarts`, each with ``events`` events, the flow if ``flow``."""
+    """Schedules ``seeds`` of :func:`restarts`, each with ``events`` events, the flow if
+    ``flow``, on the clocks ``timers`` (a key of :data:`TIMERS`)."""
 
     NAME: ClassVar[str] = "chaos-sim"
 
     seeds: tuple[int, ...] = tuple(range(260))
     events: int = 2500
     flow: bool = True
+    timers: str = "sim"
 
     def __post_init__(self) -> None:
         if not self.seeds or any(type(s) is not int or s < 0 for s in self.seeds):
@@ -273,6 +325,9 @@ class RestartSchedules:
         integer("chaos-sim: events", self.events, 1500)
         if type(self.flow) is not bool:
             raise ExperimentError(f"chaos-sim: flow must be true or false, got {self.flow!r}")
+        if self.timers not in TIMERS:
+            known = ", ".join(TIMERS)
+            raise ExperimentError(f"chaos-sim: timers must be one of {known}, got {self.timers!r}")
         object.__setattr__(self, "seeds", tuple(dict.fromkeys(self.seeds)))
 
     @property
@@ -283,10 +338,10 @@ class RestartSchedules:
         return config_dict(self)
 
 
-def schedule_row(seed: int, *, flow: bool, events: int) -> dict[str, Any]:
+def schedule_row(seed: int, *, flow: bool, events: int, timers: str = "sim") -> dict[str, Any]:
     """Schedule ``seed`` run and judged: its row."""
     s0 = time.perf_counter()
-    w, subs, pubs, crashed = restarts(seed, flow=flow, n=events)
+    w, subs, pubs, crashed = restarts(seed, flow=flow, n=events, timers=timers)
     row = {"seed": seed, "crashed": crashed, **judge(w, subs, pubs, events)}
     return {**row, "seconds": round(time.perf_counter() - s0, 2)}
 
@@ -302,7 +357,7 @@ def run_schedules(
     ``jobs`` > 1 that many processes run them, the rows the same); findings: the bad
     schedules and the totals."""
     t0 = time.perf_counter()
-    run = partial(schedule_row, flow=config.flow, events=config.events)
+    run = partial(schedule_row, flow=config.flow, events=config.events, timers=config.timers)
     done: dict[int, dict[str, Any]] = {}
 
     def took(row: dict[str, Any]) -> None:

@@ -125,6 +125,9 @@ def sim(
     seeds: Annotated[str, typer.Option(help="Schedules: N (1..N), A-B or a list like 3,5,8.")] = "0-259",
     events: Annotated[int, typer.Option(help="Events published in each schedule, 50 a second.")] = 2500,
     flow: Annotated[bool, typer.Option(help="Deploy the campaign's flow and feed it.")] = True,
+    timers: Annotated[
+        str, typer.Option(help="Clocks: sim (slow links and detection) or broker (the brokers' own).")
+    ] = "sim",
     jobs: Annotated[int, typer.Option(min=1, help="Processes running schedules side by side.")] = 1,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Directory of rows.csv, result.json and the plot.")
@@ -139,7 +142,7 @@ def sim(
     from flowbus.experiments.output import document, write_outputs
 
     try:
-        config = RestartSchedules(seeds=parse_seeds(seeds), events=events, flow=flow)
+        config = RestartSchedules(seeds=parse_seeds(seeds), events=events, flow=flow, timers=timers)
         result = run_schedules(config, say=lambda text: err.print(f"[dim]chaos sim[/] {text}"), jobs=jobs)
         outputs = write_outputs(result, out_dir)
     except FlowbusError as e:

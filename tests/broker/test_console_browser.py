@@ -12,6 +12,7 @@ tests/broker/test_console_browser.py`` writes them where the README shows them."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -115,7 +116,12 @@ def ring3(tmp_path_factory: pytest.TempPathFactory, _matching_compiled: None) ->
            "--flow", str(STOCKS), "--http", "127.0.0.1:0"]  # fmt: skip
     with log.open("w") as stderr:
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "COLUMNS": "200"}
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+            start_new_session=True,  # (its brokers in its process group: all stopped below)
         )
     try:
         with ThreadPoolExecutor(1) as pool:
@@ -132,11 +138,11 @@ def ring3(tmp_path_factory: pytest.TempPathFactory, _matching_compiled: None) ->
         assert traffic.error is None, traffic.error
     finally:
         proc.send_signal(signal.SIGINT)  # (cluster up stops its brokers)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        with contextlib.suppress(ProcessLookupError):  # (brokers left behind if it timed out)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
         print(log.read_text(errors="replace")[-5000:])
 
 

@@ -3,7 +3,9 @@ their errors for bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -92,6 +94,7 @@ def test_cluster_up_and_ctrl_c() -> None:
         [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--http", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # (its brokers in its process group: all stopped below, whatever happens)
     )
     try:
         assert proc.stdout is not None
@@ -106,5 +109,6 @@ def test_cluster_up_and_ctrl_c() -> None:
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(("127.0.0.1", p), timeout=5).close()
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # (brokers left behind if it timed out)
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

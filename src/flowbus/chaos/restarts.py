@@ -395,22 +395,34 @@ def run_schedules(
 
 
 def plot_schedules(result: Result, png: Path) -> None:
-    """Lost and out-of-order deliveries per schedule (the bad ones named)."""
+    """Lost and out-of-order deliveries per schedule (the bad ones named), over the crashes
+    each schedule made (grey, right axis)."""
     rows = result.rows
     fig, ax = pyplot().subplots(figsize=(12, 4))
     seeds = [r["seed"] for r in rows]
+    crashes = ax.twinx()
+    crashes.plot(seeds, [r["crashed"] for r in rows], ".", color="0.6", label="brokers crashed")
+    crashes.set_ylabel("brokers crashed", color="0.4")
+    crashes.set_ylim(bottom=0)
+    ax.set_zorder(crashes.get_zorder() + 1)  # (the bars over the dots)
+    ax.patch.set_visible(False)
     ax.bar(seeds, [r["lost"] for r in rows], width=0.9, label="lost", color="tab:red")
     ax.bar(seeds, [r["out_of_order"] for r in rows], width=0.9, bottom=[r["lost"] for r in rows],
            label="out of order", color="tab:orange")  # fmt: skip
     for r in rows:
         if any(r[key] for key in BAD):
             ax.annotate(str(r["seed"]), (r["seed"], r["lost"] + r["out_of_order"]), ha="center", va="bottom")
+    ax.set_ylim(bottom=0, top=None if any(r["lost"] + r["out_of_order"] for r in rows) else 1)
+    ax.yaxis.get_major_locator().set_params(integer=True)  # (deliveries: whole numbers)
     ax.set_xlabel("schedule (seed)")
-    ax.set_ylabel("deliveries")
+    ax.set_ylabel("deliveries lost or out of order")
     bad = result.findings["bad_count"]
-    ax.set_title(f"{len(rows)} restart schedules in the simulator: {bad} bad, "
+    clocks = getattr(result.config, "timers", "sim")
+    ax.set_title(f"{len(rows)} restart schedules in the simulator ({clocks} clocks): {bad} bad, "
                  f"{result.findings['totals']['crashed']} crashes")  # fmt: skip
-    ax.legend()
+    handles = ax.get_legend_handles_labels()
+    more = crashes.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="upper right")
     ax.grid(alpha=0.3, axis="y")
     save(fig, png)
 

@@ -14,9 +14,9 @@ brokers in ring order) publishing ``n`` events at 50 a second, and, with ``flow`
 campaign's flow deployed and fed. :func:`restarts` runs schedule ``seed``: from 4 s on,
 every 8 to 20 s, one broker or two adjacent ones (neither publisher's) crash for 1-4 s or
 14-25 s and come back as new members on their addresses (:meth:`CustodyRing.restart_soon`,
-as a broker process restarted on its data does); on the brokers' clocks a third of the
-single ones are stopped instead (``SIGTERM``: the others hear of its closed connections at
-once, ``on_link_lost``); then it runs to quiet. :func:`judge` reads
+as a broker process restarted on its data does); on the brokers' clocks the others hear
+of a crashed one's closed connections at once (``on_link_lost``: a process killed or
+stopped, its sockets close with it); then it runs to quiet. :func:`judge` reads
 what happened: deliveries lost (filters evaluated offline), out of order (a delivery after
 a later one of the same publisher, per subscription), delivered to a subscription that did
 not ask (``wrong``), publishes never settled, deliveries to anything but a client's
@@ -244,8 +244,7 @@ def restarts(
     """Schedule ``seed`` (see the module note), run to quiet: the ring, the subscriptions, the
     publishers' brokers and the number of brokers crashed (and restarted)."""
     rng = random.Random(seed)
-    stops = random.Random(seed * 7919 + 1) if timers == "broker" else None  # (its own draws:
-    # the crashes of a seed stay those of the schedule without stops)
+    closes = timers == "broker"  # (see the module note)
     w, subs, pubs, start = streaming(seed, flow=flow, n=n, timers=timers)
     t, nonce, crashed = 4.0, 40, 0
     while t < n / RATE - 10:
@@ -256,13 +255,13 @@ def restarts(
         i0 = rng.randrange(len(live))
         picked = [live[i0], live[(i0 + 1) % len(live)]] if kind.startswith("pair") else [live[i0]]
         victims = list({v.addr: v for v in picked}.values())
-        stop = stops is not None and len(victims) == 1 and stops.random() < 1 / 3
         for v in victims:
             w.sim.crash(v.addr)
-            if stop:  # (SIGTERM, the campaign's rolling restart: its connections close, and
-                for b in w.brokers:  # each broker that linked to it hears so at once)
-                    if b.addr != v.addr and b.ring.joined:
-                        w.sim.invoke(b.addr, methodcaller("on_link_lost", v.addr, w.sim.now))
+        gone = {v.addr for v in victims}
+        for v in victims if closes else ():  # (its connections close with it, and each broker
+            for b in w.brokers:  # that linked to it hears so at once)
+                if b.addr not in gone and b.ring.joined:
+                    w.sim.invoke(b.addr, methodcaller("on_link_lost", v.addr, w.sim.now))
         crashed += len(victims)
         w.sim.run(until=start + t + down)
         nonce += 2

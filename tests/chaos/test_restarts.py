@@ -117,3 +117,16 @@ def test_kept_events_delivered_to_a_partition_taken_over_are_folded_not_sent_to_
     row = judge(w, subs, pubs, 6000)
     assert row["unserved"] == 0 and row["unsettled"] == 0
     assert row["delivered"] == row["expected"] > 0
+
+
+def test_bad_publishers_are_refused() -> None:
+    for places in ((1, 1), (0, 5), (2,)):
+        try:
+            RestartSchedules(publishers=places)
+        except ExperimentError as e:
+            assert "publishers" in str(e)
+        else:
+            raise AssertionError(f"publishers {places} were taken")
+    for arg in ("x", "1,1", "7,2"):
+        result = runner.invoke(app, ["chaos", "sim", "--publishers", arg, "--seeds", "1", "--json"])
+        assert result.exit_code == 2 and "publishers" in result.stderr and result.stdout == "", arg

@@ -1226,3 +1226,32 @@ def test_what_is_kept_for_a_broker_restarted_and_dead_again_goes_to_its_own_take
     assert out_of_order(w) == 0
     assert lost(w, subs) == 0
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+
+
+def test_a_record_done_with_in_a_step_where_its_event_came_again_from_another_broker_ends() -> None:
+    """A record kept for a dead broker was done with in the step (its kept copy went on) in
+    which a copy of the same event came from another broker: the new record took the
+    event's place in the step, and the first was never finished, its confirmation never
+    sent (a simulator schedule on the brokers' clocks: one publish never settled)."""
+    from flowbus.routing.ring_custody import Custodian
+
+    custodian = Custodian()
+    event = {"x": 1, EVENT_ID: ("p1", 7)}
+    custodian.open(3, event)
+    custodian.hold((3, ("p1", 7)), 0)
+    custodian.end_step()
+    custodian.records[(3, ("p1", 7))].waiting.discard(0)  # (kept for a dead broker, then sent on:
+    custodian.step[("p1", 7)] = (3, ("p1", 7))  # the flush marks it in the step)
+    custodian.open(4, event)  # (the same event, from another broker, in the same step)
+    out = custodian.end_step()
+    assert not custodian.records
+    assert Send(3, Confirm((("p1", 7),))) in out and Send(4, Confirm((("p1", 7),))) in out
+
+
+def test_a_schedule_with_the_lowest_broker_among_the_victims_settles_every_publish() -> None:
+    """On the brokers' clocks, the publishers the 2nd and 3rd brokers by ring id (so the
+    lowest one dies too, and pairs across the wrap): schedule 6 left one publish unsettled
+    (the record above)."""
+    w, subs, pubs, _ = restarts(6, flow=True, n=6000, timers="broker", publishers=(1, 2))
+    assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
+    assert lost(w, subs, 6000) == 0 and out_of_order(w) == 0

@@ -9,24 +9,26 @@ from its seed.
 
 How it works: :class:`CustodyRing` is a ring of brokers in custody whose "clients" settle
 each delivery ``ack_delay`` later. :func:`streaming` sets up the workload of one schedule:
-5 brokers, two subscriptions each (``x = (broker + k) % 4``), two publishers (the first two
-brokers in ring order) publishing ``n`` events at 50 a second, and, with ``flow``, the
-campaign's flow deployed and fed. :func:`restarts` runs schedule ``seed``: from 4 s on,
-every 8 to 20 s, one broker or two adjacent ones (neither publisher's) crash for 1-4 s or
-14-25 s and come back as new members on their addresses (:meth:`CustodyRing.restart_soon`,
-as a broker process restarted on its data does); on the brokers' clocks the others hear
-of a crashed one's closed connections at once (``on_link_lost``: a process killed or
-stopped, its sockets close with it); then it runs to quiet. :func:`judge` reads
-what happened: deliveries lost (filters evaluated offline), out of order (a delivery after
-a later one of the same publisher, per subscription), delivered to a subscription that did
-not ask (``wrong``), publishes never settled, deliveries to anything but a client's
-subscription (``unserved``: a broker's queues never settle those, so their publishes are never
-acknowledged), brokers not joined, ring pointers that disagree. A schedule is *bad* when any
-of those is not zero. A schedule runs on one of two clocks (:data:`TIMERS`): slow links and
-slow failure detection (``sim``), or the broker network's own (``broker``). ``flowbus chaos sim`` runs
-:class:`RestartSchedules` (:func:`run_schedules`, in ``--jobs`` processes side by side: the
-same rows): one row per seed to ``rows.csv``, the document to ``result.json``, a plot to
-``chaos-sim.png``.
+5 brokers, two subscriptions each (``x = (broker + k) % 4``), two publishers (the first
+two brokers in ring order, or the two at ``publishers``: the 2nd and 3rd put the lowest
+broker and the pairs across the ring's wrap among the victims) publishing ``n`` events at
+50 a second, and, with ``flow``, the campaign's flow deployed and fed. :func:`restarts`
+runs schedule ``seed``: from 4 s on, every 8 to 20 s, one broker or two adjacent ones
+(neither publisher's) crash for 1-4 s or 14-25 s and come back as new members on their
+addresses (:meth:`CustodyRing.restart_soon`, as a broker process restarted on its data
+does); on the brokers' clocks the others hear of a crashed one's closed connections at
+once (``on_link_lost``: a process killed or stopped, its sockets close with it); then it
+runs to quiet. :func:`judge` reads what happened: deliveries lost (filters evaluated
+offline), out of order (a delivery after a later one of the same publisher, per
+subscription), delivered to a subscription that did not ask (``wrong``), publishes never
+settled, deliveries to anything but a client's subscription (``unserved``: a broker's
+queues never settle those, so their publishes are never acknowledged), brokers not joined,
+ring pointers that disagree. A schedule is *bad* when any of those is not zero. A schedule
+runs on one of two clocks (:data:`TIMERS`): slow links and slow failure detection
+(``sim``), or the broker network's own (``broker``). ``flowbus chaos sim`` runs
+:class:`RestartSchedules` (:func:`run_schedules`, in ``--jobs`` processes side by side:
+the same rows): one row per seed to ``rows.csv``, the document to ``result.json``, a plot
+to ``chaos-sim.png``.
 """
 
 from __future__ import annotations
@@ -212,10 +214,11 @@ def _deploy(deployment: Deployment, broker: RingBroker) -> list[Effect]:
 
 
 def streaming(
-    seed: int, *, flow: bool, n: int, timers: str = "sim"
+    seed: int, *, flow: bool, n: int, timers: str = "sim", publishers: tuple[int, ...] = (0, 1)
 ) -> tuple[CustodyRing, Subs, list[int], float]:
     """Schedule ``seed``'s workload, set to start now (see the module note): the ring, the
-    subscriptions, the publishers' brokers and the stream's start (``timers``: see :data:`TIMERS`)."""
+    subscriptions, the publishers' brokers and the stream's start (``timers``: see
+    :data:`TIMERS`; ``publishers``: the places in ring order of the two publishers' brokers)."""
     clocks = TIMERS[timers]
     w = CustodyRing(5, seed=seed, ack_delay=clocks.ack_delay, grouped=timers == "broker", timers=clocks)
     if flow:
@@ -226,7 +229,7 @@ def streaming(
     subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
     w.subscribe(subs)
     w.got.clear()
-    pubs = [order[0].addr, order[1].addr]
+    pubs = [order[publishers[0]].addr, order[publishers[1]].addr]
     start = w.sim.now
     for i in range(n):
         at = start + i / RATE
@@ -239,13 +242,13 @@ def streaming(
 
 
 def restarts(
-    seed: int, *, flow: bool, n: int = 2500, timers: str = "sim"
+    seed: int, *, flow: bool, n: int = 2500, timers: str = "sim", publishers: tuple[int, ...] = (0, 1)
 ) -> tuple[CustodyRing, Subs, list[int], int]:
     """Schedule ``seed`` (see the module note), run to quiet: the ring, the subscriptions, the
     publishers' brokers and the number of brokers crashed (and restarted)."""
     rng = random.Random(seed)
     closes = timers == "broker"  # (see the module note)
-    w, subs, pubs, start = streaming(seed, flow=flow, n=n, timers=timers)
+    w, subs, pubs, start = streaming(seed, flow=flow, n=n, timers=timers, publishers=publishers)
     t, nonce, crashed = 4.0, 40, 0
     while t < n / RATE - 10:
         kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])
@@ -326,6 +329,7 @@ class RestartSchedules:
     events: int = 2500
     flow: bool = True
     timers: str = "sim"
+    publishers: tuple[int, ...] = (0, 1)
 
     def __post_init__(self) -> None:
         if not self.seeds or any(type(s) is not int or s < 0 for s in self.seeds):
@@ -336,6 +340,10 @@ class RestartSchedules:
         if self.timers not in TIMERS:
             known = ", ".join(TIMERS)
             raise ExperimentError(f"chaos-sim: timers must be one of {known}, got {self.timers!r}")
+        pubs = tuple(self.publishers)
+        if len(pubs) != 2 or len(set(pubs)) != 2 or any(type(p) is not int or not 0 <= p < 5 for p in pubs):
+            raise ExperimentError(f"chaos-sim: publishers are two places in ring order, 0 to 4, got {pubs}")
+        object.__setattr__(self, "publishers", pubs)
         object.__setattr__(self, "seeds", tuple(dict.fromkeys(self.seeds)))
 
     @property
@@ -346,10 +354,12 @@ class RestartSchedules:
         return config_dict(self)
 
 
-def schedule_row(seed: int, *, flow: bool, events: int, timers: str = "sim") -> dict[str, Any]:
+def schedule_row(
+    seed: int, *, flow: bool, events: int, timers: str = "sim", publishers: tuple[int, ...] = (0, 1)
+) -> dict[str, Any]:
     """Schedule ``seed`` run and judged: its row."""
     s0 = time.perf_counter()
-    w, subs, pubs, crashed = restarts(seed, flow=flow, n=events, timers=timers)
+    w, subs, pubs, crashed = restarts(seed, flow=flow, n=events, timers=timers, publishers=publishers)
     row = {"seed": seed, "crashed": crashed, **judge(w, subs, pubs, events)}
     return {**row, "seconds": round(time.perf_counter() - s0, 2)}
 
@@ -365,7 +375,13 @@ def run_schedules(
     ``jobs`` > 1 that many processes run them, the rows the same); findings: the bad
     schedules and the totals."""
     t0 = time.perf_counter()
-    run = partial(schedule_row, flow=config.flow, events=config.events, timers=config.timers)
+    run = partial(
+        schedule_row,
+        flow=config.flow,
+        events=config.events,
+        timers=config.timers,
+        publishers=config.publishers,
+    )
     done: dict[int, dict[str, Any]] = {}
 
     def took(row: dict[str, Any]) -> None:

@@ -128,6 +128,9 @@ def sim(
     timers: Annotated[
         str, typer.Option(help="Clocks: sim (slow links and detection) or broker (the brokers' own).")
     ] = "sim",
+    publishers: Annotated[
+        str, typer.Option(help="The publishers' brokers' places in ring order (1,2: the lowest may die).")
+    ] = "0,1",
     jobs: Annotated[int, typer.Option(min=1, help="Processes running schedules side by side.")] = 1,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Directory of rows.csv, result.json and the plot.")
@@ -142,7 +145,13 @@ def sim(
     from flowbus.experiments.output import document, write_outputs
 
     try:
-        config = RestartSchedules(seeds=parse_seeds(seeds), events=events, flow=flow, timers=timers)
+        try:
+            places = tuple(int(p) for p in publishers.split(","))
+        except ValueError:
+            fail(f"--publishers: two places in ring order like 1,2, got {publishers!r}")
+        config = RestartSchedules(
+            seeds=parse_seeds(seeds), events=events, flow=flow, timers=timers, publishers=places
+        )
         result = run_schedules(config, say=lambda text: err.print(f"[dim]chaos sim[/] {text}"), jobs=jobs)
         outputs = write_outputs(result, out_dir)
     except FlowbusError as e:

@@ -147,12 +147,32 @@ Key = tuple[int | None, Any]
 """A custody record's key: (the broker the event came from or None, the event id)."""
 
 
+class _Step(dict[Any, "Key"]):
+    """Event id -> its record, for the step under way; a record displaced by another of the
+    same event in the step (from another broker, or kept again) is remembered, so the step's
+    end finishes it too: forgotten, a record a flush had just done with stayed for good once
+    a copy of its event came from another broker in the same step (a simulator schedule on
+    the brokers' clocks: one publish never settled)."""
+
+    __slots__ = ("displaced",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.displaced: list[Key] = []
+
+    def __setitem__(self, eid: Any, key: Key) -> None:
+        old = self.get(eid)
+        if old is not None and old != key:
+            self.displaced.append(old)
+        super().__setitem__(eid, key)
+
+
 class Custodian:
     """The custody records of one broker, and what their ends make due."""
 
     def __init__(self) -> None:
         self.records: dict[Key, Record] = {}  # (src, event id) -> record
-        self.step: dict[Any, Key] = {}  # event id -> its record, for the step under way
+        self.step = _Step()  # event id -> its record, for the step under way
         self.by_id: dict[Any, set[int | None]] = {}  # event id -> the srcs of its records
         self.confirms: dict[int, list[Any]] = {}  # confirmations due, per upstream broker
         self.refusals: dict[int, list[tuple[Any, str]]] = {}  # refusals due, per upstream broker
@@ -359,8 +379,10 @@ class Custodian:
         """The step's records that are done now end; the confirmations and refusals due go."""
         step = self.step
         if step:
-            self.step = {}
+            self.step = _Step()
             for key in step.values():
+                self.maybe_done(key)
+            for key in step.displaced:
                 self.maybe_done(key)
         out: list[Effect] = []
         if self.confirms:

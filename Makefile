@@ -41,6 +41,7 @@ chaos: $(STAMP)  # the full fault campaign (root: network namespaces; else fault
 	$(BIN)/flowbus chaos run --overlay pastry-irbr --seeds 1 --json --out out/chaos > out/chaos/pastry-irbr.json
 	$(BIN)/flowbus chaos sim --seeds 0-259 --jobs 2 --json --out out/chaos/sim > out/chaos/sim.json
 	$(BIN)/flowbus chaos sim --timers broker --seeds 0-99 --events 6000 --jobs 2 --json --out out/chaos/sim-broker > out/chaos/sim-broker.json
+	$(BIN)/flowbus chaos sim --timers broker --publishers 1,2 --seeds 0-99 --events 6000 --jobs 2 --json --out out/chaos/sim-wrap > out/chaos/sim-wrap.json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -138,3 +138,23 @@ def test_alone_the_changes_are_not_kept_and_the_first_holder_gets_the_whole_stat
     assert b.send(ME, (R,), LINKS) == [Send(R.addr, whole)]
     b.set("d", 4)  # (a holder now: the changes go as a delta)
     assert b.send(ME, (R,), LINKS) == [Send(R.addr, BackupDelta(ME, 4, 3, {"d": 4}, (), LINKS, (R,)))]
+
+
+def test_an_orphan_no_earlier_holder_claims_is_taken_over_after_its_rounds() -> None:
+    """The owner's copy names a live holder before us that never got it (a new member that
+    joined next to the owner moments before both died with the copy to it on its way): it
+    takes nothing over and says nothing. After ``limit`` silent heartbeat rounds the copy is
+    ours to take over, forced; a Redirect meanwhile (the earlier holder did) drops it."""
+    second = Backups()
+    second.on_copy(BackupCopy(ME, 1, {"a": 1}, LINKS, (R, L)), addr=L.addr)
+    assert second.take_over(ME, dead={ME.id}) is None and second.orphans == {ME.id: ME}
+    assert [second.orphans_waited(4) for _ in range(3)] == [[], [], []]
+    assert second.orphans_waited(4) == [ME]
+    assert second.take_over(ME, dead={ME.id}, force=True) is not None
+    assert second.state == {"a": 1} and second.orphans == {} and second.orphan_rounds == {}
+    other = Backups()
+    other.on_copy(BackupCopy(ME, 1, {"a": 1}, LINKS, (R, L)), addr=L.addr)
+    other.take_over(ME, dead={ME.id})
+    other.orphans_waited(4)
+    other.drop(ME.id)  # (R's Redirect: it took over)
+    assert other.orphans_waited(4) == [] and other.orphan_rounds == {} and other.held == {}

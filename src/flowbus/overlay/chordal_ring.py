@@ -130,7 +130,18 @@ from flowbus.overlay.ring_messages import (
     cw,
 )
 
-__all__ = ["ANNOUNCE", "GUARD", "LEASE", "MESSAGES", "SECOND_ID", "SPACE", "Peer", "RingNode", "RingRoute"]
+__all__ = [
+    "ANNOUNCE",
+    "GUARD",
+    "LEASE",
+    "MESSAGES",
+    "ORPHAN_ROUNDS",
+    "SECOND_ID",
+    "SPACE",
+    "Peer",
+    "RingNode",
+    "RingRoute",
+]
 
 LEASE = 3
 """A broker serves while a ring neighbour acknowledged one of its heartbeats sent within
@@ -142,6 +153,11 @@ past any lease it could still hold (the detector's ``guard``)."""
 
 ANNOUNCE = 5
 """How many times a restart is announced before joining without an answer (:meth:`RingNode.announce`)."""
+
+ORPHAN_ROUNDS = 4
+"""Heartbeat rounds a holder waits for an earlier live holder of a dead broker's backup to
+say it took it over (``Redirect``) before taking it over itself: past the ``GUARD`` in which
+that holder, a ring neighbour of the dead one too, finds it dead."""
 
 
 # ---------------------------------------------------------------------------------- node
@@ -759,6 +775,10 @@ class RingNode(Core):
     def _heartbeat_round(self, now: float) -> list[Effect]:
         assert self.heartbeat is not None
         out: list[Effect] = self.check_load(now)
+        if self.backups.orphans:  # (an earlier holder silent about a dead owner: see Backups.orphans_waited)
+            taken = self._take_over(self.backups.orphans_waited(ORPHAN_ROUNDS), force=True)
+            if taken:
+                out += taken + self._send_backups(force=True)
         load = self.load(now)
         for p in {self.left, self.right} - {None}:
             assert p is not None
@@ -1120,8 +1140,18 @@ class RingNode(Core):
             back, cancel = self.shares.take_back(dead.addr)  # (shares it never acknowledged)
             out += cancel + self._take_back(back)
         # (then copies kept for a holder before us that turned out dead too)
-        for dead in [*fresh, *self.backups.orphans_due(self.dead)]:
-            held = self.backups.take_over(dead, dead=self.dead)
+        out += self._take_over([*fresh, *self.backups.orphans_due(self.dead)])
+        if out:
+            out += self._send_backups(force=True)
+        return out
+
+    def _take_over(self, owners: Iterable[Peer], *, force: bool = False) -> list[Effect]:
+        """Take over the state of each dead broker in ``owners`` whose copy we hold (and are
+        its first live holder, unless ``force``); tell its other neighbours (``Redirect``)."""
+        out: list[Effect] = []
+        me = self.me
+        for dead in owners:
+            held = self.backups.take_over(dead, dead=self.dead, force=force)
             if held is None:
                 continue
             self.redirect[dead.id] = self.taken_by[dead.id] = me
@@ -1129,8 +1159,6 @@ class RingNode(Core):
             notify = {p.id: p for p in held.links if p.id not in self.dead and p.id != me.id}
             out += [Send(p.addr, Redirect(dead, me)) for p in sorted(notify.values())]
             out += self._share(held.state, away_from=self._was_side.get(dead.id, 1))
-        if out:
-            out += self._send_backups(force=True)
         return out
 
     def _share(self, taken: Mapping[Hashable, Any], *, away_from: int) -> list[Effect]:

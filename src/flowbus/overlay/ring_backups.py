@@ -58,6 +58,7 @@ class Backups:
         self.state: dict[Hashable, Any] = {}
         self.held: dict[int, Held] = {}  # copies we hold, by owner id
         self.orphans: dict[int, Peer] = {}  # dead owners whose copy waits on an earlier holder
+        self.orphan_rounds: dict[int, int] = {}  # heartbeat rounds each has waited (see orphans_waited)
         self.version = 0  # of our last copy
         self.foreign = 0  # changes of the state not made by set / delete (takeovers, shares)
         self.holders: tuple[Peer, ...] = ()  # those our last copy went to
@@ -173,7 +174,7 @@ class Backups:
 
     # -- takeover and sharing
 
-    def take_over(self, owner: Peer, *, dead: Collection[int]) -> Held | None:
+    def take_over(self, owner: Peer, *, dead: Collection[int], force: bool = False) -> Held | None:
         """``owner`` died: take its copy into our state if no holder before us is alive (as
         far as ``dead`` says). The copy taken over, if it was. If one is, the copy is kept
         (an *orphan*) until that holder is found dead too (the two died together, and we
@@ -182,11 +183,12 @@ class Backups:
         held = self.held.get(owner.id)
         if held is None:
             return None
-        if any(h.id not in dead for h in held.holders[: held.rank]):
+        if not force and any(h.id not in dead for h in held.holders[: held.rank]):
             self.orphans[owner.id] = owner
             return None
         del self.held[owner.id]
         self.orphans.pop(owner.id, None)
+        self.orphan_rounds.pop(owner.id, None)
         self.absorb(held.state)
         return held
 
@@ -199,10 +201,25 @@ class Backups:
             and all(h.id in dead for h in self.held[owner.id].holders[: self.held[owner.id].rank])
         ]
 
+    def orphans_waited(self, limit: int) -> list[Peer]:
+        """A heartbeat round: the orphans no earlier holder has said it took over (its
+        ``Redirect`` drops them, :meth:`drop`) for ``limit`` rounds, ours to take over. An
+        earlier holder that never had the copy takes nothing over: a new member that joined
+        next to the owner moments before, named first in the copy we have, while the owner's
+        whole copy to it was on its way when both died (a campaign run: the owner's
+        subscriptions served by nobody for 29 s, until that holder died too)."""
+        due = []
+        for oid, owner in list(self.orphans.items()):
+            self.orphan_rounds[oid] = self.orphan_rounds.get(oid, 0) + 1
+            if self.orphan_rounds[oid] >= limit and oid in self.held:
+                due.append(owner)
+        return due
+
     def drop(self, owner: int) -> None:
         """Another broker took ``owner``'s state over: our copy goes."""
         self.held.pop(owner, None)
         self.orphans.pop(owner, None)
+        self.orphan_rounds.pop(owner, None)
 
     def absorb(self, entries: Mapping[Hashable, Any]) -> None:
         """Entries of another broker's state become ours (a takeover, a share)."""

@@ -21,7 +21,7 @@ from flowbus.filters import parse
 from flowbus.flow.deploy import SPACE, Deployment
 from flowbus.routing import cbr
 from flowbus.routing.ring_broker import EVENT_ID, RingBroker
-from flowbus.routing.ring_custody import Confirm
+from flowbus.routing.ring_custody import Confirm, Custodian
 from flowbus.routing.ring_repair import HandedOver
 from flowbus.routing.ring_share import Delegated, Undelegated
 
@@ -1233,8 +1233,6 @@ def test_a_record_done_with_in_a_step_where_its_event_came_again_from_another_br
     which a copy of the same event came from another broker: the new record took the
     event's place in the step, and the first was never finished, its confirmation never
     sent (a simulator schedule on the brokers' clocks: one publish never settled)."""
-    from flowbus.routing.ring_custody import Custodian
-
     custodian = Custodian()
     event = {"x": 1, EVENT_ID: ("p1", 7)}
     custodian.open(3, event)

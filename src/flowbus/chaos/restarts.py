@@ -84,11 +84,22 @@ class Timers:
     scale: float
     failure_notice: float
     ack_delay: float
+    closes: bool = False  # a crashed broker's connections close at once (on_link_lost at the others)
+    grouped: bool = False  # an event's local deliveries in one effect, as the broker's driver has them
 
 
 TIMERS = {
     "sim": Timers(heartbeat=5.0, probe=10.0, base=0.5, scale=2.0, failure_notice=8.0, ack_delay=0.5),
-    "broker": Timers(heartbeat=1.0, probe=2.0, base=0.001, scale=0.004, failure_notice=0.01, ack_delay=0.02),
+    "broker": Timers(
+        heartbeat=1.0,
+        probe=2.0,
+        base=0.001,
+        scale=0.004,
+        failure_notice=0.01,
+        ack_delay=0.02,
+        closes=True,
+        grouped=True,
+    ),
 }
 """``sim``: slow links (0.5-2.5 s) and slow failure detection, where many events are under
 way at each crash. ``broker``: the broker network's own clocks (1 s heartbeats, probes of
@@ -220,7 +231,7 @@ def streaming(
     subscriptions, the publishers' brokers and the stream's start (``timers``: see
     :data:`TIMERS`; ``publishers``: the places in ring order of the two publishers' brokers)."""
     clocks = TIMERS[timers]
-    w = CustodyRing(5, seed=seed, ack_delay=clocks.ack_delay, grouped=timers == "broker", timers=clocks)
+    w = CustodyRing(5, seed=seed, ack_delay=clocks.ack_delay, grouped=clocks.grouped, timers=clocks)
     if flow:
         deployment = Deployment.from_text(FLOW)
         w.sim.invoke(0, partial(_deploy, deployment))
@@ -247,7 +258,6 @@ def restarts(
     """Schedule ``seed`` (see the module note), run to quiet: the ring, the subscriptions, the
     publishers' brokers and the number of brokers crashed (and restarted)."""
     rng = random.Random(seed)
-    closes = timers == "broker"  # (see the module note)
     w, subs, pubs, start = streaming(seed, flow=flow, n=n, timers=timers, publishers=publishers)
     t, nonce, crashed = 4.0, 40, 0
     while t < n / RATE - 10:
@@ -261,7 +271,7 @@ def restarts(
         for v in victims:
             w.sim.crash(v.addr)
         gone = {v.addr for v in victims}
-        for v in victims if closes else ():  # (its connections close with it, and each broker
+        for v in victims if w.timers.closes else ():  # (its connections close with it, and each broker
             for b in w.brokers:  # that linked to it hears so at once)
                 if b.addr not in gone and b.ring.joined:
                     w.sim.invoke(b.addr, methodcaller("on_link_lost", v.addr, w.sim.now))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flowbus.chaos.hosts import REGISTRY, Loopback, can_isolate, sweep
+from flowbus.chaos.hosts import REGISTRY, Loopback, Namespaces, can_isolate, sweep
 from flowbus.errors import ExperimentError
 
 ROOT = os.geteuid() == 0 and can_isolate()[0]
@@ -109,10 +109,52 @@ def test_without_namespaces_only_faults_of_processes_can_be_made(tmp_path: Path)
         lambda: hosts.cut("b0", "b1"),
         lambda: hosts.fill("b0"),
         lambda: hosts.link("b0", up=False),
+        lambda: hosts.throttle([os.getpid()], 0.5),
     ):
         with pytest.raises(ExperimentError, match="needs network namespaces"):
             fault()
     assert hosts.data_dir("b0").is_dir()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # (utime + stime)
+
+
+@pytest.mark.skipif(not ROOT, reason="cpu cgroups need root")
+def test_starved_processes_get_their_share_of_a_core_and_are_let_go(tmp_path: Path) -> None:
+    """The ``starve`` fault's mechanism: a process spinning on a core gets about the share
+    it is throttled to (here a tenth: well under half a second of CPU in two), all of it
+    again once let go; the group is removed by ``unthrottle``, and by a sweep when the
+    campaign that made it died."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    hosts = Namespaces(["b0", "c"], root=tmp_path)
+    try:
+        hosts.throttle([spin.pid], 0.1)
+        (group,) = json.loads((REGISTRY / f"{os.getpid()}.json").read_text())["cgroups"]
+        assert str(spin.pid) in (Path(group) / "cgroup.procs").read_text().split()
+        before = _cpu_seconds(spin.pid)
+        subprocess.run(["sleep", "2"], check=True)
+        starved = _cpu_seconds(spin.pid) - before
+        hosts.unthrottle()
+        assert not Path(group).exists()
+        before = _cpu_seconds(spin.pid)
+        subprocess.run(["sleep", "2"], check=True)
+        fed = _cpu_seconds(spin.pid) - before
+        assert starved < 0.5 < fed, (starved, fed)
+        hosts.throttle([spin.pid], 0.1)
+    finally:
+        spin.kill()
+        spin.wait()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # (the group left by a dead campaign)
+    gone.wait()
+    listed = json.loads((REGISTRY / f"{os.getpid()}.json").read_text())
+    (REGISTRY / f"{gone.pid}.json").write_text(json.dumps(listed))
+    hosts._made.cgroups = []  # (as if this campaign had died: the sweep removes the group)
+    hosts._made.save()
+    assert gone.pid in sweep() and not Path(group).exists()
+    hosts.close()
+    assert not list(REGISTRY.glob(f"{os.getpid()}.json"))
 
 
 def test_the_command_lists_its_mixes_and_refuses_bad_ones(tmp_path: Path) -> None:
@@ -123,7 +165,8 @@ def test_the_command_lists_its_mixes_and_refuses_bad_ones(tmp_path: Path) -> Non
     assert listed.exit_code == 0
     mixes = {m["mix"]: m for m in json.loads(listed.stdout)["mixes"]}
     assert {"crash", "pause", "isolate", "split", "partial", "clients", "disk", "short"} <= set(mixes)
-    assert mixes["split"]["needs_root"] and not mixes["process"]["needs_root"]
+    assert mixes["split"]["needs_root"] and mixes["starve"]["needs_root"]
+    assert not mixes["process"]["needs_root"]
     bad = runner.invoke(app, ["chaos", "run", "--mix", "nope", "--out", str(tmp_path), "--json"])
     assert bad.exit_code == 2 and "unknown mix 'nope'" in bad.stderr
     bad = runner.invoke(app, ["chaos", "run", "--overlay", "nope", "--out", str(tmp_path), "--json"])

@@ -121,6 +121,10 @@ class Brokers:
         words = text.split()
         return words[words.index("console") + 1].rstrip("/")
 
+    def pid(self, name: str) -> int | None:
+        """The process id of ``name``, if it runs."""
+        return self.procs[name].pid if name in self.up else None
+
     def signal(self, name: str, sig: signal.Signals) -> None:
         proc = self.procs.get(name)
         if proc is not None and proc.poll() is None:

@@ -21,7 +21,11 @@ How it works:
   ``ENOSPC``), ``drain`` gives it back; ``power_loss`` keeps only what the kernel had written
   to the device (what an ``fsync`` forced, and what write-back did on its own): the image is
   copied before the file system is unmounted, then mounted again from the copy.
-* **Always cleaned up.** Every namespace, link, mount and loop device made is written to a
+* **CPU.** ``throttle(pids, share)`` puts processes in a cpu cgroup of the campaign's own
+  whose quota is ``share`` of one core for all of them together (cgroup v1's
+  ``cpu.cfs_quota_us``, or v2's ``cpu.max``): they run in slices, behind one another, as on
+  an overloaded machine; ``unthrottle`` moves them back and removes the group.
+* **Always cleaned up.** Every namespace, link, mount, loop device and cgroup made is written to a
   registry file (``/run/flowbus-chaos/PID.json``) before it is made; :meth:`close` removes
   them, and :func:`sweep` removes those of campaigns whose process is gone (killed, or
   crashed), which every new campaign runs first. A campaign's ``SIGINT`` and ``SIGTERM``
@@ -72,6 +76,8 @@ class Hosts(Protocol):
     def fill(self, host: str) -> None: ...
     def drain(self, host: str) -> None: ...
     def power_loss(self, host: str) -> None: ...
+    def throttle(self, pids: Sequence[int], share: float) -> None: ...
+    def unthrottle(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -119,16 +125,20 @@ class _Made:
     bridge: str | None = None
     netns: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
 
     def save(self) -> None:
         REGISTRY.mkdir(parents=True, exist_ok=True)
         path = REGISTRY / f"{self.pid}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"bridge": self.bridge, "netns": self.netns, "mounts": self.mounts}))
+        listed = {"bridge": self.bridge, "netns": self.netns, "mounts": self.mounts, "cgroups": self.cgroups}
+        tmp.write_text(json.dumps(listed))
         tmp.replace(path)
 
     def remove(self) -> None:
         """Remove everything listed (what is gone already is skipped), then the file."""
+        for group in reversed(self.cgroups):
+            _release(Path(group))
         for mount in reversed(self.mounts):
             _run("umount", "-l", mount, check=False)
         for ns in reversed(self.netns):
@@ -136,6 +146,36 @@ class _Made:
         if self.bridge is not None:
             _ip("link", "del", self.bridge, check=False)
         (REGISTRY / f"{self.pid}.json").unlink(missing_ok=True)
+
+
+CPU_PERIOD_US = 100_000
+"""The period of a throttled group's CPU quota (microseconds)."""
+
+
+def _cpu_root() -> Path | None:
+    """Where cpu cgroups are made here (v1's ``cpu`` hierarchy, or v2's root with the cpu
+    controller), or None."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        return v1
+    v2 = Path("/sys/fs/cgroup")
+    with contextlib.suppress(OSError):
+        if "cpu" in (v2 / "cgroup.controllers").read_text().split():
+            (v2 / "cgroup.subtree_control").write_text("+cpu")
+            return v2
+    return None
+
+
+def _release(group: Path) -> None:
+    """Move a cpu cgroup's processes back to its parent's group, and remove it."""
+    if not group.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # (gone meanwhile)
+                (group.parent / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        group.rmdir()
 
 
 def _alive(pid: int) -> bool:
@@ -160,7 +200,9 @@ def sweep() -> list[int]:
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
             continue
-        _Made(pid, listed.get("bridge"), listed.get("netns", []), listed.get("mounts", [])).remove()
+        made = _Made(pid, listed.get("bridge"), listed.get("netns", []), listed.get("mounts", []))
+        made.cgroups = listed.get("cgroups", [])
+        made.remove()
         swept.append(pid)
     return swept
 
@@ -288,6 +330,32 @@ class Namespaces:
         snapshot.replace(image)
         self._mount(image, where)
 
+    def throttle(self, pids: Sequence[int], share: float) -> None:
+        """Starve ``pids`` of CPU: ``share`` of one core for them all (see the module note)."""
+        root = _cpu_root()
+        if root is None:
+            raise ExperimentError("starving brokers of CPU needs a cpu cgroup (v1 cpu, or v2 with cpu)")
+        group = root / f"flowbus-chaos-{os.getpid()}"
+        if str(group) not in self._made.cgroups:
+            self._made.cgroups.append(str(group))
+            self._made.save()
+        group.mkdir(exist_ok=True)
+        quota = max(1000, round(share * CPU_PERIOD_US))
+        if (group / "cpu.max").exists():
+            (group / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        for pid in pids:
+            with contextlib.suppress(OSError):  # (a process gone already)
+                (group / "cgroup.procs").write_text(str(pid))
+
+    def unthrottle(self) -> None:
+        for group in self._made.cgroups:
+            _release(Path(group))
+        self._made.cgroups = []
+        self._made.save()
+
     def close(self) -> None:
         self._made.remove()
         self._made = _Made(os.getpid())
@@ -352,6 +420,12 @@ class Loopback:
 
     def power_loss(self, host: str) -> None:
         self._needs_root("a power loss")
+
+    def throttle(self, pids: Sequence[int], share: float) -> None:
+        self._needs_root("starving brokers of CPU")
+
+    def unthrottle(self) -> None:
+        self._needs_root("starving brokers of CPU")
 
     def close(self) -> None:
         pass

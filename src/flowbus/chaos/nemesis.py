@@ -43,6 +43,10 @@ The kinds (``heal`` is what ends them):
 ``disk-full``      one broker's file system full (ENOSPC); heal: space given back
 ``power-loss``     ``kill -9`` and what was not written to the disk lost; heal: restarted
 ``restart``        ``SIGTERM`` of one broker and a restart on its data (a rolling step)
+``starve``         every broker starved of CPU: all together get 15-50 % of one core (a
+                   cpu cgroup's quota; they need about 75 % at the campaign's rate), so
+                   heartbeats come late and events queue, as on an overloaded machine;
+                   heal: the quota lifted (a broker restarted meanwhile is not starved)
 ``delay``          1-3 broker links delayed 20-200 ms, with a jitter of 20-100 % of it
                    (frames stay in order); heal: the rules removed
 ``loss``           1-3 broker links losing 1-10 % of their segments (each sent again after
@@ -110,6 +114,7 @@ KINDS = (
     "disk-full",
     "power-loss",
     "restart",
+    "starve",
     "delay",
     "loss",
     "dup",
@@ -162,10 +167,11 @@ NETWORK = frozenset(
         "disk-full",
         "power-loss",
         "redeploy",
+        "starve",
         *PROXIED,
     }
 )
-"""Kinds that need network namespaces and disks of their own (root)."""
+"""Kinds that need root: network namespaces, disks, cpu cgroups of their own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +205,7 @@ MIXES: dict[str, Mix] = {
         Mix("clients", ("client-cut",), 6, "the clients' link to a broker cut, acknowledgements in flight"),
         Mix("disk", ("disk-full", "power-loss"), 5, "a full disk; a power loss"),
         Mix("membership", ("restart", "kill"), 5, "a rolling restart; crashes"),
+        Mix("starve", ("starve",), 5, "every broker starved of CPU, as on an overloaded machine"),
         Mix(
             "mixed",
             ("kill", "pause", "isolate", "split", "one-way", "client-cut", "disk-full", "restart"),
@@ -306,6 +313,8 @@ def _victims(kind: str, rng: random.Random, n: int) -> tuple[tuple[int, ...], tu
         return tuple(ring[1 : 1 + half]), tuple(ring[1 + half :])  # (ring[0] reaches both)
     if kind == "redeploy":  # (cut off; the deploy goes through a broker of the other side)
         return (first,), (ring[rng.randrange(1, n)],)
+    if kind == "starve":
+        return tuple(range(n)), ()
     if kind in LINKS:  # (links between ring neighbours: those the events take)
         starts = sorted(rng.sample(range(n), rng.randint(1, min(3, n))))
         return tuple(starts), tuple((p + 1) % n for p in starts)
@@ -328,6 +337,8 @@ def _params(kind: str, rng: random.Random) -> tuple[tuple[str, float | str], ...
         )
     if kind == "ack-cut":
         return (("when", rng.choice(("before", "after"))),)
+    if kind == "starve":
+        return (("cpu", round(rng.uniform(0.15, 0.5), 2)),)
     return ()
 
 
@@ -467,6 +478,9 @@ class Nemesis:
             hosts.cut(self.clients, victims[0])
         elif kind == "disk-full":
             hosts.fill(victims[0])
+        elif kind == "starve":
+            pids = [pid for v in victims if (pid := brokers.pid(v)) is not None]
+            hosts.throttle(pids, float(fault.rules["cpu"]))
         else:
             raise ExperimentError(f"unknown fault kind {kind!r}")
 
@@ -507,5 +521,7 @@ class Nemesis:
             hosts.mend(self.clients, victims[0])
         elif kind == "disk-full":
             hosts.drain(victims[0])
+        elif kind == "starve":
+            hosts.unthrottle()
         self._note("heal", fault, **({"failed": failed} if failed else {}))
         self._struck.pop(fault, None)

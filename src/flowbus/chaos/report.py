@@ -45,6 +45,7 @@ _COLOURS = {
     "power-loss": "#8c564b",
     "restart": "#7f7f7f",
     "pause": "#9467bd",
+    "starve": "#e377c2",
     "disk-full": "#8c564b",
     "client-cut": "#17becf",
     "ack-cut": "#17becf",

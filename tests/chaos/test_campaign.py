@@ -109,7 +109,7 @@ def test_without_namespaces_only_faults_of_processes_can_be_made(tmp_path: Path)
         lambda: hosts.cut("b0", "b1"),
         lambda: hosts.fill("b0"),
         lambda: hosts.link("b0", up=False),
-        lambda: hosts.throttle([os.getpid()], 0.5),
+        lambda: hosts.throttle("b0", [os.getpid()], 0.5),
     ):
         with pytest.raises(ExperimentError, match="needs network namespaces"):
             fault()
@@ -130,7 +130,7 @@ def test_starved_processes_get_their_share_of_a_core_and_are_let_go(tmp_path: Pa
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     hosts = Namespaces(["b0", "c"], root=tmp_path)
     try:
-        hosts.throttle([spin.pid], 0.1)
+        hosts.throttle("b0", [spin.pid], 0.1)
         (group,) = json.loads((REGISTRY / f"{os.getpid()}.json").read_text())["cgroups"]
         assert str(spin.pid) in (Path(group) / "cgroup.procs").read_text().split()
         before = _cpu_seconds(spin.pid)
@@ -142,7 +142,7 @@ def test_starved_processes_get_their_share_of_a_core_and_are_let_go(tmp_path: Pa
         subprocess.run(["sleep", "2"], check=True)
         fed = _cpu_seconds(spin.pid) - before
         assert starved < 0.5 < fed, (starved, fed)
-        hosts.throttle([spin.pid], 0.1)
+        hosts.throttle("b0", [spin.pid], 0.1)
     finally:
         spin.kill()
         spin.wait()

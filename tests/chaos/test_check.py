@@ -201,9 +201,20 @@ def test_events_and_filters_are_the_same_in_every_process() -> None:
 def test_schedules_are_seeded_and_mixes_checked() -> None:
     for mix in MIXES.values():
         a = schedule(mix, 3, brokers=5, detect=5.0)
-        assert a == schedule(mix, 3, brokers=5, detect=5.0) and len(a) == mix.faults
+        assert a == schedule(mix, 3, brokers=5, detect=5.0)
+        if mix.under:  # (held from before the first fault to the end of the last)
+            under, *a = a
+            assert under.kind == mix.under and under.start < a[0].start and under.end == a[-1].end
+        assert len(a) == mix.faults
         assert all(a[i].end < a[i + 1].start for i in range(len(a) - 1))  # (one at a time, healed)
         assert all(f.kind in mix.kinds for f in a)
+    (under, *_), starved = schedule(MIXES["overload"], 1, brokers=5, detect=5.0), MIXES["starve"]
+    for fault, (low, high) in (
+        (under, (0.08, 0.3)),
+        (schedule(starved, 1, brokers=5, detect=5.0)[0], (0.02, 0.2)),
+    ):
+        shares = [float(x) for x in str(fault.rules["cpu"]).split()]
+        assert fault.targets == (0, 1, 2, 3, 4) and len(shares) == 5 and all(low <= x <= high for x in shares)
     assert schedule(MIXES["crash"], 1, brokers=5, detect=5.0) != schedule(
         MIXES["crash"], 2, brokers=5, detect=5.0
     )

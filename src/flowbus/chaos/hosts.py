@@ -21,10 +21,10 @@ How it works:
   ``ENOSPC``), ``drain`` gives it back; ``power_loss`` keeps only what the kernel had written
   to the device (what an ``fsync`` forced, and what write-back did on its own): the image is
   copied before the file system is unmounted, then mounted again from the copy.
-* **CPU.** ``throttle(pids, share)`` puts processes in a cpu cgroup of the campaign's own
+* **CPU.** ``throttle(host, pids, share)`` puts processes in a cpu cgroup of the host's own
   whose quota is ``share`` of one core for all of them together (cgroup v1's
-  ``cpu.cfs_quota_us``, or v2's ``cpu.max``): they run in slices, behind one another, as on
-  an overloaded machine; ``unthrottle`` moves them back and removes the group.
+  ``cpu.cfs_quota_us``, or v2's ``cpu.max``): they run in slices, as on an overloaded
+  machine; ``unthrottle`` moves every throttled process back and removes the groups.
 * **Always cleaned up.** Every namespace, link, mount, loop device and cgroup made is written to a
   registry file (``/run/flowbus-chaos/PID.json``) before it is made; :meth:`close` removes
   them, and :func:`sweep` removes those of campaigns whose process is gone (killed, or
@@ -76,7 +76,7 @@ class Hosts(Protocol):
     def fill(self, host: str) -> None: ...
     def drain(self, host: str) -> None: ...
     def power_loss(self, host: str) -> None: ...
-    def throttle(self, pids: Sequence[int], share: float) -> None: ...
+    def throttle(self, host: str, pids: Sequence[int], share: float) -> None: ...
     def unthrottle(self) -> None: ...
     def close(self) -> None: ...
 
@@ -330,12 +330,12 @@ class Namespaces:
         snapshot.replace(image)
         self._mount(image, where)
 
-    def throttle(self, pids: Sequence[int], share: float) -> None:
+    def throttle(self, host: str, pids: Sequence[int], share: float) -> None:
         """Starve ``pids`` of CPU: ``share`` of one core for them all (see the module note)."""
         root = _cpu_root()
         if root is None:
             raise ExperimentError("starving brokers of CPU needs a cpu cgroup (v1 cpu, or v2 with cpu)")
-        group = root / f"flowbus-chaos-{os.getpid()}"
+        group = root / self._ns(host)
         if str(group) not in self._made.cgroups:
             self._made.cgroups.append(str(group))
             self._made.save()
@@ -421,7 +421,7 @@ class Loopback:
     def power_loss(self, host: str) -> None:
         self._needs_root("a power loss")
 
-    def throttle(self, pids: Sequence[int], share: float) -> None:
+    def throttle(self, host: str, pids: Sequence[int], share: float) -> None:
         self._needs_root("starving brokers of CPU")
 
     def unthrottle(self) -> None:

@@ -16,8 +16,9 @@ How it works:
 * A *mix* (:data:`MIXES`) names the kinds a run draws from; :func:`schedule` draws a run's
   faults from it with a seeded generator: kinds, victims, durations, and the quiet time
   after each heal (the recovery the checker measures); a mix with ``each`` set (``links``)
-  meets every one of its kinds once per round. The same mix and seed give the same
-  schedule, whatever the machine.
+  meets every one of its kinds once per round; a mix with ``under`` set (``overload``)
+  holds that fault from before its first fault to the end of its last, beneath them all.
+  The same mix and seed give the same schedule, whatever the machine.
 * :class:`Nemesis` carries a fault out on the hosts and brokers and heals it, and logs both
   with their wall-clock times (``faults.jsonl``). Ring positions are read in the ring's
   order *when the fault is made* (brokers restarted by earlier faults joined with new ids
@@ -43,10 +44,12 @@ The kinds (``heal`` is what ends them):
 ``disk-full``      one broker's file system full (ENOSPC); heal: space given back
 ``power-loss``     ``kill -9`` and what was not written to the disk lost; heal: restarted
 ``restart``        ``SIGTERM`` of one broker and a restart on its data (a rolling step)
-``starve``         every broker starved of CPU: all together get 15-50 % of one core (a
-                   cpu cgroup's quota; they need about 75 % at the campaign's rate), so
-                   heartbeats come late and events queue, as on an overloaded machine;
-                   heal: the quota lifted (a broker restarted meanwhile is not starved)
+``starve``         every broker starved of CPU, each to its own share of one core,
+                   drawn from 2-20 % (a cpu cgroup's quota; a broker needs 10-15 %
+                   at the campaign's rate): heartbeats come late, unevenly, and events
+                   queue, as on an overloaded machine; heal: the quotas lifted (a broker
+                   restarted meanwhile is not starved). Beneath a whole run (a mix's
+                   ``under``), the shares are drawn from 8-30 %
 ``delay``          1-3 broker links delayed 20-200 ms, with a jitter of 20-100 % of it
                    (frames stay in order); heal: the rules removed
 ``loss``           1-3 broker links losing 1-10 % of their segments (each sent again after
@@ -178,16 +181,22 @@ NETWORK = frozenset(
 class Mix:
     """A named set of fault kinds a run draws from, ``faults`` of them per run (``each``:
     every kind once per round of ``len(kinds)`` faults, in a seeded order; else each fault's
-    kind drawn on its own)."""
+    kind drawn on its own); ``under``, a kind held beneath them all (``""``: none)."""
 
     name: str
     kinds: tuple[str, ...]
     faults: int
     about: str
     each: bool = False
+    under: str = ""
+
+    @property
+    def all_kinds(self) -> tuple[str, ...]:
+        """The kinds a run of this mix makes (``under`` included)."""
+        return (*self.kinds, self.under) if self.under else self.kinds
 
     def __post_init__(self) -> None:
-        unknown = [k for k in self.kinds if k not in KINDS]
+        unknown = [k for k in self.all_kinds if k not in KINDS]
         if unknown or not self.kinds or self.faults < 1:
             raise ExperimentError(f"mix {self.name!r}: unknown kinds {unknown} or no faults")
 
@@ -207,6 +216,13 @@ MIXES: dict[str, Mix] = {
         Mix("membership", ("restart", "kill"), 5, "a rolling restart; crashes"),
         Mix("starve", ("starve",), 5, "every broker starved of CPU, as on an overloaded machine"),
         Mix(
+            "overload",
+            ("split", "cut-two", "isolate", "one-way"),
+            5,
+            "partitions on brokers starved of CPU all along",
+            under="starve",
+        ),
+        Mix(
             "mixed",
             ("kill", "pause", "isolate", "split", "one-way", "client-cut", "disk-full", "restart"),
             6,
@@ -224,7 +240,7 @@ MIXES: dict[str, Mix] = {
 
 def proxied(mix: Mix) -> bool:
     """Whether a run of ``mix`` runs its brokers behind proxies (it has faults of links)."""
-    return bool(set(mix.kinds) & PROXIED)
+    return bool(set(mix.all_kinds) & PROXIED)
 
 
 def check_mixes(names: Sequence[str], *, isolated: bool) -> list[Mix]:
@@ -234,7 +250,7 @@ def check_mixes(names: Sequence[str], *, isolated: bool) -> list[Mix]:
         mix = MIXES.get(name)
         if mix is None:
             raise ExperimentError(f"unknown mix {name!r} (mixes: {', '.join(MIXES)})")
-        needs = sorted(set(mix.kinds) & NETWORK)
+        needs = sorted(set(mix.all_kinds) & NETWORK)
         if needs and not isolated:
             raise ExperimentError(f"mix {name!r} needs network namespaces (root) for {', '.join(needs)}")
         out.append(mix)
@@ -287,8 +303,14 @@ def schedule(mix: Mix, seed: int, *, brokers: int, detect: float, warmup: float 
         if kind == "ack-cut":
             duration = round(rng.uniform(1.0, 5.0), 1)
         targets, others = _victims(kind, rng, brokers)
-        out.append(Fault(kind, round(t, 1), duration, targets, others, _params(kind, rng)))
+        out.append(Fault(kind, round(t, 1), duration, targets, others, _params(kind, rng, brokers)))
         t += duration + rng.uniform(detect + 4.0, detect + 8.0)
+    if mix.under:
+        start = warmup / 2
+        end = max(f.end for f in out)
+        targets, others = _victims(mix.under, rng, brokers)
+        params = _params(mix.under, rng, brokers, under=True)
+        out.insert(0, Fault(mix.under, start, round(end - start, 1), targets, others, params))
     return out
 
 
@@ -321,7 +343,9 @@ def _victims(kind: str, rng: random.Random, n: int) -> tuple[tuple[int, ...], tu
     return (first,), ()
 
 
-def _params(kind: str, rng: random.Random) -> tuple[tuple[str, float | str], ...]:
+def _params(
+    kind: str, rng: random.Random, n: int, *, under: bool = False
+) -> tuple[tuple[str, float | str], ...]:
     """A fault's parameters (a link fault's rules for the proxies, see the kinds' table)."""
     if kind == "delay":
         delay = round(rng.uniform(20.0, 200.0))
@@ -337,8 +361,9 @@ def _params(kind: str, rng: random.Random) -> tuple[tuple[str, float | str], ...
         )
     if kind == "ack-cut":
         return (("when", rng.choice(("before", "after"))),)
-    if kind == "starve":
-        return (("cpu", round(rng.uniform(0.15, 0.5), 2)),)
+    if kind == "starve":  # (each broker's share, in ring order)
+        low, high = (0.08, 0.3) if under else (0.02, 0.2)
+        return (("cpu", " ".join(f"{rng.uniform(low, high):.2f}" for _ in range(n))),)
     return ()
 
 
@@ -479,8 +504,9 @@ class Nemesis:
         elif kind == "disk-full":
             hosts.fill(victims[0])
         elif kind == "starve":
-            pids = [pid for v in victims if (pid := brokers.pid(v)) is not None]
-            hosts.throttle(pids, float(fault.rules["cpu"]))
+            for v, share in zip(victims, str(fault.rules["cpu"]).split(), strict=True):
+                pid = brokers.pid(v)
+                hosts.throttle(v, [pid] if pid is not None else [], float(share))
         else:
             raise ExperimentError(f"unknown fault kind {kind!r}")
 

@@ -38,6 +38,8 @@ FULL = (
     "membership",
     "flows",
     "mixed",
+    "starve",
+    "overload",
 )
 
 
@@ -50,8 +52,8 @@ def mixes(as_json: JsonOption = False) -> None:
         {
             "mix": m.name,
             "faults_per_run": m.faults,
-            "kinds": " ".join(m.kinds),
-            "needs_root": bool(set(m.kinds) & NETWORK),
+            "kinds": " ".join(m.kinds) + (f" (under {m.under})" if m.under else ""),
+            "needs_root": bool(set(m.all_kinds) & NETWORK),
             "about": m.about,
         }
         for m in MIXES.values()

@@ -79,12 +79,14 @@ def test_a_run_with_every_kind_of_mistake_is_counted(tmp_path: Path) -> None:
     rows.append(["all", 6 * STRIDE + 1, "10.0.0.2:7000", f"{T0 + 3:.4f}"])  # never published
     low = max(q for q in acked if q < STRIDE and not high.matches(events[q]["event"]))  # type: ignore[arg-type]
     rows.append(["high", low, "10.0.0.2:7000", f"{T0 + 9:.4f}"])  # not its filter (its latest: in order)
+    rows.append(["all", 40, "10.0.0.1:7000", f"{T0 + 9:.4f}"])  # (given up, hung: taken all the same,
+    rows.append(["all", 39, "10.0.0.1:7000", f"{T0 + 9:.4f}"])  # and 39 after 40: not the order promised)
     _write(root, spec, _pubs(events), rows)
     row = check_run(root)
     assert row["published"] == 43 and row["acknowledged"] == 41
     assert row["lost"] == 3 and (row["lost_prefix"], row["lost_middle"], row["lost_postfix"]) == (1, 1, 1)
     assert row["duplicated"] == 1 and row["phantom"] == 1 and row["misrouted"] == 1
-    assert row["out_of_order"] == 1
+    assert row["out_of_order"] == 1 and row["unacknowledged_taken"] == 2 and row["unacknowledged_late"] == 1
     assert row["hung_publishes"] == 1 and row["refused"] == 1
     assert row["refused_by_reason"] == {"not acknowledged within 30 s (connected to x)": 1}
     assert row["faults_injected"] == 1 and row["tracebacks"] == 0 and row["heal_failures"] == 1

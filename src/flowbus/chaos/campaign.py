@@ -64,6 +64,8 @@ TOTALS = (
     "wrong_values",
     "phantom",
     "out_of_order",
+    "unacknowledged_taken",
+    "unacknowledged_late",
     "hung_publishes",
     "refused",
     "unavailable_s",

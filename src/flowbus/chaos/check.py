@@ -17,8 +17,12 @@ nothing from the brokers. :func:`check_run` gives one row:
 * ``duplicated``: an event taken twice by one subscription (each extra time counts);
   ``misrouted``: taken by a subscription whose filter it does not match; ``wrong_values``:
   an event downstream of the flow's state whose count is not the reference interpreter's;
-  ``phantom``: taken but never published; ``out_of_order``: taken after a later event of
-  the same publisher (of the same key of the state, downstream of one).
+  ``phantom``: taken but never published; ``out_of_order``: an acknowledged event taken
+  after a later acknowledged event of the same publisher (of the same key of the state,
+  downstream of one): the order promised. ``unacknowledged_taken``: events taken whose
+  publish was given up (refused, or not acknowledged in time; such a publish may or may
+  not be delivered, and is not ordered with the acknowledged ones); of those,
+  ``unacknowledged_late`` were taken after a later event of their publisher.
 * ``hung_publishes``: neither acknowledged nor refused by the end; ``refused``: publishes
   refused (by a broker, or a timeout: each with its reason, counted by reason).
 * ``recovery_p99_s`` / ``recovery_max_s``: per heal and subscription, how long after the heal
@@ -100,8 +104,9 @@ def check_run(root: Path) -> dict[str, Any]:
     # (sub -> the acknowledged events it must get)
     got: dict[str, Counter[int]] = defaultdict(Counter)
     taken_at: dict[tuple[str, int], float] = {}
-    order_errors = misrouted = phantom = wrong = 0
-    highest: dict[tuple[Any, ...], int] = {}
+    order_errors = misrouted = phantom = wrong = unacked = unacked_late = 0
+    highest: dict[tuple[Any, ...], int] = {}  # (of the acknowledged events taken)
+    highest_any: dict[tuple[Any, ...], int] = {}
     for row in deliveries:
         sid, q, t = row["sub"], int(row["quantity"]), float(row["t"])
         got[sid][q] += 1
@@ -115,10 +120,15 @@ def check_run(root: Path) -> dict[str, Any]:
             misrouted += 1
         elif row.get("n") and row["n"] != str(wanted.count(sid, q)):
             wrong += 1
-        key = wanted.order_key(sid, q)
-        if q % STRIDE < highest.get(key, 0):
+        key, k = wanted.order_key(sid, q), q % STRIDE
+        if q not in pubs.acked:
+            unacked += 1
+            unacked_late += k < highest_any.get(key, 0)
+        elif k < highest.get(key, 0):
             order_errors += 1
-        highest[key] = max(highest.get(key, 0), q % STRIDE)
+        else:
+            highest[key] = k
+        highest_any[key] = max(highest_any.get(key, 0), k)
     lost = {"prefix": 0, "middle": 0, "postfix": 0}
     delivered = caught_up = 0
     for sid, want in expected.items():
@@ -150,6 +160,8 @@ def check_run(root: Path) -> dict[str, Any]:
         "wrong_values": wrong,
         "phantom": phantom,
         "out_of_order": order_errors,
+        "unacknowledged_taken": unacked,
+        "unacknowledged_late": unacked_late,
         "hung_publishes": refused.pop("hung", 0),
         "refused": sum(refused.values()),
         "refused_by_reason": dict(refused),

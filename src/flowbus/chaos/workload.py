@@ -21,9 +21,11 @@ clients' host) reads a :class:`Spec` and runs
 
 It prints ``ready`` once every subscription is made (the campaign's clock of faults starts
 then), publishes for ``publish_for`` seconds, waits for the publishes to be acknowledged
-(at most ``settle`` seconds) and for the subscribers to be settled (connected, and
-``quiet`` seconds with no event, within ``settle`` too: a subscriber between brokers is
-quiet, and what waits for it would be counted lost), then writes ``summary.json`` and exits. The logs are CSV
+(at most ``settle`` seconds, and at least the client's ``publish_timeout`` and
+:data:`HUNG_AFTER`: by then each is acknowledged or given up) and for the subscribers to
+be settled (connected, and ``quiet`` seconds with no event, within ``settle`` too: a
+subscriber between brokers is quiet, and what waits for it would be counted lost), then
+writes ``summary.json`` and exits. The logs are CSV
 files in ``out``, flushed every second (a run cut short keeps what came until then):
 ``publishes.csv`` (``publisher,k,pseq,sent,acked,error``: one row when sent, one when
 resolved) and ``deliveries.csv`` (``sub,quantity,broker,t,n``; ``n``: the count a state's
@@ -121,6 +123,11 @@ _SHAPES = (
     'symbol = "S{s}"',
     'symbol in {{"S{s}", "S{t}"}} & level <= 2',
 )
+
+
+HUNG_AFTER = 5.0
+"""Seconds past the client's ``publish_timeout`` a publisher waits for its last publishes
+at the end (each is acknowledged or given up by then): one still pending is *hung*."""
 
 
 def event_of(publisher: int, k: int) -> dict[str, Any]:
@@ -279,7 +286,9 @@ class _Publisher:
                     self.sent[pseq] = k
                     self.counts["sent"] += 1
                     self.log.row(me.name, k, pseq, f"{time.time():.4f}", "", "")
-                await self._drain(client, deadline=time.time() + self.spec.settle)
+                timeout = self.spec.client.get("publish_timeout")
+                drain = self.spec.settle if timeout is None else max(self.spec.settle, timeout + HUNG_AFTER)
+                await self._drain(client, deadline=time.time() + drain)
             finally:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

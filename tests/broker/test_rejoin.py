@@ -18,6 +18,7 @@ import pytest
 import flowbus
 from flowbus.chaos.brokers import Brokers
 from flowbus.chaos.hosts import Loopback
+from flowbus.errors import SubscribeError
 
 NAMES = ["b0", "b1", "b2", "b3"]
 KEEP = 'symbol = "KEEP"'
@@ -136,3 +137,31 @@ def test_a_broker_back_finds_the_taker_of_its_taker(brokers: Brokers) -> None:
     assert _serving(b, "keep") == [order[3]]
     asyncio.run(_publish(b.address(other), range(40, 60)))
     assert asyncio.run(_take(b.address(order[3]), 30)) == list(range(1, 60, 2))
+
+
+def test_a_durable_subscription_served_elsewhere_is_not_made_afresh(brokers: Brokers) -> None:
+    """A client asking another broker for a durable subscription the ring serves (not
+    resumed: made afresh, as a client does once its subscription was found nowhere for its
+    ``resume_timeout``) is told "not here", naming the broker that serves it: a second copy
+    there would take the new events while the first kept the queued ones (the fault
+    campaign's overload mix). A new durable subscription is made at once, and the one that
+    is served keeps every event, in order."""
+    b = brokers
+    home, other = b.ring_order()[1], b.ring_order()[3]
+    asyncio.run(_away(b.address(home)))
+    asyncio.run(_publish(b.address(other), range(0, 20)))
+
+    async def afresh(sub_id: str) -> str:
+        async with flowbus.connect(b.address(other), name="subscriber") as c:
+            try:
+                await c.subscribe("stocks", KEEP, durable=sub_id)
+            except SubscribeError as e:
+                return str(e)
+            return "made"
+
+    refused = asyncio.run(afresh("keep"))
+    assert f"not here: broker {b.address(home)} serves it" in refused, refused
+    assert asyncio.run(afresh("new")) == "made"  # (nobody serves it: the question went round)
+    assert _serving(b, "keep") == [home] and _serving(b, "new") == [other]
+    asyncio.run(_publish(b.address(other), range(20, 40)))
+    assert asyncio.run(_take(b.address(home), 20)) == list(range(1, 40, 2))

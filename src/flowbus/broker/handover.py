@@ -28,6 +28,16 @@ the same process), it comes back through :class:`Rejoin`:
    seconds (the question went round the whole ring each time) is served here again, as a
    broker restarted on its data always did: nobody took it over (a broker alone, a whole
    ring restarted, a backup lost).
+
+A durable subscription asked for afresh (a client's ``Subscribe`` without ``resume``: a
+new subscription, or one its client found served nowhere for its ``resume_timeout``) is
+opened here only if the ring does not serve it elsewhere (:class:`Finder`, the same
+``WhereIs`` round): a second copy here would take the new events while the first kept
+what it had queued (acknowledged events, lost to its client; the fault campaign's overload
+mix: a taker cut off from the ring on and off for 40 s, its subscriptions made afresh at
+another broker, 3,128 deliveries out of order). A subscription served elsewhere, or held
+on this broker's disk for a hand-over, is answered "not here"; one the ring cannot vouch
+for within ``WHERE_WITHIN`` too: the client goes on looking.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from flowbus.overlay.ring_messages import Dead, Peer
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.routing.ring_handover import Backlog, BacklogAck, HeldHere, WhereIs
 
-__all__ = ["ACK_WITHIN", "AGAIN_MAX", "PART", "TRIES", "WHERE_WITHIN", "Rejoin"]
+__all__ = ["ACK_WITHIN", "AGAIN_MAX", "PART", "TRIES", "WHERE_WITHIN", "Finder", "Rejoin"]
 
 PART = 500
 """Rows of a queue per ``Backlog`` message."""
@@ -230,3 +240,54 @@ def _meta(row: SubscriptionRow) -> dict[str, object]:
         "durable": row.durable,
         "collapse": row.collapse,
     }
+
+
+class Finder:
+    """Whether another broker serves a durable subscription, asked round the ring before one
+    is opened afresh here (see the module note); ``pending`` gives the subscriptions of this
+    broker's disk not handed over yet."""
+
+    def __init__(
+        self,
+        *,
+        core: RingBroker,
+        apply: Callable[[Sequence[Effect]], None],
+        pending: Callable[[], set[str]],
+    ) -> None:
+        self.core = core
+        self.apply = apply
+        self.pending = pending
+        self._asked: dict[str, list[asyncio.Future[int | None]]] = {}
+
+    async def holder(self, sub_id: str) -> int | None:
+        """The broker that serves ``sub_id`` (this one's address if its disk holds it for a
+        hand-over); None if the question went round the ring and nobody does. A
+        :class:`TimeoutError` if the ring did not say within ``WHERE_WITHIN`` seconds."""
+        if sub_id in self.pending():
+            return self.core.addr
+        if self.core.ring.right is None:  # (alone in the ring: nobody else serves anything)
+            return None
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._asked.setdefault(sub_id, []).append(fut)
+        self.apply(self.core.ask_where([sub_id]))
+        try:
+            return await asyncio.wait_for(fut, WHERE_WITHIN)
+        finally:
+            waiting = self._asked.get(sub_id, [])
+            if fut in waiting:
+                waiting.remove(fut)
+            if not waiting:
+                self._asked.pop(sub_id, None)
+
+    def held(self, src: int, msg: HeldHere) -> None:
+        self._answer(msg.subs, src)
+
+    def walked(self, msg: WhereIs) -> None:
+        """A question came back round the ring: nobody on the way serves ``msg.subs``."""
+        self._answer(msg.subs, None)
+
+    def _answer(self, subs: Sequence[str], holder: int | None) -> None:
+        for sub in subs:
+            for fut in self._asked.pop(sub, []):
+                if not fut.done():
+                    fut.set_result(holder)

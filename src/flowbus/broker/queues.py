@@ -298,6 +298,10 @@ class Queues:
             return False, p.NOT_HERE
         return self._open(session, msg)
 
+    def unknown(self, sub_id: str) -> bool:
+        """Whether ``sub_id`` is neither served here nor taken over by this broker's core."""
+        return sub_id not in self.subs and sub_id not in self.core.subs
+
     def unsubscribe(self, session: Session, sub_id: str) -> tuple[bool, str | None]:
         sub = self.subs.get(sub_id)
         if sub is None or (sub.session is not None and sub.session is not session):

@@ -64,7 +64,7 @@ from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.fence import Fence
 from flowbus.broker.flows import BrokerFlows
-from flowbus.broker.handover import Rejoin
+from flowbus.broker.handover import Finder, Rejoin
 from flowbus.broker.ledger import Ledger
 from flowbus.broker.links import SecureLinks
 from flowbus.broker.overlays import BrokerCore, address_text, check_overlay, new_core
@@ -231,6 +231,10 @@ class Broker:
         self._store_retry: asyncio.TimerHandle | None = None
         self.console: Console | None = None  # the web console, if started with http
         self.rejoin: Rejoin | None = None  # (coming back as a new ring member: broker/handover.py)
+        self.finder = (  # (a durable subscription is opened afresh only if no other broker serves it)
+            Finder(core=ring, apply=runtime.apply, pending=self._pending) if ring is not None else None
+        )
+        self.sessions.finder = self.finder
         self.stepped_down = asyncio.Event()  # the ring found this broker dead: start it again
         self._member: tuple[int, tuple[str, ...]] | None = None  # the membership last saved
         self._member_seen = -1  # (the ring log's changes when it was)
@@ -382,6 +386,10 @@ class Broker:
                 self.store.forget_membership()
         runtime.apply(core.join(peers) if peers else core.start())
 
+    def _pending(self) -> set[str]:
+        """The subscriptions of the store not handed over yet (coming back as a new member)."""
+        return self.rejoin.pending if self.rejoin is not None else set()
+
     def _watch_lease(self) -> None:
         """Look at the lease now and then (its loss closes the client connections), not only
         when a client or a delivery asks: a client idle behind keepalives would stay on."""
@@ -525,9 +533,14 @@ class Broker:
                     return
                 assert isinstance(self.core, RingBroker)  # (only the ring's brokers hand over)
                 self.runtime.apply(self.core.hand_over(src, BacklogAck(msg.sub, msg.part, taken)))
-            elif self.rejoin is None:
                 return
-            elif isinstance(msg, BacklogAck):
+            if isinstance(msg, HeldHere) and self.finder is not None:
+                self.finder.held(src, msg)
+            elif isinstance(msg, WhereIs) and self.finder is not None:
+                self.finder.walked(msg)
+            if self.rejoin is None:
+                return
+            if isinstance(msg, BacklogAck):
                 self.rejoin.acked(msg)
             elif isinstance(msg, HeldHere):
                 self.rejoin.held(src, msg)

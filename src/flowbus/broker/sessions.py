@@ -20,6 +20,9 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   ``Unsubscribe`` and ``Ack`` to the subscription queues (:mod:`flowbus.broker.queues`);
   ``Advertise`` and ``Unadvertise`` to :mod:`flowbus.broker.adverts`; ``Deploy``,
   ``Undeploy`` and ``ListFlows`` to :mod:`flowbus.broker.flows`; ``Bye`` ends the session.
+  A durable ``Subscribe`` for a subscription not known here and not resumed is answered
+  once the ring has said that no other broker serves it (the broker's ``finder``,
+  :class:`~flowbus.broker.handover.Finder`; "not here" if one does).
   A message a client may not send, or a malformed frame, is a
   :class:`~flowbus.errors.ProtocolError` for that connection only: the broker answers
   ``Error`` and closes it; nothing else changes. A read takes at most ``READ_BYTES``
@@ -64,6 +67,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.acl import Acl
+from flowbus.broker.handover import WHERE_WITHIN, Finder
+from flowbus.broker.overlays import address_text
 from flowbus.broker.pull import Pulls
 from flowbus.client import protocol as p
 from flowbus.errors import AccessError, FlowbusError, ProtocolError
@@ -246,6 +251,7 @@ class Sessions:
         self.adverts = adverts
         self.flows = flows
         self.pulls = Pulls(queues)
+        self.finder: Finder | None = None  # (a ring broker's: durable subscriptions served elsewhere)
         self.by_client: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # reads the rights again (the broker's; ReloadAcl): (ok, error, what changed)
@@ -369,6 +375,21 @@ class Sessions:
             session.publishing = True
         return False
 
+    async def _subscribe_afresh(self, session: Session, msg: p.Subscribe, finder: Finder) -> None:
+        """A durable subscription not known here, opened if no other broker serves it."""
+        try:
+            holder = await finder.holder(msg.sub_id)
+        except TimeoutError:
+            why = f"the ring did not say within {WHERE_WITHIN:.0f} s whether another broker serves it"
+        else:
+            why = "" if holder is None else f"broker {address_text(holder)} serves it"
+        if session.closed:
+            return
+        if why:
+            session.send(p.Reply(msg.req, False, f"{p.NOT_HERE}: {why}"))
+        else:
+            session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
+
     def _take(self, session: Session, msg: Any) -> bool:
         """Handle one message of ``session``; True for ``Bye``."""
         match msg:
@@ -377,7 +398,18 @@ class Sessions:
             case p.Ack():
                 self.queues.ack(session, msg.ranges())
             case p.Subscribe():
-                if not self._denied(session, msg.req, "subscribe", msg.space):
+                if self._denied(session, msg.req, "subscribe", msg.space):
+                    pass
+                elif (
+                    self.finder is not None
+                    and msg.durable
+                    and not msg.resume
+                    and self.queues.unknown(msg.sub_id)
+                ):
+                    task = asyncio.ensure_future(self._subscribe_afresh(session, msg, self.finder))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                else:
                     session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
             case p.Unsubscribe():
                 session.send(p.Reply(msg.req, *self.queues.unsubscribe(session, msg.sub_id)))

@@ -702,7 +702,7 @@ class Client:
                         sub = reqs.pop(got.req)
                         if got.ok:
                             pending.pop(sub.id, None)
-                        elif got.error != p.NOT_HERE:  # refused for good (a right lost, say)
+                        elif not (got.error or "").startswith(p.NOT_HERE):  # refused for good (a right lost)
                             pending.pop(sub.id, None)
                             self._subs.pop(sub.id, None)
                             sub._end(SubscribeError(f"subscription {sub.id!r} ended: {got.error}"))

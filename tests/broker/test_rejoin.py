@@ -165,3 +165,38 @@ def test_a_durable_subscription_served_elsewhere_is_not_made_afresh(brokers: Bro
     assert _serving(b, "keep") == [home] and _serving(b, "new") == [other]
     asyncio.run(_publish(b.address(other), range(20, 40)))
     assert asyncio.run(_take(b.address(home), 20)) == list(range(1, 40, 2))
+
+
+def test_a_client_whose_broker_is_paused_follows_the_broker_named_as_serving_it(brokers: Brokers) -> None:
+    """The broker of a durable subscription is paused (found dead, taken over): its client,
+    asking for the subscription afresh at once (``resume_timeout=0``), is told "not here"
+    by every broker but the taker (the ring serves it there; one that knows names it), and
+    moves on until it is there (it stayed at the first broker, asking for ever); nothing
+    makes a second copy. The paused broker comes back, hands its queue on disk to the taker,
+    and the client takes every event, once, in order."""
+    b = brokers
+    order = b.ring_order()
+    home, other = order[1], order[3]
+    asyncio.run(_away(b.address(home)))
+    asyncio.run(_publish(b.address(other), range(0, 20)))  # (on home's disk)
+
+    async def run() -> list[int]:
+        async with flowbus.connect(
+            b.address(home), b.address(other), name="subscriber", idle_timeout=3.0, resume_timeout=0.0
+        ) as c:
+            sub = await c.subscribe("stocks", KEEP, durable="keep")
+            got = [(await sub.get(30))["quantity"] for _ in range(10)]
+            b.signal(home, signal.SIGSTOP)  # (found dead after the guard: taken over)
+            await asyncio.to_thread(lambda: asyncio.run(_publish(b.address(other), range(20, 40))))
+            taker = await asyncio.to_thread(_until, lambda: _serving(b, "keep"), 30, "the takeover")
+            b.signal(home, signal.SIGCONT)  # (it steps down, and hands its queue on disk over)
+            while len(set(got)) < 20:
+                got.append((await sub.get(60))["quantity"])
+            assert c.broker == b.address(taker[0])
+            return got
+
+    try:
+        assert asyncio.run(run()) == list(range(1, 40, 2))  # (every one, once, in order)
+        assert len(_serving(b, "keep")) == 1 and other not in _serving(b, "keep") or order[2] == other
+    finally:
+        b.signal(home, signal.SIGCONT)

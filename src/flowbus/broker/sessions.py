@@ -380,13 +380,15 @@ class Sessions:
         try:
             holder = await finder.holder(msg.sub_id)
         except TimeoutError:
-            why = f"the ring did not say within {WHERE_WITHIN:.0f} s whether another broker serves it"
+            error: str | None = p.not_here(
+                f"the ring did not say within {WHERE_WITHIN:.0f} s whether another broker serves it"
+            )
         else:
-            why = "" if holder is None else f"broker {address_text(holder)} serves it"
+            error = None if holder is None else p.not_here(at=address_text(holder))
         if session.closed:
             return
-        if why:
-            session.send(p.Reply(msg.req, False, f"{p.NOT_HERE}: {why}"))
+        if error is not None:
+            session.send(p.Reply(msg.req, False, error))
         else:
             session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
 

@@ -663,8 +663,9 @@ class Client:
 
     async def _resume(self, reader: asyncio.StreamReader, frames: FrameDecoder, early: list[bytes]) -> bool:
         """Re-attach every subscription at this broker; False if some are not here (the
-        caller moves on to the next broker), unless they have been homeless for longer
-        than ``resume_timeout``: then they are made afresh here."""
+        caller moves on to the next broker: first to one a broker named as serving them).
+        Homeless for longer than ``resume_timeout``, they are asked for afresh: a broker
+        makes a durable one only if no other broker serves it."""
         if not self._subs:
             for body in early:
                 self._on_message(decode(body))
@@ -675,6 +676,7 @@ class Client:
         if self._homeless_since is None:
             self._homeless_since = start
         pending = dict(self._subs)
+        served_at: str | None = None  # (a broker named as serving one of them)
         while pending:
             fresh = loop.time() - self._homeless_since > self.resume_timeout
             reqs: dict[int, Subscription] = {}
@@ -706,10 +708,16 @@ class Client:
                             pending.pop(sub.id, None)
                             self._subs.pop(sub.id, None)
                             sub._end(SubscribeError(f"subscription {sub.id!r} ended: {got.error}"))
+                        elif (at := p.served_at(got.error or "")) is not None:
+                            served_at = at
                     else:
                         self._on_message(got)
             if pending:
-                if loop.time() - start > 2.0 and not fresh and len(self._addresses) > 1:
+                if loop.time() - start > 2.0 and len(self._addresses) > 1:
+                    if served_at is not None:  # (named by this broker: the next one tried)
+                        with contextlib.suppress(ValueError):
+                            self._addresses.remove(served_at)
+                        self._addresses.appendleft(served_at)
                     return False  # another broker may serve them: move on
                 await asyncio.sleep(0.1)
         self._homeless_since = None

@@ -61,6 +61,7 @@ Broker -> client:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -401,4 +402,20 @@ class Keepalive:
 
 
 NOT_HERE = "not here"
-"""The error of a ``Subscribe(resume=True)`` at a broker that does not serve it."""
+"""The error of a ``Subscribe(resume=True)`` at a broker that does not serve it (and of a
+durable one made afresh that another broker serves: :func:`not_here`)."""
+
+_SERVED_AT = re.compile(r"broker (\S+) serves it")
+
+
+def not_here(why: str = "", *, at: str | None = None) -> str:
+    """The "not here" error, saying why, or naming ``at``, the broker that serves it."""
+    if at is not None:
+        why = f"broker {at} serves it"
+    return f"{NOT_HERE}: {why}" if why else NOT_HERE
+
+
+def served_at(error: str) -> str | None:
+    """The broker a "not here" error names as serving the subscription, if it names one."""
+    found = _SERVED_AT.search(error) if error.startswith(NOT_HERE) else None
+    return found.group(1) if found else None

@@ -197,6 +197,6 @@ def test_a_client_whose_broker_is_paused_follows_the_broker_named_as_serving_it(
 
     try:
         assert asyncio.run(run()) == list(range(1, 40, 2))  # (every one, once, in order)
-        assert len(_serving(b, "keep")) == 1 and other not in _serving(b, "keep") or order[2] == other
+        assert len(_serving(b, "keep")) == 1  # (one copy: the taker's, where the client is)
     finally:
         b.signal(home, signal.SIGCONT)

@@ -131,3 +131,13 @@ async def _first(sub: Subscription, n: int) -> AsyncIterator[dict[str, object]]:
         n -= 1
         if not n:
             return
+
+
+def test_a_not_here_answer_may_name_the_broker_that_serves_the_subscription() -> None:
+    from flowbus.client import protocol as p
+
+    named = p.not_here(at="10.0.0.4:7000")
+    assert named.startswith(p.NOT_HERE) and p.served_at(named) == "10.0.0.4:7000"
+    assert p.served_at(p.not_here("the ring did not say within 5 s")) is None
+    assert p.served_at(p.NOT_HERE) is None and p.not_here() == p.NOT_HERE
+    assert p.served_at("refused: broker 10.0.0.4:7000 serves it") is None  # (not a "not here")

@@ -384,7 +384,12 @@ class Sessions:
                 f"the ring did not say within {WHERE_WITHIN:.0f} s whether another broker serves it"
             )
         else:
-            error = None if holder is None else p.not_here(at=address_text(holder))
+            if holder is None:
+                error = None
+            elif holder == finder.core.addr:  # (its queue on this disk goes to the one serving it)
+                error = p.not_here("its queue here is being handed over to the broker that serves it")
+            else:
+                error = p.not_here(at=address_text(holder))
         if session.closed:
             return
         if error is not None:

@@ -708,7 +708,7 @@ class Client:
                             pending.pop(sub.id, None)
                             self._subs.pop(sub.id, None)
                             sub._end(SubscribeError(f"subscription {sub.id!r} ended: {got.error}"))
-                        elif (at := p.served_at(got.error or "")) is not None:
+                        elif (at := p.served_at(got.error or "")) is not None and at != self.broker:
                             served_at = at
                     else:
                         self._on_message(got)

@@ -6,9 +6,10 @@ faults of processes only), with a workload of publishers and durable subscribers
 another, and strikes them with a seeded schedule of faults (crashes, pauses, partitions,
 cut client links, full disks, power losses, restarts, brokers starved of CPU; delayed,
 lossy, duplicating and reordering links, and clients cut at a publish acknowledgement,
-through a proxy in front of each broker). Every publish and every delivery is logged; the checker then counts,
-offline, what was acknowledged and lost, duplicated, misrouted, out of order, how long
-subscriptions took to catch up after each heal, and whether a publish hung. The parts:
+through a proxy in front of each broker). Every publish and every delivery is logged; the
+checker then counts, offline, what was acknowledged and lost, duplicated, misrouted, out of
+order, how long subscriptions took to catch up after each heal, and whether a publish hung.
+The parts:
 
 * :mod:`~flowbus.chaos.hosts` -- namespaces, links, disks, cpu cgroups, and their cleanup;
 * :mod:`~flowbus.chaos.brokers` -- the broker processes;

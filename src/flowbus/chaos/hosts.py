@@ -25,11 +25,11 @@ How it works:
   whose quota is ``share`` of one core for all of them together (cgroup v1's
   ``cpu.cfs_quota_us``, or v2's ``cpu.max``): they run in slices, as on an overloaded
   machine; ``unthrottle`` moves every throttled process back and removes the groups.
-* **Always cleaned up.** Every namespace, link, mount, loop device and cgroup made is written to a
-  registry file (``/run/flowbus-chaos/PID.json``) before it is made; :meth:`close` removes
-  them, and :func:`sweep` removes those of campaigns whose process is gone (killed, or
-  crashed), which every new campaign runs first. A campaign's ``SIGINT`` and ``SIGTERM``
-  close the hosts before the process ends.
+* **Always cleaned up.** Every namespace, link, mount, loop device and cgroup made is
+  written to a registry file (``/run/flowbus-chaos/PID.json``) before it is made;
+  :meth:`close` removes them, and :func:`sweep` removes those of campaigns whose process is
+  gone (killed, or crashed), which every new campaign runs first. A campaign's ``SIGINT``
+  and ``SIGTERM`` close the hosts before the process ends.
 * **Without root** (:class:`Loopback`): every host is ``127.0.0.1``, brokers on ports of
   their own; only faults of processes can be made (``cut``, ``link``, ``fill``...
   raise :class:`~flowbus.errors.ExperimentError`). :func:`can_isolate` tells which applies.
@@ -200,9 +200,13 @@ def sweep() -> list[int]:
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
             continue
-        made = _Made(pid, listed.get("bridge"), listed.get("netns", []), listed.get("mounts", []))
-        made.cgroups = listed.get("cgroups", [])
-        made.remove()
+        _Made(
+            pid,
+            listed.get("bridge"),
+            listed.get("netns", []),
+            listed.get("mounts", []),
+            listed.get("cgroups", []),
+        ).remove()
         swept.append(pid)
     return swept
 

@@ -442,8 +442,11 @@ def test_a_subscription_taken_over_awaits_the_backlog_of_its_former_broker() -> 
         )
         await turn()
         assert c.rows == [] and store.depth("s") == 2  # (waiting for the older events)
-        old = [(repr(("pub", n)), store_row(n)) for n in (1, 2)]
-        q.take_backlog(Backlog(Peer(5, 99), "s", meta, 0, tuple(old), True))
+        old = [(repr(("pub", n)), store_row(n)) for n in (1, 2)]  # (in two parts, oldest first)
+        q.take_backlog(Backlog(Peer(5, 99), "s", meta, 0, tuple(old[:1]), False))
+        await turn()
+        assert c.rows == []  # (more is to come)
+        q.take_backlog(Backlog(Peer(5, 99), "s", meta, 1, tuple(old[1:]), True))
         await turn()
         assert [eid for _, _, eid, _ in c.rows] == [("pub", n) for n in (1, 2, 3, 4)]
         assert core.called("backlog_done") == [("s", 99)] and q.subs["s"].awaiting is None

@@ -46,6 +46,50 @@ def test_queue_order_ack_and_duplicates() -> None:
     assert s.depth("s") == 0  # the queue goes with it
 
 
+def test_a_backlog_taken_in_parts_goes_before_what_was_held_in_the_order_it_was_sent(tmp_path: Path) -> None:
+    """A former broker's backlog comes in parts, oldest first: each part goes after the
+    parts before it and before what was queued here meanwhile, a duplicate of a held event
+    at its place in the backlog; a store reopened halfway goes on where it was; an event
+    queued meanwhile for another subscription keeps its place."""
+    path = tmp_path / "b.db"
+    s = Store(path)
+    for sub in ("s", "t"):
+        s.add_subscription(sub, client="c", space="x", filter="a = 1", durable=True)
+    for i in (7, 8, 4):  # (queued here meanwhile; 4 is in the backlog too)
+        s.enqueue("s", f"p:{i}", bytes([i]))
+    s.enqueue("t", "p:1", b"t")
+    assert s.prepend("s", [("p:1", b"\x01"), ("p:2", b"\x02")], last=False) == 2
+    s.enqueue("t", "p:2", b"t")
+    s.close()  # (restarted halfway through the hand-over)
+    s = Store(path)
+    assert s.prepend("s", [("p:3", b"\x03"), ("p:4", b"\x04")], last=False) == 1
+    assert s.prepend("s", [("p:5", b"\x05"), ("p:6", b"\x06")], last=True) == 2
+    s.enqueue("s", "p:9", b"\x09")
+    assert [e.event_id for e in s.pending("s")] == [f"p:{i}" for i in range(1, 10)]
+    assert s.depth("s") == 9
+    assert [e.event_id for e in s.pending("t")] == ["p:1", "p:2"]
+    positions = [e.seq for e in s.pending("s")]
+    assert positions == sorted(positions) and len(set(positions)) == 9
+    s.close()
+
+
+def test_a_large_write_gives_its_log_space_back_to_the_disk(tmp_path: Path) -> None:
+    """A queue taken over in one transaction grows the write-ahead log past the disk it
+    needs; once checkpointed, the log keeps at most WAL_KEPT bytes."""
+    from flowbus.broker.store import WAL_KEPT
+
+    s = Store(tmp_path / "b.db", sync="normal")
+    s.add_subscription("s", client="c", space="x", filter="a = 1", durable=True)
+    s.enqueue_many([("s", f"p:{i}", bytes(1000)) for i in range(20_000)])
+    wal = tmp_path / "b.db-wal"
+    assert wal.stat().st_size > 2 * WAL_KEPT
+    s.ack("s", s.top("s"))
+    for i in range(3):  # (a checkpoint, then writes from the log's start again)
+        s.enqueue("s", f"q:{i}", b"x")
+    assert wal.stat().st_size <= WAL_KEPT
+    s.close()
+
+
 def test_publisher_sequences_refuse_replays() -> None:
     s = Store(":memory:")
     assert s.accept("p", 5)

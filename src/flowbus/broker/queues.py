@@ -418,7 +418,7 @@ class Queues:
             return None
         rows = list(msg.rows)
         if sub.awaiting == msg.previous.addr and not any(w for _, _, w in sub.pending):
-            new = self.store.prepend(sub.sub_id, rows)
+            new = self.store.prepend(sub.sub_id, rows, last=msg.last)
             sub.disk_pos = 0
         else:
             new = self.store.enqueue_many([(sub.sub_id, e, b) for e, b in rows])

@@ -10,7 +10,9 @@ How it works: one SQLite database per broker, in WAL mode (readers never block t
 * ``queue(seq, sub_id, event_id, payload)``: the events accepted for a subscriber and not
   yet acknowledged, in arrival order (``seq`` is the table's own increasing key). A
   subscriber acknowledges a prefix (:meth:`Store.ack`); ``(sub_id, event_id)`` is unique,
-  so an event queued twice (a retransmission) is stored once.
+  so an event queued twice (a retransmission) is stored once. A backlog handed over by a
+  subscription's former broker goes *before* what was queued here meanwhile, into a block
+  of free positions made once (:meth:`Store.prepend`).
 * ``publishers(publisher, last_seq)``: the highest sequence number accepted from each
   publisher. :meth:`Store.accept` refuses a sequence number at or below it: a publisher
   that re-sends after a reconnect does not publish twice.
@@ -52,6 +54,14 @@ from flowbus.errors import StoreError, StoreFull
 __all__ = ["QueuedEvent", "Store", "StoreError", "StoreFull", "SubscriptionRow"]
 
 SCHEMA_VERSION = 4
+
+WAL_KEPT = 8 << 20
+"""Bytes of write-ahead log kept on disk once a checkpoint has emptied it: a large write
+(a subscription's queue taken over) does not keep its log's size taken from a small disk."""
+
+BACKLOG_GAP = 1 << 32
+"""Queue positions kept free before what a subscription held, for a backlog taken in parts
+(:meth:`Store.prepend`)."""
 
 SYNC = ("full", "normal")
 """The store's syncing settings (see the module note)."""
@@ -131,6 +141,7 @@ class Store:
             if mode != "wal":
                 raise StoreError(f"{self.path}: cannot use write-ahead logging (journal mode {mode})")
             self._db.execute(f"PRAGMA synchronous = {sync.upper()}")
+            self._db.execute(f"PRAGMA journal_size_limit = {WAL_KEPT}")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, 1, 2, 3, SCHEMA_VERSION):
             raise StoreError(f"{self.path}: schema version {version}, this flowbus reads {SCHEMA_VERSION}")
@@ -233,6 +244,7 @@ class Store:
         with self._tx(f"remove subscription {sub_id!r}") as db:
             if db.execute("DELETE FROM subscriptions WHERE sub_id = ?", (sub_id,)).rowcount == 0:
                 raise StoreError(f"no subscription {sub_id!r}")
+            db.execute("DELETE FROM meta WHERE key = ?", (f"backlog:{sub_id}",))
 
     def drop_client(self, client: str) -> list[str]:
         """A client's session ended: drop its non-durable subscriptions; their ids."""
@@ -275,26 +287,65 @@ class Store:
         except sqlite3.IntegrityError:
             raise StoreError("a queued event names no known subscription") from None
 
-    def prepend(self, sub_id: str, rows: list[tuple[str, bytes]]) -> int:
-        """Queue ``(event_id, payload)`` rows of ``sub_id`` *before* what its queue holds (an
-        older part of it, handed over by its former broker: nothing of it was read yet): the
-        rows are numbered anew, in one transaction. How many were new."""
+    def prepend(self, sub_id: str, rows: list[tuple[str, bytes]], *, last: bool) -> int:
+        """Queue ``(event_id, payload)`` rows of ``sub_id`` *before* what its queue held when
+        the first of them came: an older part of it, handed over by its former broker part by
+        part, oldest first (``last``: the last part), nothing of it read yet.
+
+        The first part moves what the queue held past a block of :data:`BACKLOG_GAP` free
+        positions, once; each part then goes into the block, after the parts before it (a
+        part costs its own rows, whatever the queue holds). Where the next part goes is
+        kept in ``meta`` in the same transaction, so a store reopened halfway goes on where
+        it was; the last part forgets it. A held event that the backlog has too takes its
+        place in the backlog. How many rows the queue gained."""
+        key = f"backlog:{sub_id}"
         with self._tx(f"take over {len(rows)} queued events of {sub_id!r}") as db:
-            held = db.execute(
-                "SELECT event_id, payload FROM queue WHERE sub_id = ? ORDER BY seq", (sub_id,)
-            ).fetchall()
-            db.execute("DELETE FROM queue WHERE sub_id = ?", (sub_id,))
+            mark = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            if mark is None:
+                at, end = self._make_gap(db, sub_id)
+            else:
+                at, end = (int(x) for x in str(mark[0]).split())
+            if at + len(rows) > end:
+                raise StoreError(f"a backlog of {sub_id!r} over {BACKLOG_GAP} events cannot be taken")
             before = db.total_changes
             db.executemany(
-                "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)",
-                [(sub_id, e, bytes(b)) for e, b in rows],
+                "DELETE FROM queue WHERE sub_id = ? AND event_id = ? AND seq >= ?",
+                [(sub_id, e, end) for e, _ in rows],
             )
-            new = int(db.total_changes - before)
+            dropped = db.total_changes - before
             db.executemany(
-                "INSERT OR IGNORE INTO queue (sub_id, event_id, payload) VALUES (?, ?, ?)",
-                [(sub_id, e, bytes(b)) for e, b in held],
+                "INSERT OR IGNORE INTO queue (seq, sub_id, event_id, payload) VALUES (?, ?, ?, ?)",
+                [(at + i, sub_id, e, bytes(b)) for i, (e, b) in enumerate(rows)],
             )
-            return new
+            gained = db.total_changes - before - 2 * dropped
+            if last:
+                db.execute("DELETE FROM meta WHERE key = ?", (key,))
+            else:
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, f"{at + len(rows)} {end}"))
+            return int(gained)
+
+    @staticmethod
+    def _make_gap(db: sqlite3.Connection, sub_id: str) -> tuple[int, int]:
+        """Free positions for ``sub_id``'s backlog: what its queue holds moved past a block
+        of :data:`BACKLOG_GAP` positions above every position given so far (new rows come
+        after it). The block's first position and its end."""
+        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'queue'").fetchone()
+        at = (int(row[0]) if row else 0) + 1
+        end = at + BACKLOG_GAP
+        held = db.execute(
+            "SELECT event_id, payload FROM queue WHERE sub_id = ? ORDER BY seq", (sub_id,)
+        ).fetchall()
+        db.execute("DELETE FROM queue WHERE sub_id = ?", (sub_id,))
+        db.executemany(
+            "INSERT INTO queue (seq, sub_id, event_id, payload) VALUES (?, ?, ?, ?)",
+            [(end + i, sub_id, e, p) for i, (e, p) in enumerate(held)],
+        )
+        top = end + max(len(held), 1) - 1  # (the next new row comes after the block and them)
+        if row is None:
+            db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('queue', ?)", (top,))
+        else:
+            db.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'queue'", (top,))
+        return at, end
 
     def pending(self, sub_id: str, *, limit: int = 1000, after: int = 0) -> list[QueuedEvent]:
         """The oldest ``limit`` unacknowledged events of a subscriber after queue position

@@ -1,6 +1,7 @@
 """The campaign's checker on logs written by hand: every count it reports (lost by phase,
-duplicated, misrouted, phantom, out of order, hung, refused, recovery, unavailable seconds,
-double serving, tracebacks) from a run whose truth is known; and the seeded schedules."""
+stranded in a store, duplicated, misrouted, phantom, out of order, hung, refused, recovery,
+unavailable seconds, double serving, tracebacks) from a run whose truth is known; and the
+seeded schedules."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_a_run_with_every_kind_of_mistake_is_counted(tmp_path: Path) -> None:
     spec = _spec(root)
     high = parse("level >= 4")
     acked = [q for q in sorted(events) if q not in (39, 40)]
-    lost = {5, 15, 35}  # (one before the fault, one during, one after: from "all")
+    lost = {5, 15, 35, 25}  # (one before the fault, one during, one after: from "all"; 25 stranded)
     rows: list[list[object]] = []
     for q in acked:
         t = float(str(events[q]["sent"])) + 0.02
@@ -82,9 +83,11 @@ def test_a_run_with_every_kind_of_mistake_is_counted(tmp_path: Path) -> None:
     rows.append(["all", 40, "10.0.0.1:7000", f"{T0 + 9:.4f}"])  # (given up, hung: taken all the same,
     rows.append(["all", 39, "10.0.0.1:7000", f"{T0 + 9:.4f}"])  # and 39 after 40: not the order promised)
     _write(root, spec, _pubs(events), rows)
+    (root / "queued.csv").write_text("broker,sub,quantity\nb1,all,25\nb0,high,5\n")  # (left in a store)
     row = check_run(root)
     assert row["published"] == 43 and row["acknowledged"] == 41
     assert row["lost"] == 3 and (row["lost_prefix"], row["lost_middle"], row["lost_postfix"]) == (1, 1, 1)
+    assert row["stranded"] == 1  # (25, for "all"; 5 for "high" was taken)
     assert row["duplicated"] == 1 and row["phantom"] == 1 and row["misrouted"] == 1
     assert row["out_of_order"] == 1 and row["unacknowledged_taken"] == 2 and row["unacknowledged_late"] == 1
     assert row["hung_publishes"] == 1 and row["refused"] == 1

@@ -13,8 +13,8 @@ How it works (:func:`run_one`):
    (:class:`~flowbus.chaos.nemesis.Nemesis`); meanwhile every broker's console is polled
    each second for the durable subscriptions it serves (``states.jsonl``).
 4. The workload ends by itself (its publishes acknowledged or refused, its subscriptions
-   quiet), the brokers and then the proxies are stopped by process id, the hosts removed,
-   whatever happened.
+   quiet), the brokers and then the proxies are stopped by process id; what their stores
+   still queue is read (``queued.csv``), and the hosts removed, whatever happened.
 5. :func:`flowbus.chaos.check.check_run` gives the run's row (with the proxies' counters
    summed in ``proxy``, if it had proxies: frames forwarded, dropped, losses
    retransmitted, duplicated, reordered, delayed, connections cut); its timeline goes to ``timeline.csv`` and
@@ -27,6 +27,7 @@ document ``flowbus chaos run --json`` prints.
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -59,6 +60,7 @@ TOTALS = (
     "lost_prefix",
     "lost_middle",
     "lost_postfix",
+    "stranded",
     "duplicated",
     "misrouted",
     "wrong_values",
@@ -297,6 +299,7 @@ def run_one(
             brokers.close()
             if proxies is not None:
                 proxies.close()
+            _queued_at_end(hosts, names, root / "queued.csv")
         finally:
             hosts.close()
     row = {
@@ -312,6 +315,35 @@ def run_one(
     _write_timeline(root, mix, seed)
     (root / "row.json").write_text(json.dumps(row, indent=1))
     return row
+
+
+def _queued_at_end(hosts: Hosts, names: Sequence[str], path: Path) -> None:
+    """What the brokers' stores still queue once their processes are stopped, one row
+    ``broker,sub,quantity`` per queued event, in ``path`` (the checker counts an
+    acknowledged event found there and never taken as ``stranded``, not lost: it waits on
+    a disk; a store that cannot be read adds nothing)."""
+    import sqlite3
+
+    import msgpack  # type: ignore[import-untyped]
+
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["broker", "sub", "quantity"])
+        for name in names:
+            store = hosts.data_dir(name) / "broker.sqlite"
+            if not store.exists():
+                continue
+            try:
+                db = sqlite3.connect(store)
+                try:
+                    for sub, payload in db.execute("SELECT sub_id, payload FROM queue"):
+                        _, fields = msgpack.unpackb(payload, strict_map_key=False)
+                        if isinstance(fields, dict) and isinstance(fields.get("quantity"), int):
+                            out.writerow([name, sub, fields["quantity"]])
+                finally:
+                    db.close()
+            except (sqlite3.Error, ValueError, TypeError, msgpack.UnpackException):
+                continue
 
 
 def _drive(

@@ -4,12 +4,16 @@ How it works: the workload's logs (:mod:`flowbus.chaos.workload`) say what was p
 when, and what became of each publish; what every subscription took, from which broker,
 when. Every event is recomputed from ``(publisher, k)`` and every filter evaluated by
 flowbus's own compiled filters (the semantics the brokers route by), so the check needs
-nothing from the brokers. :func:`check_run` gives one row:
+nothing from the brokers but what their stores still queue at the end. :func:`check_run` gives one row:
 
 * ``acknowledged`` publishes, and the ``expected_deliveries`` they make (each acknowledged
   event once to each subscription whose filter it matches); ``delivered``, those taken;
   ``lost``, the others, split by when the event was published: before the first fault
-  (``lost_prefix``), until the last heal (``lost_middle``), after it (``lost_postfix``).
+  (``lost_prefix``), until the last heal (``lost_middle``), after it (``lost_postfix``);
+  ``stranded``, those not taken but still queued for the subscription in a broker's store
+  at the end (``queued.csv``, read by the campaign once the brokers are stopped): kept,
+  not lost, but not delivered by the end either (a catch-up not made, which the goal
+  counts as a failure as it counts a loss).
 * ``caught_up``: downstream of the flow's state, expected events not taken by a
   subscription that took a later event of the same key (a catch-up after an absence gives
   the shortest sequence to the state, by design: not counted lost; the last change of each
@@ -129,8 +133,9 @@ def check_run(root: Path) -> dict[str, Any]:
         else:
             highest[key] = k
         highest_any[key] = max(highest_any.get(key, 0), k)
+    queued = {(r["sub"], int(r["quantity"])) for r in _read_csv(root / "queued.csv")}
     lost = {"prefix": 0, "middle": 0, "postfix": 0}
-    delivered = caught_up = 0
+    delivered = caught_up = stranded = 0
     for sid, want in expected.items():
         passed = wanted.passed(sid, got[sid])
         for q in want:
@@ -139,6 +144,9 @@ def check_run(root: Path) -> dict[str, Any]:
                 continue
             if passed(q):
                 caught_up += 1
+                continue
+            if (sid, q) in queued:
+                stranded += 1
                 continue
             t = pubs.sent[q]
             lost["prefix" if t < first else "postfix" if t > last else "middle"] += 1
@@ -155,6 +163,7 @@ def check_run(root: Path) -> dict[str, Any]:
         "caught_up": caught_up,
         "lost": sum(lost.values()),
         **{f"lost_{k}": v for k, v in lost.items()},
+        "stranded": stranded,
         "duplicated": sum(n - 1 for c in got.values() for n in c.values() if n > 1),
         "misrouted": misrouted,
         "wrong_values": wrong,

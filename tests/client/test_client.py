@@ -23,7 +23,11 @@ async def _eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     assert cond()
 
 
-def test_status_follows_the_connection() -> None:
+def test_status_follows_the_connection(caplog: pytest.LogCaptureFixture) -> None:
+    """... and each move is logged on ``flowbus.client``: where it connected, where it left
+    and why."""
+    caplog.set_level("INFO", logger="flowbus.client")
+
     async def go() -> None:
         broker = await Broker.start()
         try:
@@ -37,6 +41,9 @@ def test_status_follows_the_connection() -> None:
         await _eventually(lambda: client.status is Status.CONNECTING)
         await client.close()
         assert client.status is Status.CLOSED and client.closed
+        said = [r.getMessage() for r in caplog.records if r.name == "flowbus.client"]
+        assert said[0] == f"client {client.name}: connected to {broker.address}, 0 subscriptions attached"
+        assert said[1].startswith(f"client {client.name}: left {broker.address}: ")
         with pytest.raises(ClientError, match="closed"):
             await client.publish("stocks", {})
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -208,7 +209,10 @@ class _FlowOps:
 
 class _Poller(threading.Thread):
     """Polls every broker's console each second: the durable subscriptions each serves (a
-    broker without its ring lease serves none: it refuses clients), and the flows it has."""
+    broker without its ring lease serves none: it refuses clients), and the flows it has;
+    which brokers answered, and each broker process's CPU seconds so far (``cpu``: a
+    broker that neither answers nor gains CPU time is paused or starved, one that gains a
+    second a second and does not answer is busy)."""
 
     def __init__(self, brokers: Brokers, path: Path) -> None:
         super().__init__(daemon=True)
@@ -219,9 +223,14 @@ class _Poller(threading.Thread):
     def run(self) -> None:
         with self.path.open("a") as f:
             while not self.done.wait(1.0):
-                served, rings, flows = {}, {}, {}
+                served, rings, flows, answered, cpu = {}, {}, {}, [], {}
                 for name in list(self.brokers.up):
+                    pid = self.brokers.pid(name)
+                    if pid is not None and (seconds := _cpu_seconds(pid)) is not None:
+                        cpu[name] = seconds
                     state = self.brokers.poll(name)
+                    if state is not None:
+                        answered.append(name)
                     if state is None or not state["broker"].get("serving", True):
                         continue  # (paused, gone, or without its lease: serving no client)
                     served[name] = [
@@ -233,7 +242,15 @@ class _Poller(threading.Thread):
                         "dead": len(ring.get("dead", [])),
                         "suspects": len(ring.get("suspects", [])),
                     }
-                row = {"t": time.time(), "every": 1.0, "served": served, "rings": rings, "flows": flows}
+                row = {
+                    "t": time.time(),
+                    "every": 1.0,
+                    "served": served,
+                    "rings": rings,
+                    "flows": flows,
+                    "answered": answered,
+                    "cpu": cpu,
+                }
                 f.write(json.dumps(row) + "\n")
                 f.flush()
 
@@ -315,6 +332,15 @@ def run_one(
     _write_timeline(root, mix, seed)
     (root / "row.json").write_text(json.dumps(row, indent=1))
     return row
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds of process ``pid`` so far (None: gone, or no ``/proc``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
 def _queued_at_end(hosts: Hosts, names: Sequence[str], path: Path) -> None:

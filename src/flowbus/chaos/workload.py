@@ -25,8 +25,9 @@ then), publishes for ``publish_for`` seconds, waits for the publishes to be ackn
 :data:`HUNG_AFTER`: by then each is acknowledged or given up) and for the subscribers to
 be settled (connected, and ``quiet`` seconds with no event, within ``settle`` too: a
 subscriber between brokers is quiet, and what waits for it would be counted lost), then
-writes ``summary.json`` and exits. The logs are CSV files in ``out``, flushed every
-second (a run cut short keeps what came until then):
+writes ``summary.json`` and exits. Each client's moves between brokers (connected, left and
+why) go to its standard error, the campaign's ``workload.log``. The logs are CSV files in
+``out``, flushed every second (a run cut short keeps what came until then):
 ``publishes.csv`` (``publisher,k,pseq,sent,acked,error``: one row when sent, one when
 resolved) and ``deliveries.csv`` (``sub,quantity,broker,t,n``; ``n``: the count a state's
 event carries, empty for the others). ``where.json`` says, as it
@@ -463,6 +464,10 @@ async def _deploy(spec: Spec) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import logging
+
+    logging.basicConfig(format="%(created).3f %(name)s %(message)s", level=logging.WARNING)
+    logging.getLogger("flowbus.client").setLevel(logging.INFO)  # (each client's moves, in workload.log)
     args = sys.argv[1:] if argv is None else argv
     spec = Spec.from_json(Path(args[0]).read_text())
     asyncio.run(run(spec))

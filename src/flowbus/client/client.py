@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import logging
 import ssl
 import uuid
 from collections import OrderedDict, deque
@@ -64,6 +65,8 @@ from flowbus.client.subscription import Inbox, Item, Subscription, take_batches
 from flowbus.errors import ClientError, FlowbusError, ProtocolError, PublishError, SchemaError, SubscribeError
 from flowbus.model import Schema
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
+
+log = logging.getLogger("flowbus.client")
 
 __all__ = ["ALL_EVENTS", "Client", "Status", "connect"]
 
@@ -563,6 +566,8 @@ class Client:
                 self._down()
                 writer.close()
             if not self.closed:
+                log.info("client %s: left %s: %s", self.name, address, self._last_error)
+            if not self.closed:
                 self.reconnects += 1
                 await asyncio.sleep(pause)
 
@@ -648,6 +653,7 @@ class Client:
         self.status = Status.CONNECTED
         self._since = asyncio.get_running_loop().time()
         self._up.set()
+        log.info("client %s: connected to %s, %d subscriptions attached", self.name, address, len(self._subs))
         self._to_send = list(self._unacked)  # whatever was not acknowledged, again
         self._flush()
         while True:

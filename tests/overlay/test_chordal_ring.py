@@ -480,3 +480,40 @@ def test_alive_from_a_tester_is_not_believed_of_a_broker_proven_gone_here() -> N
     r.crash([b])
     r.settle(60.0)
     assert b.me.id in node.dead
+
+
+def test_a_join_asked_again_is_answered_with_the_same_member() -> None:
+    """A starved bootstrap answered a join after the joiner had asked again: each request
+    made a member, one process had three ids at its address in the brokers' windows (an
+    overload run: 10 derived events lost while the extra two were found dead). A request
+    asked again (same address, same nonce) is answered with the member it made."""
+    r = ring(4, seed=3)
+    node = r.by_id()[1]
+    accepts = []
+    for _ in range(2):
+        out = node.on_message(99, JoinRequest(99, 0, 7), r.sim.now)
+        accepts += [e.msg for e in out if isinstance(e, Send) and isinstance(e.msg, JoinAccept)]
+    assert len(accepts) == 2 and accepts[0] == accepts[1]
+    assert [p.id for p in node.window if p.addr == 99] == [accepts[0].id]
+    out = node.on_message(99, JoinRequest(99, 0, 8), r.sim.now)  # (another process: another member)
+    (other,) = [e.msg for e in out if isinstance(e, Send) and isinstance(e.msg, JoinAccept)]
+    assert other.id != accepts[0].id
+
+
+def test_a_second_answer_to_a_join_is_told_gone_at_once() -> None:
+    """Asked again at another broker, a join may be answered twice: the joiner keeps the
+    first id, and tells the window of the second that its member is gone (``Restarted``):
+    the extra member is buried at once, not after failure detection."""
+    r = ring(4, seed=3)
+    a, b = r.by_id()[0], r.by_id()[2]
+    joiner = RingNode(99, heartbeat=5.0)
+    first = [e.msg for e in a.on_message(99, JoinRequest(99, 0, 7), r.sim.now) if isinstance(e, Send)]
+    second = [e.msg for e in b.on_message(99, JoinRequest(99, 0, 7), r.sim.now) if isinstance(e, Send)]
+    (acc1,) = [m for m in first if isinstance(m, JoinAccept)]
+    (acc2,) = [m for m in second if isinstance(m, JoinAccept)]
+    assert acc1.id != acc2.id
+    joiner.on_message(a.addr, acc1, r.sim.now)
+    assert joiner.id == acc1.id
+    out = joiner.on_message(b.addr, acc2, r.sim.now)
+    told = {e.dst for e in out if isinstance(e, Send) and e.msg == Restarted(Peer(acc2.id, 99))}
+    assert told == {p.addr for p in acc2.window if p.addr != 99} and joiner.id == acc1.id

@@ -202,6 +202,7 @@ class RingNode(Core):
             raise ProtocolError(f"RingNode: the load limit is >= 1 state entries, got {load_limit!r}")
         self.addr = addr
         self.nonce = nonce  # (sent with our join: see _offset)
+        self._admitted: dict[tuple[int, int], Peer] = {}  # (address, nonce) -> the member we made
         self.id: int | None = None
         self.backup = backup
         self.load_limit = load_limit
@@ -642,6 +643,10 @@ class RingNode(Core):
 
     def _on_join_request(self, src: int, msg: JoinRequest, now: float) -> list[Effect]:
         me = self.me
+        made = self._admitted.get((msg.addr, msg.nonce))
+        if made is not None and made in self.window:  # (asked again: the answer was slow)
+            others = [me, *(p for p in self.window if p != made)]
+            return [Send(made.addr, JoinAccept(made.id, tuple(_window_of(made, others))))]
         if not self.succ:
             new_id = SECOND_ID if me.id == 0 else (me.id + SPACE // 2) % SPACE
             new_id = _offset(new_id, SPACE // 2, msg.nonce)
@@ -660,6 +665,7 @@ class RingNode(Core):
         while new_id in self.dead or new_id == me.id:  # (an id is never given twice: a broker
             new_id = (new_id + 1) % SPACE  # restarted into the same gap is another member)
         new = Peer(new_id, msg.addr)
+        self._admitted[(msg.addr, msg.nonce)] = new
         everyone = [me, *self.window]
         self._take([new])
         affected = {p.id: p for p in _window_of(new, everyone) if p.id != me.id}
@@ -669,8 +675,14 @@ class RingNode(Core):
         return out + self._after_change()
 
     def _on_join_accept(self, src: int, msg: JoinAccept, now: float) -> list[Effect]:
-        if self.id is not None:  # (an answer to a request asked again: we are a member already)
-            return []
+        """We are member ``msg.id``. An answer to a request asked again at another broker,
+        once we are a member, made a second member at our address: its window is told at
+        once that it is gone (``Restarted``), and buries it."""
+        if self.id is not None:
+            if msg.id == self.id:
+                return []
+            gone = Restarted(Peer(msg.id, self.addr))
+            return [Send(p.addr, gone) for p in msg.window if p.addr != self.addr]
         self.id = msg.id
         self._take(msg.window, closes=True)
         for p in msg.window:  # (our lease starts here: they have just taken us in)

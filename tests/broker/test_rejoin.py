@@ -200,3 +200,29 @@ def test_a_client_whose_broker_is_paused_follows_the_broker_named_as_serving_it(
         assert len(_serving(b, "keep")) == 1  # (one copy: the taker's, where the client is)
     finally:
         b.signal(home, signal.SIGCONT)
+
+
+def test_the_finder_asks_the_ring_once_for_the_subscriptions_asked_about_together() -> None:
+    """A client back at a broker asks for its subscriptions at once: one question goes
+    round the ring for all of them; each is answered by who serves it, or by the question
+    coming back (nobody)."""
+    from types import SimpleNamespace
+
+    from flowbus.broker.handover import Finder
+    from flowbus.routing.ring_handover import HeldHere, WhereIs
+
+    asked: list[list[str]] = []
+    core: Any = SimpleNamespace(
+        addr=1, ring=SimpleNamespace(right=2), ask_where=lambda subs: asked.append(list(subs)) or []
+    )
+    finder = Finder(core=core, apply=lambda effects: None, pending=set)
+
+    async def main() -> None:
+        got = asyncio.gather(*(finder.holder(s) for s in ("s2", "s1", "s3")))
+        await asyncio.sleep(0.05)
+        assert asked == [["s1", "s2", "s3"]]
+        finder.held(7, HeldHere(("s1", "s3")))
+        finder.walked(WhereIs(1, ("s2",), 4))
+        assert await got == [None, 7, 7]
+
+    asyncio.run(main())

@@ -258,6 +258,7 @@ class Finder:
         self.apply = apply
         self.pending = pending
         self._asked: dict[str, list[asyncio.Future[int | None]]] = {}
+        self._to_ask: set[str] = set()  # (asked in this turn of the loop: one question for all)
 
     async def holder(self, sub_id: str) -> int | None:
         """The broker that serves ``sub_id`` (this one's address if its disk holds it for a
@@ -267,9 +268,12 @@ class Finder:
             return self.core.addr
         if self.core.ring.right is None:  # (alone in the ring: nobody else serves anything)
             return None
-        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int | None] = loop.create_future()
         self._asked.setdefault(sub_id, []).append(fut)
-        self.apply(self.core.ask_where([sub_id]))
+        if not self._to_ask:
+            loop.call_soon(self._ask)
+        self._to_ask.add(sub_id)
         try:
             return await asyncio.wait_for(fut, WHERE_WITHIN)
         finally:
@@ -278,6 +282,13 @@ class Finder:
                 waiting.remove(fut)
             if not waiting:
                 self._asked.pop(sub_id, None)
+
+    def _ask(self) -> None:
+        """One question round the ring for every subscription asked about in a turn (a
+        client back at a broker asks for all of its subscriptions at once)."""
+        subs, self._to_ask = sorted(self._to_ask), set()
+        if subs:
+            self.apply(self.core.ask_where(subs))
 
     def held(self, src: int, msg: HeldHere) -> None:
         self._answer(msg.subs, src)

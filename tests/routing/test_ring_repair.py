@@ -170,3 +170,27 @@ def test_a_live_tree_neighbour_past_a_join_hands_its_place_to_the_joiner_on_its_
     router = SimpleNamespace(neighbours={1, 3})
     repair = Repair(ring, router, Custodian())  # type: ignore[arg-type]
     assert repair.handover({3, 4}) == {1: 4}
+
+
+def test_a_flush_over_many_kept_events_after_ring_messages_is_made_at_most_every_flush_every() -> None:
+    """After a long partition a broker kept tens of thousands of events for a side with no
+    neighbour, and passed over all of them after every ring message (starved brokers busy
+    for a minute after the heal). Past FLUSH_MANY, a flush after a ring message waits
+    FLUSH_EVERY after the last; without a time (a heartbeat round's) it is made at once.
+    Kept in each publisher's order, they go when their side has a neighbour again."""
+    from flowbus.routing.ring_repair import FLUSH_EVERY, FLUSH_MANY
+
+    right = SimpleNamespace(addr=4, id=4)
+    ring = SimpleNamespace(right=None, left=None, joined=True, open={1}, dead=set(), links=lambda: [])
+    repair = Repair(ring, SimpleNamespace(neighbours={4}, broker=1), Custodian())  # type: ignore[arg-type]
+    n = FLUSH_MANY + 10
+    events = [{"x": 5, EVENT_ID: ("p", i)} for i in range(n)]
+    for e in reversed(events):  # (kept out of order: sent in the publisher's)
+        repair.keep(e, 4, 1, None)
+    assert repair.resend(10.0) == []  # (nobody on the side: all kept)
+    ring.right, ring.open = right, set()
+    repair.heard.add(4)
+    assert repair.resend(10.0 + FLUSH_EVERY / 2) == []  # (too soon after the last pass)
+    assert len(repair.retry) == n
+    sent = repair.resend(10.0 + 2 * FLUSH_EVERY)
+    assert sent == [Send(4, cbr.Publish(e)) for e in events] and not repair.retry

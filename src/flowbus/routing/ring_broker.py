@@ -631,7 +631,7 @@ class RingBroker(Core):
             ):
                 return self._from_router(src, msg, now)
             case _ if type(msg) in RING_MESSAGES:
-                return self._out(self._sync(self.ring.on_message(src, msg, now)))
+                return self._out(self._sync(self.ring.on_message(src, msg, now), now))
         raise ProtocolError(f"RingBroker {self.addr}: unknown message {msg!r} from {src}")
 
     def _relay(self, src: int, msg: HandedOver) -> list[Effect]:
@@ -767,7 +767,7 @@ class RingBroker(Core):
         if key == DERIVED:
             derived = self.flow_side.on_derived_timer()
             return self._out(self._route_own(derived)) if derived else []
-        out = self._out(self._sync(self.ring.on_timer(key, now)))
+        out = self._out(self._sync(self.ring.on_timer(key, now), now))
         if key == ("ring", "heartbeat"):
             if self.custody:
                 self._recent.append([])
@@ -804,7 +804,7 @@ class RingBroker(Core):
         return out + self.repair.retry_live()
 
     def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
-        return self._out(self._sync(self.ring.on_peer_gone(dst, now)))
+        return self._out(self._sync(self.ring.on_peer_gone(dst, now), now))
 
     def _declined(self, src: int, ids: Sequence[Any]) -> list[Effect]:
         """A ring neighbour without its lease did not take these events: kept for it (sent
@@ -943,7 +943,7 @@ class RingBroker(Core):
                 self.custodian.release(dst, key[1], only=key)
         # (a Delegated that failed waits on its home: sent again at the custody's rounds if the
         # home lives, delivered here once it is found dead, _bury)
-        return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now)))
+        return self._out(out + self._sync(self.ring.on_send_failed(dst, msg, now), now))
 
     def _routing_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         """A content router's message from a tree neighbour (or a former one: its
@@ -1189,8 +1189,9 @@ class RingBroker(Core):
 
     # -- keeping the router in step with the ring
 
-    def _sync(self, effects: list[Effect]) -> list[Effect]:
-        """After a ring step: take up taken-over subscriptions, follow the tree's changes."""
+    def _sync(self, effects: list[Effect], now: float | None = None) -> list[Effect]:
+        """After a ring step (at ``now``): take up taken-over subscriptions, follow the tree's
+        changes, send on what was kept (see :meth:`Repair.resend`)."""
         out = list(effects)
         self.flow_side.backups_confirmed()
         ring, repair = self.ring, self.repair
@@ -1279,7 +1280,7 @@ class RingBroker(Core):
                 for msg in self._early.pop(src, []):
                     out.extend(self._routing_message(src, msg, 0.0))
         repair.drop_orphans()  # (adopted and routed by now)
-        return out + repair.resend()
+        return out + repair.resend(now)
 
     def _renewed(self, ring: RingNode, wanted: set[int]) -> list[Effect]:
         """A tree neighbour's address now speaks for another broker (one restarted on it, a new

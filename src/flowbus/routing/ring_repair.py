@@ -62,6 +62,12 @@ AFTERMATH_ROUNDS = 6
 """Heartbeat rounds after a broker is found dead during which what is kept for another dead
 broker on its side goes to its taker too (see :meth:`Repair._others`)."""
 
+FLUSH_MANY = 1000
+"""Kept events past which a flush after a ring message waits :data:`FLUSH_EVERY` seconds
+after the last one (see :meth:`Repair.resend`)."""
+
+FLUSH_EVERY = 0.2
+
 
 @wire.message("ringbroker.handed_over")
 @dataclass(frozen=True, slots=True)
@@ -103,6 +109,7 @@ class Repair:
         self._unconfirmed: dict[str, dict[Key, int]] = {}  # publisher -> its events sent again,
         # not confirmed yet -> where they went
         self.release_due = False  # (a publisher's last one was confirmed: what waits behind may go)
+        self._flushed = float("-inf")  # (when a flush after a ring message was last made)
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
         self.moving: Container[int] = ()  # neighbours whose events wait for an old way (ring_moves)
         self._taker_rounds: dict[int, int] = {}  # dead addr -> heartbeat rounds its taker is unknown
@@ -340,7 +347,7 @@ class Repair:
             return 0
         return -1 if old < self.ring.me.id else 1
 
-    def resend(self) -> list[Effect]:
+    def resend(self, now: float | None = None) -> list[Effect]:
         """Kept events go to the new neighbour on their side once the ring has one (those
         kept only behind others, to their neighbour), in each publisher's order: one that
         cannot go yet holds its publisher's later ones back. One kept for a dead broker
@@ -349,7 +356,18 @@ class Repair:
         wherever the tables route the event. Sent to the new neighbour only, before the
         taker's announcement came, it was confirmed there and lost for them when the taker
         was on the other side of the tree (simulator schedules of restarts: 10 and 653
-        events lost)."""
+        events lost).
+
+        Called with the time ``now`` (after a ring message), a flush over more than
+        :data:`FLUSH_MANY` kept events is made at most every :data:`FLUSH_EVERY` seconds:
+        each is a pass over all of them, and after a long partition a broker kept tens of
+        thousands while ring messages came by the dozen a second (starved brokers busy for a
+        minute after the heal, answering nobody). What waits goes at the next flush, at the
+        latest the heartbeat round's (:meth:`retry_live`)."""
+        if now is not None and len(self.retry) > FLUSH_MANY:
+            if now - self._flushed < FLUSH_EVERY:
+                return []
+            self._flushed = now
         self.release_due = False
         return self._flush(live=False)
 
@@ -373,9 +391,16 @@ class Repair:
         keep_for: list[Key | None] = []
         blocked: set[tuple[str, int]] = set()  # (publisher, side) held back; side 0: all its sides
         self._going = set()
+        # (each kept event's place in its publisher's order computed once: a flush runs after
+        # every ring message, and after a long partition tens of thousands are kept)
         kept = sorted(
-            zip(self.retry, self.retry_for, strict=True), key=lambda k: publish_order(k[0][0][EVENT_ID])
+            (
+                (publish_order(item[0][EVENT_ID]), item, key)
+                for item, key in zip(self.retry, self.retry_for, strict=True)
+            ),
+            key=lambda k: k[0],
         )
+        links: list[Peer] | None = None  # (the ring's links, read once if needed)
         # (a broker whose takeover's barrier waits for our answer holds what we sent it,
         # unconfirmed, until the answer: waited for, the answer waited for what was kept for
         # its dead one, behind that; a cycle, its publishers' acknowledgements stalled the
@@ -390,10 +415,16 @@ class Repair:
             self._taker_rounds = {to: rounds.get(to, 0) + 1 for to, t in takers.items() if t is None}
         due_rounds = {to for to, n in self._taker_rounds.items() if n >= TAKER_ROUNDS}
         others: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (to, side) -> see _others
-        for (event, to, side), key in kept:
+        left, right = self.ring.left, self.ring.right
+        targets: dict[str, set[tuple[int, int]]] = {}
+        for (publisher, _), (event, to, side), key in kept:
+            if (publisher, side) in blocked or (publisher, 0) in blocked:  # (behind one kept: kept)
+                keep.append((event, to, side))
+                keep_for.append(key)
+                targets.setdefault(publisher, set()).add((to, side))
+                continue
             eid = event[EVENT_ID]
-            publisher = publish_order(eid)[0]
-            now = (self.ring.right if side > 0 else self.ring.left) if side else None
+            now = (right if side > 0 else left) if side else None
             also = others.get((to, side))
             if also is None:
                 also = others[(to, side)] = self._others(to, side, dead, recent)
@@ -402,7 +433,9 @@ class Repair:
                 # neighbour, it goes there, whoever is on its side now: in a ring of three the
                 # other two are both sides, and held for the left one, an event went to the
                 # new right one, which routed it back towards us, the way it came: dropped)
-                now = next((p for p in self.ring.links() if p.addr == to), now)
+                if links is None:
+                    links = self.ring.links()
+                now = next((p for p in links if p.addr == to), now)
             same = now is not None and now.addr == to
             before = self._unconfirmed.get(publisher)  # (sent again, older: one another way, not
             # this event's own, must be confirmed first; one down the same link is ahead of it)
@@ -424,6 +457,7 @@ class Repair:
             if not go:
                 keep.append((event, to, side))
                 keep_for.append(key)
+                targets.setdefault(publisher, set()).add((to, side))
                 blocked.add((publisher, side))
                 continue
             assert now is not None
@@ -480,9 +514,7 @@ class Repair:
                 if not held:  # (sent again: what its publisher holds behind waits for its confirmation)
                     self._unconfirmed.setdefault(publisher, {})[key] = now.addr
         self.retry, self.retry_for = keep, keep_for
-        self._targets = {}
-        for e, to, side in keep:
-            self._targets.setdefault(publish_order(e[EVENT_ID])[0], set()).add((to, side))
+        self._targets = targets
         return out
 
     def _took(self, dead: int, takers: Mapping[int, Peer | None]) -> bool:

@@ -21,6 +21,7 @@ def _row(mix: str, seed: int, lost: int, p99: float) -> dict[str, object]:
         "lost_prefix": 0,
         "lost_middle": lost,
         "lost_postfix": 0,
+        "stranded": seed,
         "duplicated": 0,
         "misrouted": 0,
         "wrong_values": seed,
@@ -39,11 +40,11 @@ def test_each_mix_sums_its_seeds_and_the_last_line_sums_all() -> None:
     lines = markdown(doc).splitlines()
     assert len(lines) == 5 and lines[0].startswith("| mix | runs | faults |")
     crash, pause, total = (line.split(" | ") for line in lines[2:])
-    assert crash[:7] == ["| crash", "2", "10", "2,000", "6,000", "5,993", "7 (0/7/0)"]
-    assert crash[9] == "3" and crash[10] == "2" and crash[12] == "4"
-    assert crash[13] == "1.0" and crash[14] == "2.00"
-    assert pause[0] == "| pause" and pause[6] == "0 (0/0/0)" and pause[9] == "1"
-    assert total[0] == "| **all**" and total[1] == "3" and total[6] == "7 (0/7/0)" and total[14] == "9.00"
+    assert crash[:8] == ["| crash", "2", "10", "2,000", "6,000", "5,993", "7 (0/7/0)", "3"]
+    assert crash[10] == "3" and crash[11] == "2" and crash[13] == "4"
+    assert crash[14] == "1.0" and crash[15] == "2.00"
+    assert pause[0] == "| pause" and pause[6] == "0 (0/0/0)" and pause[7] == "1" and pause[10] == "1"
+    assert total[0] == "| **all**" and total[1] == "3" and total[6] == "7 (0/7/0)" and total[15] == "9.00"
 
 
 def test_a_run_that_could_not_be_made_is_a_row_of_its_own_and_counted(tmp_path: object) -> None:

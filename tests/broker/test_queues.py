@@ -460,6 +460,36 @@ def test_a_subscription_taken_over_awaits_the_backlog_of_its_former_broker() -> 
     asyncio.run(main())
 
 
+def test_a_backlog_is_acknowledged_once_the_rings_backups_know_the_disk_holds_it() -> None:
+    """A taker that answered a former broker's backlog at once, and died before its backups
+    held the mark that its disk has the queue, left a taker after it that did not know: it
+    served the subscription, and the backlog, handed over again, went behind newer events
+    (an overload run: 4,322 out of order). The answer, and the end of the wait for the
+    former broker, come once the backup that says so is confirmed."""
+    from flowbus.overlay.ring_messages import Peer
+    from flowbus.routing.ring_handover import Backlog
+
+    async def main() -> None:
+        q, core, store = queues()
+        meta = Subscription("s", "c", "events", "x > 0", True, None).meta()
+        core.subs.add("s")
+        core.metas["s"] = meta
+        core.awaits["s"] = 99
+        core.version, core.confirmed = 7, 6  # (the mark's backup not confirmed yet)
+        answered: list[int] = []
+        old = [(repr(("pub", n)), store_row(n)) for n in (1, 2)]
+        q.take_backlog(Backlog(Peer(5, 99), "s", meta, 0, tuple(old), True), taken=lambda: answered.append(0))
+        q.after_step()
+        await turn()
+        assert store.depth("s") == 2 and answered == [] and core.called("backlog_done") == []
+        core.confirmed = 7
+        q.after_step()
+        await turn()
+        assert answered == [0] and core.called("backlog_done") == [("s", 99)]
+
+    asyncio.run(main())
+
+
 def store_row(n: int) -> bytes:
     """A queued event's payload, as a store holds it."""
     import msgpack  # type: ignore[import-untyped]

@@ -163,6 +163,7 @@ class Subscription:
     in_memory: int = 0  # entries in pending/inflight still in custody
     held: deque[Held] = field(default_factory=deque)  # for the SQLite queue, not written yet
     flagged: bool = False  # the ring state says its queue has events on this broker's disk
+    flag_version: int = 0  # the backup version that says so
     awaiting: int | None = None  # the former broker whose backlog of it is awaited (see note)
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
     taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
@@ -270,6 +271,7 @@ class Queues:
         self._unrecorded: set[str] = set()  # subscriptions taken over the store has not recorded yet
         self._refusing: list[tuple[Any, str]] = []  # (event id, reason): deliveries refused in this step
         self._gated: list[tuple[int, list[Settle]]] = []  # spills settled once backed up (version)
+        self._gated_calls: list[tuple[int, Callable[[], None]]] = []  # backlogs answered then
         self.fence: Fence | None = None  # (the broker's lease: nothing to a connection without it)
         self._pumps: set[Subscription] = set()  # to pump at the end of this turn of the loop
         self._pump_due = False
@@ -404,13 +406,21 @@ class Queues:
         if sub.on_disk and not sub.flagged:
             self._flag([sub])
 
-    def take_backlog(self, msg: Backlog) -> int | None:
+    def take_backlog(self, msg: Backlog, *, taken: Callable[[], None] | None = None) -> int | None:
         """A part of a subscription's queue from the broker that held it (back as a new
         member, see :mod:`flowbus.broker.handover`): onto this disk, before what was queued
         here meanwhile if the subscription awaited it (nothing of that was sent), else after
         (the client drops what it had). The last part ends the waiting. How many rows were
         new here; None if the subscription is not served here (nothing taken: its sender
-        asks the ring where it is)."""
+        asks the ring where it is).
+
+        ``taken`` (the answer to the sender, which then deletes the part from its disk) is
+        called, and the ring told the former broker's disk is done with (the last part),
+        once the ring's backups say this disk has the queue: until then the part is also on
+        the sender's disk. Answered at once, a taker that died before its backups had the
+        mark left a taker after it that did not know of this disk: it served the
+        subscription, and the backlog, handed over again, went behind newer events (an
+        overload run: 4,322 out of order)."""
         sub = self.subs.get(msg.sub)
         if sub is None and msg.sub in self.core.subs:
             sub = self._adopt(msg.sub)
@@ -423,12 +433,22 @@ class Queues:
         else:
             new = self.store.enqueue_many([(sub.sub_id, e, b) for e, b in rows])
         sub.on_disk += new
-        if msg.last:
-            self.apply(self.core.backlog_done(sub.sub_id, msg.previous.addr))
-            if sub.awaiting == msg.previous.addr:
-                sub.awaiting = None
         if sub.on_disk and not sub.flagged:
             self._flag([sub])
+        sub_id, home = sub.sub_id, msg.previous.addr
+
+        def done() -> None:
+            if msg.last and not self.closed:
+                self.apply(self.core.backlog_done(sub_id, home))
+            if taken is not None:
+                taken()
+
+        if msg.last and sub.awaiting == home:
+            sub.awaiting = None
+        if sub.flagged and sub.flag_version > self.core.backups_confirmed():
+            self._gated_calls.append((sub.flag_version, done))
+        else:
+            done()
         self._pump_soon(sub)
         return new
 
@@ -583,12 +603,17 @@ class Queues:
         if self._refusing:
             refusing, self._refusing = self._refusing, []
             asyncio.get_running_loop().call_soon(self._refuse, refusing)
-        if self._gated:
+        if self._gated or self._gated_calls:
             self._release_gated()
 
     def _release_gated(self) -> None:
         """Settle the spills whose ring state entry (their queue on disk) is backed up now."""
         confirmed = self.core.backups_confirmed()
+        calls = [c for v, c in self._gated_calls if v <= confirmed]
+        if calls:
+            self._gated_calls = [(v, c) for v, c in self._gated_calls if v > confirmed]
+            for call in calls:
+                asyncio.get_running_loop().call_soon(call)
         ready = [s for v, s in self._gated if v <= confirmed]
         if ready:
             self._gated = [(v, s) for v, s in self._gated if v > confirmed]
@@ -659,6 +684,7 @@ class Queues:
         for sub in subs:
             sub.flagged = True
             version, effects = self.core.mark_backlog(sub.sub_id, True)
+            sub.flag_version = version
             self.apply(effects)
         return version
 

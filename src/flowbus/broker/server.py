@@ -526,13 +526,20 @@ class Broker:
         elif kind == "handover":
             src, msg = what
             if isinstance(msg, Backlog):
+                core = self.core
+                assert isinstance(core, RingBroker)  # (only the ring's brokers hand over)
+
+                def answer(taken: bool = True) -> None:  # (once the ring's backups know this disk has it)
+                    if not self.queues.closed:
+                        self.runtime.apply(core.hand_over(src, BacklogAck(msg.sub, msg.part, taken)))
+
                 try:
-                    taken = self.queues.take_backlog(msg) is not None
+                    here = self.queues.take_backlog(msg, taken=answer)
                 except FlowbusError as e:  # (not taken: the sender tries again, then asks anew)
                     log.warning("broker %s: backlog of %r not taken: %s", self.address, msg.sub, e)
                     return
-                assert isinstance(self.core, RingBroker)  # (only the ring's brokers hand over)
-                self.runtime.apply(self.core.hand_over(src, BacklogAck(msg.sub, msg.part, taken)))
+                if here is None:  # (not served here: nothing taken, told at once)
+                    answer(False)
                 return
             if isinstance(msg, HeldHere) and self.finder is not None:
                 self.finder.held(src, msg)

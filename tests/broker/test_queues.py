@@ -420,6 +420,17 @@ def test_a_queue_that_goes_to_disk_is_known_to_the_ring_before_its_spill_is_sett
     asyncio.run(main())
 
 
+def taken_over_awaiting(home: int) -> tuple[Queues, FakeCore, Store, dict[str, Any]]:
+    """Queues whose core took subscription "s" over, awaiting the backlog on ``home``'s
+    disk; and the subscription's meta."""
+    q, core, store = queues()
+    meta = Subscription("s", "c", "events", "x > 0", True, None).meta()
+    core.subs.add("s")
+    core.metas["s"] = meta
+    core.awaits["s"] = home
+    return q, core, store, meta
+
+
 def test_a_subscription_taken_over_awaits_the_backlog_of_its_former_broker() -> None:
     """Taken over from a broker whose disk holds part of its queue: its events go to disk
     here and none is sent until the backlog comes; the backlog goes before them."""
@@ -427,11 +438,7 @@ def test_a_subscription_taken_over_awaits_the_backlog_of_its_former_broker() -> 
     from flowbus.routing.ring_handover import Backlog
 
     async def main() -> None:
-        q, core, store = queues()
-        meta = Subscription("s", "c", "events", "x > 0", True, None).meta()
-        core.subs.add("s")
-        core.metas["s"] = meta
-        core.awaits["s"] = 99
+        q, core, store, meta = taken_over_awaiting(99)
         c = Connection("c")
         for n in (3, 4):
             q.on_deliver(0, "s", event(n))  # (taken over, delivered to before its client is back)
@@ -470,11 +477,7 @@ def test_a_backlog_is_acknowledged_once_the_rings_backups_know_the_disk_holds_it
     from flowbus.routing.ring_handover import Backlog
 
     async def main() -> None:
-        q, core, store = queues()
-        meta = Subscription("s", "c", "events", "x > 0", True, None).meta()
-        core.subs.add("s")
-        core.metas["s"] = meta
-        core.awaits["s"] = 99
+        q, core, store, meta = taken_over_awaiting(99)
         core.version, core.confirmed = 7, 6  # (the mark's backup not confirmed yet)
         answered: list[int] = []
         old = [(repr(("pub", n)), store_row(n)) for n in (1, 2)]

@@ -607,7 +607,8 @@ class Queues:
             self._release_gated()
 
     def _release_gated(self) -> None:
-        """Settle the spills whose ring state entry (their queue on disk) is backed up now."""
+        """Settle the spills, and answer the backlogs, whose ring state entry (their queue on
+        disk) is backed up now."""
         confirmed = self.core.backups_confirmed()
         calls = [c for v, c in self._gated_calls if v <= confirmed]
         if calls:

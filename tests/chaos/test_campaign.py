@@ -214,6 +214,9 @@ def test_the_command_lists_its_mixes_and_refuses_bad_ones(tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "--overlay" in bad.stderr
     bad = runner.invoke(app, ["chaos", "run", "--sync", "off", "--out", str(tmp_path), "--json"])
     assert bad.exit_code == 2 and "--sync: full or normal" in bad.stderr
+    for seeds, why in (("0", "seeds N must be >= 1"), ("3-1", "an empty range"), ("2,2", "distinct seeds")):
+        bad = runner.invoke(app, ["chaos", "run", "--seeds", seeds, "--out", str(tmp_path), "--json"])
+        assert bad.exit_code == 2 and why in bad.stderr
     assert not list(tmp_path.iterdir())  # (nothing was made)
 
 

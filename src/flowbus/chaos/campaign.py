@@ -47,7 +47,7 @@ from flowbus.chaos.proxy import COUNTS, Proxies
 from flowbus.chaos.workload import COUNT_FILTERS, FLOW, FLOW_FILTERS, Client, Spec, SubSpec, filters_for
 from flowbus.errors import ExperimentError
 
-__all__ = ["TOTALS", "Campaign", "run_campaign", "run_one", "summarize"]
+__all__ = ["TOTALS", "Campaign", "merge_campaigns", "run_campaign", "run_one", "source_commit", "summarize"]
 
 TOTALS = (
     "faults_injected",
@@ -93,7 +93,7 @@ class Campaign:
 
     out: Path
     mixes: tuple[str, ...] = ("short",)
-    seeds: int = 1
+    seeds: tuple[int, ...] = (1,)  # the seeds each mix runs with
     overlay: str = "chordal-ring"
     brokers: int = 5
     publishers: int = 2
@@ -112,8 +112,10 @@ class Campaign:
             raise ExperimentError(f"--overlay: chordal-ring or pastry-irbr, got {self.overlay!r}")
         if not 3 <= self.brokers <= 12:
             raise ExperimentError(f"--brokers: 3 to 12, got {self.brokers}")
-        if self.seeds < 1 or not 20 <= self.subscriptions <= 100 or self.subscribers < 1:
-            raise ExperimentError("--seeds >= 1, 20 to 100 subscriptions, >= 1 subscriber")
+        if not self.seeds or min(self.seeds) < 1 or len(set(self.seeds)) != len(self.seeds):
+            raise ExperimentError(f"--seeds: distinct seeds >= 1, got {list(self.seeds)}")
+        if not 20 <= self.subscriptions <= 100 or self.subscribers < 1:
+            raise ExperimentError("20 to 100 subscriptions, >= 1 subscriber")
         if self.sync not in ("full", "normal"):
             raise ExperimentError(f"--sync: full or normal, got {self.sync!r}")
 
@@ -441,13 +443,37 @@ def failed_row(c: Campaign, mix: str, seed: int, error: str) -> dict[str, Any]:
     }
 
 
-def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -> dict[str, Any]:
+def source_commit() -> str:
+    """The commit of the code that runs (``git rev-parse``), ``+dirty`` if its sources differ
+    from it; ``unknown`` outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return "unknown"
+        changed = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--", str(here.parent)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
+
+
+def summarize(
+    rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool, commit: str = ""
+) -> dict[str, Any]:
     """The campaign's document: totals over the runs, the worst recovery, the rows."""
     totals = {k: sum(r.get(k, 0) for r in rows) for k in TOTALS}  # (rows of older runs: 0)
     proxy = {k: sum(r["proxy"].get(k, 0) for r in rows if "proxy" in r) for k in COUNTS}
     return {
         "overlay": overlay,
         "isolated": isolated,
+        **({"commit": commit} if commit else {}),
         "runs": len(rows),
         "failed_runs": sum(1 for r in rows if "error" in r),
         **totals,
@@ -459,8 +485,35 @@ def summarize(rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool) -
     }
 
 
+def merge_campaigns(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One campaign's document from the documents of its parts (a campaign run in parts, for
+    example some seeds at a time): they must be of one overlay and one commit, and no run
+    (mix, seed) may come twice."""
+    if not docs:
+        raise ExperimentError("nothing to merge: give the parts' campaign.json")
+    for key in ("overlay", "commit"):
+        values = {d.get(key, "unknown") for d in docs}
+        if len(values) > 1:
+            raise ExperimentError(f"the parts differ in {key}: {', '.join(sorted(values))}")
+    commit = docs[0].get("commit", "unknown")
+    if len(docs) > 1 and (commit == "unknown" or commit.endswith("+dirty")):
+        raise ExperimentError(f"the parts' code is not known to be one commit ({commit})")
+    rows = [r for d in docs for r in d["rows"]]
+    runs = [(r["mix"], r["seed"]) for r in rows]
+    twice = sorted({f"{m}-{s}" for m, s in runs if runs.count((m, s)) > 1})
+    if twice:
+        raise ExperimentError(f"runs in more than one part: {', '.join(twice)}")
+    return summarize(
+        rows,
+        overlay=docs[0]["overlay"],
+        isolated=all(d["isolated"] for d in docs),
+        commit=commit,
+    )
+
+
 def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Every mix of ``c`` with seeds 1..``c.seeds``; the summed document (see :func:`summarize`)."""
+    """Every mix of ``c`` with each of ``c.seeds``; the summed document (see :func:`summarize`),
+    with the commit of the code that ran."""
     isolated, why = can_isolate()
     if c.isolate is False:
         isolated = False
@@ -470,9 +523,10 @@ def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) ->
         say(why)
     mixes = check_mixes(c.mixes, isolated=isolated)
     c = replace(c, isolate=isolated)
+    commit = source_commit()
     rows = []
     for mix in mixes:
-        for seed in range(1, c.seeds + 1):
+        for seed in c.seeds:
             try:
                 rows.append(run_one(c, mix, seed, say=say))
             except ExperimentError as e:  # (one run that could not be made: the others go on)
@@ -486,7 +540,7 @@ def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) ->
             )
             if "proxy" in r:
                 say(f"{mix.name} seed {seed}: proxies " + ", ".join(f"{k} {r['proxy'][k]}" for k in COUNTS))
-    doc = summarize(rows, overlay=c.overlay, isolated=isolated)
+    doc = summarize(rows, overlay=c.overlay, isolated=isolated, commit=commit)
     from flowbus.chaos.report import write_campaign
 
     write_campaign(c.out / c.overlay, doc)

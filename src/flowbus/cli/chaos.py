@@ -81,7 +81,9 @@ def run(
     overlay: Annotated[str, typer.Option(help="chordal-ring or pastry-irbr.")] = "chordal-ring",
     brokers: Annotated[int, typer.Option(min=3, max=12, help="Brokers in the ring.")] = 5,
     mix: Annotated[list[str] | None, typer.Option(help="A mix (repeatable; flowbus chaos mixes).")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="Seeds 1..N per mix.")] = 5,
+    seeds: Annotated[
+        str, typer.Option(help="Seeds per mix: N (1..N), A-B or a list like 3,5 (parts: chaos merge).")
+    ] = "5",
     short: Annotated[bool, typer.Option(help="The short campaign CI runs (mix short, one seed).")] = False,
     loopback: Annotated[
         bool, typer.Option(help="Faults of processes only, on 127.0.0.1, even as root.")
@@ -98,13 +100,14 @@ def run(
     """Run a fault campaign: every mix with every seed (default: the full campaign)."""
     from flowbus.chaos.campaign import Campaign, run_campaign
     from flowbus.errors import FlowbusError
+    from flowbus.experiments.config import parse_seeds
 
     chosen = tuple(mix) if mix else SHORT if short else FULL
     try:
         campaign = Campaign(
             out=out_dir,
             mixes=chosen,
-            seeds=1 if short and not mix else seeds,
+            seeds=(1,) if short and not mix else parse_seeds(seeds),
             overlay=overlay,
             brokers=brokers,
             isolate=False if loopback else None,
@@ -120,6 +123,39 @@ def run(
         return
     summary = {k: v for k, v in doc.items() if k != "rows"}
     emit(summary, as_json=False, title=f"flowbus chaos on {overlay}")
+
+
+@chaos_app.command("merge")
+def merge(
+    parts: Annotated[list[Path], typer.Argument(help="The parts' campaign.json (one overlay, one commit).")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory of the merged campaign.json, CSV, table and plot.")
+    ] = Path("out/chaos"),
+    as_json: JsonOption = False,
+) -> None:
+    """One campaign from its parts (runs of other seeds or mixes, at one commit)."""
+    import json
+
+    from flowbus.chaos.campaign import merge_campaigns
+    from flowbus.chaos.report import write_campaign
+    from flowbus.errors import FlowbusError
+
+    docs = []
+    for path in parts:
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            fail(f"{path}: not a campaign's JSON document ({e})")
+    try:
+        doc = merge_campaigns(docs)
+    except FlowbusError as e:
+        fail(str(e))
+    write_campaign(out_dir / doc["overlay"], doc)
+    if as_json:
+        emit(doc, as_json=True, title="")
+        return
+    summary = {k: v for k, v in doc.items() if k != "rows"}
+    emit(summary, as_json=False, title=f"flowbus chaos on {doc['overlay']} ({len(parts)} parts)")
 
 
 @chaos_app.command("sim")

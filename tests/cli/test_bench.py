@@ -99,16 +99,16 @@ def test_bad_input_exits_2_with_a_message(args: tuple[str, ...], message: str) -
 
 
 def test_plots_redraw_the_results(tmp_path: Path) -> None:
-    for kind, result in (("match", "match.jsonl"), ("broker", "broker/result.json")):
+    for kind, result in (("match", "matching/match.jsonl"), ("broker", "broker/result.json")):
         done = invoke("bench", "plot", kind, str(RESULTS / result), str(tmp_path / f"{kind}.png"))
         assert done.exit_code == 0, done.stderr
         assert (tmp_path / f"{kind}.png").read_bytes()[:4] == b"\x89PNG"
     png, csv = tmp_path / "spark.png", tmp_path / "spark.csv"
-    engine = ("--engine", str(RESULTS / "spark.2m.json"))
-    done = invoke("bench", "plot", "spark", str(RESULTS / "spark.json"), str(png), str(csv), *engine)
+    engine = ("--engine", str(RESULTS / "spark" / "spark.2m.json"))
+    done = invoke("bench", "plot", "spark", str(RESULTS / "spark" / "spark.json"), str(png), str(csv), *engine)
     assert done.exit_code == 0, done.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert csv.read_text().splitlines() == (RESULTS / "spark.csv").read_text().splitlines()
+    assert csv.read_text().splitlines() == (RESULTS / "spark" / "spark.csv").read_text().splitlines()
 
 
 # ------------------------------------------------------------------------- from a wheel

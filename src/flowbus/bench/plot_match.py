@@ -1,6 +1,6 @@
 """Plot ``flowbus bench match`` results (JSON lines) against the reference matchers' published figures.
 
-flowbus bench plot match docs/results/match.jsonl docs/results/match.png
+flowbus bench plot match docs/results/matching/match.jsonl docs/results/matching/match.png
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ def test_plots_redraw_the_results(tmp_path: Path) -> None:
         assert (tmp_path / f"{kind}.png").read_bytes()[:4] == b"\x89PNG"
     png, csv = tmp_path / "spark.png", tmp_path / "spark.csv"
     engine = ("--engine", str(RESULTS / "spark" / "spark.2m.json"))
-    done = invoke("bench", "plot", "spark", str(RESULTS / "spark" / "spark.json"), str(png), str(csv), *engine)
+    plotted = str(RESULTS / "spark" / "spark.json")
+    done = invoke("bench", "plot", "spark", plotted, str(png), str(csv), *engine)
     assert done.exit_code == 0, done.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert csv.read_text().splitlines() == (RESULTS / "spark" / "spark.csv").read_text().splitlines()

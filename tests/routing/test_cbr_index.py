@@ -118,9 +118,9 @@ class ReferenceRouter:
         ``handover`` maps a removed neighbour to the added one that replaces it (a dead
         broker's place in the tree, taken by the broker beyond it). What came from the
         removed one is kept as coming from its replacement, not withdrawn, so routing goes
-        on while the replacement's own subscriptions arrive (make before break); what does
-        not come from the replacement then is the dead broker's own, see
-        :meth:`forget_broker`."""
+        on while the replacement's own subscriptions arrive (make before break); what the
+        replacement never sends (the dead broker's own subscriptions) stays in its direction
+        until a routing message replaces or withdraws it (their taker's, once it adopted them)."""
         wanted = self._checked(new)
         out: list[Effect] = []
         for r, h in sorted((handover or {}).items()):

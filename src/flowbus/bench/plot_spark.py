@@ -1,7 +1,7 @@
 """Plot a ``flowbus bench spark --json`` document, and write its figures as CSV.
 
-flowbus bench plot spark docs/results/spark/spark.json docs/results/spark/spark.png docs/results/spark/spark.csv \
-    --engine docs/results/spark/spark.2m.json
+flowbus bench plot spark docs/results/spark/spark.json docs/results/spark/spark.png \
+    docs/results/spark/spark.csv --engine docs/results/spark/spark.2m.json
 
 The state path is the engine's per-key fold (``per_key_fold``); a document of
 the engine before it holds ``transform_with_state`` instead, and is labelled so.

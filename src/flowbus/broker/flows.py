@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from flowbus.broker.store import Store
@@ -80,9 +79,6 @@ class BrokerFlows:
         rec, effects = core.deploy(d, nonce=time.time_ns() & 0x7FFFFFFF, taken=self.own_spaces)
         self.apply(effects)
         return describe(rec, core.flows.deployments[rec.name])
-
-    def deploy_file(self, path: str | Path) -> dict[str, Any]:
-        return self.deploy(Deployment.from_file(path).text)
 
     def undeploy(self, name: str) -> dict[str, Any]:
         core = self._ring()

@@ -147,10 +147,6 @@ class Compiler:
         self._slot = {e: i for i, e in enumerate(dict.fromkeys(shared))}
         self._fields = fields
 
-    @property
-    def memo_size(self) -> int:
-        return len(self._slot)
-
     def new_memo(self) -> Memo:
         return [_UNSET] * len(self._slot)
 

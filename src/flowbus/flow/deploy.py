@@ -455,9 +455,6 @@ class Deployment:
             any(name.startswith("__") for name, _ in route.outputs),
         )
 
-    def _schema_of(self, node: str) -> Schema:
-        return self.rewritten.space(node).schema
-
     def _paths_into(self, space: str) -> list[tuple[str, Route | None]]:
         """Every path into ``space``: (the bus space it starts at, its route; None: the space itself)."""
         g, info = self.graph, self.spaces[space]

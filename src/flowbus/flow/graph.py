@@ -131,11 +131,6 @@ class StateSpace:
         """The non-key fields, in schema order (the layout of a row)."""
         return tuple(n for n in self.schema if n not in self.key)
 
-    @property
-    def initial_row(self) -> tuple[Value, ...]:
-        given = dict(self.initial)
-        return tuple(given[c] for c in self.components)
-
 
 _EXAMPLES: dict[type, Value] = {str: "", int: 0, float: 0.0, bool: False}
 

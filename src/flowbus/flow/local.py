@@ -405,12 +405,6 @@ class LocalRun:
         """The subscriber comes back: it receives, per changed key, the shortest equivalent sequence."""
         return self._subscriber(expand).reconnect()
 
-    def expand_stats(self) -> dict[str, dict[str, int]]:
-        return {
-            name: {"searches": s.deliverer.searches, "states_expanded": s.deliverer.states_expanded}
-            for name, s in self._subscribers.items()
-        }
-
     def state_rows(self, name: str) -> list[dict[str, Any]]:
         """The rows of state ``name`` as dicts, in key order."""
         space = self.graph.state_space(name)

@@ -108,12 +108,6 @@ class FlowPlan:
             out.append((point, routes))
         return out
 
-    def log_of(self, point: str) -> str:
-        for log in self.logs:
-            if point in log.points:
-                return log.name
-        raise KeyError(point)
-
     def levels(self) -> list[list[str]]:
         """The logs in dependency order: a log's stateful groups write logs of a later level."""
         level = {INPUT: 0}

@@ -650,17 +650,6 @@ class AttributeTree:
             raise AssertionError(f"{self.attr}: the root has a parent")
 
 
-def _successor(v: VNode) -> VNode | None:
-    if v.right is not None:
-        v = v.right
-        while v.left is not None:
-            v = v.left
-        return v
-    while v.parent is not None and v.parent.right is v:
-        v = v.parent
-    return v.parent
-
-
 def _rotate_right(t: VNode, touched: set[VNode]) -> VNode:
     s = t.left
     assert s is not None

@@ -15,7 +15,7 @@ How it works (the 004 document, section 4, figure 4):
   :class:`TreeStep` message; steps between virtual nodes of one host are local. A step to a
   record the host no longer holds (an update in flight) starts the search again, as a
   step to a moved virtual node does; so does a path longer than :data:`MAX_TREE_HOPS`.
-* Second conversion. The virtual node found sends a :class:`Match` to every real node of
+* Second conversion. The virtual node found sends a :class:`Matched` to every real node of
   its node list: the nodes with a subscription whose predicate on the attribute holds the
   value (read from the topology's predicates, :meth:`~flowbus.overlay.cbdlo_tree.Topologies.node_list_at`).
 * Counting (:func:`on_match`). A subscriber counts, per event and subscription, the

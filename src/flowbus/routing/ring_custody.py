@@ -15,7 +15,7 @@ How it works:
   no kept copy waits for a repair (``retries``). Then an event published here is listed in
   :attr:`Custodian.settled`, or in :attr:`Custodian.refused` if a broker further on refused
   it (secure spaces); one from a neighbour is confirmed to it, or refused upstream.
-  :meth:`Custodian.due` gives those messages once per step.
+  :meth:`Custodian.end_step` gives those messages once per step.
 * **Sent again.** A message written into a connection that then broke is lost without a
   notice, and a neighbour cut off for a while, not found dead, may have dropped what came.
   So each heartbeat round (:meth:`Custodian.stale`), what has waited ``RESEND_ROUNDS``

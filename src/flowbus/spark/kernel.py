@@ -96,7 +96,8 @@ class _Source:
         self.temps = 0
 
     def _resolve(self, name: str) -> tuple[str, str]:
-        """Where a rule reads ``name`` (as :meth:`BoundRules._read` does): the row, else the event."""
+        """Where a rule reads ``name`` (as :meth:`flowbus.flow.collapse.BoundRules.read` does):
+        the row, else the event."""
         bare = name[6:] if name.startswith(("event.", "state.")) else name
         if not name.startswith("event.") and bare in self.bound.key_names:
             raise _Unsupported("the key")

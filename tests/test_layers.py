@@ -56,11 +56,11 @@ def _imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
                 base = ["flowbus", *package][: len(package) + 2 - node.level]
                 name = ".".join([*base, node.module] if node.module else base)
                 yield node.lineno, name
+            elif node.module == "flowbus":  # from flowbus import wire: the module wire
+                for alias in node.names:
+                    yield node.lineno, f"flowbus.{alias.name}"
             else:
                 yield node.lineno, node.module or ""
-                if node.module == "flowbus":  # from flowbus import wire: the module wire
-                    for alias in node.names:
-                        yield node.lineno, f"flowbus.{alias.name}"
 
 
 def _top(module: str) -> str:
@@ -80,12 +80,14 @@ def _violations() -> list[str]:
             where = f"src/flowbus/{path.relative_to(SRC)}:{line}"
             if _top(name) == "pyspark" and mine != "spark":
                 bad.append(f"{where}: imports {name} outside flowbus.spark")
+            if name == "flowbus" and mine not in FACADE:  # (import flowbus: the facade)
+                bad.append(f"{where}: imports the facade flowbus (import the module that defines the name)")
             if not name.startswith("flowbus.") or mine in FACADE:
                 continue
             theirs = _top(name.removeprefix("flowbus."))
             if theirs == mine or name == "flowbus.__version__":
                 continue
-            if theirs in FACADE:
+            if theirs in FACADE or theirs not in LAYER_OF:  # (from flowbus import Client)
                 bad.append(f"{where}: imports the facade {name} (import the module that defines it)")
             elif LAYER_OF[theirs] >= LAYER_OF[mine]:
                 bad.append(
@@ -105,6 +107,8 @@ def test_layers_import_only_downward() -> None:
         ("from flowbus.broker import server", "routing.cbr", "routing (layer 6) imports flowbus.broker"),
         ("import pyspark.sql", "flow.local", "imports pyspark.sql outside flowbus.spark"),
         ("from flowbus import cli", "filters.ast", "filters (layer 2) imports flowbus.cli"),
+        ("import flowbus", "chaos.workload", "imports the facade flowbus"),
+        ("from flowbus import Client", "broker.server", "imports the facade flowbus.Client"),
     ],
 )
 def test_the_contract_catches_an_upward_import(

@@ -15,6 +15,13 @@ Three branches say whose fault it is:
 :class:`StoreFull` is nobody's fault in that sense: the machine ran out of disk under a
 broker's store. The write that raised it changed nothing, and the same write succeeds once
 space returns; a broker keeps what it could not write in memory and writes it again.
+:class:`ExternalError` is the machine's or another program's part too: something flowbus
+needs outside its code is missing (Java, pyspark) or did not come up or answer in time (a
+broker process it started, a baseline server, a Spark Connect server).
+
+:class:`Undefined` is not a failure of a call: an expression has no value for one event (a
+missing field, a division by zero), and the predicate that reads it is false. It is raised
+and caught inside the filter and flow code.
 
 :class:`ClientError` is what a client call could not do: the broker refused it
 (:class:`PublishError`, :class:`SubscribeError`, with the broker's reason) or no broker
@@ -33,10 +40,13 @@ could be reached.
     │   ├── AccessError
     │   ├── OverlayError ── TopologyError
     │   ├── SimError ── TransportError
-    │   └── ExperimentError
+    │   ├── ExperimentError
+    │   └── InputError
     ├── ProtocolError ── FrameError
     ├── ClientError ── PublishError, SubscribeError
     ├── StoreFull
+    ├── ExternalError
+    ├── Undefined
     └── InternalError
 """
 
@@ -49,11 +59,13 @@ __all__ = [
     "ConfigError",
     "ExpandError",
     "ExperimentError",
+    "ExternalError",
     "FilterError",
     "FilterSyntaxError",
     "FlowError",
     "FlowbusError",
     "FrameError",
+    "InputError",
     "InternalError",
     "OverlayError",
     "ProtocolError",
@@ -66,6 +78,7 @@ __all__ = [
     "SubscriptionError",
     "TopologyError",
     "TransportError",
+    "Undefined",
     "UserError",
 ]
 
@@ -183,6 +196,11 @@ class ExperimentError(UserError):
     """An experiment's config is invalid (nothing has run); the message names the key."""
 
 
+class InputError(UserError):
+    """Data given as input (a file, a table, an option's JSON) cannot be read or does not fit
+    what is asked of it; the message names the file, the row or the option."""
+
+
 # -------------------------------------------------------------------------------------- protocol
 
 
@@ -235,6 +253,20 @@ class StoreFull(FlowbusError):
         self.operation = operation
         self.reason = reason
         super().__init__(f"the store {path} is full: cannot {operation} ({reason})")
+
+
+class ExternalError(FlowbusError):
+    """Something flowbus needs outside its own code is missing or failed it: a program or a
+    package (Java, pyspark), a process it started or a server it uses that did not come up or
+    answer in time. The message names it and what to do."""
+
+
+# ----------------------------------------------------------------------------------- expressions
+
+
+class Undefined(FlowbusError):
+    """An expression has no value for this event (a missing field, a division by zero...):
+    the predicate that reads it is false. Raised and caught inside the filter and flow code."""
 
 
 # -------------------------------------------------------------------------------------- internal

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowbus.errors import FilterError, FilterSyntaxError
+from flowbus.errors import FilterError, FilterSyntaxError, Undefined
 from flowbus.filters import parse
-from flowbus.filters.ast import BinOp, Call, Const, Expr, Field, Filter, Undefined
+from flowbus.filters.ast import BinOp, Call, Const, Expr, Field, Filter
 from flowbus.filters.compile import Compiler, expressions_of, shared_subexpressions
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.substitute import substitute_expr, substitute_filter

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tests.spark.flowgen import CODE, NUMBERS, TEXTS, _filter, _num
 
-from flowbus.errors import FlowError
-from flowbus.filters.ast import Field, Filter, Undefined
+from flowbus.errors import FlowError, Undefined
+from flowbus.filters.ast import Field, Filter
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.parser import parse
 from flowbus.flow.collapse import BoundRules, Rule, RuleSet

@@ -28,7 +28,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, Undefined
 from flowbus.filters import parse
 from flowbus.filters.ast import (
     BinOp,
@@ -41,7 +41,6 @@ from flowbus.filters.ast import (
     Filter,
     Op,
     Predicate,
-    Undefined,
 )
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import Route

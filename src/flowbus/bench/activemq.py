@@ -62,7 +62,7 @@ import numpy as np
 import stomp
 
 from flowbus.bench import broker as fb
-from flowbus.errors import FilterError, FlowbusError, UserError
+from flowbus.errors import ExternalError, FilterError, UserError
 from flowbus.filters import parse
 from flowbus.filters.ast import Conjunction, ExprPredicate, Filter, Op, Predicate
 
@@ -289,11 +289,11 @@ class ActiveMQ:
             if port and ") started" in text:
                 return int(port.group(1))
             if self.proc.poll() is not None:
-                raise FlowbusError(
+                raise ExternalError(
                     f"ActiveMQ exited ({self.proc.returncode}) while starting: {self.log_tail()}"
                 )
             time.sleep(0.1)
-        raise FlowbusError(f"ActiveMQ not listening after {self.startup_timeout:.0f} s: {self.log_tail()}")
+        raise ExternalError(f"ActiveMQ not listening after {self.startup_timeout:.0f} s: {self.log_tail()}")
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of the broker's log and its standard output."""
@@ -368,9 +368,9 @@ def _wait(done: Callable[[], bool], listeners: Sequence[_Listener], timeout: flo
     while not done():
         errors = [e for lis in listeners for e in lis.errors]
         if errors:
-            raise FlowbusError(f"ActiveMQ refused something while {what}: {errors[0]}")
+            raise ExternalError(f"ActiveMQ refused something while {what}: {errors[0]}")
         if time.monotonic() > deadline:
-            raise FlowbusError(f"ActiveMQ: {what} not done after {timeout:.0f} s")
+            raise ExternalError(f"ActiveMQ: {what} not done after {timeout:.0f} s")
         time.sleep(0.002)
 
 

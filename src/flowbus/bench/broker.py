@@ -60,12 +60,11 @@ from typing import Any
 
 import numpy as np
 
-import flowbus
 from flowbus.bench.workloads import stock_events, stock_filters
 from flowbus.broker.process import start_process, wait_ready
-from flowbus.client import Subscription
+from flowbus.client import Client, Subscription, connect
 from flowbus.client import protocol as p
-from flowbus.errors import FlowbusError, UserError
+from flowbus.errors import ExternalError, UserError
 from flowbus.filters import parse
 from flowbus.matching import Matcher
 from flowbus.net import certs
@@ -172,7 +171,7 @@ def _ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     if not ready:
-        raise FlowbusError(f"broker process {proc.pid} not ready after {timeout} s")
+        raise ExternalError(f"broker process {proc.pid} not ready after {timeout} s")
     return wait_ready(proc)
 
 
@@ -254,7 +253,7 @@ class _Tally:
             self.done.set()
 
 
-async def _consume(conn: flowbus.Client, index: dict[str, int], tally: _Tally) -> None:
+async def _consume(conn: Client, index: dict[str, int], tally: _Tally) -> None:
     """Take the events of ``conn``'s (merged) subscriptions as they come, all that have come
     at each wake-up; ``index``: a subscription's number among the filters."""
     lat, counts = tally.latency, tally.counts
@@ -326,15 +325,14 @@ async def _clients_run(
     k = len(filters)
     tally = _Tally(k, int(expected.sum()))
     tasks: list[asyncio.Task[None]] = []
-    conns: list[flowbus.Client] = []
+    conns: list[Client] = []
     multi = len(addresses) > 1
     try:
         tls = ring.client_tls()
         subs = [
-            flowbus.connect(addresses[c % len(addresses)], name=f"bench-sub-{c}", tls=tls)
-            for c in range(clients)
+            connect(addresses[c % len(addresses)], name=f"bench-sub-{c}", tls=tls) for c in range(clients)
         ]
-        pub = flowbus.connect(addresses[0], name="bench-pub", window=window, tls=tls)
+        pub = connect(addresses[0], name="bench-pub", window=window, tls=tls)
         conns = [*subs, pub]
         await asyncio.gather(*(c.open() for c in conns))
 
@@ -357,7 +355,7 @@ async def _clients_run(
             await asyncio.wait_for(subscribe_all(), subscribe_timeout)
         except TimeoutError:
             row["subscribed"] = len(index)
-            raise FlowbusError(
+            raise ExternalError(
                 f"subscribing: only {len(index):,} of {k:,} subscriptions done in {subscribe_timeout:.0f} s"
             ) from None
         row["subscribe_s"] = time.perf_counter() - t0
@@ -374,7 +372,7 @@ async def _clients_run(
                 view = await ring_view(addresses, tls=tls) if multi else {}
                 row["ring_after_subscribe"] = view
                 row["ring_intact"] = _ring_ok(view)
-                raise FlowbusError(
+                raise ExternalError(
                     f"subscriptions at {sorted(set(map(str, missing)))} not routed to the publisher's broker "
                     f"{addresses[0]} after 120 s; the brokers' ring links: {view}"
                 )

@@ -53,11 +53,10 @@ from typing import Any
 
 import numpy as np
 
-import flowbus
 from flowbus.bench import broker as plain
 from flowbus.bench.workloads import stock_flow_spec
-from flowbus.client import Subscription
-from flowbus.errors import FlowbusError, UserError
+from flowbus.client import Client, Subscription, connect
+from flowbus.errors import ExternalError, UserError
 from flowbus.filters import parse
 from flowbus.flow.deploy import Deployment
 from flowbus.flow.graph import EventSpace, Graph
@@ -196,7 +195,7 @@ class _Inbox:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-async def _take(conn: flowbus.Client, boxes: dict[str, list[tuple[float, Event]]], inbox: _Inbox) -> None:
+async def _take(conn: Client, boxes: dict[str, list[tuple[float, Event]]], inbox: _Inbox) -> None:
     """What ``conn``'s merged subscriptions receive, into their boxes (by subscription id)."""
     async for batch in conn.merged():
         inbox.last = now = time.perf_counter()
@@ -231,14 +230,14 @@ class _Setup:
         return sum(len(w) for ws in self.want.values() for w in ws)
 
 
-async def _connect(ring: plain.Ring, setup: _Setup, clients: int, window: int) -> list[flowbus.Client]:
+async def _connect(ring: plain.Ring, setup: _Setup, clients: int, window: int) -> list[Client]:
     """Deploy the flow, open the subscriber connections and the publisher (the last), and wait
     until each of them sees the flow."""
     addresses = ring.addresses
-    async with flowbus.connect(addresses[0], name="bench-admin") as admin:
+    async with connect(addresses[0], name="bench-admin") as admin:
         await admin.deploy(setup.spec)
-    subs = [flowbus.connect(addresses[c % len(addresses)], name=f"bench-sub-{c}") for c in range(clients)]
-    conns = [*subs, flowbus.connect(addresses[0], name="bench-pub", window=window)]
+    subs = [connect(addresses[c % len(addresses)], name=f"bench-sub-{c}") for c in range(clients)]
+    conns = [*subs, connect(addresses[0], name="bench-pub", window=window)]
     await asyncio.gather(*(c.open() for c in conns))
     for c in conns:
         for _ in range(200):  # (the deploy is flooded to every broker)
@@ -246,12 +245,12 @@ async def _connect(ring: plain.Ring, setup: _Setup, clients: int, window: int) -
                 break
             await asyncio.sleep(0.05)
         else:
-            raise FlowbusError(f"the flow deployed at {addresses[0]} did not reach {c.broker} in 10 s")
+            raise ExternalError(f"the flow deployed at {addresses[0]} did not reach {c.broker} in 10 s")
     return conns
 
 
 async def _subscribe(
-    conns: list[flowbus.Client], setup: _Setup, inbox: _Inbox, tasks: list[asyncio.Task[None]]
+    conns: list[Client], setup: _Setup, inbox: _Inbox, tasks: list[asyncio.Task[None]]
 ) -> None:
     """Every subscription, then a sentinel per connection; probes until each sentinel has one."""
     subs, pub = conns[:-1], conns[-1]
@@ -275,7 +274,7 @@ async def _subscribe(
     t0 = time.perf_counter()
     while not all(e.is_set() for e in seen):
         if time.perf_counter() - t0 > 120:
-            raise FlowbusError("subscriptions not routed to the publisher's broker after 120 s")
+            raise ExternalError("subscriptions not routed to the publisher's broker after 120 s")
         await pub.publish("combined", {"com": PROBE, "price": 0.0, "vol": 0})
         await pub.flush(60)
         await asyncio.sleep(0.02)
@@ -283,7 +282,7 @@ async def _subscribe(
 
 
 async def _publish(
-    pub: flowbus.Client, events: list[tuple[str, Event]], rate: float, progress: Progress | None, label: str
+    pub: Client, events: list[tuple[str, Event]], rate: float, progress: Progress | None, label: str
 ) -> tuple[np.ndarray, float]:
     """Publish ``events`` (paced at ``rate``/s unless 0); their publish times and the start."""
     published = np.zeros(len(events))
@@ -308,7 +307,7 @@ async def _flow_clients(
     """Fill ``row`` in as the run goes; stop the brokers before the clients close."""
     inbox = _Inbox(setup.deliveries)
     tasks: list[asyncio.Task[None]] = []
-    conns: list[flowbus.Client] = []
+    conns: list[Client] = []
     try:
         t0 = time.perf_counter()
         conns = await _connect(ring, setup, clients, window)

@@ -73,8 +73,8 @@ from typing import Any, NoReturn
 
 import yaml
 
-from flowbus.errors import FlowbusError, FlowError, SchemaError
-from flowbus.filters.ast import Expr, Field, Functions, Undefined
+from flowbus.errors import FlowbusError, FlowError, SchemaError, Undefined
+from flowbus.filters.ast import Expr, Field, Functions
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.collapse import BoundRules, Key, Row, RuleSet
 from flowbus.flow.expand import rows_from_json, shorten

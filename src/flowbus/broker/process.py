@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import ExternalError
 
 __all__ = ["OVERLOADED", "READY", "console_of", "start_process", "wait_ready"]
 
@@ -65,7 +65,7 @@ def wait_ready(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith(READY):
-        raise FlowbusError(f"broker process {proc.pid} did not start (exit code {proc.poll()})")
+        raise ExternalError(f"broker process {proc.pid} did not start (exit code {proc.poll()})")
     words = line.split()
     _consoles[proc.pid] = words[words.index("console") + 1] if "console" in words else None
     return words[3]

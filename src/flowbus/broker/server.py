@@ -75,7 +75,7 @@ from flowbus.broker.sessions import Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
-from flowbus.errors import AccessError, ConfigError, FlowbusError, StoreFull
+from flowbus.errors import AccessError, ConfigError, ExternalError, FlowbusError, StoreFull
 from flowbus.flow.deploy import Deployment
 from flowbus.matching.matcher import warm_up
 from flowbus.net.admission import Admission
@@ -353,7 +353,7 @@ class Broker:
         end = loop.time() + timeout
         while not self.core.joined:
             if loop.time() > end:
-                raise FlowbusError(f"broker {self.address}: could not join the ring in {timeout} s")
+                raise ExternalError(f"broker {self.address}: could not join the ring in {timeout} s")
             await asyncio.sleep(0.02)
         for text in self._documents:
             self.flows.deploy(text)

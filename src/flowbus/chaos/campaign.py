@@ -184,16 +184,14 @@ class _FlowOps:
     def _run(self, broker: str, call: Callable[[Any], Any]) -> str | None:
         import asyncio
 
-        import flowbus
+        from flowbus.client import connect
         from flowbus.errors import FlowbusError
 
         i = self.names.index(broker)
         first = [self.brokers.address(n) for n in self.names[i:] + self.names[:i]]
 
         async def main() -> None:
-            async with flowbus.connect(
-                *first, name="nemesis", idle_timeout=5.0, publish_timeout=30.0
-            ) as client:
+            async with connect(*first, name="nemesis", idle_timeout=5.0, publish_timeout=30.0) as client:
                 await asyncio.wait_for(call(client), 30.0)
 
         try:

@@ -263,15 +263,13 @@ class _Publisher:
         self.counts = {"sent": 0, "acked": 0, "refused": 0, "hung": 0}
 
     async def run(self, start: float) -> None:
-        import flowbus
+        from flowbus.client import connect
         from flowbus.errors import PublishError
 
         me = self.spec.publishers[self.index]
         space, rate = me.space or self.spec.space, me.rate or self.spec.rate
         until = start + self.spec.publish_for
-        async with flowbus.connect(
-            *self.spec.brokers_from(me.first), name=me.name, **self.spec.client
-        ) as client:
+        async with connect(*self.spec.brokers_from(me.first), name=me.name, **self.spec.client) as client:
             watch = asyncio.ensure_future(self._watch(client))
             k = 0
             try:
@@ -364,9 +362,9 @@ class _Subscriber:
         return now - max(self.last, self._up_since) >= quiet
 
     async def run(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
-        import flowbus
+        from flowbus.client import connect
 
-        async with flowbus.connect(
+        async with connect(
             *self.spec.brokers_from(self.me.first), name=self.me.name, **self.spec.client
         ) as client:
             self.client = client
@@ -448,11 +446,10 @@ async def run(spec: Spec) -> dict[str, Any]:
 async def _deploy(spec: Spec) -> None:
     """The spec's flow deployed on the brokers (tried again for 60 s: the ring may still be
     forming)."""
-    import flowbus
-    from flowbus.client import ClientError
+    from flowbus.client import ClientError, connect
 
     end = time.time() + 60.0
-    async with flowbus.connect(*spec.brokers_from(0), name="deployer", **spec.client) as client:
+    async with connect(*spec.brokers_from(0), name="deployer", **spec.client) as client:
         while True:
             try:
                 await client.deploy(spec.flow)

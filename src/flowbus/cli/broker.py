@@ -59,12 +59,12 @@ def ask(broker: list[str] | None, request: Any, tls: tuple[Path | None, str | No
     its result, or a red message and status 2."""
     import asyncio
 
-    import flowbus
+    from flowbus.client import connect
 
     options = client_options(*tls)
 
     async def run() -> Any:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
+        async with connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
             return await request(client)
 
     try:
@@ -254,13 +254,13 @@ def pub(
     token: TokenOption = None,
 ) -> None:
     """Publish events (JSON objects) and wait until the brokers acknowledge them."""
-    import flowbus
+    from flowbus.client import connect
 
     events = _events(event, space)
     options = client_options(tls, user, token)
 
     async def run() -> None:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
+        async with connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
             for s, e in events:
                 await client.publish(s, e)
             await client.flush()
@@ -287,12 +287,12 @@ def sub(
     token: TokenOption = None,
 ) -> None:
     """Print the matching events as JSON lines until Ctrl-C (or --count events)."""
-    import flowbus
+    from flowbus.client import connect
 
     options = client_options(tls, user, token)
 
     async def run() -> None:
-        async with flowbus.connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
+        async with connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
             s = await client.subscribe(space, filter, durable=durable, collapse=collapse)
             n = 0
             async for e in s:
@@ -371,10 +371,10 @@ def cluster_up(
 async def _deploy_all(files: list[Path], broker: str, options: dict[str, Any]) -> None:
     """Deploy the flow specs at the first broker, once the ring has settled (the brokers it
     links to then each own a part of the flows' state)."""
-    import flowbus
+    from flowbus.client import connect
 
     await asyncio.sleep(1.0)
-    async with flowbus.connect(broker, **options) as client:
+    async with connect(broker, **options) as client:
         for f in files:
             info = await client.deploy(f)
             spaces = ", ".join(s["name"] for s in info["spaces"] if s["publishable"])

@@ -30,7 +30,7 @@ import typer
 
 from flowbus.cli.broker import BrokersOption, TlsOption, TokenOption, UserOption, ask
 from flowbus.cli.common import JsonOption, SpecArgument, fail
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, InputError
 
 if TYPE_CHECKING:
     from flowbus.flow.collapse import BoundRules
@@ -85,7 +85,7 @@ def _write_html(g: Graph, path: Path) -> None:
     try:
         path.write_text(flow_page(g), encoding="utf-8")
     except OSError as exc:
-        raise FlowbusError(f"--html {path}: {exc.strerror}") from None
+        raise InputError(f"--html {path}: {exc.strerror}") from None
     sys.stderr.write(f"wrote {path}\n")
 
 
@@ -117,7 +117,7 @@ def _rows(text: str, option: str, bound: BoundRules, g: Graph, state: str) -> di
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise FlowbusError(f"{option} is not JSON: {exc.msg} at column {exc.colno}") from None
+        raise InputError(f"{option} is not JSON: {exc.msg} at column {exc.colno}") from None
     fields = dict(g.state_space(state).schema.fields)
     return rows_from_json(bound, fields, data, option)
 

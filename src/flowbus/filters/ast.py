@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from flowbus.errors import FilterError
+from flowbus.errors import FilterError, Undefined
 from flowbus.filters.values import canonical
 from flowbus.model import Value
 
@@ -159,10 +159,6 @@ def canonical_set(values: Iterable[Value]) -> tuple[Value, ...]:
 
 
 # ----------------------------------------------------------------------- expressions
-
-
-class Undefined(Exception):
-    """An expression has no value for this event (its predicate is then false)."""
 
 
 Functions = Mapping[str, Callable[..., Any] | Mapping[Any, Any]]

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from flowbus.errors import FilterError
+from flowbus.errors import FilterError, Undefined
 from flowbus.filters.ast import (
     ORDERING_OPS,
     STRING_OPS,
@@ -44,7 +44,6 @@ from flowbus.filters.ast import (
     Literal,
     Op,
     Predicate,
-    Undefined,
     compare,
     value_class,
     values_equal,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from flowbus.errors import FilterError
+from flowbus.errors import FilterError, Undefined
 from flowbus.filters.ast import (
     FLIPPED,
     MAX_CONJUNCTIONS,
@@ -49,7 +49,6 @@ from flowbus.filters.ast import (
     Literal,
     Op,
     Predicate,
-    Undefined,
     compare,
     value_class,
 )

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
 
-from flowbus.errors import FlowError
+from flowbus.errors import FlowError, Undefined
 from flowbus.filters.ast import (
     FLIPPED,
     STRING_OPS,
@@ -67,7 +67,6 @@ from flowbus.filters.ast import (
     Filter,
     Op,
     Predicate,
-    Undefined,
     compare,
     value_class,
     value_key,

@@ -31,18 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowbus.errors import FlowError
-from flowbus.filters.ast import (
-    BinOp,
-    Const,
-    Expr,
-    ExprPredicate,
-    Field,
-    Filter,
-    Functions,
-    Predicate,
-    Undefined,
-)
+from flowbus.errors import FlowError, Undefined
+from flowbus.filters.ast import BinOp, Const, Expr, ExprPredicate, Field, Filter, Functions, Predicate
 from flowbus.filters.compile import ALWAYS, Compiler, ExprFn, TestFn, expressions_of, shared_subexpressions
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.infer import check_assign, check_expr, check_filter, hint, with_builtins

@@ -55,20 +55,9 @@ from typing import Any
 
 import yaml
 
-from flowbus.errors import FlowbusError, FlowError, SchemaError, UserError
+from flowbus.errors import FlowbusError, FlowError, SchemaError, Undefined, UserError
 from flowbus.filters import Filter, parse
-from flowbus.filters.ast import (
-    BinOp,
-    Call,
-    Conjunction,
-    Const,
-    Expr,
-    ExprPredicate,
-    Field,
-    Op,
-    Predicate,
-    Undefined,
-)
+from flowbus.filters.ast import BinOp, Call, Conjunction, Const, Expr, ExprPredicate, Field, Op, Predicate
 from flowbus.filters.compile import ALWAYS, Compiler, shared_subexpressions
 from flowbus.filters.substitute import substitute_filter
 from flowbus.flow.collapse import Key

@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flowbus.errors import FlowbusError, FlowError
-from flowbus.filters.ast import Field, Undefined
+from flowbus.errors import FlowbusError, FlowError, Undefined
+from flowbus.filters.ast import Field
 from flowbus.filters.compile import ALWAYS, Compiler, expressions_of, shared_subexpressions
 from flowbus.flow.collapse import BoundRules, Key, Row
 from flowbus.flow.expand import Expansion, KeyExpansion, analyse, expand_key, shorten

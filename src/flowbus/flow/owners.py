@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flowbus.filters.ast import Undefined
+from flowbus.errors import Undefined
 from flowbus.flow.collapse import BoundRules, Key, Row
 from flowbus.flow.expand import expander
 from flowbus.flow.graph import Collapse, Expand, Graph

@@ -39,8 +39,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowbus.errors import FlowError
-from flowbus.filters.ast import BinOp, Call, Conjunction, Const, Expr, Field, Filter, Op, Predicate, Undefined
+from flowbus.errors import FlowError, Undefined
+from flowbus.filters.ast import BinOp, Call, Conjunction, Const, Expr, Field, Filter, Op, Predicate
 from flowbus.filters.compile import Compiler, expressions_of, shared_subexpressions, subexpressions
 from flowbus.filters.substitute import never_defined, substitute_expr, substitute_filter
 from flowbus.flow.graph import (

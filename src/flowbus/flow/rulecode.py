@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 from typing import Any
 
+from flowbus.errors import Undefined
 from flowbus.filters.ast import (
     ORDERING_OPS,
     STRING_OPS,
@@ -45,7 +46,6 @@ from flowbus.filters.ast import (
     Literal,
     Op,
     Predicate,
-    Undefined,
     compare,
     value_class,
 )

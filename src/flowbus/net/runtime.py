@@ -81,7 +81,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Send, SetTimer
-from flowbus.errors import FlowbusError
+from flowbus.errors import FlowbusError, InternalError, UserError
 from flowbus.net.admission import Admission, Gate
 from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame, head_tag
 from flowbus.net.tls import is_broker
@@ -120,9 +120,9 @@ def addr_of(host: str, port: int) -> int:
     try:
         packed = socket.inet_aton(socket.gethostbyname(host))
     except OSError as e:
-        raise FlowbusError(f"cannot resolve host {host!r}: {e}") from None
+        raise UserError(f"cannot resolve host {host!r}: {e}") from None
     if not 0 < port < 65536:
-        raise FlowbusError(f"a port is 1..65535, got {port}")
+        raise UserError(f"a port is 1..65535, got {port}")
     return int.from_bytes(packed, "big") << 16 | port
 
 
@@ -289,7 +289,7 @@ class Runtime:
                 if handle is not None:
                     handle.cancel()
             else:
-                raise FlowbusError(f"node {self.addr}: {e!r} is not an effect")
+                raise InternalError(f"node {self.addr}: {e!r} is not an effect")
         for dst, msgs in sends.items():
             self._send_all(dst, msgs)
 

@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowbus.errors import FilterError, FlowbusError
+from flowbus.errors import FilterError, InputError, UserError
 from flowbus.filters import Conjunction, Filter, Op, Predicate, parse
 from flowbus.matching import Matcher, Strategy
 
@@ -142,7 +142,7 @@ class Subscriptions:
     def of(cls, ids: list[Any], filters: list[Filter]) -> Subscriptions:
         """Subscriptions from filter objects."""
         if len(ids) != len(filters):
-            raise FlowbusError(f"{len(ids)} subscription ids for {len(filters)} filters")
+            raise UserError(f"{len(ids)} subscription ids for {len(filters)} filters")
         fields = frozenset().union(*(f.fields() for f in filters))
         return cls(ids, fields, PlainConjunctions.empty(), dict(enumerate(filters)))
 
@@ -276,7 +276,7 @@ def _read_table(path: Path, what: str) -> pa.Table:
     import pyarrow.parquet as pq
 
     if not path.exists():
-        raise FlowbusError(f"{what} {path} does not exist")
+        raise InputError(f"{what} {path} does not exist")
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
@@ -287,7 +287,7 @@ def _read_table(path: Path, what: str) -> pa.Table:
             return pjson.read_json(path)
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
-        raise FlowbusError(f"cannot read {what} {path}: {exc}") from None
+        raise InputError(f"cannot read {what} {path}: {exc}") from None
 
 
 def _first_null(column: pa.ChunkedArray) -> int:
@@ -297,18 +297,18 @@ def _first_null(column: pa.ChunkedArray) -> int:
 def _sub_ids(table: pa.Table, path: Path) -> list[Any]:
     column = table.column("sub_id")
     if column.null_count:
-        raise FlowbusError(f"{path}: row {_first_null(column) + 1} has no sub_id")
+        raise InputError(f"{path}: row {_first_null(column) + 1} has no sub_id")
     if pa.types.is_integer(column.type):
         ids: list[Any] = column.to_pylist()
     elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         ids = column.to_pylist()
     else:
-        raise FlowbusError(f"{path}: sub_id must hold integers or strings, not {column.type}")
+        raise InputError(f"{path}: sub_id must hold integers or strings, not {column.type}")
     if len(set(ids)) < len(ids):
         seen: set[Any] = set()
         for row, sid in enumerate(ids, 1):
             if sid in seen:
-                raise FlowbusError(f"{path}: row {row} repeats sub_id {sid!r}")
+                raise InputError(f"{path}: row {row} repeats sub_id {sid!r}")
             seen.add(sid)
     return ids
 
@@ -318,16 +318,16 @@ def read_subscriptions(path: Path) -> Subscriptions:
     table = _read_table(path, "subscriptions")
     missing = [c for c in ("sub_id", "filter") if c not in table.column_names]
     if missing:
-        raise FlowbusError(
+        raise InputError(
             f"{path}: missing column(s) {', '.join(missing)}"
             f" (found: {', '.join(table.column_names) or 'none'})"
         )
     ids = _sub_ids(table, path)
     texts = table.column("filter")
     if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
-        raise FlowbusError(f"{path}: the filter column must hold text, not {texts.type}")
+        raise InputError(f"{path}: the filter column must hold text, not {texts.type}")
     if texts.null_count:
-        raise FlowbusError(f"{path}: row {_first_null(texts) + 1} has no filter")
+        raise InputError(f"{path}: row {_first_null(texts) + 1} has no filter")
     plain, rest = _read_plain(texts)
     reader = _Reader()
     other: dict[int, Filter] = {}
@@ -338,7 +338,7 @@ def read_subscriptions(path: Path) -> Subscriptions:
             try:
                 other[row] = reader(text)
             except FilterError as exc:
-                raise FlowbusError(f"{path}: row {row + 1} (sub_id {ids[row]!r}): {exc}") from None
+                raise InputError(f"{path}: row {row + 1} (sub_id {ids[row]!r}): {exc}") from None
     finally:
         if gc_was:
             gc.enable()
@@ -362,7 +362,7 @@ def build_matcher(subs: Subscriptions, *, strategy: Strategy = "clustering") -> 
         matcher.add_conjunctions(ids, plain.offsets, plain.codes, plain.predicates)
         matcher.add_many((subs.ids[row], f) for row, f in subs.other.items())
     except FilterError as exc:
-        raise FlowbusError(f"cannot index the subscriptions: {exc}") from None
+        raise InputError(f"cannot index the subscriptions: {exc}") from None
     finally:
         if gc_was:
             gc.enable()
@@ -375,7 +375,7 @@ def build_matcher(subs: Subscriptions, *, strategy: Strategy = "clustering") -> 
 def event_format(path: Path) -> str:
     """``parquet`` or ``json``: the format of an events file or directory (an error for anything else)."""
     if not path.exists():
-        raise FlowbusError(f"events {path} does not exist")
+        raise InputError(f"events {path} does not exist")
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     suffixes = {p.suffix.lower() for p in files if not p.name.startswith(("_", "."))}
     if suffixes and suffixes <= {".parquet"}:
@@ -383,7 +383,7 @@ def event_format(path: Path) -> str:
     if suffixes and suffixes <= set(_JSON_SUFFIXES):
         return "json"
     found = ", ".join(sorted(suffixes)) or "no data files"
-    raise FlowbusError(f"events {path}: expected Parquet or JSON lines (.jsonl) files, found {found}")
+    raise InputError(f"events {path}: expected Parquet or JSON lines (.jsonl) files, found {found}")
 
 
 def read_events(spark: SparkSession, path: Path, *, id_column: str | None = None) -> DataFrame:
@@ -393,9 +393,9 @@ def read_events(spark: SparkSession, path: Path, *, id_column: str | None = None
         df = spark.read.parquet(str(path)) if fmt == "parquet" else spark.read.json(str(path))
         columns = df.columns
     except Exception as exc:  # Spark's errors come from the JVM or the Connect server
-        raise FlowbusError(f"cannot read events {path}: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"cannot read events {path}: {str(exc).splitlines()[0]}") from None
     if "_corrupt_record" in columns:
-        raise FlowbusError(f"events {path}: some lines are not JSON objects")
+        raise InputError(f"events {path}: some lines are not JSON objects")
     return _spread(spark, _with_ids(df, path, id_column))
 
 
@@ -405,7 +405,7 @@ def _with_ids(df: DataFrame, path: Path, id_column: str | None) -> DataFrame:
     columns = df.columns
     if id_column is not None:
         if id_column not in columns:
-            raise FlowbusError(f"events {path}: no column {id_column!r} for the event ids")
+            raise InputError(f"events {path}: no column {id_column!r} for the event ids")
         return df.withColumn("event_id", F.col(id_column).cast("long"))
     if "event_id" in columns:
         return df.withColumn("event_id", F.col("event_id").cast("long"))
@@ -532,7 +532,7 @@ class BulkResult:
 def check_out(out: Path) -> None:
     """Refuse an output path that holds something already."""
     if out.exists() and (out.is_file() or any(out.iterdir())):
-        raise FlowbusError(f"output {out} exists already: give a new path")
+        raise InputError(f"output {out} exists already: give a new path")
 
 
 def bulk_match(
@@ -590,7 +590,7 @@ def _baseline_table(subs: Subscriptions) -> pa.Table:
         preds += good
     if bad.size:
         sid = subs.ids[int(bad.min())]
-        raise FlowbusError(
+        raise InputError(
             f"subscription {sid!r}: the join baseline takes conjunctions of string equalities only"
         )
     width = max(1, int(sizes.max()) if sizes.size else 0, max(map(len, extra.values()), default=0))
@@ -620,7 +620,7 @@ def join_baseline(spark: SparkSession, events: DataFrame, subs: Subscriptions) -
     types = dict(events.dtypes)
     bad = [c for c in attrs if types[c] != "string"]
     if bad:
-        raise FlowbusError(f"the join baseline takes string attributes only; {', '.join(bad)} are not")
+        raise InputError(f"the join baseline takes string attributes only; {', '.join(bad)} are not")
     pairs = [x for c in attrs for x in (F.lit(c), F.col(c))]
     exploded = events.select(
         "event_id", F.create_map(*pairs).alias("m"), F.explode(F.create_map(*pairs)).alias("k", "v")

@@ -79,7 +79,7 @@ from pyspark.sql.types import (
     VarcharType,
 )
 
-from flowbus.errors import ColumnUnsupported, FilterError, FlowbusError
+from flowbus.errors import ColumnUnsupported, FilterError, UserError
 from flowbus.filters.ast import (
     FLIPPED,
     ORDERING_OPS,
@@ -225,7 +225,7 @@ class ColumnCompiler:
 
     def _field(self, name: str) -> Parts:
         if self._schema is None:
-            raise FlowbusError(
+            raise UserError(
                 f"field {name!r}: compiling to a Spark Column needs the DataFrame's schema "
                 "(pass schema=schema_types(df.schema))"
             )

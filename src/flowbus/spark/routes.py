@@ -32,7 +32,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import UserError
 from flowbus.flow.graph import Route
 from flowbus.spark.columns import ColumnCompiler, FunctionsLike, parts_defined, schema_types
 
@@ -63,7 +63,7 @@ def apply_routes(df: DataFrame, routes: Sequence[Route], *, functions: Functions
     """
     sources = sorted({r.source for r in routes})
     if len(sources) > 1:
-        raise FlowbusError(f"apply_routes takes the routes of one source, got routes from {sources}")
+        raise UserError(f"apply_routes takes the routes of one source, got routes from {sources}")
     compiler = ColumnCompiler(functions, schema_types(df.schema))
     out: dict[str, DataFrame] = {}
     for route in routes:

@@ -23,7 +23,7 @@ How it works:
   ``--json`` output is flowbus's own only. A local session also sets
   ``SPARK_LOCAL_IP=127.0.0.1`` (the driver binds there anyway).
 * Without pyspark, or without Java for a JVM-backed session, a
-  :class:`~flowbus.errors.FlowbusError` says what to install.
+  :class:`~flowbus.errors.ExternalError` says what to install.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flowbus.errors import FlowbusError
+from flowbus.errors import ExternalError, UserError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,7 +70,7 @@ def _require_pyspark() -> None:
     try:
         import pyspark  # noqa: F401
     except ImportError:
-        raise FlowbusError(
+        raise ExternalError(
             "pyspark is not installed: pip install 'pyspark>=4.0' 'pandas>=2.2,<3' to use flowbus on Spark"
         ) from None
 
@@ -130,14 +130,16 @@ def spark_session(
     default :func:`jvm_log_path` of ``app_name``).
     """
     if master is not None and remote is not None:
-        raise FlowbusError("give either a master URL or a Spark Connect remote, not both")
+        raise UserError("give either a master URL or a Spark Connect remote, not both")
     if remote is not None and not remote.startswith("sc://"):
-        raise FlowbusError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
+        raise UserError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
     _require_pyspark()
     if remote is not None:
         _check_reachable(remote)
     if remote is None and not java_available():
-        raise FlowbusError("Java was not found (set JAVA_HOME or put java on the PATH): Spark needs Java 17+")
+        raise ExternalError(
+            "Java was not found (set JAVA_HOME or put java on the PATH): Spark needs Java 17+"
+        )
     from pyspark.sql import SparkSession
 
     local = remote is None and _is_local(master)
@@ -178,11 +180,11 @@ def _check_reachable(remote: str, timeout: float = 5.0) -> None:
     url = urlparse(remote)
     host, port = url.hostname, url.port or 15002
     if not host:
-        raise FlowbusError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
+        raise UserError(f"a Spark Connect remote looks like sc://HOST:PORT, got {remote!r}")
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
-        raise FlowbusError(
+        raise ExternalError(
             f"cannot reach the Spark Connect server at {host}:{port}: {exc.strerror or exc}"
         ) from None
 

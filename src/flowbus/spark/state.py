@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowbus.filters.ast import Undefined
+from flowbus.errors import Undefined
 from flowbus.flow.collapse import BoundRules, Key
 from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.eventlog import order_key

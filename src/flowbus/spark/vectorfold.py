@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from flowbus.filters.ast import Const, Field, Undefined
+from flowbus.errors import Undefined
+from flowbus.filters.ast import Const, Field
 from flowbus.flow.aggregates import Aggregate, Aggregates, as_aggregates
 from flowbus.flow.collapse import BoundRules
 from flowbus.flow.collapse import Row as StateRow

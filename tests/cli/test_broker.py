@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tests.ports import consecutive_free_ports
@@ -112,3 +113,75 @@ def test_cluster_up_and_ctrl_c() -> None:
         with contextlib.suppress(ProcessLookupError):  # (brokers left behind if it timed out)
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# ---------------------------------------------------------------- pip install flowbus (no extra)
+
+EXTRAS_ONLY = sorted({"matplotlib", "numba", "numpy", "pandas", "pyarrow", "pyspark", "yaml", "cryptography"})
+"""Modules only an extra brings (pyproject.toml): blocked, as if ``pip install flowbus`` alone."""
+
+_BARE = """
+import sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # (import name: ModuleNotFoundError, as if not installed)
+sys.argv = ["flowbus", *sys.argv[1:]]
+from flowbus.cli import main
+main()
+"""
+
+
+def bare_cmd(*args: str, blocked: list[str] = EXTRAS_ONLY) -> list[str]:
+    """The command line of ``flowbus ARGS`` with the extras' modules missing."""
+    return [sys.executable, "-c", _BARE.format(blocked=blocked), *args]
+
+
+def bare(*args: str, blocked: list[str] = EXTRAS_ONLY) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(bare_cmd(*args, blocked=blocked), capture_output=True, text=True, timeout=60)
+
+
+def test_pub_and_sub_need_no_extra(broker: str) -> None:
+    """The client, the filter language and the CLI's pub and sub run on the base install."""
+    sub = subprocess.Popen(
+        bare_cmd("sub", "stocks", "price > 100", "--broker", broker, "--count", "1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        event = {"symbol": "HP", "price": 101.0, "quantity": 1, "exchange": "NYSE", "level": 1}
+        for _ in range(20):
+            done = bare("pub", "stocks", "--broker", broker, "--event", json.dumps(event))
+            assert done.returncode == 0, done.stderr
+            try:
+                out, errs = sub.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert sub.returncode == 0, errs
+        assert json.loads(out.splitlines()[0]) == event
+    finally:
+        sub.kill()
+        sub.wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "blocked", "extra"),
+    [
+        (["bench", "match", "--subscriptions", "10", "--events", "10", "--json"], ["numpy"], "broker"),
+        (["certs", "init", "{tmp}/pki"], ["cryptography"], "broker"),
+        (
+            ["run", "{root}/examples/stocks/flow.yaml", "--engine", "spark", "--out", "{tmp}/out"],
+            ["pyspark"],
+            "spark",
+        ),
+    ],
+)
+def test_a_missing_extra_is_one_line_that_names_it(
+    tmp_path: Path, args: list[str], blocked: list[str], extra: str
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = bare(*(a.format(tmp=tmp_path, root=root) for a in args), blocked=blocked)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"pip install 'flowbus[{extra}]'" in lines[0], done.stderr
+    assert not (tmp_path / "pki").exists() and not (tmp_path / "out").exists()

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flowbus.broker.process import OVERLOADED, console_of, start_process, wait_ready
-from flowbus.net.certs import broker_name
+from flowbus.net.tls import broker_name
 
 __all__ = ["Cluster"]
 

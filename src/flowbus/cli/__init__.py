@@ -24,9 +24,9 @@ import typer
 
 from flowbus import __version__
 from flowbus.cli import acl, bench, broker, certs, chaos, demo, flow, match, run, sim
-from flowbus.cli.common import out
+from flowbus.cli.common import err, out
 
-__all__ = ["app", "main"]
+__all__ = ["EXTRA_OF", "app", "main"]
 
 app = typer.Typer(
     name="flowbus",
@@ -58,5 +58,30 @@ app.add_typer(acl.acl_app, name="acl")
 app.add_typer(chaos.chaos_app, name="chaos")
 
 
+_BROKER = ("numpy", "numba", "pyarrow", "yaml", "cryptography", "networkx", "prometheus_client", "h11")
+EXTRA_OF = {
+    **dict.fromkeys(_BROKER, "broker"),
+    **dict.fromkeys(("pyspark", "pandas", "grpc", "py4j"), "spark"),
+    "matplotlib": "experiments",
+    "stomp": "bench",
+}
+"""The extra that brings each module a command may miss (``pip install flowbus`` has the
+client, the filters and ``pub`` / ``sub`` only; see pyproject.toml)."""
+
+
 def main() -> None:
-    app()
+    """``flowbus``: the app; a command that needs a module of an extra not installed ends with
+    one line that names the extra."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        extra = EXTRA_OF.get(missing)
+        if extra is None:
+            raise
+        err.print(
+            f"[bold red]error:[/] this command needs flowbus's {extra!r} extra (no module {missing!r}): "
+            f"pip install 'flowbus[{extra}]'",
+            soft_wrap=True,
+        )
+        raise SystemExit(2) from None

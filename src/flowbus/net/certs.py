@@ -31,19 +31,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from flowbus.errors import ConfigError
+from flowbus.net.tls import BROKERS_OU, CLIENTS_OU, broker_name
 
 __all__ = ["BROKERS_OU", "CLIENTS_OU", "broker_name", "init"]
 
-BROKERS_OU = "brokers"
-CLIENTS_OU = "clients"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 Key = ec.EllipticCurvePrivateKey
-
-
-def broker_name(n: int) -> str:
-    """The certificate name of the ``n``-th broker (from 1)."""
-    return f"broker-{n}"
 
 
 def init(

@@ -28,9 +28,26 @@ from pathlib import Path
 from typing import Any
 
 from flowbus.errors import ConfigError
-from flowbus.net.certs import BROKERS_OU, broker_name
 
-__all__ = ["BrokerTls", "broker_tls", "client_context", "identity", "is_broker"]
+__all__ = [
+    "BROKERS_OU",
+    "CLIENTS_OU",
+    "BrokerTls",
+    "broker_name",
+    "broker_tls",
+    "client_context",
+    "identity",
+    "is_broker",
+]
+
+BROKERS_OU = "brokers"
+CLIENTS_OU = "clients"
+"""The OU of a broker's certificate, and of a client's (:mod:`flowbus.net.certs` writes them)."""
+
+
+def broker_name(n: int) -> str:
+    """The certificate name of the ``n``-th broker (from 1)."""
+    return f"broker-{n}"
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def _require_pyspark() -> None:
         import pyspark  # noqa: F401
     except ImportError:
         raise ExternalError(
-            "pyspark is not installed: pip install 'pyspark>=4.0' 'pandas>=2.2,<3' to use flowbus on Spark"
+            "pyspark is not installed: pip install 'flowbus[spark]' to use flowbus on Spark"
         ) from None
 
 

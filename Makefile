@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo test check lint bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +22,19 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest -q -n 2 --dist loadgroup  # both cores; the Spark tests in one worker (tests/conftest.py)
 
+check: $(STAMP)  # the fast loop: lint, types and the unit tests (no process, no socket, no JVM)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+	$(BIN)/pytest -q -n 2 -m unit
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 
 bench: $(STAMP)
+	test -f /usr/share/activemq/bin/activemq.jar || (apt-get update && apt-get install -y activemq)  # the baseline
 	$(BIN)/flowbus bench match --workload w1 --subscriptions 100000 --json
 	$(BIN)/flowbus bench match --workload w-rein --subscriptions 1000000 --events 2000 --json
 	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --baseline activemq --json

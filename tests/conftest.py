@@ -1,10 +1,20 @@
 """Suite-wide settings: under CI, hypothesis runs derandomized so a run is reproducible; the Spark
-tests share one worker when the suite runs in parallel."""
+tests share one worker when the suite runs in parallel.
+
+Markers say what a test needs (``pyproject.toml`` lists them; ``make check`` runs ``-m unit``):
+``broker`` (broker processes, servers or sockets), ``spark`` (the JVM: every test under
+``tests/spark``), ``browser`` (Chromium), ``peer`` (another broker product: ActiveMQ),
+``slow`` (a minute or more). A test marked with none of them is ``unit``, and a unit test
+that starts a process or binds or connects a socket fails at once (an audit hook): it is
+not a unit test, mark it."""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -16,8 +26,45 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+NEEDS = ("broker", "spark", "browser", "peer", "slow")
+"""The markers of a test that needs more than the Python process it runs in (or a minute)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `-n` (pytest-xdist, `--dist loadgroup`), every Spark test runs in one worker: one JVM."""
+    """Every test under tests/spark is ``spark``; under ``-n`` (pytest-xdist, ``--dist
+    loadgroup``) they run in one worker: one JVM. A test with no marker of :data:`NEEDS` is
+    ``unit``."""
     for item in items:
         if item.path.is_relative_to(SPARK_TESTS):
+            item.add_marker(pytest.mark.spark)
             item.add_marker(pytest.mark.xdist_group("spark"))
+        if not any(item.get_closest_marker(m) for m in NEEDS):
+            item.add_marker(pytest.mark.unit)
+
+
+_unit_running: list[str] = []
+"""The unit test running now, if one is (its node id)."""
+
+_NOT_IN_UNIT = {"subprocess.Popen", "os.fork", "os.posix_spawn", "socket.bind", "socket.connect"}
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _unit_running and event in _NOT_IN_UNIT:
+        raise RuntimeError(
+            f"{_unit_running[-1]}: a unit test may not {event} (mark it broker: tests/conftest.py)"
+        )
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    unit = item.get_closest_marker("unit") is not None
+    if unit:
+        _unit_running.append(item.nodeid)
+    try:
+        yield
+    finally:
+        if unit:
+            _unit_running.pop()

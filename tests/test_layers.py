@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "flowbus"
 
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"model", "wire", "core"},
+    {"model", "wire", "core", "meta"},
     {"filters"},
     {"matching"},
     {"flow"},

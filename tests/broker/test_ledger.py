@@ -13,10 +13,11 @@ from tests.broker.full_disk import FullDisk
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.ledger import Ledger
-from flowbus.broker.spaces import SPACE, Spaces
+from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.errors import StoreFull
+from flowbus.meta import SPACE
 
 
 def ledger(store: Store, config: BrokerConfig = DEFAULT) -> tuple[Ledger, FakeCore]:

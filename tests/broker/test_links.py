@@ -19,9 +19,10 @@ from flowbus.core import Deliver, Effect, Send
 from flowbus.errors import FlowError
 from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import Deployment
+from flowbus.meta import EVENT_ID
 from flowbus.routing import cbr
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
-from flowbus.routing.ring_broker import EVENT_ID, HandedOver
+from flowbus.routing.ring_broker import HandedOver
 
 FLOW = """
 name: guarded

@@ -17,11 +17,11 @@ from tests.broker.full_disk import FullDisk
 
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.queues import Queues, Subscription
-from flowbus.broker.spaces import SPACE, Spaces
+from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
 from flowbus.errors import StoreFull
-from flowbus.routing.ring_broker import EVENT_ID
+from flowbus.meta import EVENT_ID, SPACE
 
 
 def queues(config: BrokerConfig = DEFAULT) -> tuple[Queues, FakeCore, Store]:

@@ -4,8 +4,9 @@ the routing filter that keeps spaces apart, collapse rule sets bound to a space.
 from __future__ import annotations
 
 from flowbus.broker.config import DEFAULT
-from flowbus.broker.spaces import SPACE, Spaces
+from flowbus.broker.spaces import Spaces
 from flowbus.filters import parse
+from flowbus.meta import SPACE
 
 RULES = {"last": {"key": {"symbol": "symbol"}, "rules": [{"set": {"p": "price"}}]}}
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from flowbus.chaos.restarts import BAD, RestartSchedules, judge, restarts, run_schedules
 from flowbus.cli import app
 from flowbus.errors import ExperimentError
-from flowbus.routing.ring_custody import EVENT_ID
+from flowbus.meta import EVENT_ID
 
 runner = CliRunner()
 

@@ -10,11 +10,12 @@ import pytest
 from tests.flows.world import reference
 
 from flowbus.core import Deliver, DeliverAll, Effect, SetTimer
-from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.flow.deploy import Deployment
+from flowbus.meta import EVENT_ID, PARTITION, SPACE
 from flowbus.routing import flows
 from flowbus.routing.cbr import ContentRouter
-from flowbus.routing.flows import LOG, PARTITION, log_entry, log_folds
-from flowbus.routing.ring_broker import DERIVED, DERIVED_NOW, EVENT_ID, RingBroker
+from flowbus.routing.flows import LOG, log_entry, log_folds
+from flowbus.routing.ring_broker import DERIVED_NOW, DERIVED_TIMER, RingBroker
 from flowbus.routing.ring_flows import FEW, FlowSide
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
@@ -76,7 +77,7 @@ def test_alone_a_small_steps_derived_events_go_in_that_step_without_a_matcher_pa
     counted = lambda r, evs, src: passes.append(len(evs)) or route(r, evs, src)  # noqa: E731
     monkeypatch.setattr(ContentRouter, "route_batch", counted)
     first = _publish(b, events[:3], 0)
-    assert not [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED]
+    assert not [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED_TIMER]
     second = _publish(b, events[3:], 3)
     assert _got(first)["m"] + _got(second)["m"] == want["compressed"] and _got(first)["m"]
     assert _got(first)["c1"] + _got(second)["c1"] == want["combined"]
@@ -95,11 +96,11 @@ def test_a_small_steps_derived_events_wait_for_the_next_publish_or_the_timer(
     want = reference(d, events, ["compressed"])["compressed"]
     b = _broker(d)
     first = _publish(b, events[:3], 0)
-    assert [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED]
+    assert [e for e in first if isinstance(e, SetTimer) and e.key == DERIVED_TIMER]
     assert _got(first)["m"] == []  # (they wait)
     second = _publish(b, events[3:], 3)  # they go first in this step's matcher pass
     taken = _got(second)["m"]
-    rest = _got(b.on_timer(DERIVED, 0.0))["m"]  # what the second step derived
+    rest = _got(b.on_timer(DERIVED_TIMER, 0.0))["m"]  # what the second step derived
     assert taken + rest == want and taken == want[: len(taken)] and taken
     eids = [e.event[EVENT_ID] for e in second if isinstance(e, DeliverAll | Deliver) and "m" in _subs(e)]
     assert len(eids) == len(set(eids))
@@ -125,13 +126,13 @@ def test_an_owner_publishes_the_derived_events_some_subscription_needs_and_all_o
             {k: v for k, v in e.items() if not k.startswith("__")} for e in published if e[SPACE] == "drops"
         ]
 
-    got = _by_sub(_publish(b, events[:1000], 0) + b.on_timer(DERIVED, 0.0))
+    got = _by_sub(_publish(b, events[:1000], 0) + b.on_timer(DERIVED_TIMER, 0.0))
     first = reference(d, events[:1000], ["alarms", "drops"])
     assert got["a"] == first["alarms"] and first["alarms"]  # (what alarms needs: drop > 20)
     assert drops() == first["alarms"] and len(first["drops"]) > 3 * len(first["alarms"])
     published.clear()
     b.subscribe_flow("d", "drops", "")  # (now every drop is wanted)
-    got = _by_sub(_publish(b, events[1000:], 1000) + b.on_timer(DERIVED, 0.0))
+    got = _by_sub(_publish(b, events[1000:], 1000) + b.on_timer(DERIVED_TIMER, 0.0))
     both = reference(d, events, ["alarms", "drops"])
     assert drops() == both["drops"][len(first["drops"]) :]
     assert got["d"][-len(drops()) :] == drops()  # (after its snapshot)

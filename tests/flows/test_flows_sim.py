@@ -14,7 +14,8 @@ from tests.spark.flowgen import random_events
 from flowbus.errors import UserError
 from flowbus.filters.expr import parse_expression
 from flowbus.filters.text import literal_to_text
-from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.flow.deploy import Deployment
+from flowbus.meta import SPACE
 from flowbus.routing.ring_broker import RingBroker
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"

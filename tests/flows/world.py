@@ -12,7 +12,8 @@ from flowbus.flow.deploy import Deployment
 from flowbus.flow.graph import EventSpace, Graph
 from flowbus.flow.local import LocalRun
 from flowbus.flow.rewrite import exit_name
-from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.meta import EVENT_ID
+from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim import CoordinateLatency, Simulator
 
 

@@ -14,7 +14,7 @@ import pytest
 from flowbus.core import Send
 from flowbus.errors import ProtocolError
 from flowbus.experiments.ring_sim import RingSim, ring_errors
-from flowbus.overlay.chordal_ring import SECOND_ID, SPACE, RingNode, RingRoute
+from flowbus.overlay.chordal_ring import ID_SPACE, SECOND_ID, RingNode, RingRoute
 from flowbus.overlay.ring_messages import (
     Alive,
     Heartbeat,
@@ -64,7 +64,7 @@ def test_ids_first_second_and_midway() -> None:
     ids = sorted(nd.me.id for nd in r.nodes)
     assert ids[:2] == [0, SECOND_ID]
     third = next(nd.me.id for nd in r.nodes if nd.me.id not in (0, SECOND_ID))
-    assert third == SECOND_ID + (SPACE - SECOND_ID) // 2  # midway in the larger gap
+    assert third == SECOND_ID + (ID_SPACE - SECOND_ID) // 2  # midway in the larger gap
 
 
 def test_join_is_constant_cost_and_touches_few_brokers() -> None:

@@ -15,7 +15,7 @@ from flowbus.core import Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.overlay.pastry import (
     HEARTBEAT,
-    SPACE,
+    ID_SPACE,
     Join,
     LeafSetRequest,
     PastryNode,
@@ -111,7 +111,7 @@ def test_digits_and_digit() -> None:
     assert digit(x, 0) == 0 and digit(x, 31) == 15
     assert digits(0) == (0,) * 32
     with pytest.raises(ProtocolError):
-        digits(SPACE)
+        digits(ID_SPACE)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def test_digits_and_digit() -> None:
         (0, 1 << 127, 0),
         (0xAB << 120, 0xAC << 120, 1),
         (0xAB << 120, (0xAB << 120) | (1 << 119), 2),
-        (SPACE - 1, SPACE - 2, 31),
+        (ID_SPACE - 1, ID_SPACE - 2, 31),
     ],
 )
 def test_shared_prefix_len(a: int, b: int, expected: int) -> None:
@@ -131,14 +131,14 @@ def test_shared_prefix_len(a: int, b: int, expected: int) -> None:
 
 def test_circular_distance_wraps() -> None:
     assert circular_distance(5, 9) == 4
-    assert circular_distance(1, SPACE - 1) == 2
-    assert circular_distance(0, SPACE // 2) == SPACE // 2
+    assert circular_distance(1, ID_SPACE - 1) == 2
+    assert circular_distance(0, ID_SPACE // 2) == ID_SPACE // 2
 
 
 def test_node_id_from() -> None:
     a = node_id_from("10.0.0.1")
     assert a == node_id_from("10.0.0.1") != node_id_from("10.0.0.2")
-    assert 0 <= a < SPACE and node_id_from(7) == node_id_from("7") == node_id_from(b"7")
+    assert 0 <= a < ID_SPACE and node_id_from(7) == node_id_from("7") == node_id_from(b"7")
     r1, r2 = random.Random(3), random.Random(3)
     assert node_id_from(None, r1) == node_id_from(None, r2)
     with pytest.raises(ProtocolError):
@@ -148,11 +148,11 @@ def test_node_id_from() -> None:
 
 
 def test_numerically_closest_wraps_and_ties() -> None:
-    ids = [10, 20, SPACE - 10]
+    ids = [10, 20, ID_SPACE - 10]
     assert numerically_closest(ids, 14) == 10
     assert numerically_closest(ids, 15) == 10  # tie: smaller id
     assert numerically_closest(ids, 16) == 20
-    assert numerically_closest(ids, SPACE - 1) == SPACE - 10
+    assert numerically_closest(ids, ID_SPACE - 1) == ID_SPACE - 10
     assert numerically_closest(ids, 0) == 10
 
 
@@ -186,7 +186,7 @@ def test_next_hop_small_ring_knows_everyone() -> None:
     for n in ids[1:]:
         st.add(n)
     assert st.wraps
-    for key in (0, 1 << 119, 1 << 125, SPACE - 1):
+    for key in (0, 1 << 119, 1 << 125, ID_SPACE - 1):
         want = numerically_closest(sorted(ids), key)
         assert st.next_hop(key) == (None if want == ids[0] else want)
 
@@ -412,6 +412,6 @@ def test_unknown_message_and_timer_raise() -> None:
     with pytest.raises(ProtocolError):
         PastryNode(0, 1, rng=random.Random(0), heartbeat=0.0)
     with pytest.raises(ProtocolError):
-        Route(SPACE, None, 0, 0)
+        Route(ID_SPACE, None, 0, 0)
     with pytest.raises(ProtocolError):
         PastryState(-1)

@@ -18,9 +18,10 @@ from flowbus.chaos.workload import FLOW, event_of
 from flowbus.core import Send
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.filters import parse
-from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.flow.deploy import Deployment
+from flowbus.meta import EVENT_ID, SPACE
 from flowbus.routing import cbr
-from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.routing.ring_broker import RingBroker
 from flowbus.routing.ring_custody import Confirm, Custodian
 from flowbus.routing.ring_repair import HandedOver
 from flowbus.routing.ring_share import Delegated, Undelegated

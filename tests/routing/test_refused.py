@@ -13,9 +13,10 @@ from typing import Any
 
 from flowbus.core import Effect, Send
 from flowbus.filters import parse
+from flowbus.meta import EVENT_ID
 from flowbus.routing import cbr
 from flowbus.routing.link_classes import LinkClasses
-from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim import CoordinateLatency, Simulator
 
 

@@ -6,8 +6,8 @@ released in each publisher's order; a barrier nobody answers is released after
 from __future__ import annotations
 
 from flowbus.core import Deliver, DeliverAll, Send
+from flowbus.meta import EVENT_ID
 from flowbus.routing.ring_barrier import DRAIN_ROUNDS, Barriers, Drain
-from flowbus.routing.ring_custody import EVENT_ID
 
 
 def _ev(p: str, i: int) -> dict[str, object]:

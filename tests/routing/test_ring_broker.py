@@ -103,8 +103,8 @@ def test_events_that_came_together_are_routed_as_they_would_be_one_by_one() -> N
     taking each message in turn."""
     import copy
 
+    from flowbus.meta import EVENT_ID
     from flowbus.routing import cbr
-    from flowbus.routing.ring_broker import EVENT_ID
 
     world, rng = World(6, 3), random.Random(4)
     for i in range(30):

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 from flowbus.core import Effect, Send
 from flowbus.filters import parse
+from flowbus.meta import EVENT_ID
 from flowbus.routing import cbr
 from flowbus.routing.ring_barrier import Barriers
-from flowbus.routing.ring_custody import EVENT_ID, Custodian
+from flowbus.routing.ring_custody import Custodian
 from flowbus.routing.ring_repair import HandedOver, Repair
 
 

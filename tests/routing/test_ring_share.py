@@ -93,7 +93,7 @@ def test_a_refused_subscription_gets_its_events_back_in_order_before_later_ones(
     subscription gets them in publish order (delivered at once, they overtook the ones still
     coming back: 79 out of order in a campaign's paused home)."""
     from flowbus.core import Deliver
-    from flowbus.routing.ring_custody import EVENT_ID
+    from flowbus.meta import EVENT_ID
     from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated
 
     holder = SharedSubs(2)

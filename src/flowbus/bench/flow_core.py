@@ -31,8 +31,9 @@ from flowbus.broker.overlays import new_core
 from flowbus.broker.spaces import Spaces
 from flowbus.core import Deliver, DeliverAll, Effect
 from flowbus.filters import parse
-from flowbus.flow.deploy import SPACE, Deployment
-from flowbus.routing.ring_broker import DERIVED, EVENT_ID, RingBroker
+from flowbus.flow.deploy import Deployment
+from flowbus.meta import EVENT_ID, SPACE
+from flowbus.routing.ring_broker import DERIVED_TIMER, RingBroker
 
 BROKER_GC = (50_000, 20, 100)
 """The collector thresholds of a broker process (``flowbus broker start``)."""
@@ -55,8 +56,8 @@ def _drive(core: RingBroker, events: Sequence[Event], step: int) -> tuple[float,
         out: list[Effect] = core.publish_batch(
             [(("pub", i + j), e) for j, e in enumerate(events[i : i + step])]
         )
-        if core.flow_side.derived:  # (what waits for the DERIVED timer goes now)
-            out += core.on_timer(DERIVED, 0.0)
+        if core.flow_side.derived:  # (what waits for DERIVED_TIMER goes now)
+            out += core.on_timer(DERIVED_TIMER, 0.0)
         counts: dict[Any, int] = {}
         for e in out:
             if type(e) is DeliverAll:

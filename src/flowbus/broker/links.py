@@ -52,15 +52,15 @@ import yaml
 
 from flowbus.broker.config import BrokerConfig
 from flowbus.broker.overlays import address_text
-from flowbus.broker.spaces import SPACE
 from flowbus.core import Effect, Send
 from flowbus.flow.spec import space_classes
+from flowbus.meta import EVENT_ID, SPACE
 from flowbus.overlay.class_router import ClassRouter
 from flowbus.overlay.multigraph import NORMAL_ONLY, LinkClass, Multigraph
 from flowbus.routing import cbr
 from flowbus.routing.link_classes import Refused
 from flowbus.routing.memo import compiled
-from flowbus.routing.ring_broker import EVENT_ID, HandedOver, RingBroker
+from flowbus.routing.ring_broker import HandedOver, RingBroker
 
 __all__ = ["RingView", "SecureLinks"]
 

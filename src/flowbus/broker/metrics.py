@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from flowbus.broker.ledger import EventId
 from flowbus.broker.overlays import address_text
-from flowbus.broker.spaces import SPACE
+from flowbus.meta import SPACE
 from flowbus.net.runtime import DeliverAllHook, DeliverHook
 from flowbus.routing.ring_broker import RingBroker
 

@@ -37,7 +37,7 @@ How it works (flowbus's own delivery guarantees, on the custody of
     store cannot record is refused (the reply names the store).
 * **The hot path: one delivery per event and connection.** The core's deliveries come one
   by one (:meth:`Queues.on_deliver`, the runtime's ``on_deliver``): an event's fields are
-  stripped of the hidden ones (its id, its space) once for all its deliveries. A delivery to
+  stripped of the hidden ones (:func:`flowbus.meta.strip`) once for all its deliveries. A delivery to
   a subscription with nothing queued before it and room in its window goes straight to its
   connection, where the event's deliveries to that connection's subscriptions share one
   ``Events`` row (the ids of the subscriptions, one delivery number): the event is packed,
@@ -93,13 +93,14 @@ import msgpack  # type: ignore[import-untyped]
 
 from flowbus.broker.config import BrokerConfig
 from flowbus.broker.overlays import BrokerCore, address_text
-from flowbus.broker.spaces import SPACE, Spaces
+from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import QueuedEvent, Store, SubscriptionRow
 from flowbus.client import protocol as p
 from flowbus.core import Effect
 from flowbus.errors import FlowbusError, StoreError, StoreFull
 from flowbus.filters import parse
-from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.meta import EVENT_ID, strip
+from flowbus.routing.ring_broker import RingBroker
 from flowbus.routing.ring_handover import Backlog
 
 if TYPE_CHECKING:
@@ -129,7 +130,6 @@ RETRY_EVERY = 0.5
 TOUCH_EVERY = 0.05
 """A step that holds more deliveries tries a failing store again at most this often (seconds)."""
 
-_HIDDEN = (EVENT_ID, SPACE)
 
 log = logging.getLogger("flowbus.broker")
 
@@ -487,7 +487,7 @@ class Queues:
         eid = event[EVENT_ID]
         if event is not self._plain_of:  # (an event's deliveries come one after the other)
             self._plain_of = event
-            self._plain = {k: v for k, v in event.items() if k not in _HIDDEN}
+            self._plain = strip(event)
         self.delivered += 1
         session = sub.session
         if session is not None and self._straight_on(sub) and (self.fence is None or self.fence.ok()):
@@ -500,7 +500,7 @@ class Queues:
         """The core delivers ``event`` to each of ``sub_ids`` (its local deliveries, at once):
         one row per connection for the subscriptions that take it straight on."""
         eid = event[EVENT_ID]
-        plain = {k: v for k, v in event.items() if k not in _HIDDEN}
+        plain = strip(event)
         rows: dict[Session, list[Subscription]] = {}
         subs: dict[Any, Subscription] = self.subs  # (ids of other kinds: not ours)
         window, memory, straight = self.window, self.memory, 0

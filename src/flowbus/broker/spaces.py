@@ -38,12 +38,13 @@ from flowbus.broker.interpret import Interpretation, Interpretations
 from flowbus.errors import FlowbusError, FlowError, SchemaError
 from flowbus.filters import Filter, parse
 from flowbus.filters.ast import Conjunction, Op, Predicate
-from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.flow.deploy import Deployment
 from flowbus.flow.validate import bind_rules
+from flowbus.meta import HIDDEN, SPACE, is_hidden
 from flowbus.model import Schema
 from flowbus.routing.flows import Flows
 
-__all__ = ["SPACE", "Spaces"]
+__all__ = ["Spaces"]
 
 
 _UNKNOWN: Any = object()
@@ -86,8 +87,8 @@ class Spaces:
             return fields, ""
         if not isinstance(event, dict) or not all(isinstance(k, str) for k in event):
             return None, f"an event is a map of field names to values, got {type(event).__name__}"
-        if any(k.startswith("__") for k in event):
-            return None, "field names starting with '__' are reserved"
+        if any(is_hidden(k) for k in event):
+            return None, f"field names starting with {HIDDEN!r} are reserved"
         if schema is None:
             fields = dict(event)
         else:

@@ -51,8 +51,9 @@ from flowbus.experiments.config import config_dict, integer
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result, pyplot, save
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.filters import Filter, parse
-from flowbus.flow.deploy import SPACE, Deployment
-from flowbus.routing.ring_broker import EVENT_ID, RingBroker
+from flowbus.flow.deploy import Deployment
+from flowbus.meta import EVENT_ID, SPACE
+from flowbus.routing.ring_broker import RingBroker
 from flowbus.sim import CoordinateLatency, Simulator
 
 __all__ = [

@@ -97,7 +97,8 @@ __all__ = [
     "Welcome",
 ]
 
-VERSION = 1
+PROTOCOL_VERSION = 1
+"""The client protocol's version, sent in a Hello."""
 
 _ENCODE = msgspec.msgpack.Encoder().encode  # (plain msgpack: the batches are plain data)
 _DECODE = msgspec.msgpack.Decoder().decode
@@ -112,7 +113,7 @@ def _name(value: object, what: str) -> None:
 @dataclass(frozen=True, slots=True)
 class Hello:
     client: str
-    version: int = VERSION
+    version: int = PROTOCOL_VERSION
     token: str | None = None  # an identity's token (the broker's config has its hash)
 
     def __post_init__(self) -> None:

@@ -60,6 +60,7 @@ from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result
 from flowbus.experiments.ring_plots import plot_adapt
 from flowbus.experiments.ring_sim import BrokerRing, LinkLatency, LoseShares, RingSim, SlowLinks
 from flowbus.filters import parse
+from flowbus.meta import SPACE
 from flowbus.overlay.class_router import Classed, ClassRouter
 from flowbus.overlay.multigraph import LinkClass, ring_deployment
 from flowbus.routing.express import ExpressRoutes
@@ -318,11 +319,11 @@ _URGENT = "urgent"
 
 
 def _subscribe(sub: str, broker: Any) -> list[Effect]:
-    return list(broker.subscribe(sub, parse(f'__space = "{_URGENT}"')))
+    return list(broker.subscribe(sub, parse(f'{SPACE} = "{_URGENT}"')))
 
 
 def _urgent(t: int, broker: Any) -> list[Effect]:
-    return list(broker.publish({"__space": _URGENT, "t": t}))
+    return list(broker.publish({SPACE: _URGENT, "t": t}))
 
 
 def _latency_cols(lat: list[float]) -> dict[str, float]:

@@ -69,13 +69,11 @@ from flowbus.flow.rewrite import exit_name, rewrite, route_shared
 from flowbus.flow.rulecode import key_function, step_function
 from flowbus.flow.spec import graph_from_spec, lookup_table, read_spec
 from flowbus.flow.validate import bind_rules
+from flowbus.meta import DERIVED, HASH_FIELD, SPACE, UNROUTED, is_hidden, strip
 from flowbus.model import Schema
 
 __all__ = [
-    "HASH_FIELD",
     "HASH_SPACE",
-    "SPACE",
-    "UNROUTED",
     "Deployment",
     "FlowSubscription",
     "Group",
@@ -84,21 +82,6 @@ __all__ = [
     "bus_name",
     "hash32",
 ]
-
-SPACE = "__space"
-"""The hidden field that carries an event's space on the bus."""
-
-DERIVED = "__x"
-"""The prefix of the hidden fields carrying a source event's derived attributes:
-``__x.<flow>.<space>.<n>`` (``price * vol``, ``NYS(issue)``), stamped by the broker that takes
-the publish so that the routing filters compare them as plain attributes."""
-
-UNROUTED = "__unrouted"
-"""The hidden field of a bus event that reaches a subscription without the network having
-matched it against the subscription's routed filter (a snapshot): the edge checks it all."""
-
-HASH_FIELD = "__h"
-"""The prefix of the hidden fields carrying a key's hash: ``__h.<flow>.<group>.<feed>``."""
 
 Event = Mapping[str, Any]
 TestFn = Callable[[Event, Any], bool]
@@ -120,10 +103,6 @@ def bus_name(node: str) -> str:
         if node.endswith(suffix):
             return node[: -len(suffix)]
     return node
-
-
-def _plain(event: Event) -> dict[str, Any]:
-    return {k: v for k, v in event.items() if not k.startswith("__")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +138,7 @@ class _Path:
         except Undefined:
             return None
         if out is event or self.hidden or type(out) is not dict:
-            return _plain(out)
+            return strip(out)
         return out  # (a new dict of the route's outputs: nothing to leave out)
 
 
@@ -441,7 +420,7 @@ class Deployment:
             c.transform(route.outputs, route.requires),
             c.memo_factory(),
             (route.name, *route.via),
-            any(name.startswith("__") for name, _ in route.outputs),
+            any(is_hidden(name) for name, _ in route.outputs),
         )
 
     def _paths_into(self, space: str) -> list[tuple[str, Route | None]]:

@@ -95,9 +95,9 @@ from flowbus.overlay.ring_detector import FailureDetector, Phase
 from flowbus.overlay.ring_load import LoadShare, Overloaded, ShareAck, ShareLedger
 from flowbus.overlay.ring_messages import (
     BACKUP_ORDER,
+    ID_SPACE,
     MAX_HOPS,
     SECOND_ID,
-    SPACE,
     WINDOW,
     Alive,
     BackupAck,
@@ -133,11 +133,11 @@ from flowbus.overlay.ring_messages import (
 __all__ = [
     "ANNOUNCE",
     "GUARD",
+    "ID_SPACE",
     "LEASE",
     "MESSAGES",
     "ORPHAN_ROUNDS",
     "SECOND_ID",
-    "SPACE",
     "Peer",
     "RingNode",
     "RingRoute",
@@ -648,22 +648,22 @@ class RingNode(Core):
             others = [me, *(p for p in self.window if p != made)]
             return [Send(made.addr, JoinAccept(made.id, tuple(_window_of(made, others))))]
         if not self.succ:
-            new_id = SECOND_ID if me.id == 0 else (me.id + SPACE // 2) % SPACE
-            new_id = _offset(new_id, SPACE // 2, msg.nonce)
+            new_id = SECOND_ID if me.id == 0 else (me.id + ID_SPACE // 2) % ID_SPACE
+            new_id = _offset(new_id, ID_SPACE // 2, msg.nonce)
         else:
             left, right = self.left or self.right, self.right or self.left  # (one side lost)
             assert left is not None and right is not None  # (succ is not empty)
             lgap, rgap = cw(left.id, me.id), cw(me.id, right.id)
             if lgap >= rgap and lgap > 1:
-                new_id = _offset((left.id + lgap // 2) % SPACE, lgap, msg.nonce)
+                new_id = _offset((left.id + lgap // 2) % ID_SPACE, lgap, msg.nonce)
             elif rgap > 1:
-                new_id = _offset((me.id + rgap // 2) % SPACE, rgap, msg.nonce)
+                new_id = _offset((me.id + rgap // 2) % ID_SPACE, rgap, msg.nonce)
             else:  # no id space next to us: ask our Rightright
                 rr = self.rightright
                 assert rr is not None
                 return [Send(rr.addr, JoinRequest(msg.addr, msg.hops + 1, msg.nonce))]
         while new_id in self.dead or new_id == me.id:  # (an id is never given twice: a broker
-            new_id = (new_id + 1) % SPACE  # restarted into the same gap is another member)
+            new_id = (new_id + 1) % ID_SPACE  # restarted into the same gap is another member)
         new = Peer(new_id, msg.addr)
         self._admitted[(msg.addr, msg.nonce)] = new
         everyone = [me, *self.window]
@@ -1274,7 +1274,7 @@ def _offset(mid: int, gap: int, nonce: int) -> int:
     if not nonce or spread < 2:
         return mid
     h = int.from_bytes(hashlib.blake2b(nonce.to_bytes(16, "big", signed=True), digest_size=8).digest(), "big")
-    return (mid + h % spread - spread // 2) % SPACE
+    return (mid + h % spread - spread // 2) % ID_SPACE
 
 
 def _window_of(who: Peer, everyone: Iterable[Peer]) -> list[Peer]:

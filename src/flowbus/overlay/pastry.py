@@ -61,9 +61,9 @@ __all__ = [
     "BASE",
     "BITS",
     "HEARTBEAT",
+    "ID_SPACE",
     "LEAF_SIZE",
     "NDIGITS",
-    "SPACE",
     "AddressBook",
     "Announce",
     "B",
@@ -92,8 +92,8 @@ B = 4
 BITS = 128
 NDIGITS = BITS // B
 BASE = 1 << B
-SPACE = 1 << BITS
-MASK = SPACE - 1
+ID_SPACE = 1 << BITS
+MASK = ID_SPACE - 1
 LEAF_SIZE = 16
 """l: the leaf set holds l/2 smaller and l/2 larger ids."""
 
@@ -108,7 +108,7 @@ Entries = tuple[tuple[int, int], ...]
 
 
 def _check_id(node_id: int, what: str) -> None:
-    if type(node_id) is not int or not 0 <= node_id < SPACE:
+    if type(node_id) is not int or not 0 <= node_id < ID_SPACE:
         raise ProtocolError(f"{what}: a Pastry id is an int in [0, 2**128), got {node_id!r}")
 
 
@@ -134,7 +134,7 @@ def shared_prefix_len(a: int, b: int) -> int:
 def circular_distance(a: int, b: int) -> int:
     """Distance between ``a`` and ``b`` on the circle of 2**128 ids."""
     d = (a - b) & MASK
-    return d if d <= SPACE - d else SPACE - d
+    return d if d <= ID_SPACE - d else ID_SPACE - d
 
 
 def node_id_from(name: str | bytes | int | None = None, rng: random.Random | None = None) -> int:
@@ -180,7 +180,7 @@ class Route:
     origin: int
 
     def __post_init__(self) -> None:
-        if not 0 <= self.key < SPACE or self.hops < 0:
+        if not 0 <= self.key < ID_SPACE or self.hops < 0:
             raise ProtocolError(f"Route: bad key {self.key!r} or hops {self.hops!r}")
 
 
@@ -396,7 +396,7 @@ class PastryState:
         self.wraps = (
             len(self.smaller) < h
             or len(self.larger) < h
-            or ((self.larger[-1] - me) & MASK) + ((me - self.smaller[-1]) & MASK) >= SPACE
+            or ((self.larger[-1] - me) & MASK) + ((me - self.smaller[-1]) & MASK) >= ID_SPACE
         )
 
     def remove(self, node_id: int) -> Removal:

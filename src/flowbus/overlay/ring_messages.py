@@ -15,9 +15,9 @@ from flowbus import wire
 
 __all__ = [
     "BACKUP_ORDER",
+    "ID_SPACE",
     "MAX_HOPS",
     "SECOND_ID",
-    "SPACE",
     "WINDOW",
     "Alive",
     "BackupAck",
@@ -50,7 +50,7 @@ __all__ = [
     "cw",
 ]
 
-SPACE: Final = 1 << 32
+ID_SPACE: Final = 1 << 32
 """The size of the id circle."""
 
 SECOND_ID: Final = (1 << 16) - 1
@@ -67,7 +67,7 @@ MAX_HOPS: Final = 128
 
 def cw(a: int, b: int) -> int:
     """The clockwise distance from id ``a`` to id ``b``."""
-    return (b - a) % SPACE
+    return (b - a) % ID_SPACE
 
 
 @wire.message("ring.peer")

@@ -62,16 +62,8 @@ from flowbus.filters import Filter
 from flowbus.filters.ast import Conjunction, Op, Predicate
 from flowbus.filters.covering import covers, overlaps
 from flowbus.flow.collapse import Key, Row
-from flowbus.flow.deploy import (
-    HASH_SPACE,
-    SPACE,
-    UNROUTED,
-    Deployment,
-    FlowSubscription,
-    Group,
-    Reader,
-    count_arcs,
-)
+from flowbus.flow.deploy import HASH_SPACE, Deployment, FlowSubscription, Group, Reader, count_arcs
+from flowbus.meta import EVENT_ID, KEY, PARTITION, ROW_VERSION, SPACE, STATE, UNROUTED
 
 __all__ = [
     "SEEN",
@@ -95,12 +87,6 @@ LOG = "fseen"
 
 PART = "part"
 """The first element of a partition subscription's id: ``("part", flow, deploy id, group, owner)``."""
-
-PARTITION = "__fp"
-"""Hidden fields of a derived event: its partition's owner id, key (text) and row version."""
-KEY = "__fk"
-VERSION = "__fv"
-STATE = "__fs"
 
 
 @wire.message("flows.record")
@@ -219,7 +205,7 @@ def _output(
     """The id and bus event of a fold's ``i``-th output, from what the ring state keeps of it
     (``key`` as its repr: the hidden fields and the id need no more)."""
     event = dict(fields)
-    event.update({SPACE: space, PARTITION: owner, KEY: key, VERSION: version, STATE: state})
+    event.update({SPACE: space, PARTITION: owner, KEY: key, ROW_VERSION: version, STATE: state})
     return (f"{flow}/{space}/{key}", version * 1024 + i), event
 
 
@@ -586,11 +572,11 @@ class Flows:
         for key in sorted(by_key, key=repr):
             for i, (space, snap) in enumerate(group.snapshot(key, by_key[key])):
                 eid = (f"{sub.flow}/snapshot/{space}/{key!r}", i)
-                out.append({**snap, SPACE: space, UNROUTED: True, "__flowbus_event_id": eid})
+                out.append({**snap, SPACE: space, UNROUTED: True, EVENT_ID: eid})
         still: list[Mapping[str, Any]] = []
         for ev in w.held:
             if ev.get(PARTITION) == msg.owner and _group_of(d, ev) == msg.group:
-                if ev.get(VERSION, 0) > w.versions.get(
+                if ev.get(ROW_VERSION, 0) > w.versions.get(
                     (str(msg.owner), ev.get(STATE, ""), ev.get(KEY, "")), 0
                 ):
                     out.append(ev)
@@ -612,7 +598,7 @@ class Flows:
         waiting = self.waiting
         owner = event[PARTITION]
         where = (str(owner), event.get(STATE, ""), event.get(KEY, ""))
-        version = event.get(VERSION, 0)
+        version = event.get(ROW_VERSION, 0)
         group: Any = waiting  # (not known yet)
         out = []
         for sub_id in sub_ids:

@@ -36,7 +36,7 @@ from typing import Any
 from flowbus.core import DeliverAll, Effect
 from flowbus.filters import Filter
 from flowbus.filters.ast import Conjunction, Literal, Op, Predicate, value_class
-from flowbus.flow.deploy import SPACE
+from flowbus.meta import SPACE
 from flowbus.routing.memo import compiled
 
 __all__ = ["OwnIndex"]

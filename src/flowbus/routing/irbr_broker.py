@@ -30,9 +30,10 @@ from typing import Any
 from flowbus.core import Core, Deliver, Effect
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
+from flowbus.meta import EVENT_ID
 from flowbus.overlay.pastry import BITS, PastryNode
 from flowbus.routing.irbr import IrbrNode
-from flowbus.routing.ring_broker import DEDUP_WINDOW, EVENT_ID
+from flowbus.routing.ring_broker import DEDUP_WINDOW
 
 __all__ = ["ACK_TIMEOUT", "IrbrBroker", "pastry_id"]
 

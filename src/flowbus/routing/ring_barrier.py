@@ -41,7 +41,8 @@ from typing import Any
 
 from flowbus import wire
 from flowbus.core import Deliver, DeliverAll, Effect, Send
-from flowbus.routing.ring_custody import EVENT_ID, publish_order
+from flowbus.meta import EVENT_ID
+from flowbus.routing.ring_custody import publish_order
 
 __all__ = ["DRAIN_ROUNDS", "Barriers", "Drain", "Drained"]
 

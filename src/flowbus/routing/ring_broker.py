@@ -84,20 +84,20 @@ from flowbus import wire
 from flowbus.core import Core, Deliver, DeliverAll, Effect, Send
 from flowbus.errors import FilterError, ProtocolError, SubscriptionError, UserError
 from flowbus.filters import Filter, parse
-from flowbus.flow.deploy import SPACE, Deployment
+from flowbus.flow.deploy import Deployment
 from flowbus.matching import Matcher
+from flowbus.meta import EVENT_ID, PARTITION, SPACE
 from flowbus.overlay.chordal_ring import MESSAGES as RING_MESSAGES
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.class_router import LinkBeat, LinkEcho
 from flowbus.overlay.ring_messages import Peer
 from flowbus.routing import cbr
 from flowbus.routing.express import Detour, ExpressRoutes, LinkLatency
-from flowbus.routing.flows import PARTITION, DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
+from flowbus.routing.flows import DeployRecord, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.link_classes import LinkBook, LinkClasses, Refused
 from flowbus.routing.memo import compiled
 from flowbus.routing.ring_barrier import Barriers, Drain, Drained
 from flowbus.routing.ring_custody import (
-    EVENT_ID,
     Again,
     Confirm,
     Custodian,
@@ -109,7 +109,7 @@ from flowbus.routing.ring_custody import (
     relay_id,
     relayed,
 )
-from flowbus.routing.ring_flows import DERIVED, DERIVED_NOW, DERIVED_WAIT, FLOW_GRACE, FlowSide
+from flowbus.routing.ring_flows import DERIVED_NOW, DERIVED_TIMER, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
 from flowbus.routing.ring_moves import Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
@@ -118,10 +118,9 @@ from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unsha
 __all__ = [
     "DEDUP_EVENTS",
     "DEDUP_WINDOW",
-    "DERIVED",
     "DERIVED_NOW",
+    "DERIVED_TIMER",
     "DERIVED_WAIT",
-    "EVENT_ID",
     "FLOW_GRACE",
     "Confirm",
     "Declined",
@@ -764,7 +763,7 @@ class RingBroker(Core):
         if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
             buffered = self.flow_side.fold_buffered(key[1])
             return self._out(buffered) if buffered is not None else []
-        if key == DERIVED:
+        if key == DERIVED_TIMER:
             derived = self.flow_side.on_derived_timer()
             return self._out(self._route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now), now))

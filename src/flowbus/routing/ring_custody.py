@@ -47,10 +47,8 @@ from typing import Any
 
 from flowbus import wire
 from flowbus.core import Effect, Send
+from flowbus.meta import EVENT_ID
 from flowbus.routing.link_classes import Refused
-
-EVENT_ID = "__flowbus_event_id"
-"""The field an event carries between brokers: (publishing broker, sequence number)."""
 
 RESEND_ROUNDS = 3
 """Heartbeat rounds an event waits on a neighbour before it is sent to it again."""

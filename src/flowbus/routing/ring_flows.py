@@ -37,27 +37,19 @@ from typing import TYPE_CHECKING, Any
 from flowbus.core import Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import UserError
 from flowbus.filters import Filter
-from flowbus.flow.deploy import SPACE, UNROUTED, FlowSubscription
+from flowbus.flow.deploy import FlowSubscription
+from flowbus.meta import EVENT_ID, PARTITION, SPACE, UNROUTED
 from flowbus.routing import cbr
-from flowbus.routing.flows import (
-    LOG,
-    PARTITION,
-    DeployRecord,
-    Flows,
-    FlowSync,
-    Partition,
-    SnapshotAsk,
-    SnapshotRows,
-)
+from flowbus.routing.flows import LOG, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
 from flowbus.routing.flows_index import OwnIndex
-from flowbus.routing.ring_custody import EVENT_ID, Key, publish_order
+from flowbus.routing.ring_custody import Key, publish_order
 
 if TYPE_CHECKING:
     from flowbus.routing.ring_broker import RingBroker
 
 FLOW_GRACE = "flows.grace"
 """The timer key (with a partition's id) that ends a taken-over partition's grace period."""
-DERIVED = ("flows.derived",)
+DERIVED_TIMER = ("flows.derived",)
 """The timer that routes the events the folds derived, unless a publish here took them
 along first (see :meth:`FlowSide.effects`)."""
 DERIVED_WAIT = 0.005
@@ -89,8 +81,8 @@ class FlowSide:
         self.aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
         self._backed_up: list[tuple[int, Key]] = []  # (backup version, custody record) of folds
         self._logging: list[Partition] = []  # the partitions that folded in this step (their logs)
-        self.derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED)
-        self._derived_due = False  # (the DERIVED timer is set)
+        self.derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED_TIMER)
+        self._derived_due = False  # (the timer is set)
         self.own = OwnIndex()  # the local subscriptions, for derived events when none can leave
 
     def take_derived(self, stamped: list[dict[str, Any]]) -> None:
@@ -103,7 +95,7 @@ class FlowSide:
             self._derived_due = False
 
     def on_derived_timer(self) -> list[dict[str, Any]]:
-        """The ``DERIVED`` timer: the derived events that wait, to be routed now."""
+        """The timer ``DERIVED_TIMER``: the derived events that wait, to be routed now."""
         self._derived_due = False
         derived, self.derived = self.derived, []
         return derived
@@ -289,7 +281,7 @@ class FlowSide:
                 out.extend(self.effects(self.broker._route_own(derived)))
             elif not self._derived_due:
                 self._derived_due = True
-                out.append(SetTimer(DERIVED_WAIT, DERIVED))
+                out.append(SetTimer(DERIVED_WAIT, DERIVED_TIMER))
         return out
 
     def _close_logs(self) -> list[Effect]:

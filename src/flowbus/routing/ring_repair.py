@@ -47,12 +47,13 @@ from typing import Any
 from flowbus import wire
 from flowbus.core import Deliver, Effect, Send
 from flowbus.filters import Filter
+from flowbus.meta import EVENT_ID
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.overlay.ring_messages import Peer
 from flowbus.routing import cbr
 from flowbus.routing.memo import compiled
 from flowbus.routing.ring_barrier import Barriers
-from flowbus.routing.ring_custody import EVENT_ID, Custodian, Key, publish_order, relayed
+from flowbus.routing.ring_custody import Custodian, Key, publish_order, relayed
 
 TAKER_ROUNDS = 2
 """Heartbeat rounds what is kept for a dead broker waits at most to learn who took it over

@@ -60,9 +60,9 @@ from typing import Any
 from flowbus import wire
 from flowbus.core import Deliver, DeliverAll, Effect, Send
 from flowbus.filters import parse
+from flowbus.meta import EVENT_ID
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing.cbr import ContentRouter
-from flowbus.routing.ring_custody import EVENT_ID
 
 __all__ = ["Delegated", "SharedSubs", "Undelegated", "Unshare"]
 

@@ -49,7 +49,7 @@ from flowbus import wire
 from flowbus.core import CancelTimer, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
-from flowbus.overlay.pastry import SPACE, PastryNode, Route, node_id_from
+from flowbus.overlay.pastry import ID_SPACE, PastryNode, Route, node_id_from
 from flowbus.overlay.pastry_app import PastryApp
 
 __all__ = ["TIMER", "TOPIC", "Heartbeat", "JoinTree", "LeaveTree", "Multicast", "Publish", "ScribeNode"]
@@ -123,7 +123,7 @@ class ScribeNode(PastryApp):
 
     def __init__(self, pastry: PastryNode, *, topic: int = TOPIC, heartbeat: float | None = None) -> None:
         super().__init__(pastry)
-        if type(topic) is not int or not 0 <= topic < SPACE:
+        if type(topic) is not int or not 0 <= topic < ID_SPACE:
             raise ProtocolError(f"ScribeNode: a topic is a 128-bit int, got {topic!r}")
         if heartbeat is not None and not heartbeat > 0:
             raise ProtocolError(f"ScribeNode: the heartbeat period must be > 0, got {heartbeat!r}")

@@ -231,3 +231,27 @@ def test_a_partition_logs_a_steps_folds_in_one_entry_and_drops_the_oldest_it_no_
     assert sorted(part.seen) == sorted(folded)
     again = _by_sub(_publish(b, events[300:], 300))  # (ids in the log: folded no more)
     assert "m" not in again and part.next_log == 4
+
+
+def test_a_flow_deployed_here_is_built_once_and_a_neighbour_builds_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deployment the broker was given is the one it installs (not built again from its
+    text); a broker that gets the record from the ring builds it once."""
+    d = Deployment.from_file(STOCKS)
+    built: list[str] = []
+    from_text = Deployment.from_text.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[Deployment], text: str) -> Deployment:
+        built.append(text)
+        return from_text(cls, text)
+
+    monkeypatch.setattr(Deployment, "from_text", classmethod(counted))
+    b = RingBroker(0, backup=2, custody=True, local_ack=True, grouped=True)
+    b.start()
+    rec, _ = b.deploy(d, nonce=1)
+    assert b.flow_side.flows.deployments[rec.name] is d and built == []
+    other = RingBroker(1, backup=2, custody=True, local_ack=True, grouped=True)
+    other.start()
+    other.flow_side.take_records((rec,), (), fresh=False, src=0)
+    assert other.flow_side.flows.deployments[rec.name].name == d.name and built == [d.text]

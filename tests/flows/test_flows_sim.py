@@ -290,8 +290,8 @@ def test_owners_publish_drops_only_as_far_as_the_subscriptions_on_the_ring_need_
     w.settle()
     published: list[dict[str, Any]] = []
     for b in w.brokers:
-        route = b._route_own
-        b._route_own = lambda evs, route=route: published.extend(evs) or route(evs)  # type: ignore[method-assign]
+        route = b.route_own
+        b.route_own = lambda evs, route=route: published.extend(evs) or route(evs)  # type: ignore[method-assign]
     events = list(d.generate(events=1600))
     w.publish(0, events[:1000])
     w.settle(100)

@@ -72,10 +72,9 @@ class BrokerFlows:
             raise UserError(f"the {self.overlay} overlay runs no flows (use the chordal-ring overlay)")
         return self.core
 
-    def deploy(self, text: str) -> dict[str, Any]:
-        """Deploy a flow document on the network (a UserError naming what is wrong)."""
+    def deploy(self, d: Deployment) -> dict[str, Any]:
+        """Deploy flow ``d`` on the network (a UserError naming what is wrong)."""
         core = self._ring()
-        d = Deployment.from_text(text)
         rec, effects = core.deploy(d, nonce=time.time_ns() & 0x7FFFFFFF, taken=self.own_spaces)
         self.apply(effects)
         return describe(rec, core.flows.deployments[rec.name])

@@ -226,7 +226,7 @@ class Broker:
             path=None, sessions=self.sessions, queues=self.queues, adverts=self.adverts, install=self._install
         )
         self.sessions.reload = self._reload_reply
-        self._documents: list[str] = []  # flows to deploy once joined
+        self._documents: list[Deployment] = []  # flows to deploy once joined
         self._store_failing: StoreFull | None = None  # (the store's failure, as logged)
         self._store_retry: asyncio.TimerHandle | None = None
         self.console: Console | None = None  # the web console, if started with http
@@ -280,9 +280,7 @@ class Broker:
             )
         if flows and overlay != "chordal-ring":
             raise ConfigError(f"--flow: the {overlay} overlay runs no flows (use the chordal-ring overlay)")
-        documents = [
-            Deployment.from_file(f).text for f in flows
-        ]  # (a bad spec: refused before anything starts)
+        documents = [Deployment.from_file(f) for f in flows]  # (a bad spec: refused before anything starts)
         # compiled (or loaded from numba's cache) before serving: compiling under load would
         # stall this broker for seconds, and its neighbours would take it for dead
         took = await asyncio.to_thread(warm_up)
@@ -355,8 +353,8 @@ class Broker:
             if loop.time() > end:
                 raise ExternalError(f"broker {self.address}: could not join the ring in {timeout} s")
             await asyncio.sleep(0.02)
-        for text in self._documents:
-            self.flows.deploy(text)
+        for d in self._documents:
+            self.flows.deploy(d)
         self._documents = []
         self.queues.restore(skip=self.rejoin.pending if self.rejoin is not None else set())
 

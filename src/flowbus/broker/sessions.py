@@ -343,15 +343,14 @@ class Sessions:
         sub = self.queues.subs.get(sub_id)
         return sub is not None and self._denied(session, req, "subscribe", sub.space)
 
-    def _deploy_denied(self, session: Session, msg: p.Deploy) -> bool:
-        """Whether ``session`` may not deploy the flow of ``msg`` (its name is read first)."""
-        if not self.acl.enforced:
-            return False
-        ok, error, name = self.flows.answer(lambda: Deployment.from_text(msg.text).name)
+    def _deploy(self, session: Session, msg: p.Deploy) -> None:
+        """``msg``'s flow built once: refused if it is not a flow, or if ``session`` may not
+        deploy it (by its name), else deployed."""
+        ok, error, d = self.flows.answer(lambda: Deployment.from_text(msg.text))
         if not ok:
             session.send(p.Reply(msg.req, ok, error))
-            return True
-        return self._denied(session, msg.req, "deploy", name)
+        elif not self._denied(session, msg.req, "deploy", d.name):
+            session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.deploy(d))))
 
     def _take_all(self, session: Session, bodies: list[bytes]) -> bool:
         """Handle the messages one read brought, in order, each run of publishes in one step
@@ -426,8 +425,7 @@ class Sessions:
             case p.Unadvertise():
                 session.send(p.Reply(msg.req, *self.adverts.unadvertise(session, msg.adv_id)))
             case p.Deploy():
-                if not self._deploy_denied(session, msg):
-                    session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.deploy(msg.text))))
+                self._deploy(session, msg)
             case p.Undeploy():
                 if not self._denied(session, msg.req, "deploy", msg.name):
                     session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.undeploy(msg.name))))

@@ -399,14 +399,15 @@ class Flows:
             raise UserError(f"flow {d.name!r}: function or lookup {clash[0]!r} is taken by another flow")
         return None
 
-    def install(self, rec: DeployRecord) -> tuple[bool, DeployRecord | None]:
-        """Take ``rec`` in: (whether it is installed now, the record it replaced)."""
+    def install(self, rec: DeployRecord, built: Deployment | None = None) -> tuple[bool, DeployRecord | None]:
+        """Take ``rec`` in: (whether it is installed now, the record it replaced). ``built``:
+        its flow built already from its text (else it is built here, once)."""
         if rec.deploy_id in self.withdrawn:
             return False, None
         old = self.records.get(rec.name)
         if old is not None and (old == rec or old.rank <= rec.rank):
             return False, None
-        d = Deployment.from_text(rec.text)
+        d = built if built is not None else Deployment.from_text(rec.text)
         if d.version != rec.version or d.name != rec.name:
             return False, None
         if old is not None:

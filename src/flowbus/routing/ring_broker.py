@@ -271,6 +271,11 @@ class RingBroker(Core):
             return []
         return [p.addr for p in self.ring.links() if p.id not in self.ring.dead]
 
+    @property
+    def syncing(self) -> set[int]:
+        """The new tree neighbours whose ``Synced`` has not come (their tables not whole here)."""
+        return self._syncing
+
     def tree_neighbours(self) -> set[int]:
         """Right and Left, except across the cut where the ids wrap round."""
         if not self.ring.joined:
@@ -356,9 +361,9 @@ class RingBroker(Core):
         stamped = [{**event, EVENT_ID: eid} for eid, event in items]
         if self.flows.records:
             self.flow_side.take_derived(stamped)
-        return self._out(self._route_own(stamped))
+        return self._out(self.route_own(stamped))
 
-    def _route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
+    def route_own(self, events: list[dict[str, Any]]) -> list[Effect]:
         """Route events published here (in custody), in one matcher pass when the tree is whole.
         A flow's derived event is in custody only where it leaves this broker (see
         :meth:`FlowSide.custody_of <flowbus.routing.ring_flows.FlowSide.custody_of>`)."""
@@ -476,7 +481,7 @@ class RingBroker(Core):
             raise UserError(f"broker {self.addr} has not joined the ring yet: deploy again in a moment")
         owners = {self.node_id} | {p.id for p in self.ring.links() if p.id not in self.ring.dead}
         rec = DeployRecord(d.name, d.version, d.text, tuple(sorted(owners)), (self.node_id, nonce))
-        return rec, self._out(self.flow_side.take_records((rec,), (), fresh=True, src=None))
+        return rec, self._out(self.flow_side.take_records((rec,), (), fresh=True, src=None, built=d))
 
     def restore_flow(self, rec: DeployRecord) -> list[Effect]:
         """A flow this broker had deployed before a restart (its store keeps them): known
@@ -765,7 +770,7 @@ class RingBroker(Core):
             return self._out(buffered) if buffered is not None else []
         if key == DERIVED_TIMER:
             derived = self.flow_side.on_derived_timer()
-            return self._out(self._route_own(derived)) if derived else []
+            return self._out(self.route_own(derived)) if derived else []
         out = self._out(self._sync(self.ring.on_timer(key, now), now))
         if key == ("ring", "heartbeat"):
             if self.custody:

@@ -32,12 +32,12 @@ How it works:
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowbus.core import Deliver, DeliverAll, Effect, Send, SetTimer
 from flowbus.errors import UserError
 from flowbus.filters import Filter
-from flowbus.flow.deploy import FlowSubscription
+from flowbus.flow.deploy import Deployment, FlowSubscription
 from flowbus.meta import EVENT_ID, PARTITION, SPACE, UNROUTED
 from flowbus.routing import cbr
 from flowbus.routing.flows import LOG, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
@@ -45,7 +45,9 @@ from flowbus.routing.flows_index import OwnIndex
 from flowbus.routing.ring_custody import Key, publish_order
 
 if TYPE_CHECKING:
-    from flowbus.routing.ring_broker import RingBroker
+    from flowbus.overlay.chordal_ring import RingNode
+    from flowbus.routing.ring_custody import Custodian
+    from flowbus.routing.ring_repair import Repair
 
 FLOW_GRACE = "flows.grace"
 """The timer key (with a partition's id) that ends a taken-over partition's grace period."""
@@ -68,11 +70,40 @@ steps of 5 stock events: 78 -> 53 us per source event; of 50: about even; of 200
 matcher ~10 % cheaper)."""
 
 
+class FlowHost(Protocol):
+    """What :class:`FlowSide` needs of the broker it is part of
+    (:class:`~flowbus.routing.ring_broker.RingBroker`): its place, its local subscriptions, its
+    tree, and the routing of events published here."""
+
+    @property
+    def addr(self) -> int: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def ring(self) -> RingNode: ...
+    @property
+    def router(self) -> cbr.ContentRouter: ...
+    @property
+    def custodian(self) -> Custodian: ...
+    @property
+    def repair(self) -> Repair: ...
+    @property
+    def custody(self) -> bool: ...
+    @property
+    def subs(self) -> set[Hashable]: ...
+    @property
+    def syncing(self) -> set[int]: ...
+    def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]: ...
+    def unsubscribe(self, sub_id: Hashable) -> list[Effect]: ...
+    def tree_neighbours(self) -> set[int]: ...
+    def route_own(self, events: list[dict[str, Any]]) -> list[Effect]: ...
+
+
 class FlowSide:
     """The deployed flows one broker serves: its partitions' folds, its flow subscriptions'
     edges, and the derived events waiting to be routed."""
 
-    def __init__(self, broker: RingBroker, flow_grace: float) -> None:
+    def __init__(self, broker: FlowHost, flow_grace: float) -> None:
         self.broker = broker  # (its subscribe, unsubscribe, tree and routing of own events)
         self.ring = broker.ring
         self.custodian = broker.custodian
@@ -135,9 +166,11 @@ class FlowSide:
         *,
         fresh: bool,
         src: int | None,
+        built: Deployment | None = None,
     ) -> list[Effect]:
         """Records and withdrawals (local, or a FlowSync from ``src``): what is new here is
-        installed or torn down, and flooded on to the other tree neighbours."""
+        installed or torn down, and flooded on to the other tree neighbours. ``built``: the
+        flow of a record deployed here, built already (not built again from its text)."""
         flows = self.flows
         out: list[Effect] = []
         news: list[DeployRecord] = []
@@ -150,7 +183,9 @@ class FlowSide:
             for rec in [r for r in flows.records.values() if r.deploy_id == did]:
                 out += self._tear_down(rec)
         for rec in deployed:
-            installed, old = flows.install(rec)
+            installed, old = flows.install(
+                rec, built if built is not None and built.text == rec.text else None
+            )
             if not installed:
                 continue
             news.append(rec)
@@ -220,7 +255,7 @@ class FlowSide:
                 self.stamp(event)
             part.buffer = []
             grace = SetTimer(self.flow_grace, (FLOW_GRACE, sub_id))
-            return [grace, *self.broker._route_own(again)] if again else [grace]
+            return [grace, *self.broker.route_own(again)] if again else [grace]
         spec = state.get(("fsub", sub_id))
         if spec is not None and sub_id not in self.flows.subs:
             try:
@@ -278,7 +313,7 @@ class FlowSide:
                 out.extend(self.effects(alone))
             elif len(self.derived) >= DERIVED_NOW:  # (a big step: a pass of their own costs
                 derived, self.derived = self.derived, []  # little, and they leave with it)
-                out.extend(self.effects(self.broker._route_own(derived)))
+                out.extend(self.effects(self.broker.route_own(derived)))
             elif not self._derived_due:
                 self._derived_due = True
                 out.append(SetTimer(DERIVED_WAIT, DERIVED_TIMER))
@@ -317,7 +352,7 @@ class FlowSide:
         not wait for a publish to share one); None: the router routes them."""
         b = self.broker
         router = b.router
-        if b.repair.orphans or b._syncing or router.advertising or not router.grouped:
+        if b.repair.orphans or b.syncing or router.advertising or not router.grouped:
             return None
         me = b.addr
         self.own.update(router.changes, me, router.table_size, lambda: router.received_from(me))

@@ -16,7 +16,7 @@ from tests.broker.fakes import Connection, FakeCore, apply
 from tests.broker.full_disk import FullDisk
 
 from flowbus.broker.config import DEFAULT, BrokerConfig
-from flowbus.broker.queues import Queues, Subscription
+from flowbus.broker.queues import Queues, SubQueue
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
@@ -40,7 +40,7 @@ async def turn() -> None:
 
 
 def test_a_subscription_queue_keeps_its_order() -> None:
-    sub = Subscription("s", "c", "events", "x > 0", False, None)
+    sub = SubQueue("s", "c", "events", "x > 0", False, None)
     sub.pending.extend((("p", n), {"x": n}, None) for n in range(1, 6))
     sub.in_memory = 5
     batch = sub.take(3)
@@ -48,7 +48,7 @@ def test_a_subscription_queue_keeps_its_order() -> None:
     sub.detach(batch[2:])  # (3 was in flight: back in front of 4 and 5)
     assert [e[0] for e in sub.pending] == [("p", 3), ("p", 4), ("p", 5)] and sub.unacked == 0
     assert sub.in_custody() == [(("p", n), 1) for n in (3, 4, 5)]
-    assert Subscription.from_meta("s", sub.meta()).meta() == sub.meta()  # (what a takeover needs)
+    assert SubQueue.from_meta("s", sub.meta()).meta() == sub.meta()  # (what a takeover needs)
 
 
 def test_an_event_goes_to_a_connection_once_for_all_its_subscriptions_there() -> None:
@@ -424,7 +424,7 @@ def taken_over_awaiting(home: int) -> tuple[Queues, FakeCore, Store, dict[str, A
     """Queues whose core took subscription "s" over, awaiting the backlog on ``home``'s
     disk; and the subscription's meta."""
     q, core, store = queues()
-    meta = Subscription("s", "c", "events", "x > 0", True, None).meta()
+    meta = SubQueue("s", "c", "events", "x > 0", True, None).meta()
     core.subs.add("s")
     core.metas["s"] = meta
     core.awaits["s"] = home
@@ -519,7 +519,7 @@ def test_a_collapse_subscription_taken_over_gets_its_backlog_as_it_is_not_caught
             subscribe = p.Subscribe(1, "s", "stocks", "quantity > 0", durable=True, collapse="last")
             if taken_over:
                 core.subs.add("s")
-                core.metas["s"] = Subscription("s", "c", "stocks", "quantity > 0", True, "last").meta()
+                core.metas["s"] = SubQueue("s", "c", "stocks", "quantity > 0", True, "last").meta()
             else:
                 assert q.subscribe(c, subscribe) == (True, None)
                 q.session_ended(c, bye=True)

@@ -11,7 +11,7 @@ from collections import Counter, deque
 import pytest
 
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.overlay.cbdlo_tree import RangeSubscription, Topologies
 from flowbus.overlay.cyclon import Apt, Descriptor, Shuffle, ShuffleReply
 from flowbus.routing.cbdlo import CbdloNode
 from flowbus.sim import ConstantLatency, Simulator
@@ -72,7 +72,7 @@ def test_views_stay_random_under_churn() -> None:
 
 def test_shuffles_teach_the_apt_entry_points() -> None:
     topo = Topologies()
-    topo.subscribe(Subscription("s", 2, (("temp", 0, 10),)))
+    topo.subscribe(RangeSubscription("s", 2, (("temp", 0, 10),)))
     a, b = _node(1, topo), _node(2, topo)
     a.cyclon.seed([2])
     b.cyclon.seed([3, 4])

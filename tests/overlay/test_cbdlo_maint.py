@@ -12,7 +12,7 @@ import random
 from collections.abc import Hashable
 from functools import partial
 
-from flowbus.overlay.cbdlo_tree import AttributeTree, Subscription, Topologies, VRec
+from flowbus.overlay.cbdlo_tree import AttributeTree, RangeSubscription, Topologies, VRec
 from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.cbdlo_maint import MESSAGES, TreeOp
 from flowbus.routing.cdm import Matched
@@ -42,12 +42,12 @@ def _maintenance(sim: Simulator) -> int:
     return sum(sent.get(k, 0) for k in MESSAGES)
 
 
-def _random_sub(rng: random.Random, sid: int, node: int) -> Subscription:
+def _random_sub(rng: random.Random, sid: int, node: int) -> RangeSubscription:
     ranges = []
     for attr in rng.sample(ATTRS, rng.randint(1, 2)):
         lo = round(rng.uniform(0, 900), 1)
         ranges.append((attr, lo, lo + round(rng.uniform(1, 120), 1)))
-    return Subscription(sid, node, tuple(ranges))
+    return RangeSubscription(sid, node, tuple(ranges))
 
 
 def _assert_hosts_hold_the_tree(
@@ -68,7 +68,7 @@ def test_hosts_records_agree_with_the_reference_after_random_inserts_and_deletes
     sim, nodes, _ = _world(30)
     ref = Topologies(0, 1000)
     rng = random.Random(17)
-    live: list[Subscription] = []
+    live: list[RangeSubscription] = []
     t = 0.0
     for sid in range(400):
         t += 2.0  # one operation at a time: each is applied before the next is sent
@@ -112,7 +112,7 @@ def test_each_operation_costs_what_the_protocol_says() -> None:
     sim, nodes, _ = _world(12)
     topo = nodes[0].topologies
 
-    def op(node: int, sub: Subscription | None = None, sid: Hashable = None) -> int:
+    def op(node: int, sub: RangeSubscription | None = None, sid: Hashable = None) -> int:
         before = _maintenance(sim)
         if sub is not None:
             sim.invoke(node, partial(CbdloNode.subscribe, sub=sub))
@@ -122,18 +122,18 @@ def test_each_operation_costs_what_the_protocol_says() -> None:
         return _maintenance(sim) - before
 
     # the first subscriber creates the topology and hosts its three virtual nodes: no message
-    assert op(1, Subscription("s1", 1, (("a", 10, 20),))) == 0
+    assert op(1, RangeSubscription("s1", 1, (("a", 10, 20),))) == 0
     assert topo.trees["a"].hosts() == [1] and len(topo.trees["a"]) == 3
     # node 2: its predicate to the coordinator, the new virtual node's record to node 2, and
     # the copy to node 2, now the backup (the coordinator's own records change locally)
-    assert op(2, Subscription("s2", 2, (("a", 50, 100),))) == 3
+    assert op(2, RangeSubscription("s2", 2, (("a", 50, 100),))) == 3
     assert topo.trees["a"].backup == 2 and nodes[2].replica.attrs() == ("a",)
     # from now on: 1 (the predicate) + 1 per other host whose records change + 1 (the replay)
     rng = random.Random(4)
     for sid in range(3, 40):
         node = rng.randrange(12)
         lo = round(rng.uniform(0, 900), 1)
-        sub = Subscription(sid, node, (("a", lo, lo + 50.0),))
+        sub = RangeSubscription(sid, node, (("a", lo, lo + 50.0),))
         mirror = _mirror(topo.trees["a"], sub)
         want = (node != 1) + len([h for h in mirror if h != 1]) + 1
         assert op(node, sub) == want
@@ -146,7 +146,7 @@ def test_each_operation_costs_what_the_protocol_says() -> None:
             assert op(core.addr, sid=sid) == want
 
 
-def _mirror(tree: AttributeTree, sub: Subscription, *, remove: bool = False) -> list[int]:
+def _mirror(tree: AttributeTree, sub: RangeSubscription, *, remove: bool = False) -> list[int]:
     """The hosts whose records an operation changes, found on a copy of the tree."""
     twin = copy.deepcopy(tree)
     ((_, lo, hi),) = sub.ranges
@@ -199,7 +199,7 @@ def test_failed_hosts_are_repaired_and_later_events_reach_every_live_subscriber(
 def test_the_reporters_of_a_dead_node_cost_one_repair() -> None:
     sim, nodes, _ = _world(8, notice=0.5)
     for i, node in enumerate((1, 2, 3, 4)):
-        sub = Subscription(i, node, (("a", 100.0 * node, 100.0 * node + 50),))
+        sub = RangeSubscription(i, node, (("a", 100.0 * node, 100.0 * node + 50),))
         sim.invoke(node, partial(CbdloNode.subscribe, sub=sub), at=2.0 * i)
     sim.run()
     tree = nodes[0].topologies.trees["a"]
@@ -228,7 +228,9 @@ def test_a_down_report_for_an_unknown_attribute_is_ignored() -> None:
 
 def test_the_last_unsubscribe_retires_the_topology_everywhere() -> None:
     sim, nodes, _ = _world(8)
-    subs = [Subscription(i, node, (("a", 100.0 * i, 100.0 * i + 50),)) for i, node in enumerate((1, 2, 3))]
+    subs = [
+        RangeSubscription(i, node, (("a", 100.0 * i, 100.0 * i + 50),)) for i, node in enumerate((1, 2, 3))
+    ]
     for i, sub in enumerate(subs):
         sim.invoke(sub.node, partial(CbdloNode.subscribe, sub=sub), at=2.0 * i)
     sim.run()
@@ -245,7 +247,7 @@ def test_with_probes_a_dead_backup_is_replaced_and_a_dead_coordinator_taken_over
     for core in nodes:
         core.probe = 10.0
     for i, node in enumerate((1, 2, 3, 4)):
-        sub = Subscription(i, node, (("a", 100.0 * node, 100.0 * node + 50),))
+        sub = RangeSubscription(i, node, (("a", 100.0 * node, 100.0 * node + 50),))
         sim.invoke(node, partial(CbdloNode.subscribe, sub=sub), at=2.0 * i)
     sim.run(until=20.0)
     topo = nodes[0].topologies

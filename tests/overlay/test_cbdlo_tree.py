@@ -11,7 +11,7 @@ import random
 import pytest
 
 from flowbus.filters import parse
-from flowbus.overlay.cbdlo_tree import AttributeTree, Subscription, Topologies, TopologyError, next_hop
+from flowbus.overlay.cbdlo_tree import AttributeTree, RangeSubscription, Topologies, TopologyError, next_hop
 
 
 def _pieces(t: AttributeTree) -> list[tuple[float, float]]:
@@ -128,7 +128,7 @@ def test_next_hop_reaches_the_piece_from_any_virtual_node() -> None:
 
 def test_subscription_from_and_to_filter_agree_with_the_filter() -> None:
     f = parse("price >= 10 & price < 20.5 & vol > 3 & qty <= 7 & qty >= 1")
-    s = Subscription.from_filter("s", 4, f)
+    s = RangeSubscription.from_filter("s", 4, f)
     assert s.attrs == ("price", "qty", "vol")
     assert s.range_of("price") == (10.0, 20.5)
     rng = random.Random(2)
@@ -139,11 +139,11 @@ def test_subscription_from_and_to_filter_agree_with_the_filter() -> None:
             del ev["vol"]
         assert s.matches(ev) == f.matches(ev) == s.to_filter().matches(ev)
     with pytest.raises(TopologyError, match="one conjunction"):
-        Subscription.from_filter("s", 0, parse("a > 1 | b > 2"))
+        RangeSubscription.from_filter("s", 0, parse("a > 1 | b > 2"))
     with pytest.raises(TopologyError, match="numeric comparison"):
-        Subscription.from_filter("s", 0, parse('sym = "IBM"'))
+        RangeSubscription.from_filter("s", 0, parse('sym = "IBM"'))
     with pytest.raises(TopologyError, match="empty range"):
-        Subscription("s", 0, (("a", 5.0, 5.0),))
+        RangeSubscription("s", 0, (("a", 5.0, 5.0),))
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_subscription_from_and_to_filter_agree_with_the_filter() -> None:
 )  # fmt: skip
 def test_bounds_are_exact_numbers_as_the_filters_compare_them(text: str) -> None:
     f = parse(text.replace("10 ** 400", str(10**400)))
-    s = Subscription.from_filter("s", 0, f)
+    s = RangeSubscription.from_filter("s", 0, f)
     big = 2**53 + 1
     values = [big - 2, big - 1, big, big + 1, big + 2, float(big), float(big) + 2.0, 5, 5.0, 5.5,
               math.nextafter(5.0, 6.0), 6, 2, 3, 2.5, 1e300, math.inf, 10**400, 10**400 + 1, -(10**400),
@@ -172,14 +172,14 @@ def test_bounds_are_exact_numbers_as_the_filters_compare_them(text: str) -> None
 
 def test_topologies_subscribe_unsubscribe_and_depart() -> None:
     topo = Topologies(0, 100)
-    topo.subscribe(Subscription("x", 1, (("a", 10, 20), ("b", 0, 50))))
-    topo.subscribe(Subscription("y", 2, (("a", 15, 30),)))
+    topo.subscribe(RangeSubscription("x", 1, (("a", 10, 20), ("b", 0, 50))))
+    topo.subscribe(RangeSubscription("y", 2, (("a", 15, 30),)))
     assert sorted(topo.trees) == ["a", "b"]
     assert topo.hosted_attrs(1) == ("a", "b") and topo.hosted_attrs(2) == ("a",)
     with pytest.raises(TopologyError, match="already has"):
-        topo.subscribe(Subscription("y", 2, (("a", 15, 30),)))
+        topo.subscribe(RangeSubscription("y", 2, (("a", 15, 30),)))
     with pytest.raises(TopologyError, match="misses"):
-        topo.subscribe(Subscription("z", 2, (("a", 150, 300),)))
+        topo.subscribe(RangeSubscription("z", 2, (("a", 150, 300),)))
     gone = topo.depart(1)
     assert [s.sid for s in gone] == ["x"] and "b" not in topo.trees
     tree = topo.trees["a"]

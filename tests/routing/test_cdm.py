@@ -10,7 +10,7 @@ from collections.abc import Hashable
 from functools import partial
 
 from flowbus.core import Deliver, Effect, Send, SetTimer
-from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.overlay.cbdlo_tree import RangeSubscription, Topologies
 from flowbus.routing import cdm
 from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.cbdlo_maint import TreeOp
@@ -38,8 +38,8 @@ class Obs:
 def test_counting_accepts_when_every_attribute_matched() -> None:
     topo = Topologies(0, 100)
     node = CbdloNode(1, topologies=topo, rng=random.Random(1), ttl=50.0)
-    node.subscribe(Subscription("s", 1, (("a", 0, 10), ("b", 20, 30), ("c", 0, 100))))
-    node.subscribe(Subscription("t", 1, (("a", 5, 6),)))
+    node.subscribe(RangeSubscription("s", 1, (("a", 0, 10), ("b", 20, 30), ("c", 0, 100))))
+    node.subscribe(RangeSubscription("t", 1, (("a", 5, 6),)))
     pub = Publication.of(7, {"a": 5.5, "b": 25.0, "c": 1.0, "d": 3.0})
     first = node.on_message(2, Matched(pub, "a", 5.5), 0.0)
     assert SetTimer(50.0, ("cdm", 7)) in first and Deliver("t", pub) in first  # t has 1 attribute
@@ -75,7 +75,7 @@ def _world(n: int = 60, *, seed: int = 3, notice: float | None = None) -> World:
     return sim, nodes, obs, got
 
 
-def _subscribe(sim: Simulator, *subs: Subscription) -> None:
+def _subscribe(sim: Simulator, *subs: RangeSubscription) -> None:
     """Subscribe through the simulator: the predicates travel to the coordinators."""
     for sub in subs:
         sim.invoke(sub.node, partial(CbdloNode.subscribe, sub=sub))
@@ -84,7 +84,7 @@ def _subscribe(sim: Simulator, *subs: Subscription) -> None:
 
 def _subscribe_randomly(
     sim: Simulator, nodes: list[CbdloNode], rng: random.Random, count: int
-) -> list[Subscription]:
+) -> list[RangeSubscription]:
     subs = []
     for i in range(count):
         node = nodes[rng.randrange(len(nodes))]
@@ -93,7 +93,7 @@ def _subscribe_randomly(
         for attr in attrs:
             lo = rng.uniform(0, 80)
             ranges.append((attr, lo, lo + rng.uniform(5, 40)))
-        sub = Subscription(i, node.addr, tuple(ranges))
+        sub = RangeSubscription(i, node.addr, tuple(ranges))
         subs.append(sub)
     _subscribe(sim, *subs)
     return subs
@@ -131,7 +131,9 @@ def test_every_matching_subscription_gets_each_event_once() -> None:
 def test_a_dead_entry_point_makes_the_search_start_again_with_halved_hops() -> None:
     sim, nodes, obs, got = _world(notice=0.5)
     topo = nodes[0].topologies
-    _subscribe(sim, Subscription("gone", 40, (("a", 0, 100),)), Subscription("stays", 41, (("a", 0, 100),)))
+    _subscribe(
+        sim, RangeSubscription("gone", 40, (("a", 0, 100),)), RangeSubscription("stays", 41, (("a", 0, 100),))
+    )
     assert topo.trees["a"].coordinator == 40 and topo.trees["a"].backup == 41
     for core in nodes[1:]:
         core.apt.learn("a", 41)
@@ -149,7 +151,7 @@ def test_a_dead_entry_point_makes_the_search_start_again_with_halved_hops() -> N
 
 def test_an_entry_point_no_longer_hosting_restarts_the_search() -> None:
     sim, nodes, obs, got = _world()
-    _subscribe(sim, Subscription("x", 7, (("a", 0, 50),)), Subscription("y", 8, (("a", 40, 100),)))
+    _subscribe(sim, RangeSubscription("x", 7, (("a", 0, 50),)), RangeSubscription("y", 8, (("a", 40, 100),)))
     sim.invoke(7, lambda core: core.unsubscribe("x"))  # node 7 no longer hosts a virtual node of "a"
     sim.run()
     assert 7 not in nodes[0].topologies.trees["a"].hosted
@@ -166,7 +168,7 @@ def test_an_entry_point_no_longer_hosting_restarts_the_search() -> None:
 
 def test_a_tree_step_to_a_dead_host_is_routed_again_after_the_repair_then_restarts() -> None:
     sim, nodes, obs, _ = _world()
-    _subscribe(sim, Subscription("z", 3, (("a", 10, 20),)), Subscription("y", 4, (("a", 50, 60),)))
+    _subscribe(sim, RangeSubscription("z", 3, (("a", 10, 20),)), RangeSubscription("y", 4, (("a", 50, 60),)))
     assert 4 in nodes[3].topologies.trees["a"].hosted
     walk = Walk(Publication.of(0, {"a": 55.0}), "a", 55.0, (), 0, 8)
     step = TreeStep(walk, vid=7, tree_hops=2)
@@ -186,7 +188,7 @@ def test_a_tree_step_to_a_dead_host_is_routed_again_after_the_repair_then_restar
 
 def test_a_tree_step_to_a_virtual_node_that_moved_restarts_the_search() -> None:
     sim, nodes, _, _ = _world()
-    _subscribe(sim, Subscription("z", 3, (("a", 10, 20),)))
+    _subscribe(sim, RangeSubscription("z", 3, (("a", 10, 20),)))
     for core in nodes:
         core.apt.learn("a", 3)
     walk = Walk(Publication.of(0, {"a": 15.0}), "a", 15.0, (), 0, 8)

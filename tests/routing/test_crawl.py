@@ -12,7 +12,7 @@ import pytest
 
 from flowbus.core import Send
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.overlay.cbdlo_tree import RangeSubscription, Topologies
 from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.crawl import Enter, Publication, Walk
 from flowbus.sim import Simulator
@@ -66,7 +66,7 @@ def network(
         nodes[a] = core
         sim.add_node(a, core)
     for i, h in enumerate(hosts):
-        sub = Subscription(f"s{i}", h, (("a", 0, 100),))
+        sub = RangeSubscription(f"s{i}", h, (("a", 0, 100),))
         sim.invoke(h, lambda core, sub=sub: core.subscribe(sub))  # type: ignore[misc]
     sim.run()
     return sim, nodes, log

@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription
+from flowbus.overlay.cbdlo_tree import RangeSubscription
 from flowbus.routing.crawl import Publication
 from flowbus.routing.flooding import Flood, SimpleNode
 from flowbus.sim import ConstantLatency, Simulator
@@ -51,7 +51,7 @@ def test_full_flood_reaches_the_hop_ball(max_hops: int) -> None:
     rng = random.Random(5)
     subs = []
     for i in range(100):
-        s = Subscription(i, rng.randrange(200), (("a", rng.uniform(0, 50), rng.uniform(50, 100)),))
+        s = RangeSubscription(i, rng.randrange(200), (("a", rng.uniform(0, 50), rng.uniform(50, 100)),))
         nodes[s.node].subscribe(s)
         subs.append(s)
     pub = Publication.of(0, {"a": 50.0, "b": 1.0})

@@ -13,7 +13,7 @@ import pytest
 
 from flowbus.core import Effect
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription
+from flowbus.overlay.cbdlo_tree import RangeSubscription
 from flowbus.overlay.cyclon import Apt
 from flowbus.routing.crawl import Publication
 from flowbus.routing.tera import TeraNode, TopicFlood
@@ -34,7 +34,7 @@ class Obs:
 
 def _world(
     apt_entries: bool,
-) -> tuple[Simulator, list[TeraNode], list[Subscription], set[tuple[Hashable, int]], Obs]:
+) -> tuple[Simulator, list[TeraNode], list[RangeSubscription], set[tuple[Hashable, int]], Obs]:
     n = 80
     rng = random.Random(4)
     subs = []
@@ -43,7 +43,7 @@ def _world(
         node = rng.randrange(20, n)  # nodes 0..19 subscribe to nothing
         attrs = rng.sample(["a", "b"], rng.randint(1, 2))
         lo = rng.uniform(0, 60)
-        subs.append(Subscription(i, node, tuple((t, lo, lo + 40) for t in attrs)))
+        subs.append(RangeSubscription(i, node, tuple((t, lo, lo + 40) for t in attrs)))
         for t in attrs:
             if node not in members[t]:
                 members[t].append(node)

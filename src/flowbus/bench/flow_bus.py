@@ -195,7 +195,7 @@ class _Inbox:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-async def _take(conn: Client, boxes: dict[str, list[tuple[float, Event]]], inbox: _Inbox) -> None:
+async def _receive_into(conn: Client, boxes: dict[str, list[tuple[float, Event]]], inbox: _Inbox) -> None:
     """What ``conn``'s merged subscriptions receive, into their boxes (by subscription id)."""
     async for batch in conn.merged():
         inbox.last = now = time.perf_counter()
@@ -256,7 +256,7 @@ async def _subscribe(
     subs, pub = conns[:-1], conns[-1]
     todo = setup.subscriptions
     boxes: dict[str, list[tuple[float, Event]]] = {}
-    tasks.extend(asyncio.create_task(_take(c, boxes, inbox)) for c in subs)
+    tasks.extend(asyncio.create_task(_receive_into(c, boxes, inbox)) for c in subs)
     for lo in range(0, len(todo), 200):
         chunk = todo[lo : lo + 200]
         got = await asyncio.gather(

@@ -98,7 +98,7 @@ class Ledger:
         top = last
         for msg in msgs:
             taken = len(items)
-            top = self._take(session, msg, top, items)
+            top = self._check_batch(session, msg, top, items)
             self._track(client, items[taken:])  # (a re-send in a later batch waits for these)
         if items:
             if self.on_taken is not None:
@@ -108,7 +108,7 @@ class Ledger:
             self._last[client] = top
             self._keep(client, top)
 
-    def _take(
+    def _check_batch(
         self, session: Session, msg: p.Publish, last: int, items: list[tuple[EventId, dict[str, Any]]]
     ) -> int:
         """Check one batch's events into ``items`` (``last``: the highest sequence number

@@ -45,7 +45,7 @@ from flowbus.errors import FlowbusError, StoreFull
 from flowbus.filters import parse
 
 if TYPE_CHECKING:
-    from flowbus.broker.queues import Queues, Subscription
+    from flowbus.broker.queues import Queues, SubQueue
     from flowbus.broker.sessions import Session
 
 __all__ = ["MAX_ROWS", "Pulls"]
@@ -108,7 +108,7 @@ class Pulls:
         sub.on_disk = store.depth(sub.sub_id)
         return True, None, {"top": store.top(sub.sub_id), "depth": sub.on_disk}
 
-    def _pulled(self, sub_id: str) -> tuple[Subscription | None, str]:
+    def _pulled(self, sub_id: str) -> tuple[SubQueue | None, str]:
         sub = self.queues.subs.get(sub_id)
         if sub is None or not sub.durable:
             return None, f"no pulled subscription {sub_id!r} here"
@@ -117,7 +117,7 @@ class Pulls:
         return sub, ""
 
     @staticmethod
-    def _clash(sub: Subscription, msg: p.QueueOpen) -> str | None:
+    def _clash(sub: SubQueue, msg: p.QueueOpen) -> str | None:
         if not sub.durable or sub.session is not None:
             return f"subscription {msg.sub_id!r} exists and is not a pulled one"
         if sub.space != msg.space:

@@ -4,7 +4,7 @@ SQLite, acknowledgements, lingering, takeover and catch-up.
 How it works (flowbus's own delivery guarantees, on the custody of
 :mod:`flowbus.routing.ring_broker`):
 
-* **One queue per subscription** (:class:`Subscription`), oldest first: ``pending`` (to
+* **One queue per subscription** (:class:`SubQueue`), oldest first: ``pending`` (to
   send); what is sent waits in its connection's ``inflight``
   (:class:`~flowbus.broker.sessions.Session`).
   - At most ``window`` deliveries are in flight to its client, unacknowledged. The client
@@ -107,7 +107,7 @@ if TYPE_CHECKING:
     from flowbus.broker.fence import Fence
     from flowbus.broker.sessions import Session
 
-__all__ = ["HOLD_LIMIT", "RETRY_EVERY", "TOUCH_EVERY", "Entry", "Queues", "Settle", "Subscription"]
+__all__ = ["HOLD_LIMIT", "RETRY_EVERY", "TOUCH_EVERY", "Entry", "Queues", "Settle", "SubQueue"]
 
 Entry = tuple[Any, dict[str, Any], int | None]
 """A queued delivery: (event id, event, where it is kept: None = in custody, settled when the
@@ -146,7 +146,7 @@ _catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this proce
 
 
 @dataclass(eq=False, slots=True)
-class Subscription:
+class SubQueue:
     """A subscription served here, and its queue (see the module note)."""
 
     sub_id: str
@@ -171,7 +171,7 @@ class Subscription:
     linger: asyncio.TimerHandle | None = None
 
     @classmethod
-    def from_meta(cls, sub_id: str, meta: Mapping[str, Any]) -> Subscription:
+    def from_meta(cls, sub_id: str, meta: Mapping[str, Any]) -> SubQueue:
         """A subscription from what :meth:`meta` gave (taken over from a dead broker)."""
         return cls(
             sub_id,
@@ -257,14 +257,14 @@ class Queues:
         self.memory = config.memory
         self.linger = config.linger
         self.backlog_wait = config.backlog_wait
-        self.subs: dict[str, Subscription] = {}
+        self.subs: dict[str, SubQueue] = {}
         self.delivered = 0
         self.spilled = 0
         self.sent: Counter[str] = Counter()  # space -> events sent to subscribers' clients
         self.closed = False
         self.full: StoreFull | None = None  # what the store failed with while writes wait for it
         self.refused = 0  # deliveries refused: their subscription held its limit, the store full
-        self._holding: dict[Subscription, None] = {}  # subscriptions with deliveries held
+        self._holding: dict[SubQueue, None] = {}  # subscriptions with deliveries held
         self._touched = False  # (this step held deliveries)
         self._tried = -1.0  # (the event loop's time of the last try of a failing store)
         self._acks: dict[str, int] = {}  # subscription -> SQLite position acknowledged, not deleted yet
@@ -273,7 +273,7 @@ class Queues:
         self._gated: list[tuple[int, list[Settle]]] = []  # spills settled once backed up (version)
         self._gated_calls: list[tuple[int, Callable[[], None]]] = []  # backlogs answered then
         self.fence: Fence | None = None  # (the broker's lease: nothing to a connection without it)
-        self._pumps: set[Subscription] = set()  # to pump at the end of this turn of the loop
+        self._pumps: set[SubQueue] = set()  # to pump at the end of this turn of the loop
         self._pump_due = False
         self._plain_of: Any = None  # the last event delivered, and its fields without the
         self._plain: dict[str, Any] = {}  # hidden ones (shared by its deliveries: read only)
@@ -316,8 +316,8 @@ class Queues:
         subscription it was for: settled in the core (those in custody), acknowledged in
         SQLite (those from disk), folded (subscriptions with a collapse rule set)."""
         settle: list[Settle] = []
-        disk: dict[Subscription, int] = {}
-        more: set[Subscription] = set()  # (with more to send)
+        disk: dict[SubQueue, int] = {}
+        more: set[SubQueue] = set()  # (with more to send)
         for eid, event, subs, where in session.acked(ranges):
             n = 0
             for sub in subs:
@@ -348,7 +348,7 @@ class Queues:
         """Detach ``session``'s subscriptions (what was in flight on it back to the front of
         their queues); end the non-durable ones (``bye``) or let them linger (a lost
         connection)."""
-        returned: dict[Subscription, list[Entry]] = {}
+        returned: dict[SubQueue, list[Entry]] = {}
         for eid, event, sent_to, where in session.take_all_back():
             for one in sent_to:
                 returned.setdefault(one, []).append((eid, event, where))
@@ -383,13 +383,13 @@ class Queues:
                 with contextlib.suppress(StoreFull):  # (a full store: removed at a later restart)
                     self.store.remove_subscription(row.sub_id)
                 return
-            sub = Subscription(
+            sub = SubQueue(
                 row.sub_id, row.client, row.space, row.filter, True, row.collapse, known=row.collapse is None
             )
             sub.on_disk = self.store.depth(row.sub_id)
             self._serve_again(sub)
 
-    def _serve_again(self, sub: Subscription) -> None:
+    def _serve_again(self, sub: SubQueue) -> None:
         """Serve ``sub`` (known to the store) here: routed by the core (a flow's by its flow),
         its queue on disk known to the ring."""
         self.subs[sub.sub_id] = sub
@@ -501,8 +501,8 @@ class Queues:
         one row per connection for the subscriptions that take it straight on."""
         eid = event[EVENT_ID]
         plain = strip(event)
-        rows: dict[Session, list[Subscription]] = {}
-        subs: dict[Any, Subscription] = self.subs  # (ids of other kinds: not ours)
+        rows: dict[Session, list[SubQueue]] = {}
+        subs: dict[Any, SubQueue] = self.subs  # (ids of other kinds: not ours)
         window, memory, straight = self.window, self.memory, 0
         serving = self.fence is None or self.fence.ok()
         for sub_id in sub_ids:
@@ -537,7 +537,7 @@ class Queues:
         if straight:  # (a DeliverAll's subscriptions are all to one space: the event's own,
             self.sent[next(iter(rows.values()))[0].space] += straight  # or a flow's derived one)
 
-    def _straight_on(self, sub: Subscription) -> bool:
+    def _straight_on(self, sub: SubQueue) -> bool:
         """Whether a delivery to ``sub`` (attached) goes to its connection now: nothing
         queued before it, room in its window and in memory."""
         return (
@@ -549,12 +549,12 @@ class Queues:
             and sub.awaiting is None
         )
 
-    def _sent(self, sub: Subscription) -> None:
+    def _sent(self, sub: SubQueue) -> None:
         sub.unacked += 1
         sub.in_memory += 1
         self.sent[sub.space] += 1
 
-    def _queue(self, sub: Subscription, eid: Any, plain: dict[str, Any]) -> None:
+    def _queue(self, sub: SubQueue, eid: Any, plain: dict[str, Any]) -> None:
         """A delivery to ``sub`` that waits: in its queue, or for its SQLite queue (past
         ``memory``, its client away, or behind what is there already: see :meth:`_hold`)."""
         if (
@@ -570,7 +570,7 @@ class Queues:
             sub.in_memory += 1
         self._pump_soon(sub)
 
-    def _hold(self, sub: Subscription, eid: Any, plain: dict[str, Any]) -> None:
+    def _hold(self, sub: SubQueue, eid: Any, plain: dict[str, Any]) -> None:
         """A delivery for ``sub``'s SQLite queue: held until it is written (after the step)
         and settled then; refused if the store is failing and ``sub`` holds its limit."""
         full = self.full
@@ -646,7 +646,7 @@ class Queues:
         if not (self._holding or self._acks or self._unrecorded):
             self.full = None
 
-    def _write(self, subs: list[Subscription]) -> list[Settle] | None:
+    def _write(self, subs: list[SubQueue]) -> list[Settle] | None:
         """What ``subs`` hold, written to the SQLite queue in one transaction: now on disk, in
         order after what was there, and to be settled (returned). None if the store is full:
         it stays held (:attr:`full` says why)."""
@@ -678,7 +678,7 @@ class Queues:
                 return []
         return settle
 
-    def _flag(self, subs: list[Subscription]) -> int:
+    def _flag(self, subs: list[SubQueue]) -> int:
         """The ring state says ``subs``' queues have events on this disk; the backup version
         that says so."""
         version = 0
@@ -689,7 +689,7 @@ class Queues:
             self.apply(effects)
         return version
 
-    def _unflag(self, sub: Subscription) -> None:
+    def _unflag(self, sub: SubQueue) -> None:
         """``sub``'s queue on disk is empty again: the ring state says so no more."""
         if sub.flagged and not sub.on_disk and not sub.held and not any(w for _, _, w in sub.pending):
             sub.flagged = False
@@ -731,7 +731,7 @@ class Queues:
             why = self.spaces.check_collapse(msg.collapse, msg.space)
             if why is not None:
                 return False, why
-        sub = Subscription(msg.sub_id, session.client, msg.space, filt.to_text(), msg.durable, msg.collapse)
+        sub = SubQueue(msg.sub_id, session.client, msg.space, filt.to_text(), msg.durable, msg.collapse)
         try:
             self._record(sub)
         except FlowbusError as e:
@@ -752,7 +752,7 @@ class Queues:
         try:
             core.flows.plan(msg.space, msg.filter)  # (checked before anything changes)
             collapse = self.spaces.flow_collapse(msg.space)  # (an expand's rule set: see Spaces)
-            sub = Subscription(msg.sub_id, session.client, msg.space, msg.filter, msg.durable, collapse)
+            sub = SubQueue(msg.sub_id, session.client, msg.space, msg.filter, msg.durable, collapse)
             self._record(sub)
         except FlowbusError as e:
             return False, str(e)
@@ -771,12 +771,12 @@ class Queues:
                 with contextlib.suppress(FlowbusError):
                     self.store.remove_subscription(sub.sub_id)
 
-    def _adopt(self, sub_id: Hashable) -> Subscription | None:
+    def _adopt(self, sub_id: Hashable) -> SubQueue | None:
         """A subscription the core took over from a dead broker: serve it here."""
         meta = self.core.meta_of(sub_id)
         if not isinstance(sub_id, str) or not isinstance(meta, Mapping):
             return None
-        sub = Subscription.from_meta(sub_id, meta)
+        sub = SubQueue.from_meta(sub_id, meta)
         sub.awaiting = self.core.awaited(sub_id)
         if sub.awaiting is not None and not self.closed:  # (its former broker may never come back)
             asyncio.get_running_loop().call_later(self.backlog_wait, self.give_up_backlog, sub_id)
@@ -792,7 +792,7 @@ class Queues:
             self._start_linger(sub)
         return sub
 
-    def _record(self, sub: Subscription) -> None:
+    def _record(self, sub: SubQueue) -> None:
         self.store.add_subscription(
             sub.sub_id,
             client=sub.client,
@@ -802,7 +802,7 @@ class Queues:
             collapse=sub.collapse,
         )
 
-    def _attach(self, session: Session, sub: Subscription) -> None:
+    def _attach(self, session: Session, sub: SubQueue) -> None:
         if sub.linger is not None:
             sub.linger.cancel()
             sub.linger = None
@@ -817,7 +817,7 @@ class Queues:
             self._catch_up(sub)
         self._pump_soon(sub)
 
-    def _away(self, sub: Subscription) -> None:
+    def _away(self, sub: SubQueue) -> None:
         """A durable subscription's client left: what waits for it in memory, still in the
         sender's custody (its deliveries in flight included), goes to its SQLite queue in
         order and is settled, as if the client had been away all along: a publisher is not
@@ -835,7 +835,7 @@ class Queues:
         if settle:
             self._settle(settle)
 
-    def _start_linger(self, sub: Subscription) -> None:
+    def _start_linger(self, sub: SubQueue) -> None:
         if self.closed:
             return
         if sub.linger is not None:
@@ -847,7 +847,7 @@ class Queues:
         if sub is not None and sub.session is None and not self.closed:
             self._remove(sub)
 
-    def _remove(self, sub: Subscription) -> None:
+    def _remove(self, sub: SubQueue) -> None:
         self.subs.pop(sub.sub_id, None)
         sub.detach()  # (what was in flight to it: back in its queue, settled below)
         if sub.linger is not None:
@@ -861,7 +861,7 @@ class Queues:
         with contextlib.suppress(FlowbusError):
             self.store.remove_subscription(sub.sub_id)
 
-    def _drop_held(self, sub: Subscription, *, settle: bool = True) -> None:
+    def _drop_held(self, sub: SubQueue, *, settle: bool = True) -> None:
         """``sub`` ends: what it held is not written (it is settled soon: dropped, as if
         written; ``settle=False``: the caller settles it)."""
         if self._holding.pop(sub, None) is not None and settle and sub.held:
@@ -884,7 +884,7 @@ class Queues:
 
     # -- pumping queues to clients
 
-    def _pump_soon(self, sub: Subscription) -> None:
+    def _pump_soon(self, sub: SubQueue) -> None:
         if sub.session is None:
             return
         self._pumps.add(sub)
@@ -898,7 +898,7 @@ class Queues:
         for sub in pumps:
             self._pump(sub)
 
-    def _pump(self, sub: Subscription) -> None:
+    def _pump(self, sub: SubQueue) -> None:
         """Send what the window has room for, loading from disk when memory is empty."""
         session = sub.session
         if session is None or session.closed or sub.awaiting is not None:
@@ -919,10 +919,10 @@ class Queues:
             self.sent[sub.space] += n
             room -= n
 
-    def _load(self, sub: Subscription, n: int) -> None:
+    def _load(self, sub: SubQueue, n: int) -> None:
         sub.loaded(self.store.pending(sub.sub_id, limit=max(n, 256), after=sub.disk_pos))
 
-    def _unhold(self, sub: Subscription, n: int) -> None:
+    def _unhold(self, sub: SubQueue, n: int) -> None:
         """The next ``n`` held deliveries of ``sub`` (nothing of its queue on disk before
         them: the store failed to take them), now pending: sent from memory, in custody."""
         held, pending = sub.held, sub.pending
@@ -936,7 +936,7 @@ class Queues:
 
     # -- collapse rule sets
 
-    def _fold(self, sub: Subscription) -> None:
+    def _fold(self, sub: SubQueue) -> None:
         """What ``sub``'s client took, folded into its state (in batches: the fold's cost is
         mostly per call, and the state is only read by a catch-up)."""
         assert sub.collapse is not None  # (only subscriptions with a rule set keep events)
@@ -944,7 +944,7 @@ class Queues:
         it = self.spaces.interpretation(sub.collapse, sub.space)
         sub.seen = it.fold(sub.seen, taken, delivered=True)
 
-    def _catch_up(self, sub: Subscription) -> None:
+    def _catch_up(self, sub: SubQueue) -> None:
         """Replace the backlog of a subscription with a collapse rule set by its shortest
         equivalent sequence (the backlog's own events are settled: this broker has them)."""
         assert sub.collapse is not None  # (called for subscriptions with a rule set only)

@@ -82,9 +82,9 @@ if TYPE_CHECKING:
     from flowbus.broker.fence import Fence
     from flowbus.broker.flows import BrokerFlows
     from flowbus.broker.ledger import Ledger
-    from flowbus.broker.queues import Entry, Queues, Subscription
+    from flowbus.broker.queues import Entry, Queues, SubQueue
 
-    Sent = tuple[Any, dict[str, Any], list[Subscription], int | None]
+    Sent = tuple[Any, dict[str, Any], list[SubQueue], int | None]
     """A delivery in flight on a connection: (event id, event, the subscriptions it is for,
     where it is kept: see :data:`~flowbus.broker.queues.Entry`)."""
 
@@ -126,7 +126,7 @@ class Session:
         self._out.append(msg)
         self._due()
 
-    def offer(self, subs: list[Subscription], eid: Any, event: dict[str, Any]) -> None:
+    def offer(self, subs: list[SubQueue], eid: Any, event: dict[str, Any]) -> None:
         """Send ``event`` (in custody) to ``subs``: in one row (the last one, if it is the
         same event's)."""
         if event is self._last:
@@ -140,7 +140,7 @@ class Session:
         if not self._flush_due:
             self._due()
 
-    def deliver(self, sub: Subscription, entries: list[Entry]) -> None:
+    def deliver(self, sub: SubQueue, entries: list[Entry]) -> None:
         """Send queued ``entries`` of ``sub``, a row each."""
         self._last = None
         sub_ids, inflight, rows = [sub.sub_id], self.inflight, self._events
@@ -165,7 +165,7 @@ class Session:
                     out.append(sent)
         return out
 
-    def take_back(self, sub: Subscription) -> list[Entry]:
+    def take_back(self, sub: SubQueue) -> list[Entry]:
         """What is in flight to ``sub`` here, in order, no longer (it is detached)."""
         out: list[Entry] = []
         for cseq, (eid, event, subs, where) in list(self.inflight.items()):
@@ -367,7 +367,7 @@ class Sessions:
                 self.ledger.publish(session, publishes)
                 publishes = []
                 session.publishing = True
-            if self._take(session, msg):
+            if self._handle(session, msg):
                 return True
         if publishes:
             self.ledger.publish(session, publishes)
@@ -396,7 +396,7 @@ class Sessions:
         else:
             session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
 
-    def _take(self, session: Session, msg: Any) -> bool:
+    def _handle(self, session: Session, msg: Any) -> bool:
         """Handle one message of ``session``; True for ``Bye``."""
         match msg:
             case p.Publish():

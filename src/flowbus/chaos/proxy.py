@@ -468,7 +468,7 @@ class _Connection:
                 for frame in split_frames(buf):
                     if self.closed:
                         return
-                    self._take(direction, frame, now, proxy, source)
+                    self._forward_frame(direction, frame, now, proxy, source)
         except (ConnectionResetError, BrokenPipeError):
             self._reset_both()
             return
@@ -491,7 +491,9 @@ class _Connection:
             with contextlib.suppress(OSError):
                 writer.write_eof()
 
-    def _take(self, direction: _Direction, frame: bytes, now: float, proxy: Proxy, source: str) -> None:
+    def _forward_frame(
+        self, direction: _Direction, frame: bytes, now: float, proxy: Proxy, source: str
+    ) -> None:
         counts = proxy.counters
         if direction.cut:  # (behind an ack cut: nothing more goes this way)
             counts.add(source, "dropped")

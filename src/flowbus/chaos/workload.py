@@ -371,7 +371,7 @@ class _Subscriber:
             subs = [await self._subscribe(client, s) for s in self.me.subs]
             ready.set()
             tasks = [
-                asyncio.ensure_future(self._take(client, s.id, sub))
+                asyncio.ensure_future(self._record_deliveries(client, s.id, sub))
                 for s, sub in zip(self.me.subs, subs, strict=True)
             ]
             await stop.wait()
@@ -393,7 +393,7 @@ class _Subscriber:
                     raise
                 await asyncio.sleep(0.5)
 
-    async def _take(self, client: Any, sub_id: str, sub: Any) -> None:
+    async def _record_deliveries(self, client: Any, sub_id: str, sub: Any) -> None:
         async for batch in sub.batches(1000):
             now = time.time()
             broker = client.broker or ""

@@ -159,10 +159,10 @@ def take_batches(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator
     with the inbox."""
     if max_events < 1:
         raise ValueError(f"max_events must be at least 1, got {max_events}")
-    return _take(client, inbox, max_events)
+    return _take_batches(client, inbox, max_events)
 
 
-async def _take(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
+async def _take_batches(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
     items = inbox.items
     while await inbox.ready():
         if len(items) <= max_events:

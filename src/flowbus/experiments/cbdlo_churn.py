@@ -57,7 +57,7 @@ from flowbus.experiments.config import (
 )
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result
 from flowbus.experiments.stats import mean
-from flowbus.overlay.cbdlo_tree import Subscription
+from flowbus.overlay.cbdlo_tree import RangeSubscription
 from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.cbdlo_maint import MESSAGES as MAINTENANCE
 from flowbus.routing.crawl import Publication
@@ -254,7 +254,7 @@ class _Churner:
         self.sim.invoke(src, partial(CbdloNode.publish, pub=pub))
 
 
-def _arrive(subs: list[Subscription], core: CbdloNode) -> list[Effect]:
+def _arrive(subs: list[RangeSubscription], core: CbdloNode) -> list[Effect]:
     """A newcomer starts gossiping and sends its subscriptions."""
     effects = core.start()
     for sub in subs:

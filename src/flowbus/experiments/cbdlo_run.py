@@ -59,7 +59,7 @@ from flowbus.core import Effect
 from flowbus.errors import ExperimentError
 from flowbus.experiments.config import fraction, integer, number, one_of
 from flowbus.experiments.output import ProgressFn
-from flowbus.overlay.cbdlo_tree import Subscription, Topologies
+from flowbus.overlay.cbdlo_tree import RangeSubscription, Topologies
 from flowbus.overlay.cyclon import Apt
 from flowbus.routing.cbdlo import CbdloNode
 from flowbus.routing.cbdlo_maint import MESSAGES as MAINTENANCE
@@ -154,7 +154,7 @@ class ZipfRangeWorkload:
         self.weights = [(i + 1) ** -c.alpha for i in range(c.attributes)]
         self.occurs = [min(1.0, c.mu * w) for w in self.weights]
 
-    def subscription(self, rng: random.Random, sid: Hashable, node: int) -> Subscription:
+    def subscription(self, rng: random.Random, sid: Hashable, node: int) -> RangeSubscription:
         c = self.c
         attrs = [a for a, p in zip(self.names, self.occurs, strict=True) if rng.random() < p] or [
             self.names[0]
@@ -168,7 +168,7 @@ class ZipfRangeWorkload:
                 lo = rng.uniform(0.0, c.domain - width)
                 hi = lo + width
             ranges.append((a, round(lo, 3), round(hi, 3)))
-        return Subscription(sid, node, tuple(ranges))
+        return RangeSubscription(sid, node, tuple(ranges))
 
     def event(self, rng: random.Random, eid: int) -> Publication:
         # weighted sampling without replacement (Efraimidis-Spirakis keys)
@@ -185,7 +185,7 @@ class ZipfRangeWorkload:
 class Network:
     config: CbdloRun
     cores: list[Any]
-    subs: list[Subscription]
+    subs: list[RangeSubscription]
     topologies: Topologies | None
     observer: Observer
     build_s: float
@@ -231,7 +231,7 @@ def _views(c: CbdloRun) -> list[list[int]]:
     return views
 
 
-def _place(c: CbdloRun, work: ZipfRangeWorkload) -> list[Subscription]:
+def _place(c: CbdloRun, work: ZipfRangeWorkload) -> list[RangeSubscription]:
     rng = _stream(c, "subscriptions")
     load = [0] * c.nodes
     subs = []
@@ -332,7 +332,7 @@ def maintenance_sent(sim: Simulator) -> int:
 
 
 def subscribe_all(
-    seed: int, cores: list[Any], subs: list[Subscription], *, progress: ProgressFn | None = None
+    seed: int, cores: list[Any], subs: list[RangeSubscription], *, progress: ProgressFn | None = None
 ) -> int:
     """Every subscription through its node's ``subscribe`` in a simulator (one every 2 time
     units, latency 1), run until the trees settle; return the maintenance messages sent."""
@@ -350,7 +350,7 @@ def subscribe_all(
     return maintenance_sent(sim)
 
 
-def _subscribe(sub: Subscription, core: Any) -> list[Effect]:
+def _subscribe(sub: RangeSubscription, core: Any) -> list[Effect]:
     return core.subscribe(sub)  # type: ignore[no-any-return]
 
 
@@ -368,7 +368,7 @@ def run(c: CbdloRun, *, progress: ProgressFn | None = None, network: Network | N
         sim.add_node(a, core)
     work = ZipfRangeWorkload(c)
     rng = _stream(c, "events")
-    by_attr: dict[str, list[Subscription]] = {}
+    by_attr: dict[str, list[RangeSubscription]] = {}
     for s in net.subs:
         by_attr.setdefault(s.attrs[0], []).append(s)
     expected = delivered = 0

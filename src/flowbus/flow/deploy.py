@@ -220,7 +220,7 @@ class FlowSubscription:
 
 
 @dataclass(frozen=True, slots=True)
-class Feed:
+class BusFeed:
     """How events of bus space ``space`` reach a group: ``[S; T]`` (none: as they are)."""
 
     index: int
@@ -467,7 +467,7 @@ class Deployment:
                 schema = rw.space(feed.point).schema
                 c = Compiler(fns)
                 feeds.append(
-                    Feed(i, bus_name(feed.point), field_name, ALWAYS,
+                    BusFeed(i, bus_name(feed.point), field_name, ALWAYS,
                          c.transform([(n, Field(n)) for n in schema], inputs=list(schema)), c.memo_factory())
                 )  # fmt: skip
             else:
@@ -477,7 +477,7 @@ class Deployment:
                     route.outputs, route.requires, inputs=list(rw.space(route.source).schema)
                 )
                 feeds.append(
-                    Feed(i, bus_name(feed.point), field_name, select, transform, c.memo_factory(),
+                    BusFeed(i, bus_name(feed.point), field_name, select, transform, c.memo_factory(),
                          (route.name, *route.via))
                 )  # fmt: skip
         folds = []
@@ -498,9 +498,9 @@ class Deployment:
         return {f.state: g.name for g in self.groups for f in g.folds}
 
     @cached_property
-    def stamps(self) -> dict[str, list[tuple[Group, Feed]]]:
+    def stamps(self) -> dict[str, list[tuple[Group, BusFeed]]]:
         """Bus space -> the (group, feed) pairs reading it."""
-        out: dict[str, list[tuple[Group, Feed]]] = {}
+        out: dict[str, list[tuple[Group, BusFeed]]] = {}
         for g in self.groups:
             for f in g.feeds:
                 out.setdefault(f.space, []).append((g, f))

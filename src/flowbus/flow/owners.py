@@ -26,7 +26,7 @@ from flowbus.flow.local import Deliverer
 from flowbus.flow.rulecode import KeyFn, StepFn, projection
 
 if TYPE_CHECKING:
-    from flowbus.flow.deploy import Feed
+    from flowbus.flow.deploy import BusFeed
 
 __all__ = ["Fold", "Group", "Output"]
 
@@ -93,7 +93,7 @@ class Group:
 
     name: str
     flow: str
-    feeds: tuple[Feed, ...]
+    feeds: tuple[BusFeed, ...]
     folds: tuple[Fold, ...]
     counts: dict[str, int] = field(default_factory=dict, compare=False)  # (the deployment's)
     key_fn: KeyFn | None = field(default=None, compare=False)  # the first fold's key, compiled

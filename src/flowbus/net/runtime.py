@@ -407,7 +407,7 @@ class Runtime:
 
     # -- incoming
 
-    def _take(self, run: list[tuple[int, Any]], secure: bool) -> None:
+    def _step_run(self, run: list[tuple[int, Any]], secure: bool) -> None:
         """Messages read together from one source, as one step: to the core's ``on_messages``
         (a broker matches a batch of events in one pass), a lone one to ``on_message``."""
         src = run[0][0]
@@ -478,12 +478,12 @@ class Runtime:
                         first = False
                         src, msg = _envelope(obj)
                         if run and src != run[0][0]:
-                            self._take(run, secure)
+                            self._step_run(run, secure)
                             run = []
                         run.append((src, msg))
                 finally:
                     if run:  # (what came before a bad frame is taken)
-                        self._take(run, secure)
+                        self._step_run(run, secure)
                 data = await reader.read(65536)
         except FlowbusError:  # a malformed frame, or a message the core refuses
             self.bad_frames += 1

@@ -61,7 +61,7 @@ __all__ = [
     "Changes",
     "Link",
     "Number",
-    "Subscription",
+    "RangeSubscription",
     "Topologies",
     "TopologyError",
     "VNode",
@@ -79,7 +79,7 @@ Number = int | float
 
 
 @dataclass(frozen=True, slots=True)
-class Subscription:
+class RangeSubscription:
     """A conjunction of half-open ranges ``lo <= event[attr] < hi``, one per attribute.
 
     ``sid`` names it at its subscriber ``node``; ``ranges`` is sorted by attribute.
@@ -130,7 +130,7 @@ class Subscription:
         return Filter((Conjunction(tuple(lits)),))
 
     @classmethod
-    def from_filter(cls, sid: Hashable, node: int, filt: Filter) -> Subscription:
+    def from_filter(cls, sid: Hashable, node: int, filt: Filter) -> RangeSubscription:
         """A filter of one conjunction of numeric ``>=``, ``>``, ``<``, ``<=``, ``=`` predicates
         (``a > v`` becomes ``a >= above(v)``, ``a = v`` the range ``[v, above(v))``: exact)."""
         if len(filt.disjuncts) != 1:
@@ -714,9 +714,9 @@ class Topologies:
         self.lo = lo
         self.hi = hi
         self.trees: dict[str, AttributeTree] = {}
-        self.subs: dict[tuple[int, Hashable], Subscription] = {}
+        self.subs: dict[tuple[int, Hashable], RangeSubscription] = {}
 
-    def subscribe(self, sub: Subscription) -> None:
+    def subscribe(self, sub: RangeSubscription) -> None:
         key = (sub.node, sub.sid)
         if key in self.subs:
             raise TopologyError(f"node {sub.node} already has a subscription {sub.sid!r}")
@@ -730,7 +730,7 @@ class Topologies:
             tree.add(sub.node, lo, hi)
         self.subs[key] = sub
 
-    def unsubscribe(self, node: int, sid: Hashable, *, choose: Any = None) -> Subscription:
+    def unsubscribe(self, node: int, sid: Hashable, *, choose: Any = None) -> RangeSubscription:
         """Remove a subscription; a tree left without subscriptions is dropped, and the
         node's virtual nodes of a topology it no longer belongs to move to ``choose(vnode)``
         (default: a member of the virtual node, else the tree's first host)."""
@@ -746,7 +746,7 @@ class Topologies:
                 tree.rehost(node, choose)
         return sub
 
-    def depart(self, node: int, *, choose: Any = None) -> list[Subscription]:
+    def depart(self, node: int, *, choose: Any = None) -> list[RangeSubscription]:
         """Node ``node`` left: its subscriptions go, its virtual nodes move to live members."""
         gone = [s for (n, _), s in list(self.subs.items()) if n == node]
         for s in gone:

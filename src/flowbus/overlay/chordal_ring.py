@@ -328,7 +328,7 @@ class RingNode(Core):
                 out.append(p)
         return tuple(out[: self.backup])
 
-    def _take(self, peers: Iterable[Peer], *, closes: bool = False) -> bool:
+    def _merge_window(self, peers: Iterable[Peer], *, closes: bool = False) -> bool:
         """Merge ``peers`` into the window: the 2 nearest known brokers on each side. A side
         that lost a broker is not refilled from what we know until news that ``closes`` the
         gap (the window of a broker beyond it); without it, a lone side would fill up with
@@ -667,7 +667,7 @@ class RingNode(Core):
         new = Peer(new_id, msg.addr)
         self._admitted[(msg.addr, msg.nonce)] = new
         everyone = [me, *self.window]
-        self._take([new])
+        self._merge_window([new])
         affected = {p.id: p for p in _window_of(new, everyone) if p.id != me.id}
         window = tuple(_window_of(new, everyone))
         out: list[Effect] = [Send(new.addr, JoinAccept(new_id, window))]
@@ -684,13 +684,13 @@ class RingNode(Core):
             gone = Restarted(Peer(msg.id, self.addr))
             return [Send(p.addr, gone) for p in msg.window if p.addr != self.addr]
         self.id = msg.id
-        self._take(msg.window, closes=True)
+        self._merge_window(msg.window, closes=True)
         for p in msg.window:  # (our lease starts here: they have just taken us in)
             self.detector.echo(p.id, now)
         return self._after_change()
 
     def _on_insert(self, src: int, msg: Insert, now: float) -> list[Effect]:
-        return self._after_change() if self._take([msg.new]) else []
+        return self._after_change() if self._merge_window([msg.new]) else []
 
     def _after_change(self) -> list[Effect]:
         """Our window changed: re-send the backup if its holders changed; start heartbeats
@@ -1112,7 +1112,7 @@ class RingNode(Core):
             known = [p for p in (*self.succ, *self.pred) if p.id not in self.dead and p not in gone]
             self.open.clear()
             self.succ, self.pred = [], []
-            self._take([*peers[:cut], *known], closes=True)
+            self._merge_window([*peers[:cut], *known], closes=True)
         elif side > 0:
             self.succ = fresh
         else:

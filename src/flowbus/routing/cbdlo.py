@@ -17,7 +17,7 @@ from typing import Any
 
 from flowbus.core import Core, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError, TopologyError
-from flowbus.overlay.cbdlo_tree import AttributeTree, Subscription, Topologies
+from flowbus.overlay.cbdlo_tree import AttributeTree, RangeSubscription, Topologies
 from flowbus.overlay.cyclon import CYCLON_TIMER, Apt, Cyclon, Descriptor, Shuffle, ShuffleReply
 from flowbus.routing import cbdlo_maint as maint
 from flowbus.routing import cdm, crawl
@@ -33,11 +33,12 @@ class CbdloNode(Core):
 
     ``topologies`` is the directory of the attribute topologies (each one's coordinator,
     backup and predicates); ``subs`` the node's local subscriptions (id ->
-    :class:`Subscription`), sent to the topologies by :meth:`subscribe`; ``replica`` the
-    records of the virtual nodes it hosts; ``coordinating`` / ``backups`` the trees it
-    coordinates / backs up; ``probe`` > 0: a coordinator probes its backup that often
-    (:mod:`flowbus.routing.cbdlo_maint`). ``observer`` (optional) is told every walk's outcome
-    (``walk_ended``) and every search that found its virtual node (``found``).
+    :class:`~flowbus.overlay.cbdlo_tree.RangeSubscription`), sent to the topologies by
+    :meth:`subscribe`; ``replica`` the records of the virtual nodes it hosts;
+    ``coordinating`` / ``backups`` the trees it coordinates / backs up; ``probe`` > 0: a
+    coordinator probes its backup that often (:mod:`flowbus.routing.cbdlo_maint`).
+    ``observer`` (optional) is told every walk's outcome (``walk_ended``) and every search
+    that found its virtual node (``found``).
     """
 
     __slots__ = (
@@ -74,7 +75,7 @@ class CbdloNode(Core):
         self.ttl = ttl
         self.probe = probe
         self.observer = observer
-        self.subs: dict[Hashable, Subscription] = {}
+        self.subs: dict[Hashable, RangeSubscription] = {}
         self.counts = Counts()
         self.replica = Replica()
         self.coordinating: dict[str, AttributeTree] = {}
@@ -90,7 +91,7 @@ class CbdloNode(Core):
     def publish(self, pub: Publication) -> list[Effect]:
         return crawl.start(self, pub, max_hops=self.max_hops)
 
-    def subscribe(self, sub: Subscription) -> list[Effect]:
+    def subscribe(self, sub: RangeSubscription) -> list[Effect]:
         """Send each predicate of ``sub`` to its attribute's coordinator."""
         if sub.node != self.addr:
             raise ProtocolError(f"node {self.addr} cannot subscribe for node {sub.node}")

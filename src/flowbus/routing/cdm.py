@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from flowbus.core import Deliver, Effect, Send, SetTimer
-from flowbus.overlay.cbdlo_tree import Subscription, Topologies, VRec, record_next
+from flowbus.overlay.cbdlo_tree import RangeSubscription, Topologies, VRec, record_next
 from flowbus.routing.cbdlo_maint import Replica
 from flowbus.routing.crawl import Publication, Walk, WalkHost, restart
 
@@ -77,7 +77,7 @@ class MatchHost(WalkHost, Protocol):
     def replica(self) -> Replica: ...
 
     @property
-    def subs(self) -> Mapping[Hashable, Subscription]: ...
+    def subs(self) -> Mapping[Hashable, RangeSubscription]: ...
 
     @property
     def counts(self) -> Counts: ...

@@ -26,7 +26,7 @@ from typing import Any
 
 from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription
+from flowbus.overlay.cbdlo_tree import RangeSubscription
 from flowbus.routing.crawl import Publication
 
 __all__ = ["Flood", "SimpleNode"]
@@ -66,12 +66,12 @@ class SimpleNode(Core):
         self.fanout = fanout
         self.max_hops = max_hops
         self.ttl = ttl
-        self.subs: dict[Hashable, Subscription] = {}
+        self.subs: dict[Hashable, RangeSubscription] = {}
         self.seen: set[int] = set()
         self.comparisons = 0
         self.reached = 0
 
-    def subscribe(self, sub: Subscription) -> list[Effect]:
+    def subscribe(self, sub: RangeSubscription) -> list[Effect]:
         self.subs[sub.sid] = sub
         return []
 

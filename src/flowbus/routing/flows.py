@@ -32,7 +32,7 @@ How it works (what a flow *is* on the bus, its spaces, paths and groups:
   fields, so that a late subscriber can start from a snapshot. Only those some path or feed
   selects are published (:meth:`~flowbus.flow.deploy.Deployment.wanted`), and of those paths
   and feeds (the space's *readers*) only the ones the network's subscriptions need now
-  (:class:`Gate`): each conjunction of a filter in the routing tables that may match the space
+  (:class:`DerivedGate`): each conjunction of a filter in the routing tables that may match the space
   is covered by an exact reader, the most specific picked (none: every reader counts). With
   only ``alarms`` subscribed, ``drops`` carries the drops over 20, not every fall. When no
   neighbour has a subscription (a broker alone), the holder routes them at once, through its
@@ -210,7 +210,7 @@ def _output(
 
 
 @dataclass
-class Partition:
+class FlowPartition:
     """A partition served here (own, or taken over)."""
 
     sub_id: tuple[Any, ...]
@@ -288,7 +288,7 @@ class Partition:
         return out
 
 
-class Gate:
+class DerivedGate:
     """Which readers of each derived space the network's subscriptions need now (see
     "Derived events" in the module note): an owner publishes a derived event only if one of
     them selects it."""
@@ -363,12 +363,12 @@ class Flows:
         self.records: dict[str, DeployRecord] = {}
         self.deployments: dict[str, Deployment] = {}
         self.withdrawn: set[tuple[int, int]] = set()
-        self.parts: dict[Hashable, Partition] = {}
+        self.parts: dict[Hashable, FlowPartition] = {}
         self.subs: dict[Hashable, FlowSubscription] = {}  # flow subscriptions served here
         self.waiting: dict[Hashable, Waiting] = {}
         self.ended: list[Hashable] = []  # flow subscriptions ended by an undeploy (for the driver)
         self._by_space: dict[str, str] = {}  # bus space -> flow
-        self.gate = Gate()  # the readers of derived spaces some subscription needs now
+        self.gate = DerivedGate()  # the readers of derived spaces some subscription needs now
 
     # -- the registry
 
@@ -435,7 +435,7 @@ class Flows:
             ((PART, rec.name, rec.deploy_id, g.name, me), g, d.partition_filter(g, ranges)) for g in d.groups
         ]
 
-    def serve_partition(self, sub_id: Hashable) -> Partition | None:
+    def serve_partition(self, sub_id: Hashable) -> FlowPartition | None:
         """Serve the partition subscription ``sub_id`` here (made here, or taken over)."""
         if not (isinstance(sub_id, tuple) and len(sub_id) == 5 and sub_id[0] == PART):
             return None
@@ -445,7 +445,7 @@ class Flows:
             return None
         d = self.deployments[name]
         g = next(x for x in d.groups if x.name == group)
-        part = Partition(sub_id, d, g, owner, ranges_of(rec.owners, owner))
+        part = FlowPartition(sub_id, d, g, owner, ranges_of(rec.owners, owner))
         self.parts[sub_id] = part
         return part
 
@@ -462,7 +462,7 @@ class Flows:
 
     def fold(
         self,
-        part: Partition,
+        part: FlowPartition,
         event: Mapping[str, Any],
         state: Mapping[Hashable, Any],
         results: dict[Any, Any] | None = None,
@@ -513,7 +513,7 @@ class Flows:
         return changed, published, tuple(kept)
 
     @staticmethod
-    def outputs_of(part: Partition, kept: Sequence[tuple[Any, ...]]) -> list[tuple[Any, dict[str, Any]]]:
+    def outputs_of(part: FlowPartition, kept: Sequence[tuple[Any, ...]]) -> list[tuple[Any, dict[str, Any]]]:
         """What a fold of ``part`` kept for its log: the ``(id, bus
         event)`` it published (their derived attributes not stamped)."""
         return [_output(part.sub_id[1], part.owner, *record) for record in kept]

@@ -40,7 +40,7 @@ from flowbus.filters import Filter
 from flowbus.flow.deploy import Deployment, FlowSubscription
 from flowbus.meta import EVENT_ID, PARTITION, SPACE, UNROUTED
 from flowbus.routing import cbr
-from flowbus.routing.flows import LOG, DeployRecord, Flows, FlowSync, Partition, SnapshotAsk, SnapshotRows
+from flowbus.routing.flows import LOG, DeployRecord, FlowPartition, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.flows_index import OwnIndex
 from flowbus.routing.ring_custody import Key, publish_order
 
@@ -111,7 +111,7 @@ class FlowSide:
         self.flow_grace = flow_grace  # how long a taken-over partition gathers events
         self.aliases: dict[Any, Any] = {}  # the id of a 2nd, 3rd... delivery of one event -> the event's
         self._backed_up: list[tuple[int, Key]] = []  # (backup version, custody record) of folds
-        self._logging: list[Partition] = []  # the partitions that folded in this step (their logs)
+        self._logging: list[FlowPartition] = []  # the partitions that folded in this step (their logs)
         self.derived: list[dict[str, Any]] = []  # derived events waiting to be routed (DERIVED_TIMER)
         self._derived_due = False  # (the timer is set)
         self.own = OwnIndex()  # the local subscriptions, for derived events when none can leave
@@ -426,7 +426,7 @@ class FlowSide:
 
     def _fold_into(
         self,
-        part: Partition,
+        part: FlowPartition,
         sub_id: Hashable,
         event: Mapping[str, Any],
         out: list[Effect],
@@ -478,7 +478,7 @@ class FlowSide:
         return [Deliver(sub_id, event) for event, _ in buffered]
 
     def _fold(
-        self, part: Partition, event: Mapping[str, Any], results: dict[Any, Any] | None = None
+        self, part: FlowPartition, event: Mapping[str, Any], results: dict[Any, Any] | None = None
     ) -> tuple[list[Effect], list[dict[str, Any]]]:
         eid = event.get(EVENT_ID)
         if eid in part.seen:

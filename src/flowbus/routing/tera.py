@@ -32,7 +32,7 @@ from typing import Any
 
 from flowbus.core import Core, Deliver, Effect, Send, SetTimer
 from flowbus.errors import ProtocolError
-from flowbus.overlay.cbdlo_tree import Subscription
+from flowbus.overlay.cbdlo_tree import RangeSubscription
 from flowbus.overlay.cyclon import Apt
 from flowbus.routing.crawl import Publication
 
@@ -95,11 +95,11 @@ class TeraNode(Core):
         self.max_hops = max_hops
         self.ttl = ttl
         self.observer = observer
-        self.subs: dict[Hashable, Subscription] = {}
+        self.subs: dict[Hashable, RangeSubscription] = {}
         self.flooded: set[tuple[int, str]] = set()
         self.delivered: dict[int, set[Hashable]] = {}
 
-    def subscribe(self, sub: Subscription) -> list[Effect]:
+    def subscribe(self, sub: RangeSubscription) -> list[Effect]:
         self.subs[sub.sid] = sub
         return []
 

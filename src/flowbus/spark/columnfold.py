@@ -43,7 +43,7 @@ from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.spark.kernel import RuleKernel
 
 if TYPE_CHECKING:
-    from flowbus.spark.state import Fold
+    from flowbus.spark.state import SparkFold
 
 __all__ = ["ColumnFold"]
 
@@ -145,7 +145,7 @@ class ColumnFold:
 
     @staticmethod
     def of(
-        g: Graph, group: StatefulGroup, log: Log, folds: Sequence[Fold], out: pa.Schema
+        g: Graph, group: StatefulGroup, log: Log, folds: Sequence[SparkFold], out: pa.Schema
     ) -> ColumnFold | None:
         """The column fold of ``group`` (its collapses ``folds``), or None when one is not served so."""
         space = g.event_space(group.space).schema

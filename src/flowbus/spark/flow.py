@@ -314,7 +314,7 @@ class SparkFlow:
         for f in sorted(d.glob("*.json")):
             data = json.loads(f.read_text())
             f.unlink()
-            self._take(BatchReport(**data))
+            self._on_report(BatchReport(**data))
 
     # ------------------------------------------------------------ input
 
@@ -573,9 +573,9 @@ class SparkFlow:
             tmp.write_text(json.dumps(report.__dict__))
             tmp.replace(d / f"{name}.json")
             return
-        self._take(report)
+        self._on_report(report)
 
-    def _take(self, report: BatchReport) -> None:
+    def _on_report(self, report: BatchReport) -> None:
         self.stats.add(report, counts_input=report.query == f"deliver {INPUT}")
         if self.on_batch is not None:
             self.on_batch(report)

@@ -52,7 +52,7 @@ from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.flow.validate import replays_collapse
 from flowbus.spark.bus import schema_struct
-from flowbus.spark.state import ArrowFold, Fold, PartitionFold
+from flowbus.spark.state import ArrowFold, PartitionFold, SparkFold
 
 __all__ = [
     "AggregateBatches",
@@ -227,7 +227,8 @@ class AggregateBatches:
         self.aggregates = aggregates
         self.versions = Versions(work / "delivered" / group.name, ".pkl")
         self.folds = [
-            (arc, aggregates[arc.name], Fold(graph, arc, group.targets).deliverers) for arc in group.collapses
+            (arc, aggregates[arc.name], SparkFold(graph, arc, group.targets).deliverers)
+            for arc in group.collapses
         ]
 
     def query(self, rows: DataFrame, keys: list[str]) -> DataFrame:

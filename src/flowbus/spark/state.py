@@ -38,10 +38,10 @@ from flowbus.flow.validate import bind_rules
 from flowbus.spark.columnfold import ColumnFold
 from flowbus.spark.vectorfold import VectorFold
 
-__all__ = ["ArrowFold", "Fold", "GroupFolder", "PartitionFold"]
+__all__ = ["ArrowFold", "GroupFolder", "PartitionFold", "SparkFold"]
 
 
-class Fold:
+class SparkFold:
     """One collapse arc of a group, bound, with the deliverers of the expand arcs out of its state."""
 
     def __init__(self, g: Graph, arc: Collapse, targets: Sequence[str]) -> None:
@@ -74,7 +74,7 @@ class GroupFolder:
 
     def __init__(self, g: Graph, group: StatefulGroup) -> None:
         self.fields = list(g.event_space(group.space).schema.fields)
-        self.folds = [Fold(g, arc, group.targets) for arc in group.collapses]
+        self.folds = [SparkFold(g, arc, group.targets) for arc in group.collapses]
         self.vectors = [VectorFold.of(f.name, f.bound, f.deliverers, i) for i, f in enumerate(self.folds)]
 
     def fold(
@@ -85,7 +85,7 @@ class GroupFolder:
         rows, last = stored if stored is not None else ({}, {})
         ordered = sorted(events, key=lambda oe: oe[0])
         outs: list[list[tuple[int, bytes, dict[str, Any]]]] = []
-        one_by_one: list[tuple[int, Fold]] = []
+        one_by_one: list[tuple[int, SparkFold]] = []
         for position, (fold, vector) in enumerate(zip(self.folds, self.vectors, strict=True)):
             got = vector.run(fold.bound.key_of, rows, last, ordered, fold.bound.initial) if vector else None
             if got is None:
@@ -99,7 +99,7 @@ class GroupFolder:
 
     @staticmethod
     def _one_by_one(
-        folds: list[tuple[int, Fold]],
+        folds: list[tuple[int, SparkFold]],
         rows: dict[str, StateRow],
         last: dict[str, StateRow],
         events: list[tuple[bytes, dict[str, Any]]],

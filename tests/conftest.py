@@ -2,7 +2,7 @@
 tests share one worker when the suite runs in parallel.
 
 Markers say what a test needs (``pyproject.toml`` lists them; ``make check`` runs ``-m unit``):
-``broker`` (broker processes, servers or sockets), ``spark`` (the JVM: every test under
+``broker`` (processes: brokers, the command line; servers or sockets), ``spark`` (the JVM: every test under
 ``tests/spark``), ``browser`` (Chromium), ``peer`` (another broker product: ActiveMQ),
 ``slow`` (a minute or more). A test marked with none of them is ``unit``, and a unit test
 that starts a process or binds or connects a socket fails at once (an audit hook): it is

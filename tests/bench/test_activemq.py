@@ -86,6 +86,7 @@ OPERATORS = [
 ]  # fmt: skip
 
 
+@pytest.mark.peer
 def test_the_workload_through_activemq_matches_the_offline_evaluation() -> None:
     """K = 10 of the bench's filters and one of each operator, 200 events: every subscription gets
     exactly what the offline evaluation counts; the columns go beside a flowbus row."""
@@ -102,6 +103,7 @@ def test_the_workload_through_activemq_matches_the_offline_evaluation() -> None:
     assert rows[0]["ratio_to_activemq"] == pytest.approx(1234.0 / got["events_per_s_in"])
 
 
+@pytest.mark.peer
 def test_activemq_serves_stomp_on_loopback_and_is_stopped_on_error() -> None:
     with pytest.raises(RuntimeError), ActiveMQ() as amq:
         proc, directory = amq.proc, amq.dir

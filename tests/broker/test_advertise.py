@@ -15,6 +15,8 @@ from flowbus.broker.server import Broker
 from flowbus.errors import ConfigError
 from flowbus.net.runtime import addr_of
 
+pytestmark = pytest.mark.broker
+
 
 class Forwarder:
     """A plain TCP forwarder on 127.0.0.1 (port 0) to ``target``, set once it is known."""

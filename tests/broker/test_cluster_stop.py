@@ -11,6 +11,8 @@ import pytest
 from flowbus.broker import cluster
 from flowbus.broker.cluster import Cluster
 
+pytestmark = pytest.mark.broker
+
 OBEDIENT = "import time; print('up', flush=True); time.sleep(60)"
 STUBBORN = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + OBEDIENT
 

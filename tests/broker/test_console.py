@@ -23,6 +23,8 @@ from flowbus.broker.server import Broker
 from flowbus.errors import ConfigError
 from flowbus.flow.deploy import Deployment
 
+pytestmark = pytest.mark.broker
+
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 
 

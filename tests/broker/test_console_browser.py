@@ -38,6 +38,8 @@ from flowbus.flow import find_paths
 from flowbus.flow.deploy import Deployment
 from flowbus.flow.html import flow_page
 
+pytestmark = pytest.mark.browser
+
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [

@@ -32,11 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import flowbus
 from flowbus.client import Client, Subscription
 from flowbus.filters import parse
 from flowbus.routing.memo import compiled
+
+pytestmark = pytest.mark.broker
 
 N_EVENTS = 100_000
 N_SUBS = 1_000

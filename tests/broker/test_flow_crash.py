@@ -15,12 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.broker.test_crash import _free_ports, _wait_listening
 from tests.flows.world import canon, reference, states, subsequence
 
 import flowbus
 from flowbus.client import Subscription
 from flowbus.flow.deploy import Deployment
+
+pytestmark = pytest.mark.broker
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 N_EVENTS = 50_000

@@ -20,6 +20,8 @@ from flowbus.broker.server import Broker
 from flowbus.client import ClientError, PublishError, SubscribeError, Subscription
 from flowbus.flow.deploy import Deployment
 
+pytestmark = pytest.mark.broker
+
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 
 

@@ -23,6 +23,8 @@ from flowbus.broker.queues import HOLD_LIMIT
 from flowbus.broker.server import Broker
 from flowbus.client import PublishError
 
+pytestmark = pytest.mark.broker
+
 
 @asynccontextmanager
 async def broker(data: Path, config: BrokerConfig) -> AsyncIterator[Broker]:

@@ -18,6 +18,8 @@ import flowbus
 from flowbus.client.pull import Mark, PulledSubscription, serving
 from flowbus.errors import SubscribeError
 
+pytestmark = pytest.mark.broker
+
 
 def test_a_pulled_subscription_is_read_by_position_and_acknowledged() -> None:
     async def main() -> None:

@@ -20,6 +20,8 @@ from flowbus.chaos.brokers import Brokers
 from flowbus.chaos.hosts import Loopback
 from flowbus.errors import SubscribeError
 
+pytestmark = pytest.mark.broker
+
 NAMES = ["b0", "b1", "b2", "b3"]
 KEEP = 'symbol = "KEEP"'
 

@@ -26,6 +26,8 @@ from flowbus.errors import ConfigError
 from flowbus.net import certs
 from flowbus.net.tls import broker_tls, client_context
 
+pytestmark = pytest.mark.broker
+
 BOB_TOKEN, BOB_HASH = new_token()
 ROOT_TOKEN, ROOT_HASH = new_token()
 

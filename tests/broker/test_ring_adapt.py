@@ -14,6 +14,8 @@ from flowbus.broker.config import DEFAULT
 from flowbus.overlay.multigraph import LinkClass
 from flowbus.routing.ring_broker import RingBroker
 
+pytestmark = pytest.mark.broker
+
 
 def test_a_loaded_broker_moves_subscriptions_and_nothing_is_lost_or_duplicated() -> None:
     """Four subscriptions at a broker whose limit is two: two move to a neighbour, which

@@ -24,6 +24,8 @@ from flowbus.errors import FlowbusError
 from flowbus.net import certs
 from flowbus.net.tls import broker_tls, client_context
 
+pytestmark = pytest.mark.broker
+
 BOB_TOKEN, BOB_HASH = new_token()
 
 

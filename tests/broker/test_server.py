@@ -23,6 +23,8 @@ from flowbus.client import protocol as p
 from flowbus.errors import ConfigError, SchemaError
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
+pytestmark = pytest.mark.broker
+
 
 def run(coro: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]

@@ -125,6 +125,7 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         Store(path)
 
 
+@pytest.mark.broker
 def test_a_killed_broker_loses_no_committed_change(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -210,6 +211,7 @@ def test_other_sqlite_errors_are_not_store_full() -> None:
     assert s.depth("s") == 0
 
 
+@pytest.mark.broker
 def test_a_real_full_disk_raises_store_full_and_space_back_makes_the_store_write_again(
     tmp_path: Path,
 ) -> None:

@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 from flowbus.chaos.hosts import REGISTRY, Loopback, Namespaces, can_isolate, sweep
 from flowbus.errors import ExperimentError
 
+pytestmark = pytest.mark.broker
+
 ROOT = os.geteuid() == 0 and can_isolate()[0]
 KEYS = (
     "runs",
@@ -41,6 +43,7 @@ def _netns() -> set[str]:
 
 
 @pytest.mark.skipif(not ROOT, reason="the short campaign's partitions need root and network namespaces")
+@pytest.mark.slow
 def test_the_short_campaign_runs_checks_and_cleans_up(tmp_path: Path) -> None:
     """Three faults drawn from kill -9, a pause and a broker cut off from the others (seed 1:
     two kills, then an isolation) on a ring of five:

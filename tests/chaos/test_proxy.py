@@ -143,6 +143,7 @@ async def _frames(reader: asyncio.StreamReader, n: int) -> list[bytes]:
     return out
 
 
+@pytest.mark.broker
 def test_a_proxy_on_loopback(tmp_path: Path) -> None:
     """Frames both ways, duplicated by a rule, a pub_ack cut before it reaches the client,
     and a reset when the broker is gone."""

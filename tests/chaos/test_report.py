@@ -134,6 +134,7 @@ def test_parts_of_uncommitted_code_are_not_merged() -> None:
         merge_campaigns([_doc([_row("crash", s, 0, 0.5)], commit=dirty) for s in (1, 2)])
 
 
+@pytest.mark.broker
 def test_the_campaign_names_the_commit_that_ran() -> None:
     import re
 

@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flowbus.chaos.restarts import BAD, RestartSchedules, judge, restarts, run_schedules
@@ -38,6 +39,7 @@ def test_the_judge_counts_a_lost_and_a_misplaced_delivery() -> None:
     assert judge(w, subs, pubs, 1500)["lost"] == 1
 
 
+@pytest.mark.broker
 def test_the_command_writes_its_rows_plot_and_document(tmp_path: Path) -> None:
     result = runner.invoke(app, ["chaos", "sim", "--seeds", "3,", "--events", "1500", "--no-flow",
                                  "--out", str(tmp_path), "--json"])  # fmt: skip
@@ -66,6 +68,7 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path: Path) -> None:
         raise AssertionError("a negative seed was taken")
 
 
+@pytest.mark.broker
 def test_schedules_run_side_by_side_give_the_same_rows_in_the_order_of_the_seeds() -> None:
     config = RestartSchedules(seeds=(5, 3), events=1500, flow=False)
     told: list[str] = []

@@ -11,6 +11,8 @@ import typer
 from flowbus import __version__
 from flowbus.cli.common import fail
 
+pytestmark = pytest.mark.broker
+
 
 def flowbus(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

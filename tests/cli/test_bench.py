@@ -139,6 +139,7 @@ def _from_wheel(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.broker
 def test_bench_match_runs_from_an_installed_wheel(installed: Path, tmp_path: Path) -> None:
     where = _from_wheel(installed, tmp_path, "-c", "import flowbus.bench.match as m; print(m.__file__)")
     assert Path(where.stdout.strip()).is_relative_to(installed), where.stderr
@@ -151,6 +152,7 @@ def test_bench_match_runs_from_an_installed_wheel(installed: Path, tmp_path: Pat
     assert doc["agrees_with_brute_force"] and doc["events_per_s"] > 0
 
 
+@pytest.mark.broker
 def test_bench_flow_outside_a_checkout_names_what_it_needs(installed: Path, tmp_path: Path) -> None:
     done = _from_wheel(installed, tmp_path, "-m", "flowbus", "bench", "flow", "--trades", "10", "--json")
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == ""

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from flowbus.bench import flow_bus
 from flowbus.bench.workloads import stock_flow_spec
@@ -22,6 +23,7 @@ KEYS = {
 }  # fmt: skip
 
 
+@pytest.mark.broker
 def test_bench_flow_bus_delivers_what_the_interpreter_does_and_compares_with_plain(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = (

@@ -126,6 +126,8 @@ for name in {blocked!r}:
     sys.modules[name] = None  # (import name: ModuleNotFoundError, as if not installed)
 sys.argv = ["flowbus", *sys.argv[1:]]
 from flowbus.cli import main
+
+pytestmark = pytest.mark.broker
 main()
 """
 

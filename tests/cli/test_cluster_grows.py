@@ -16,6 +16,8 @@ from tests.ports import consecutive_free_ports
 
 import flowbus
 
+pytestmark = pytest.mark.broker
+
 FLOWBUS = [sys.executable, "-m", "flowbus"]
 
 

@@ -102,6 +102,7 @@ def test_errors_exit_2_with_a_message_and_no_traceback(args: tuple[str, ...], me
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+@pytest.mark.broker
 def test_python_m_flowbus_flow_expand() -> None:
     command = ["flow", "expand", SPEC, "--state", "max_cur", "--from", FROM, "--to", TO, "--json"]
     proc = subprocess.run(

@@ -18,6 +18,8 @@ from tests.ports import consecutive_free_ports
 from flowbus.broker.process import start_process, wait_ready
 from flowbus.flow.deploy import Deployment
 
+pytestmark = pytest.mark.broker
+
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 
 

@@ -39,6 +39,7 @@ from .conftest import SPEC, invoke
         (("run", SPEC, "--engine", "flink"), "unknown engine 'flink'"),
     ],
 )
+@pytest.mark.broker
 def test_errors_exit_2_with_a_message_and_no_traceback(args: tuple[str, ...], message: str) -> None:
     result = invoke(*args)
     assert result.exit_code == 2

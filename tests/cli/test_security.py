@@ -22,6 +22,8 @@ from tests.ports import consecutive_free_ports
 from flowbus.broker.acl import new_token
 from flowbus.broker.process import start_process, wait_ready
 
+pytestmark = pytest.mark.broker
+
 TOKEN, TOKEN_HASH = new_token()
 EVENT = {"symbol": "IBM", "price": 120.0, "quantity": 1, "exchange": "NYSE", "level": 1}
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.spark
+
 NOISE = ("WARN", "log4j", "Setting default log level", "NativeCodeLoader")
 
 

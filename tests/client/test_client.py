@@ -14,6 +14,8 @@ import flowbus
 from flowbus.broker.server import Broker
 from flowbus.client import ClientError, Status, Subscription
 
+pytestmark = pytest.mark.broker
+
 
 async def _eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     for _ in range(int(timeout / 0.01)):

@@ -24,6 +24,8 @@ from flowbus.client import ClientError, PublishError, Status
 from flowbus.client import protocol as p
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
+pytestmark = pytest.mark.broker
+
 
 async def _eventually(cond: Callable[[], bool], timeout: float = 20.0) -> None:
     for _ in range(int(timeout / 0.01)):

@@ -141,6 +141,7 @@ def test_the_figure_7_fit_and_extrapolation() -> None:
     assert ext["predicted"]["1000000000"] == pytest.approx(3e9 + 6, rel=1e-9)
 
 
+@pytest.mark.broker
 def test_cli_cbdlo_apt_json(tmp_path: Path) -> None:
     cfg = tmp_path / "apt.yaml"
     cfg.write_text("nodes: 150\nsubscriptions: 100\nevents: 5\nseeds: [1]\n"

@@ -49,6 +49,7 @@ def test_churn_configs_are_checked(tmp_path: Path) -> None:
     assert load(root / "cbdlo-churn.yaml") == load()
 
 
+@pytest.mark.broker
 def test_cli_cbdlo_churn_json(tmp_path: Path) -> None:
     from flowbus.cli import app
 

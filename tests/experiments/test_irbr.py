@@ -215,6 +215,7 @@ def test_outputs(tiny_outputs: dict[str, str], tiny_result: Result) -> None:
     assert doc["config"]["nodes"] == 80
 
 
+@pytest.mark.broker
 def test_reruns_are_byte_identical(
     tiny: IrbrSweep, tiny_outputs: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -248,6 +249,7 @@ def _app() -> Any:
     return app
 
 
+@pytest.mark.broker
 def test_cli_faults_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no experiments/ here: the built-in defaults, with the overrides
     out = tmp_path / "faults"

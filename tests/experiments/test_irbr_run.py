@@ -18,6 +18,7 @@ def stable(result: IrbrRunResult) -> str:
 
 
 @pytest.mark.parametrize("protocol", ["irbr", "scribe"])
+@pytest.mark.broker
 def test_a_run_is_the_same_every_time_and_in_a_group(protocol: str) -> None:
     configs = [IrbrRun(protocol, nodes=120, failure=f, events=30, seed=4) for f in (0.0, 0.1, 0.3)]
     alone = [run(c) for c in configs]

@@ -65,6 +65,7 @@ def test_nbytes_grows_with_subscriptions() -> None:
 @pytest.mark.parametrize(
     ("workload", "strategy"), [("w1", "counting"), ("w1-mixed", "clustering"), ("w-rein", "counting")]
 )
+@pytest.mark.broker
 def test_bench_match_prints_one_json_document(workload: str, strategy: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "flowbus", "bench", "match", "--workload", workload, "--subscriptions", "2000",
@@ -79,6 +80,7 @@ def test_bench_match_prints_one_json_document(workload: str, strategy: str) -> N
         assert doc[key] > 0, key
 
 
+@pytest.mark.broker
 def test_bench_rejects_unknown_workload() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "flowbus", "bench", "match", "--workload", "w9", "--json"],

@@ -6,7 +6,11 @@ import asyncio
 import socket
 from typing import Any
 
+import pytest
+
 from flowbus.net.admission import Admission, Gate
+
+pytestmark = pytest.mark.broker
 
 
 def test_a_connection_arriving_as_the_gate_closes_is_no_error() -> None:

@@ -10,11 +10,15 @@ import socket
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import pytest
+
 from flowbus.core import Core, Deliver, Effect, Send
 from flowbus.experiments.ring_sim import ring_errors
 from flowbus.net.codec import frame
 from flowbus.net.runtime import PREPARE_EVERY, Directory, Runtime
 from flowbus.overlay.chordal_ring import RingNode, RingRoute
+
+pytestmark = pytest.mark.broker
 
 HB = 0.1  # heartbeat period (s): failures are found within a few tenths of a second
 

@@ -71,6 +71,7 @@ def test_certs_init_makes_a_ca_brokers_with_their_address_and_named_clients(pki:
         broker_tls(pki, "broker-7")
 
 
+@pytest.mark.broker
 def test_peers_talk_mutual_tls_and_the_link_is_secure(pki: Path) -> None:
     async def main() -> None:
         directory, echo = Directory(), Echo()
@@ -90,6 +91,7 @@ def test_peers_talk_mutual_tls_and_the_link_is_secure(pki: Path) -> None:
 
 
 @pytest.mark.parametrize("who", ["plain", "no certificate", "another authority", "a client"])
+@pytest.mark.broker
 def test_a_peer_without_a_broker_certificate_of_the_authority_is_refused(
     pki: Path, rogue: Path, who: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -127,6 +129,7 @@ def test_a_peer_without_a_broker_certificate_of_the_authority_is_refused(
     assert not [r for r in caplog.records if r.exc_info], "a refusal logged a traceback"
 
 
+@pytest.mark.broker
 def test_plain_text_silence_and_a_big_first_frame_are_closed_quietly(
     pki: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -157,6 +160,7 @@ def test_plain_text_silence_and_a_big_first_frame_are_closed_quietly(
     assert not [r for r in caplog.records if r.exc_info]
 
 
+@pytest.mark.broker
 def test_connections_per_source_address_are_capped() -> None:
     async def main() -> None:
         rt = Runtime(0, Echo(), Directory(), admission=Admission(per_address=2))
@@ -173,6 +177,7 @@ def test_connections_per_source_address_are_capped() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.broker
 def test_plain_peers_make_plain_links_and_the_link_filter_sees_the_class(pki: Path) -> None:
     async def main() -> None:
         directory = Directory()
@@ -216,6 +221,7 @@ def test_a_client_context_checks_the_broker_and_carries_the_user(pki: Path) -> N
     )
 
 
+@pytest.mark.broker
 def test_a_ring_peer_may_open_with_a_big_message_a_stranger_may_not(pki: Path) -> None:
     """A peer this runtime takes may open with a big state transfer; a first frame of the
     same size that is not a ring message (or a ring message without a broker certificate

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from flowbus.sim import (
     ConstantLatency,
     CoordinateLatency,
@@ -48,6 +50,7 @@ def test_same_seed_same_bytes() -> None:
     assert d["deliveries"] > 0 and set(d["lost_by_reason"]) == {"crash", "loss", "partition"}
 
 
+@pytest.mark.broker
 def test_same_bytes_across_processes_with_different_hash_seeds() -> None:
     root = Path(__file__).resolve().parents[2]
     code = "from tests.sim.test_determinism import _run; import sys; sys.stdout.write(repr(_run(5)))"

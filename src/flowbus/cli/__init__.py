@@ -21,6 +21,7 @@ imported inside it, so ``flowbus --help`` stays fast.
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from flowbus import __version__
 from flowbus.cli import acl, bench, broker, certs, chaos, demo, flow, match, run, sim
@@ -79,9 +80,7 @@ def main() -> None:
         extra = EXTRA_OF.get(missing)
         if extra is None:
             raise
-        err.print(
-            f"[bold red]error:[/] this command needs flowbus's {extra!r} extra (no module {missing!r}): "
-            f"pip install 'flowbus[{extra}]'",
-            soft_wrap=True,
-        )
+        why = f"this command needs flowbus's {extra!r} extra (no module {missing!r})"
+        why += f": pip install 'flowbus[{extra}]'"
+        err.print(f"[bold red]error:[/] {escape(why)}", soft_wrap=True)
         raise SystemExit(2) from None

@@ -18,6 +18,8 @@ from tests.ports import consecutive_free_ports
 
 from flowbus.broker.process import start_process, wait_ready
 
+pytestmark = pytest.mark.broker
+
 FLOWBUS = [sys.executable, "-m", "flowbus"]
 
 
@@ -126,8 +128,6 @@ for name in {blocked!r}:
     sys.modules[name] = None  # (import name: ModuleNotFoundError, as if not installed)
 sys.argv = ["flowbus", *sys.argv[1:]]
 from flowbus.cli import main
-
-pytestmark = pytest.mark.broker
 main()
 """
 

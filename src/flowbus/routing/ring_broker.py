@@ -473,7 +473,9 @@ class RingBroker(Core):
     ) -> tuple[DeployRecord, list[Effect]]:
         """Deploy ``d`` on the network from here: its record (the one deployed already if
         this version is) and the effects. A :class:`~flowbus.errors.UserError` if its name is
-        taken by another version, or a space (``taken`` too) or function by another flow."""
+        taken by another version, or a space (``taken`` too) or function by another flow.
+        ``d`` is this broker's from then on (not built again: it counts what goes through
+        its routes and arcs); a caller that evaluates the flow too gives a copy."""
         existing = self.flows.check_new(d, taken)
         if existing is not None:
             return existing, []

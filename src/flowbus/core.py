@@ -21,6 +21,13 @@ runs between brokers. Node ids are ints; messages are frozen dataclasses with a 
   (setting a key again replaces the earlier timer).
 * :class:`CancelTimer` -- forget the timer ``key``.
 
+A core also reports to its driver what became of the driver's own requests, as effects too
+(:class:`Outcome`; nothing a driver carries out on the network): :class:`Settled` (events
+published here that every receiver is done with: a broker acknowledges their publishes),
+:class:`PublishRefused` (events published here refused on the way, with the reason), and
+:class:`Ended` (subscriptions the core ended: a flow's subscriptions once the flow is gone).
+The simulator hands them to its ``on_outcome`` hook, the runtime to its driver's.
+
 A core reads its messages in one place (one ``match``, or one table from message type to
 handler); a message it does not know raises :class:`~flowbus.errors.ProtocolError`.
 """
@@ -33,7 +40,19 @@ from typing import Any, Protocol
 
 from flowbus.errors import ProtocolError
 
-__all__ = ["CancelTimer", "Core", "Deliver", "DeliverAll", "Effect", "Send", "SetTimer"]
+__all__ = [
+    "CancelTimer",
+    "Core",
+    "Deliver",
+    "DeliverAll",
+    "Effect",
+    "Ended",
+    "Outcome",
+    "PublishRefused",
+    "Send",
+    "SetTimer",
+    "Settled",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +92,28 @@ class CancelTimer:
     key: Hashable
 
 
-Effect = Send | Deliver | DeliverAll | SetTimer | CancelTimer
+class Outcome:
+    """What became of the driver's own requests (see the module note)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Settled(Outcome):
+    ids: tuple[Hashable, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRefused(Outcome):
+    items: tuple[tuple[Hashable, str], ...]  # (event id, why)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended(Outcome):
+    subs: tuple[Hashable, ...]
+
+
+Effect = Send | Deliver | DeliverAll | SetTimer | CancelTimer | Settled | PublishRefused | Ended
 
 
 class Core(Protocol):

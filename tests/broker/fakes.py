@@ -17,7 +17,6 @@ class FakeCore:
 
     def __init__(self) -> None:
         self.subs: set[Hashable] = set()
-        self.settled: list[Any] = []
         self.calls: list[tuple[Any, ...]] = []
         self.metas: dict[Hashable, Any] = {}
         self.version = 0  # the backup version a mark_backlog gives

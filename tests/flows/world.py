@@ -8,6 +8,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from flowbus.core import Ended
 from flowbus.flow.deploy import Deployment
 from flowbus.flow.graph import EventSpace, Graph
 from flowbus.flow.local import LocalRun
@@ -25,6 +26,10 @@ class FlowWorld:
         self.got: dict[Hashable, list[tuple[Any, dict[str, Any]]]] = defaultdict(list)
         self.ack_delay = ack_delay
         self.sim.on_deliver = self._delivered
+        self.ended: dict[int, list[Hashable]] = defaultdict(list)  # broker -> subscriptions it ended
+        self.sim.on_outcome = lambda node, o, now: (
+            self.ended[node].extend(o.subs) if type(o) is Ended else None
+        )
         self.brokers: list[RingBroker] = []
         self.published: dict[int, int] = {}  # broker -> events published there so far (their ids)
         rng = random.Random(seed)

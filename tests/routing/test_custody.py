@@ -37,9 +37,9 @@ def test_a_publish_settles_only_when_every_subscriber_took_it(grouped: bool) -> 
     w.sim.invoke(ends[0].addr, lambda c: c.publish({"x": 5}, event_id=("p", 1)))
     w.sim.run(until=w.sim.now + 15)  # delivered (the path is a few hops), not yet settled
     assert [g[1:] for g in w.got] == [("far", ("p", 1)), ("near", ("p", 1))]
-    assert ends[0].settled == [] and ends[0].in_custody() == 1
+    assert w.settled_of(ends[0]) == [] and ends[0].in_custody() == 1
     w.sim.run(until=w.sim.now + 60)
-    assert ends[0].settled == [("p", 1)]
+    assert w.settled_of(ends[0]) == [("p", 1)]
     assert all(b.in_custody() == 0 for b in w.brokers)
 
 
@@ -71,7 +71,7 @@ def test_events_held_by_a_dead_broker_are_re_sent(seed: int, grouped: bool) -> N
     per_broker = Counter(w.got)
     assert max(per_broker.values()) == 1  # each broker delivers each (sub, event) once
     # and the publishers heard that everything settled
-    settled = {eid for b in publishers for eid in b.settled}
+    settled = {eid for b in publishers for eid in w.settled_of(b)}
     assert settled == set(events)
     assert all(b.in_custody() == 0 for b in publishers)
 
@@ -104,7 +104,7 @@ def test_an_event_lost_on_a_live_link_is_sent_again_and_delivered_once() -> None
     w.sim.run(until=w.sim.now + 200)
     assert lose.left == 0
     assert [g[1:] for g in w.got] == [("far", ("p", 1))]  # once, after the rounds
-    assert ends[0].settled == [("p", 1)]
+    assert w.settled_of(ends[0]) == [("p", 1)]
     assert all(b.in_custody() == 0 for b in w.brokers)
 
 
@@ -540,7 +540,7 @@ def test_the_first_broker_of_the_tree_dies_and_its_taker_settles_every_publish(
     assert order[1].ring.taken_over
     got = {(sub, eid) for _, sub, eid in w.got}
     assert got == {(s, ("p", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 3})}
-    assert sorted(pub.settled, key=lambda eid: eid[1]) == [("p", i) for i in range(n)]
+    assert sorted(w.settled_of(pub), key=lambda eid: eid[1]) == [("p", i) for i in range(n)]
     assert all(b.in_custody() == 0 for b in order[1:])
 
 
@@ -568,7 +568,7 @@ def test_a_hand_over_relayed_by_brokers_that_took_nothing_over_settles_every_pub
     w.sim.crash(victim.addr, at=start + 10)
     w.sim.run(until=start + 400)
     assert pub.ring.taken_over
-    assert sorted(pub.settled, key=lambda eid: eid[1]) == [("p", i) for i in range(n)]
+    assert sorted(w.settled_of(pub), key=lambda eid: eid[1]) == [("p", i) for i in range(n)]
     assert all(b.in_custody() == 0 for b in w.brokers if b is not victim)
     got = {(sub, eid) for _, sub, eid in w.got}
     for s in list(subs)[1:]:  # (the live brokers' own subscriptions: everything)
@@ -616,7 +616,7 @@ def test_a_flow_subscription_taken_over_twice_gets_its_derived_events_from_its_n
         event = {"symbol": "S", "price": 1.0, "quantity": i, "level": i % 6, "exchange": "X", SPACE: "trades"}
         w.sim.invoke(pub.addr, lambda c, e=event, i=i: c.publish(e, event_id=("p", i)), at=start + i / 4)
     w.sim.run(until=start + 100)
-    assert sorted(pub.settled, key=lambda eid: eid[1]) == [("p", i) for i in range(60)]
+    assert sorted(w.settled_of(pub), key=lambda eid: eid[1]) == [("p", i) for i in range(60)]
     assert [eid for _, sub, eid in w.got if sub == "f"] == [("p", i) for i in range(60) if i % 6 >= 3]
 
 
@@ -670,7 +670,7 @@ def test_two_adjacent_brokers_at_an_end_of_the_tree_dying_at_once_lose_nothing(
     assert got == {
         (s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})
     }
-    assert sum(len(b.settled) for b in pubs) == n
+    assert sum(len(w.settled_of(b)) for b in pubs) == n
 
 
 def _order_and_lateness(
@@ -784,7 +784,7 @@ def test_a_delegated_event_sent_back_by_the_broker_it_came_from_settles() -> Non
     w.sim.run(until=start + 200)
     got = [eid[1] for eid in dict.fromkeys(eid for _, sub, eid in w.got if sub == (home.addr, 0))]
     assert got == list(range(n))
-    assert len(home.settled) == n
+    assert len(w.settled_of(home)) == n
     assert all(b.in_custody() == 0 for b in w.brokers if b is not first)
 
 
@@ -886,7 +886,7 @@ def test_two_adjacent_brokers_restarted_before_found_dead_lose_nothing_of_a_stre
     want = {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})}
     assert want - got.keys() == set()
     assert got.keys() <= want
-    assert sum(len(p.settled) for p in pubs[:2]) == n
+    assert sum(len(w.settled_of(p)) for p in pubs[:2]) == n
 
 
 def test_a_rolling_restart_with_a_flow_deployed_settles_every_publish() -> None:
@@ -923,7 +923,7 @@ def test_a_rolling_restart_with_a_flow_deployed_settles_every_publish() -> None:
         w.restart_soon([victim], 30 + nonce)
     w.sim.run(until=start + n / 50 + 300)
     publisher = next(b for b in w.brokers if b.addr == pub.addr)
-    assert len(publisher.settled) == n and publisher.in_custody() == 0
+    assert len(w.settled_of(publisher)) == n and publisher.in_custody() == 0
 
 
 @pytest.mark.parametrize("seed", [3, 4])

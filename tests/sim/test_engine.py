@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flowbus.core import CancelTimer, Core, Deliver, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, Effect, Ended, PublishRefused, Send, SetTimer, Settled
 from flowbus.errors import FlowbusError, ProtocolError
 from flowbus.sim import EXTERNAL, ConstantLatency, LinkFailure, Loss, SimError, Simulator, derive_seed
 
@@ -190,6 +190,21 @@ def test_deliver_goes_to_metrics_and_callback() -> None:
     sim.run()
     assert got == [(0, "s", "e1", 2.0), (0, "s", "e1", 2.0)]
     assert sim.metrics.deliveries == 2 and sim.metrics.duplicates == 1
+
+
+def test_outcomes_go_to_the_outcome_callback_and_nowhere_else() -> None:
+    got: list[tuple[int, Any, float]] = []
+    sim = Simulator(on_outcome=lambda n, o, t: got.append((n, o, t)))
+    sim.add_node(0, Recorder())
+    outcomes = (Settled((("p", 1),)), PublishRefused(((("p", 2), "no"),)), Ended(("s",)))
+    sim.inject(0, Do(outcomes), at=2.0)
+    sim.run()
+    assert got == [(0, o, 2.0) for o in outcomes]
+    assert sim.metrics.deliveries == 0 and sim.metrics.sent_by_type() == {}
+    quiet = Simulator()  # (no callback: an outcome is dropped, not an error)
+    quiet.add_node(0, Recorder())
+    quiet.inject(0, Do(outcomes), at=1.0)
+    quiet.run()
 
 
 def test_schedule_runs_a_control_action() -> None:

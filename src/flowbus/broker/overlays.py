@@ -4,8 +4,9 @@ How it works: a broker process drives one sans-IO routing core (:class:`flowbus.
 under the asyncio runtime. Beyond the messages and timers every core takes, a broker calls
 the local operations of :class:`BrokerCore`: join the network, subscribe and unsubscribe,
 advertise, publish a batch of events, settle deliveries or refuse them (the custody of the
-ring broker), and it reads which publishes are settled (``settled``) and what a taken-over
-subscription was made with (``meta_of``). Two cores offer it:
+ring broker), and it reads what a taken-over subscription was made with (``meta_of``). What
+became of its requests comes back as effects (:class:`~flowbus.core.Outcome`: publishes
+settled or refused, subscriptions ended). Two cores offer it:
 
 * ``chordal-ring`` (the default): :class:`~flowbus.routing.ring_broker.RingBroker`, the
   chordal ring with backups, failure repair, covering-based routing and custody;
@@ -35,10 +36,6 @@ OVERLAYS = ("chordal-ring", "pastry-irbr")
 
 class BrokerCore(Core, Protocol):
     """What a broker process needs of its routing core, beyond what every core offers."""
-
-    settled: list[Any]
-    """Ids of the events published here that every receiver is done with; the broker
-    empties it after each step."""
 
     @property
     def subs(self) -> Collection[Hashable]:

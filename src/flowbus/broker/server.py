@@ -75,6 +75,7 @@ from flowbus.broker.sessions import Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
 from flowbus.client import protocol as p
+from flowbus.core import Ended, Outcome, PublishRefused, Settled
 from flowbus.errors import AccessError, ConfigError, ExternalError, FlowbusError, StoreFull
 from flowbus.flow.deploy import Deployment
 from flowbus.matching.matcher import warm_up
@@ -239,8 +240,10 @@ class Broker:
         self._member: tuple[int, tuple[str, ...]] | None = None  # the membership last saved
         self._member_seen = -1  # (the ring log's changes when it was)
         self._watch: asyncio.TimerHandle | None = None  # (the lease, looked at every WATCH_EVERY)
+        self._outcomes: list[Outcome] = []  # what the core settled, refused, ended in this step
         runtime.on_deliver = self._deliver
         runtime.on_deliver_all = self.queues.on_deliver_all
+        runtime.on_outcome = lambda _addr, outcome: self._outcomes.append(outcome)
         runtime.on_client = self.sessions.serve
         runtime.after_step = self._after_step
 
@@ -474,16 +477,17 @@ class Broker:
             self.adapt.update()
         self.queues.after_step()
         self.flows.after_step()
-        core = self.core
-        if isinstance(core, RingBroker) and core.flows.ended:
-            ended, core.flows.ended = core.flows.ended, []
-            self.queues.ended(ended)
-        if core.settled:
-            settled, core.settled = core.settled, []
-            self.ledger.settled(settled, self.sessions.by_client, tell=self.fence.ok())
-        if isinstance(core, RingBroker) and core.refused:  # (secure spaces: refused on the way)
-            refused, core.refused = core.refused, []
-            self.ledger.refused(refused, self.sessions.by_client)
+        if self._outcomes:  # (after the step's spills: a publish is acknowledged once settled)
+            outcomes, self._outcomes = self._outcomes, []
+            for r in outcomes:
+                if type(r) is Ended:
+                    self.queues.ended(list(r.subs))
+            for r in outcomes:
+                if type(r) is Settled:
+                    self.ledger.settled(list(r.ids), self.sessions.by_client, tell=self.fence.ok())
+            for r in outcomes:
+                if type(r) is PublishRefused:  # (secure spaces: refused on the way)
+                    self.ledger.refused(list(r.items), self.sessions.by_client)
         if self.links is not None:
             self.links.after_step()
         self._store_health()

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flowbus.chaos.workload import FLOW, event_of
-from flowbus.core import Effect
+from flowbus.core import Core, Effect, Outcome, Settled
 from flowbus.errors import ExperimentError
 from flowbus.experiments.config import config_dict, integer
 from flowbus.experiments.output import Csv, OutputFiles, ProgressFn, Result, pyplot, save
@@ -134,6 +134,8 @@ class CustodyRing:
         self.ack_delay = ack_delay
         self.grouped = grouped
         self.sim.on_deliver = self._delivered
+        self.sim.on_outcome = self._outcome
+        self._settled: dict[Core, list[Hashable]] = {}  # broker -> the ids of its publishes settled
         self.brokers: list[RingBroker] = []
         rng = random.Random(seed)
         for a in range(n):
@@ -148,6 +150,14 @@ class CustodyRing:
         t = self.timers
         return RingBroker(addr, backup=2, heartbeat=t.heartbeat, probe_timeout=t.probe, ping_timeout=t.probe,
                           custody=True, local_ack=True, grouped=self.grouped, nonce=nonce)  # fmt: skip
+
+    def _outcome(self, node: int, outcome: Outcome, now: float) -> None:
+        if type(outcome) is Settled:
+            self._settled.setdefault(self.sim.core(node), []).extend(outcome.ids)
+
+    def settled_of(self, broker: RingBroker) -> list[Hashable]:
+        """The ids of the events published at ``broker`` it reported settled, in order."""
+        return self._settled.get(broker, [])
 
     def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
         if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)

@@ -80,7 +80,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
-from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Outcome, Send, SetTimer
 from flowbus.errors import FlowbusError, InternalError, UserError
 from flowbus.net.admission import Admission, Gate
 from flowbus.net.codec import FrameDecoder, FrameError, decode, encode, frame, head_tag
@@ -90,6 +90,7 @@ __all__ = ["Directory", "Runtime"]
 
 DeliverHook = Callable[[int, Hashable, Any], object]
 DeliverAllHook = Callable[[int, tuple[Hashable, ...], Any], object]
+OutcomeHook = Callable[[int, Outcome], object]
 ClientHook = Callable[
     [Any, asyncio.StreamReader, asyncio.StreamWriter, list[bytes], FrameDecoder], Awaitable[None]
 ]
@@ -155,6 +156,7 @@ class Runtime:
         port: int = 0,
         on_deliver: DeliverHook | None = None,
         on_deliver_all: DeliverAllHook | None = None,
+        on_outcome: OutcomeHook | None = None,
         on_client: ClientHook | None = None,
         client_hello: type | None = None,
         after_step: Callable[[], object] | None = None,
@@ -169,6 +171,7 @@ class Runtime:
         self.port = port
         self.on_deliver = on_deliver
         self.on_deliver_all = on_deliver_all
+        self.on_outcome = on_outcome
         self.on_client = on_client
         self.client_hello = client_hello
         self.after_step = after_step
@@ -288,6 +291,9 @@ class Runtime:
                 handle = self._timers.pop(e.key, None)
                 if handle is not None:
                     handle.cancel()
+            elif isinstance(e, Outcome):
+                if self.on_outcome is not None:
+                    self.on_outcome(self.addr, e)
             else:
                 raise InternalError(f"node {self.addr}: {e!r} is not an effect")
         for dst, msgs in sends.items():

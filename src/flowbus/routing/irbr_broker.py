@@ -3,7 +3,7 @@
 How it works: :class:`IrbrBroker` gives an :class:`~flowbus.routing.irbr.IrbrNode` the
 interface the broker process drives (the one :class:`~flowbus.routing.ring_broker.RingBroker`
 has): ``start``/``join``, ``subscribe(sub_id, filter, meta=...)``, ``unsubscribe``,
-``publish_batch``, ``settle``, ``settled``, ``joined``, ``peer_addrs``.
+``publish_batch`` (its ``Settled``), ``settle``, ``joined``, ``peer_addrs``.
 
 * A broker's Pastry id is a hash of its address, so a broker that restarts on the same
   address comes back under the same id.
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from flowbus.core import Core, Deliver, Effect
+from flowbus.core import Core, Deliver, Effect, Settled
 from flowbus.errors import ProtocolError
 from flowbus.filters import Filter
 from flowbus.meta import EVENT_ID
@@ -57,7 +57,6 @@ class IrbrBroker(Core):
         self.node = IrbrNode(pastry, ack_timeout=ack_timeout)
         self.addr = addr
         self.subs: set[Hashable] = set()
-        self.settled: list[Any] = []
         self._meta: dict[Hashable, Any] = {}
         self._delivered: OrderedDict[tuple[Hashable, Any], None] = OrderedDict()
 
@@ -116,8 +115,10 @@ class IrbrBroker(Core):
         out: list[Effect] = []
         for eid, event in items:
             out.extend(self.node.publish({**event, EVENT_ID: eid}, eid))
-            self.settled.append(eid)
-        return self._out(out)
+        out = self._out(out)
+        if items:
+            out.append(Settled(tuple(eid for eid, _ in items)))
+        return out
 
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         return []

@@ -16,8 +16,8 @@ rule itself is :mod:`flowbus.broker.links`):
   link does not send it: for custody, the receiver is done with the event, refused. A
   custody record with a refusal in it does not confirm upstream when it is done: it
   answers :class:`Refused` with the reason, and so on hop by hop back to the publisher's
-  broker, which lists the publish in ``RingBroker.refused`` (its ledger answers the
-  client ``Nack`` with the reason) instead of ``settled``.
+  broker, which reports the publish in a ``PublishRefused`` effect (its ledger answers the
+  client ``Nack`` with the reason) instead of ``Settled``.
 """
 
 from __future__ import annotations

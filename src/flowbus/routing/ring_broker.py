@@ -59,15 +59,15 @@ How it works: one core joins two protocols.
   every event it had not confirmed goes the way of a failed send (above): so the events a
   dead broker held in transit, or had not yet handed to its clients, are not lost, and two
   adjacent crashes lose nothing the ring's repair reaches. An event published here and
-  confirmed by all is *settled*: its id is listed in :attr:`RingBroker.settled` (the driver
-  acknowledges the publisher). Delivery stays at least once across a crash; each broker
+  confirmed by all is *settled*: its id goes to the driver in a :class:`~flowbus.core.Settled`
+  effect (the driver acknowledges the publisher). Delivery stays at least once across a crash; each broker
   drops the duplicates it can see (the ``DEDUP_WINDOW``), the client library the rest, by
   event id.
 * **Secure spaces** (:mod:`flowbus.routing.link_classes`). Each broker announces the class
   of its tree links to the whole tree (``announce_links``); an event its driver would not
   send over a plain link is released as *refused* (:meth:`RingBroker.refuse`), and a record
   with a refusal answers ``Refused`` upstream instead of ``Confirm``: the publisher's broker
-  lists the publish in :attr:`RingBroker.refused`, not ``settled``.
+  reports the publish in a :class:`~flowbus.core.PublishRefused` effect, not ``Settled``.
 
 What is not done here: a link failure whose broker is alive (the tree keeps the link; its
 events wait until the link is back).
@@ -75,13 +75,14 @@ events wait until the link is back).
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from flowbus import wire
-from flowbus.core import Core, Deliver, DeliverAll, Effect, Send
+from flowbus.core import Core, Deliver, DeliverAll, Effect, Ended, PublishRefused, Send, Settled
 from flowbus.errors import FilterError, ProtocolError, SubscriptionError, UserError
 from flowbus.filters import Filter, parse
 from flowbus.flow.deploy import Deployment
@@ -164,6 +165,22 @@ class Synced:
     for it: until this arrives, the receiver sends the sender every event (see the note)."""
 
 
+_P = ParamSpec("_P")
+
+
+def _reports(
+    call: Callable[Concatenate[RingBroker, _P], list[Effect]],
+) -> Callable[Concatenate[RingBroker, _P], list[Effect]]:
+    """A call of the core from its driver: its effects, then what it settled, refused or
+    ended, as :class:`~flowbus.core.Outcome` effects (:meth:`RingBroker._report`)."""
+
+    @functools.wraps(call)
+    def step(self: RingBroker, /, *args: _P.args, **kwargs: _P.kwargs) -> list[Effect]:
+        return self._report(call(self, *args, **kwargs))
+
+    return step
+
+
 class RingBroker(Core):
     """One broker: a ring node and a content router over the ring's tree. It reads its
     messages in one ``match``: custody, handed-over events and the router's messages here,
@@ -230,23 +247,25 @@ class RingBroker(Core):
         self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
         self.flows: Flows = self.flow_side.flows  # (routing/flows.py)
 
-    @property
-    def settled(self) -> list[Any]:
-        """Ids of events published here that everyone is done with (the driver takes them)."""
-        return self.custodian.settled
-
-    @settled.setter
-    def settled(self, ids: list[Any]) -> None:
-        self.custodian.settled = ids
-
-    @property
-    def refused(self) -> list[tuple[Any, str]]:
-        """``(id, reason)`` of events published here refused on the way instead."""
-        return self.custodian.refused
-
-    @refused.setter
-    def refused(self, items: list[tuple[Any, str]]) -> None:
-        self.custodian.refused = items
+    def _report(self, out: list[Effect]) -> list[Effect]:
+        """``out``, and what this call settled, refused or ended as :class:`Outcome` effects:
+        the ids of events published here that everyone is done with (:class:`Settled`), those
+        refused on the way instead (:class:`PublishRefused`), the flow subscriptions an
+        undeploy ended (:class:`Ended`)."""
+        custodian, flows = self.custodian, self.flows
+        if not (custodian.settled or custodian.refused or flows.ended):
+            return out
+        out = list(out)
+        if custodian.settled:
+            out.append(Settled(tuple(custodian.settled)))
+            custodian.settled = []
+        if custodian.refused:
+            out.append(PublishRefused(tuple(custodian.refused)))
+            custodian.refused = []
+        if flows.ended:
+            out.append(Ended(tuple(flows.ended)))
+            flows.ended = []
+        return out
 
     @property
     def addr(self) -> int:
@@ -291,12 +310,15 @@ class RingBroker(Core):
 
     # -- local calls
 
+    @_reports
     def start(self) -> list[Effect]:
         return self._sync(self.ring.start())
 
+    @_reports
     def join(self, candidates: Sequence[int]) -> list[Effect]:
         return self.ring.join(candidates)
 
+    @_reports
     def subscribe(self, sub_id: Hashable, filt: Filter, *, meta: Any = None) -> list[Effect]:
         """Serve ``filt`` here as ``sub_id``; ``meta`` (what the driver needs to serve it
         elsewhere after a takeover) is backed up with it."""
@@ -314,6 +336,7 @@ class RingBroker(Core):
                 return value[1] if isinstance(value, tuple) else None
         return None
 
+    @_reports
     def unsubscribe(self, sub_id: Hashable) -> list[Effect]:
         if sub_id not in self.subs:
             raise ProtocolError(f"broker {self.addr}: no subscription {sub_id!r}")
@@ -332,14 +355,17 @@ class RingBroker(Core):
             out += self.ring.del_state(k)
         return out + self.flow_side.unsubscribed(sub_id)
 
+    @_reports
     def advertise(self, adv_id: Hashable, filt: Filter) -> list[Effect]:
         """Publishers here will publish events matching ``filt`` (``advertising`` on): only
         subscriptions that may match an advertisement are forwarded towards it."""
         return self._out(self.router.advertise(adv_id, filt))
 
+    @_reports
     def unadvertise(self, adv_id: Hashable) -> list[Effect]:
         return self._out(self.router.unadvertise(adv_id))
 
+    @_reports
     def publish(self, event: Mapping[str, Any], *, event_id: Hashable = None) -> list[Effect]:
         """Route ``event``; it travels with an id (by default this broker and a sequence
         number; the broker network passes the publisher's own) that de-duplicates the
@@ -354,6 +380,7 @@ class RingBroker(Core):
         self._open(None, stamped)
         return self._out(self._extra(self.router.publish(stamped), stamped, self.addr))
 
+    @_reports
     def publish_batch(self, items: Sequence[tuple[Hashable, Mapping[str, Any]]]) -> list[Effect]:
         """Route many ``(event id, event)`` pairs at once: the effects of publishing them
         one by one, in order, with one pass of the matcher (while the tree is being
@@ -397,16 +424,19 @@ class RingBroker(Core):
         if self.flows.parts:
             self.flow_side.prepare()
 
+    @_reports
     def settle(self, sub_id: Hashable, event_id: Hashable) -> list[Effect]:
         """The driver is done with the delivery of ``event_id`` to ``sub_id`` (its client
         acknowledged it, or it was queued on disk): part of custody with ``local_ack``."""
         return self.settle_many([(event_id, 1)])
 
+    @_reports
     def settle_many(self, counts: Iterable[tuple[Hashable, int]]) -> list[Effect]:
         """:meth:`settle` in one step for ``(event id, n)``: ``n`` of its local deliveries."""
         self.custodian.settle_many(counts, self.flow_side.aliases)
         return self._out(self.repair.resend() if self.repair.release_due else [])
 
+    @_reports
     def refuse_local(self, items: Iterable[tuple[Hashable, str]]) -> list[Effect]:
         """The driver gave up local deliveries (``(event id, reason)``, one delivery each: a
         subscription's queue could not take the event): settled as :meth:`settle_many` would,
@@ -440,16 +470,19 @@ class RingBroker(Core):
         here: its backlog is awaited (see ring_handover)."""
         return awaited(self.ring.state, sub_id, self.addr)
 
+    @_reports
     def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:
         """``home``'s backlog of ``sub_id`` is here (or given up): no more waiting for it."""
         key = disk_key(sub_id, home)
         return self.ring.del_state(key) if key in self.ring.state else []
 
+    @_reports
     def hand_over(self, dst: int, msg: Backlog | BacklogAck) -> list[Effect]:
         """Send a part of a backlog (or its acknowledgement) to ``dst`` (the driver's protocol
         on the ring's links: see ring_handover)."""
         return [Send(dst, msg)]
 
+    @_reports
     def ask_where(self, subs: Sequence[str]) -> list[Effect]:
         """Ask the ring which brokers serve ``subs`` (see ring_handover): ``HeldHere`` answers
         and the question back come to the driver as ``("ring", "handover")`` notices."""
@@ -483,13 +516,17 @@ class RingBroker(Core):
             raise UserError(f"broker {self.addr} has not joined the ring yet: deploy again in a moment")
         owners = {self.node_id} | {p.id for p in self.ring.links() if p.id not in self.ring.dead}
         rec = DeployRecord(d.name, d.version, d.text, tuple(sorted(owners)), (self.node_id, nonce))
-        return rec, self._out(self.flow_side.take_records((rec,), (), fresh=True, src=None, built=d))
+        return rec, self._report(
+            self._out(self.flow_side.take_records((rec,), (), fresh=True, src=None, built=d))
+        )
 
+    @_reports
     def restore_flow(self, rec: DeployRecord) -> list[Effect]:
         """A flow this broker had deployed before a restart (its store keeps them): known
         again, with no partitions made (those it had were taken over)."""
         return self._out(self.flow_side.take_records((rec,), (), fresh=False, src=None))
 
+    @_reports
     def undeploy(self, name: str) -> list[Effect]:
         """Withdraw flow ``name`` from the network (a UserError if none is deployed)."""
         rec = self.flows.records.get(name)
@@ -498,6 +535,7 @@ class RingBroker(Core):
             raise UserError(f"no flow {name!r} is deployed (deployed: {known})")
         return self._out(self.flow_side.take_records((), (rec.deploy_id,), fresh=False, src=None))
 
+    @_reports
     def subscribe_flow(
         self, sub_id: Hashable, space: str, filter_text: str = "", *, meta: Any = None
     ) -> list[Effect]:
@@ -512,6 +550,7 @@ class RingBroker(Core):
 
     # -- the driver's entry points
 
+    @_reports
     def on_messages(self, src: int, msgs: Sequence[Any], now: float) -> list[Effect]:
         """Messages from ``src`` that came together: the effects of taking them one by one,
         in order, but each run of events from a tree neighbour routed in one matcher pass."""
@@ -549,6 +588,7 @@ class RingBroker(Core):
             out.extend(self._extra(self.router.route_batch([event], src), event, src))
         return before + self._out(self._not_again(out))
 
+    @_reports
     def on_message(self, src: int, msg: Any, now: float) -> list[Effect]:
         self.ring.heard_from(src, now)  # (a busy broker is alive: the ring's tests ask)
         if not self.ring.joined and (told := self.ring.met(src)):  # (a restarted broker: whoever
@@ -766,6 +806,7 @@ class RingBroker(Core):
         self._early.setdefault(src, []).append(msg)  # the link is new to its other end only
         return []
 
+    @_reports
     def on_timer(self, key: Hashable, now: float) -> list[Effect]:
         if isinstance(key, tuple) and key[:1] == (FLOW_GRACE,):
             buffered = self.flow_side.fold_buffered(key[1])
@@ -809,6 +850,7 @@ class RingBroker(Core):
         out.extend(Send(a, Resume()) for a in sorted(paused))  # (in case one was lost)
         return out + self.repair.retry_live()
 
+    @_reports
     def on_peer_gone(self, dst: int, now: float) -> list[Effect]:
         return self._out(self._sync(self.ring.on_peer_gone(dst, now), now))
 
@@ -879,6 +921,7 @@ class RingBroker(Core):
         self.custodian.release(src, eid, only=key)
         return self.custodian.end_step()
 
+    @_reports
     def on_link_lost(self, dst: int, now: float) -> list[Effect]:
         """Our connection to ``dst`` closed or broke (the driver's notice): what it held was
         lost without a failure notice. For a live tree neighbour, everything it has not
@@ -932,6 +975,7 @@ class RingBroker(Core):
                 out.extend(Send(a, Drained(d)) for a in sorted(asked.pop(d)))
         return out
 
+    @_reports
     def on_send_failed(self, dst: int, msg: Any, now: float) -> list[Effect]:
         """A failed send (a routing message too) is a failure clue for the ring; the ring's
         repair then changes the tree, and the routers re-send what the new links need. An
@@ -1153,12 +1197,14 @@ class RingBroker(Core):
 
     # -- secure spaces: link classes ring-wide, refusals upstream (routing/link_classes.py)
 
+    @_reports
     def announce_links(self, version: int, links: tuple[tuple[int, bool], ...]) -> list[Effect]:
         """The driver's view of this broker's tree links (``(neighbour, secure)``), as of
         ``version`` (growing), to every broker of the tree."""
         msg = LinkClasses(self.addr, version, links)
         return self.link_book.flood(msg, self.tree_neighbours(), None) if self.link_book.take(msg) else []
 
+    @_reports
     def refuse(self, dst: int, items: Sequence[tuple[Any, str]]) -> list[Effect]:
         """Broker ``dst`` is done with these events (``(event id, reason)``) without carrying
         them on: the driver did not send them to it (a secure space's events on a plain

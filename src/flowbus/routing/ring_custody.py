@@ -14,7 +14,8 @@ How it works:
   :class:`Confirm`; :meth:`Custodian.settle_many`, the driver settled local deliveries) and
   no kept copy waits for a repair (``retries``). Then an event published here is listed in
   :attr:`Custodian.settled`, or in :attr:`Custodian.refused` if a broker further on refused
-  it (secure spaces); one from a neighbour is confirmed to it, or refused upstream.
+  it (secure spaces), which the broker reports to its driver as effects (``Settled``,
+  ``PublishRefused``); one from a neighbour is confirmed to it, or refused upstream.
   :meth:`Custodian.end_step` gives those messages once per step.
 * **Sent again.** A message written into a connection that then broke is lost without a
   notice, and a neighbour cut off for a while, not found dead, may have dropped what came.

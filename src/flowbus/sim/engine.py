@@ -13,6 +13,8 @@ event advances the clock and hands it to the node's core (``on_message`` or
 * ``Deliver`` -- counted by :class:`~flowbus.sim.metrics.Metrics` (duplicates
   detected) and passed to the optional ``on_deliver`` callback (``DeliverAll``: the same
   for each of its subscriptions);
+* a :class:`~flowbus.core.Outcome` (``Settled``, ``PublishRefused``, ``Ended``) -- passed to
+  the optional ``on_outcome`` callback;
 * ``SetTimer`` / ``CancelTimer`` -- each node maps a timer key to the ``seq`` of
   its live heap entry; setting a key again or cancelling it makes the old entry
   stale, and a stale entry is skipped when popped.
@@ -42,7 +44,7 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
-from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Send, SetTimer
+from flowbus.core import CancelTimer, Core, Deliver, DeliverAll, Effect, Outcome, Send, SetTimer
 from flowbus.errors import ProtocolError, SimError
 from flowbus.sim.metrics import Metrics
 from flowbus.sim.transport import Chain, Layer
@@ -64,6 +66,7 @@ UNREACHABLE: Final = frozenset({"crash", "link", "partition"})
 
 Entry = tuple[float, int, int, int, Any, Any]
 DeliverHook = Callable[[int, Hashable, Any, float], object]
+OutcomeHook = Callable[[int, Outcome, float], object]
 ProgressHook = Callable[[int, float], object]
 
 
@@ -82,6 +85,7 @@ class Simulator:
         transport: Sequence[Layer] = (),
         metrics: Metrics | None = None,
         on_deliver: DeliverHook | None = None,
+        on_outcome: OutcomeHook | None = None,
         progress: ProgressHook | None = None,
         progress_every: int = 100_000,
         failure_notice: float | None = None,
@@ -94,6 +98,7 @@ class Simulator:
         self.seed = seed
         self.metrics = metrics if metrics is not None else Metrics()
         self.on_deliver = on_deliver
+        self.on_outcome = on_outcome
         self.progress = progress
         self.progress_every = progress_every
         self._now = 0.0
@@ -309,6 +314,9 @@ class Simulator:
                 self._set_timer(node, e.key, now + e.delay)  # type: ignore[union-attr]
             elif c is CancelTimer:
                 self._timers[node].pop(e.key, None)  # type: ignore[union-attr]
+            elif isinstance(e, Outcome):
+                if self.on_outcome is not None:
+                    self.on_outcome(node, e, now)
             else:
                 raise ProtocolError(f"node {node} returned {e!r}, which is not an Effect")
 

@@ -116,12 +116,14 @@ def test_express_spaces_and_their_bound_in_the_config() -> None:
         {"classes": {"alert*": "express", "alert-v*": "secure"}, "express_bound": 0.02}
     )
     assert cfg.express("alerts") and not cfg.express("stocks") and cfg.express_bound == 0.02
-    core: RingBroker = new_core("chordal-ring", 7, cfg)  # type: ignore[assignment]
-    assert core.express.judge is not None and core.express.judge.bound == 0.02
+    _, core = new_core("chordal-ring", 7, cfg)
+    assert core is not None and core.express.judge is not None and core.express.judge.bound == 0.02
     assert core.express.express_space("alerts") and not core.express.express_space(
         "alert-vault"
     )  # (secure wins)
-    assert new_core("chordal-ring", 7, BrokerConfig()).express.judge is None  # type: ignore[attr-defined]
+    plain, ring = new_core("chordal-ring", 7, BrokerConfig())
+    assert ring is plain and ring.express.judge is None
+    assert new_core("pastry-irbr", 7, BrokerConfig())[1] is None  # (IRBR is no ring: no flows, no takeovers)
     for bad in (0, -1.0, True, "fast"):
         with pytest.raises(ConfigError, match="express_bound"):
             BrokerConfig.from_mapping({"express_bound": bad})

@@ -42,8 +42,8 @@ Event = dict[str, Any]
 
 
 def _core() -> RingBroker:
-    core = new_core("chordal-ring", 1, DEFAULT)
-    assert isinstance(core, RingBroker)  # (the chordal ring's)
+    _, core = new_core("chordal-ring", 1, DEFAULT)
+    assert core is not None  # (the chordal ring's)
     core.start()
     return core
 

@@ -201,8 +201,8 @@ class _StateCollector(Collector):
             "Deliveries refused: their subscription held its limit in memory, the store full.",
             value=b.queues.refused,
         )
-        core = b.core
-        if isinstance(core, RingBroker) and b.ring_log is not None:
+        core = b.ring_core
+        if core is not None and b.ring_log is not None:
             ring = core.ring
             now = asyncio.get_running_loop().time()  # (the core's clock; scraped in the loop)
             yield CounterMetricFamily(

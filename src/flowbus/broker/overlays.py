@@ -81,12 +81,14 @@ def check_overlay(overlay: str, config: BrokerConfig) -> None:
         raise ConfigError("advertising: the pastry-irbr overlay has no advertisements")
 
 
-def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
-    """The routing core of a broker at ``addr`` (``overlay`` checked by :func:`check_overlay`)."""
+def new_core(overlay: str, addr: int, config: BrokerConfig) -> tuple[BrokerCore, RingBroker | None]:
+    """The routing core of a broker at ``addr`` (``overlay`` checked by :func:`check_overlay`),
+    and the same core again if it is the chordal ring's (None otherwise): what only the ring
+    has (flows, takeovers, fencing, the ring's pages and log) the broker reads from there."""
     check_overlay(overlay, config)
     if overlay == "pastry-irbr":
-        return IrbrBroker(addr, heartbeat=config.heartbeat)
-    return RingBroker(
+        return IrbrBroker(addr, heartbeat=config.heartbeat), None
+    ring = RingBroker(
         addr,
         backup=config.backup,
         heartbeat=config.heartbeat,
@@ -109,6 +111,7 @@ def new_core(overlay: str, addr: int, config: BrokerConfig) -> BrokerCore:
             epoch=time.time_ns(),
         ),
     )
+    return ring, ring
 
 
 def address_text(addr: int) -> str:

@@ -247,8 +247,10 @@ class Queues:
         spaces: Spaces,
         config: BrokerConfig,
         name: str = "this broker",
+        ring: RingBroker | None = None,
     ) -> None:
         self.core = core
+        self.ring_core = ring  # (the same core if it is the ring's: only the ring runs flows)
         self.name = name  # ("broker HOST:PORT": named in the reason of a refused delivery)
         self.apply = apply
         self.store = store
@@ -394,9 +396,10 @@ class Queues:
         its queue on disk known to the ring."""
         self.subs[sub.sub_id] = sub
         if sub.sub_id not in self.core.subs:
-            if self.spaces.flow_of(sub.space) is not None and isinstance(self.core, RingBroker):
+            ring = self.ring_core
+            if self.spaces.flow_of(sub.space) is not None and ring is not None:
                 try:
-                    self.apply(self.core.subscribe_flow(sub.sub_id, sub.space, sub.filter, meta=sub.meta()))
+                    self.apply(ring.subscribe_flow(sub.sub_id, sub.space, sub.filter, meta=sub.meta()))
                 except FlowbusError:  # (its flow was withdrawn meanwhile)
                     self.ended([sub.sub_id])
                     return
@@ -745,8 +748,9 @@ class Queues:
     def _open_flow(self, session: Session, msg: p.Subscribe) -> tuple[bool, str | None]:
         """A subscription to a space of a deployed flow: the core routes its pulled-back
         filter and applies the flow's transforms (:mod:`flowbus.routing.flows`)."""
-        core = self.core
-        assert isinstance(core, RingBroker)  # (only the ring's brokers have flows)
+        core = self.ring_core
+        if core is None:  # (only the ring's brokers have flows)
+            return False, f"{self.name} runs no flows (its overlay is not the chordal ring)"
         if msg.collapse is not None:
             return False, "a subscription to a flow's space names no collapse rule set (the flow's own apply)"
         try:

@@ -159,13 +159,15 @@ class Broker:
         overlay: str,
         config: BrokerConfig,
         core: BrokerCore,
+        ring: RingBroker | None,
         runtime: Runtime,
         store: Store,
         advertised: tuple[str, int] | None = None,
     ) -> None:
-        """The broker of ``core``, driven by ``runtime`` (not started yet: the broker sets
-        its hooks), keeping its state in ``store``; listening on ``host:port``, known as
-        ``advertised`` if given (else as ``host:port``)."""
+        """The broker of ``core`` (``ring``: the same core if it is the chordal ring's),
+        driven by ``runtime`` (not started yet: the broker sets its hooks), keeping its state
+        in ``store``; listening on ``host:port``, known as ``advertised`` if given (else as
+        ``host:port``)."""
         self.host = host
         self.port = port
         self.advertised = advertised
@@ -173,9 +175,9 @@ class Broker:
         self.overlay = overlay
         self.config = config
         self.core = core
+        self.ring_core = ring  # (flows, takeovers, fencing, the ring's pages: the ring's only)
         self.runtime = runtime
         self.store = store
-        ring = core if isinstance(core, RingBroker) else None
         self.links = (
             SecureLinks(ring, config, runtime.secure, known=runtime.link_known, apply=runtime.apply)
             if ring is not None
@@ -197,12 +199,13 @@ class Broker:
             admit=self._admit,
         )
         self.fence = Fence(
-            serving=core.serving if isinstance(core, RingBroker) else None,
+            serving=ring.serving if ring is not None else None,
             address=self.address,
             close_all=self._close_clients,
         )
         self.queues = Queues(
             core=core,
+            ring=ring,
             apply=runtime.apply,
             store=store,
             spaces=self.spaces,
@@ -221,8 +224,8 @@ class Broker:
             keepalive=config.keepalive,
             fence=self.fence,
         )
-        self.ring_log = RingLog(core.ring, self.address, log) if isinstance(core, RingBroker) else None
-        self.adapt = AdaptLog(core, self.address, log) if isinstance(core, RingBroker) else None
+        self.ring_log = RingLog(ring.ring, self.address, log) if ring is not None else None
+        self.adapt = AdaptLog(ring, self.address, log) if ring is not None else None
         self.acl_reload = AclReload(
             path=None, sessions=self.sessions, queues=self.queues, adverts=self.adverts, install=self._install
         )
@@ -294,7 +297,7 @@ class Broker:
             sock.bind((host, port))
             port = sock.getsockname()[1]
             addr = addr_of(*(advertised or (host, port)))
-            core = new_core(overlay, addr, config)
+            core, ring = new_core(overlay, addr, config)
             if data is not None:
                 Path(data).mkdir(parents=True, exist_ok=True)
             store = Store(Path(data) / "broker.sqlite" if data is not None else ":memory:", sync=config.sync)
@@ -317,6 +320,7 @@ class Broker:
             overlay=overlay,
             config=config,
             core=core,
+            ring=ring,
             runtime=runtime,
             store=store,
             advertised=advertised,
@@ -364,13 +368,13 @@ class Broker:
     def _enter(self, peers: list[int]) -> None:
         """Join the ring through ``peers`` (none: start a new one); first, if the store says
         this broker was a ring member, come back as a new one (broker/handover.py)."""
-        core, runtime = self.core, self.runtime
-        previous = self.store.membership() if isinstance(core, RingBroker) else None
+        core, ring, runtime = self.core, self.ring_core, self.runtime
+        previous = self.store.membership() if ring is not None else None
         window = [addr_of(*parse_address(a)) for a in previous[1]] if previous else []
         candidates = peers or window
-        if previous is not None and candidates and isinstance(core, RingBroker):
+        if previous is not None and candidates and ring is not None:
             self.rejoin = Rejoin(
-                core=core,
+                core=ring,
                 store=self.store,
                 apply=runtime.apply,
                 previous=Peer(previous[0], self.addr),
@@ -496,8 +500,8 @@ class Broker:
 
     def _save_membership(self) -> None:
         """The ring member this broker is, kept in the store (a restart announces it)."""
-        core = self.core
-        assert isinstance(core, RingBroker) and self.ring_log is not None
+        core = self.ring_core
+        assert core is not None and self.ring_log is not None
         ring = core.ring
         if not ring.joined or ring.declared_dead is not None:
             return
@@ -528,8 +532,8 @@ class Broker:
         elif kind == "handover":
             src, msg = what
             if isinstance(msg, Backlog):
-                core = self.core
-                assert isinstance(core, RingBroker)  # (only the ring's brokers hand over)
+                core = self.ring_core
+                assert core is not None  # (only the ring's brokers hand over)
 
                 def answer(taken: bool = True) -> None:  # (once the ring's backups know this disk has it)
                     if not self.queues.closed:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.overlays import address_text
 from flowbus.overlay.chordal_ring import RingNode
-from flowbus.routing.ring_broker import RingBroker
 
 if TYPE_CHECKING:
     from flowbus.broker.metrics import BrokerMetrics
@@ -49,8 +48,8 @@ def ring_view(b: Broker) -> dict[str, Any]:
     """This broker's view of the ring: itself, the brokers it links to (window and chords),
     with their roles, link class (secure: mutual TLS) and last heard load; suspects, dead,
     takeovers."""
-    core = b.core
-    if not isinstance(core, RingBroker) or not core.ring.joined:
+    core = b.ring_core
+    if core is None or not core.ring.joined:
         return {"joined": False, "brokers": [], "suspects": [], "dead": [], "taken_over": []}
     ring = core.ring
     now = asyncio.get_running_loop().time()
@@ -144,8 +143,8 @@ def spaces_view(b: Broker, metrics: BrokerMetrics) -> list[dict[str, Any]]:
 def arcs_view(b: Broker) -> dict[str, dict[str, int]]:
     """Per deployed flow, the events this broker saw through each route of the rewritten graph
     and each arc of the graph (as an edge, as the owner of a partition): its ``counts``."""
-    core = b.core
-    if not isinstance(core, RingBroker):
+    core = b.ring_core
+    if core is None:
         return {}
     return {name: dict(d.counts) for name, d in core.flows.deployments.items()}
 

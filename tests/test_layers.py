@@ -121,3 +121,28 @@ def test_the_contract_catches_an_upward_import(
     path.write_text(source + "\n")
     monkeypatch.setattr(__import__(__name__), "SRC", fake)
     assert any(expected in v for v in _violations())
+
+
+def _class_tests(source: str) -> list[int]:
+    """Lines of ``isinstance(..., RingBroker)`` in ``source``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and len(node.args) == 2
+        and "RingBroker" in ast.unparse(node.args[1])
+    ]
+
+
+def test_the_broker_asks_no_core_its_class() -> None:
+    """What only the ring's core has, the broker reads from ``ring_core`` (set once, by
+    ``new_core``), not by testing the core's class."""
+    bad = [
+        f"src/flowbus/{path.relative_to(SRC)}:{line}"
+        for path in sorted((SRC / "broker").glob("*.py"))
+        for line in _class_tests(path.read_text())
+    ]
+    assert not bad, "isinstance(core, RingBroker) in broker/:\n" + "\n".join(bad)
+    assert _class_tests("if isinstance(core, RingBroker): pass") == [1]

@@ -10,7 +10,9 @@
         every = await client.subscribe("stocks")  # no filter: all the space's events
         await sub.unsubscribe()
 
-How it works (the client protocol is in :mod:`flowbus.client.protocol`):
+How it works (the client protocol is in :mod:`flowbus.client.protocol`; what the client
+knows and decides, without I/O, in :class:`~flowbus.client.state.ClientState`: this class
+drives it with asyncio, its sockets, timers and futures):
 
 * **Publishing** is pipelined. :meth:`Client.publish` checks the event against the space's
   schema (the broker's ``Welcome`` lists them), numbers it and sends it in the next frame;
@@ -51,18 +53,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import itertools
 import logging
 import ssl
 import uuid
-from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, KeysView, Mapping
 from pathlib import Path
 from typing import Any
 
 from flowbus.client import protocol as p
+from flowbus.client.state import ClientState
 from flowbus.client.subscription import Inbox, Item, Subscription, take_batches
-from flowbus.errors import ClientError, FlowbusError, ProtocolError, PublishError, SchemaError, SubscribeError
+from flowbus.errors import ClientError, FlowbusError, PublishError, SubscribeError
 from flowbus.model import Schema
 from flowbus.net.codec import FrameDecoder, decode, encode, frame
 
@@ -145,14 +146,15 @@ class Client:
             raise ClientError("connect: give at least one broker address (host:port)")
         for a in addresses:
             _split(a)
-        if window < 1 or dedup < 1:
-            raise ClientError(f"window and dedup are >= 1, got {window}, {dedup}")
         for option, value in (("idle_timeout", idle_timeout), ("publish_timeout", publish_timeout)):
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
             ):
                 raise ClientError(f"{option}: seconds > 0 or None, got {value!r}")
-        self.name = name or f"client-{uuid.uuid4().hex[:12]}"
+        self.state = ClientState(
+            name or f"client-{uuid.uuid4().hex[:12]}", addresses, window=window, dedup=dedup, token=token
+        )
+        self.name = self.state.name
         self.window = window
         self.dedup = dedup
         self.resume_timeout = resume_timeout
@@ -162,37 +164,30 @@ class Client:
         self.idle_timeout = idle_timeout
         self.publish_timeout = publish_timeout
         self._last_error: str | None = None  # why the last connection failed or ended
-        self.spaces: dict[str, Schema | None] = {}
-        self.broker: str | None = None  # the broker we are connected to
         self.reconnects = 0
-        self._addresses: deque[str] = deque(dict.fromkeys(addresses))
-        self._pseq = 0
-        # pseq -> (space, event, when it was published), in pseq order
-        self._unacked: OrderedDict[int, tuple[str, dict[str, Any], float]] = OrderedDict()
         self._expiry: asyncio.TimerHandle | None = None  # the next check of publish_timeout
-        self._to_send: list[int] = []
-        self._errors: list[PublishError] = []
         self._acked = asyncio.Event()
-        self._subs: dict[str, Subscription] = {}
         self._merged: Inbox | None = None  # (the merged subscriptions' events)
-        self._adverts: dict[str, tuple[str, str]] = {}  # advertisement name -> (space, filter)
         self._replies: dict[int, asyncio.Future[p.Reply]] = {}
-        self._req = itertools.count(1)
-        self._names = itertools.count(1)
-        self._held: dict[int, int] = {}  # delivery number -> its subscriptions still to take it
-        self._taken: list[int] = []  # delivery numbers every subscription took: to acknowledge
         self._writer: asyncio.StreamWriter | None = None
-        self._epoch = 0
         self._up = asyncio.Event()
         self._flush_due = False
         self._task: asyncio.Task[None] | None = None
         self.status = Status.NEW
-        self._homeless_since: float | None = None  # when a resume first found subscriptions
-        # no broker serves (reset once all are re-attached): resume_timeout counts from it
         self._since: float | None = None  # when the client last became connected, or lost it
         self._heard = 0.0  # when the broker last sent something (read by the idle watchdog)
         self._silent: str | None = None  # why the watchdog dropped the connection
         self._watchdog: asyncio.Handle | None = None
+
+    @property
+    def spaces(self) -> dict[str, Schema | None]:
+        """The spaces the broker named, with their schemas (None: any event)."""
+        return self.state.spaces
+
+    @property
+    def broker(self) -> str | None:
+        """The broker this client is connected to (None: none now)."""
+        return self.state.broker
 
     # -- life cycle
 
@@ -214,7 +209,7 @@ class Client:
         except TimeoutError:
             await self.close()
             why = f" (last: {self._last_error})" if self._last_error else ""
-            raise ClientError(f"no broker answered at {', '.join(self._addresses)}{why}") from None
+            raise ClientError(f"no broker answered at {', '.join(self.state.addresses)}{why}") from None
 
     async def close(self) -> None:
         """Say goodbye (non-durable subscriptions end) and close."""
@@ -232,8 +227,8 @@ class Client:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        for sub in self._subs.values():
-            sub._end()
+        for record in self.state.subs.values():
+            record.handle.end()
         if self._merged is not None:
             self._merged.end()
         for fut in self._replies.values():
@@ -245,32 +240,31 @@ class Client:
     async def publish(self, space: str, event: Mapping[str, Any]) -> int:
         """Send ``event`` to ``space`` (waits while ``window`` publishes are unacknowledged);
         its publish sequence number (what :attr:`pending` and :class:`PublishError` name)."""
-        self._raise_errors()
+        state = self.state
+        state.raise_errors()
         self._check(space, event)
-        while len(self._unacked) >= self.window:
+        while state.full:
             self._acked.clear()
             await self._acked.wait()
-            self._raise_errors()
-        self._pseq += 1
+            state.raise_errors()
         loop = asyncio.get_running_loop()
-        self._unacked[self._pseq] = (space, dict(event), loop.time())
-        self._to_send.append(self._pseq)
+        pseq = state.publish(space, event, loop.time())
         self._flush_soon()
         if self._expiry is None and self.publish_timeout is not None:
             self._expiry = loop.call_later(_expiry_check(self.publish_timeout), self._expire)
-        return self._pseq
+        return pseq
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until every publish so far is acknowledged (or refused, or given up after
         ``publish_timeout``: raises :class:`PublishError`)."""
 
         async def drained() -> None:
-            while self._unacked:
+            while self.state.unacked:
                 self._acked.clear()
                 await self._acked.wait()
 
         await asyncio.wait_for(drained(), timeout)
-        self._raise_errors()
+        self.state.raise_errors()
 
     @property
     def closed(self) -> bool:
@@ -278,60 +272,37 @@ class Client:
 
     @property
     def unacknowledged(self) -> int:
-        return len(self._unacked)
+        return len(self.state.unacked)
 
     @property
     def pending(self) -> KeysView[int]:
         """The sequence numbers of the publishes not acknowledged (nor refused) yet, oldest
         first (a live view: copy it to keep it)."""
-        return self._unacked.keys()
+        return self.state.unacked.keys()
 
     def _check(self, space: str, event: Mapping[str, Any]) -> None:
         if self.closed:
             raise ClientError("the client is closed")
-        if self.spaces and space not in self.spaces:
-            raise ClientError(f"unknown space {space!r} (known: {', '.join(sorted(self.spaces))})")
-        if not isinstance(event, Mapping):
-            raise SchemaError(f"an event is a mapping of field names to values, got {type(event).__name__}")
-        schema = self.spaces.get(space)
-        if schema is not None:
-            try:
-                schema.validate(event)
-            except SchemaError as e:
-                raise SchemaError(f"space {space!r}: {e}", field=e.field) from None
-
-    def _raise_errors(self) -> None:
-        if self._errors:
-            raise self._errors.pop(0)
+        self.state.check(space, event)
 
     def take_errors(self) -> list[PublishError]:
         """The publish errors not raised yet (refusals, timeouts), taken: the next ``publish``
         or ``flush`` will not raise them. For an application that follows each publish's fate
         (with :attr:`pending`) rather than catching errors."""
-        errors, self._errors = self._errors, []
-        return errors
+        return self.state.take_errors()
 
     def _expire(self) -> None:
-        """Give up the publishes unacknowledged for ``publish_timeout`` (the oldest come
-        first: the check stops at the first younger one); again later while any are left."""
+        """Give up the publishes unacknowledged for ``publish_timeout``; again later while any
+        are left."""
         self._expiry = None
         timeout = self.publish_timeout
         if timeout is None or self.closed:
             return
         loop = asyncio.get_running_loop()
-        now, unacked = loop.time(), self._unacked
-        expired = []
-        for pseq, (_, _, at) in unacked.items():
-            if now - at < timeout:
-                break
-            expired.append(pseq)
-        if expired:
-            reason = f"not acknowledged within {timeout:g} s ({self._whereabouts(now)})"
-            for pseq in expired:
-                del unacked[pseq]
-                self._errors.append(PublishError(pseq, reason))
+        now = loop.time()
+        if self.state.expire(now, timeout, self._whereabouts(now)):
             self._acked.set()
-        if unacked:
+        if self.state.unacked:
             self._expiry = loop.call_later(_expiry_check(timeout), self._expire)
 
     def _whereabouts(self, now: float) -> str:
@@ -364,22 +335,31 @@ class Client:
         if self.closed:
             raise ClientError("the client is closed")
         text = filter or ALL_EVENTS
-        sub_id = durable or f"{self.name}/{next(self._names)}"
-        if sub_id in self._subs:
-            raise SubscribeError(f"subscription {sub_id!r} is open in this client already")
+        state = self.state
+        sub_id = durable or f"{self.name}/{state.new_name()}"
+        record = state.add(sub_id, space, text, durable=durable is not None, collapse=collapse, handle=None)
         sub = Subscription(
-            self, sub_id, space, text, merged=merged, durable=durable is not None, collapse=collapse
+            sub_id,
+            space,
+            text,
+            inbox=self._merged_inbox() if merged else Inbox(),
+            ack=self._took,
+            unsubscribe=self._unsubscribe,
+            record=record,
+            merged=merged,
+            durable=durable is not None,
+            collapse=collapse,
         )
-        self._subs[sub_id] = sub
+        record.handle = sub
         try:
             reply = await self._request(
                 lambda req: p.Subscribe(req, sub_id, space, text, durable is not None, collapse, False)
             )
         except BaseException:
-            self._subs.pop(sub_id, None)
+            state.remove(sub_id)
             raise
         if not reply.ok:
-            self._subs.pop(sub_id, None)
+            state.remove(sub_id)
             raise SubscribeError(f"subscribe {text!r} to {space!r}: {reply.error}")
         return sub
 
@@ -388,7 +368,7 @@ class Client:
         its subscription, in lists: once at least one is there, every one that has come (at
         most ``max_events``), each subscription's in order; acknowledged when the list is
         handed over. Ends when the client closes."""
-        return self._merged_batches(take_batches(self, self._merged_inbox(), max_events))
+        return self._merged_batches(take_batches(self._took, self._merged_inbox(), max_events))
 
     async def _merged_batches(
         self, batches: AsyncIterator[list[Item]]
@@ -456,30 +436,30 @@ class Client:
         only towards advertised publishers). Kept across reconnects; its name."""
         if self.closed:
             raise ClientError("the client is closed")
-        adv_id = name or f"adv-{next(self._names)}"
+        adv_id = name or f"adv-{self.state.new_name()}"
         reply = await self._request(lambda req: p.Advertise(req, adv_id, space, filter))
         if not reply.ok:
             raise ClientError(f"advertise {filter!r} in {space!r}: {reply.error}")
-        self._adverts[adv_id] = (space, filter)
+        self.state.adverts[adv_id] = (space, filter)
         return adv_id
 
     async def unadvertise(self, name: str) -> None:
         """Withdraw the advertisement ``name``."""
-        self._adverts.pop(name, None)
+        self.state.adverts.pop(name, None)
         reply = await self._request(lambda req: p.Unadvertise(req, name))
         if not reply.ok:
             raise ClientError(f"unadvertise {name!r}: {reply.error}")
 
     async def _unsubscribe(self, sub: Subscription) -> None:
         reply = await self._request(lambda req: p.Unsubscribe(req, sub.id))
-        self._subs.pop(sub.id, None)
-        sub._end()
+        self.state.remove(sub.id)
+        sub.end()
         if not reply.ok:
             raise SubscribeError(f"unsubscribe {sub.id!r}: {reply.error}")
 
     async def _request(self, make: Any) -> p.Reply:
         await self._up.wait()
-        req = next(self._req)
+        req = self.state.request_id()
         fut: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
         self._replies[req] = fut
         self._send(make(req))
@@ -488,18 +468,11 @@ class Client:
         finally:
             self._replies.pop(req, None)
 
-    def _ack(self, epoch: int, cseq: int) -> None:
-        """One subscription took delivery ``cseq`` of connection ``epoch``: acknowledged once
-        every subscription it was for took it."""
-        if epoch == self._epoch:
-            held = self._held
-            left = held.pop(cseq, 1) - 1
-            if left:
-                held[cseq] = left
-            else:
-                self._taken.append(cseq)
-                if not self._flush_due:
-                    self._flush_soon()
+    def _took(self, epoch: int, cseq: int) -> None:
+        """A subscription took delivery ``cseq`` of connection ``epoch`` (the state counts);
+        an acknowledgement that became due is written soon."""
+        if self.state.took(epoch, cseq) and not self._flush_due:
+            self._flush_soon()
 
     # -- the wire
 
@@ -518,33 +491,15 @@ class Client:
         self._flush_due = False
         if self._writer is None or self._writer.is_closing():
             return
-        out: list[bytes] = []
-        if self._to_send:  # (in pseq order, whatever their spaces: a publisher's order is kept)
-            items: list[tuple[int, dict[str, Any]]] = []
-            spaces: list[str] = []
-            for pseq in self._to_send:
-                item = self._unacked.get(pseq)
-                if item is not None:
-                    items.append((pseq, item[1]))
-                    spaces.append(item[0])
-            self._to_send = []
-            for i in range(0, len(items), 2000):
-                chunk, where = items[i : i + 2000], spaces[i : i + 2000]
-                mixed = any(s != where[0] for s in where)
-                batch = p.pack_publish(chunk, where if mixed else ())
-                out.append(frame(encode(p.Publish(where[0], batch))))
-        if self._taken:
-            out.append(frame(encode(p.Ack(p.pack_acks(_ranges(self._taken))))))
-            self._taken = []
-        if out:
-            self._writer.write(b"".join(out))
+        data = self.state.outgoing()
+        if data:
+            self._writer.write(data)
 
     async def _run(self) -> None:
         """Stay connected: connect, serve the connection, reconnect when it drops."""
         delay = 0.05
         while not self.closed:
-            address = self._addresses[0]
-            self._addresses.rotate(-1)
+            address = self.state.next_address()
             try:
                 host, port = _split(address)
                 reader, writer = await asyncio.wait_for(
@@ -577,8 +532,7 @@ class Client:
             self._since = asyncio.get_running_loop().time()
         self._up.clear()
         self._writer = None
-        self.broker = None
-        self._held, self._taken = {}, []
+        self.state.lost()
         for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(ClientError("the connection to the broker was lost; try again"))
@@ -628,7 +582,7 @@ class Client:
     ) -> None:
         """One connection's protocol: ``Hello``, ``Welcome``, advertisements and subscriptions
         again, unacknowledged publishes again, then every message as it comes."""
-        writer.write(frame(encode(p.Hello(self.name, token=self.token))))
+        writer.write(self.state.hello())
         frames = FrameDecoder()
         welcome: p.Welcome | None = None
         bodies: list[bytes] = []
@@ -643,63 +597,47 @@ class Client:
                 if not isinstance(first, p.Welcome):
                     raise ClientError(f"{address} is not a flowbus broker (it said {type(first).__name__})")
                 welcome = first
-        self._welcome(welcome)
-        self._epoch += 1
+        self.state.welcomed(welcome)
+        adverts = self.state.connected()  # (before any publish is sent again)
         self._writer = writer
-        for adv_id, (space, filt) in self._adverts.items():  # (before any publish is re-sent)
-            writer.write(frame(encode(p.Advertise(next(self._req), adv_id, space, filt))))
+        if adverts:
+            writer.write(adverts)
         if not await self._resume(reader, frames, bodies):
             raise ConnectionError(f"{address} does not serve every subscription (not here)")
         self.status = Status.CONNECTED
         self._since = asyncio.get_running_loop().time()
         self._up.set()
-        log.info("client %s: connected to %s, %d subscriptions attached", self.name, address, len(self._subs))
-        self._to_send = list(self._unacked)  # whatever was not acknowledged, again
+        log.info(
+            "client %s: connected to %s, %d subscriptions attached", self.name, address, len(self.state.subs)
+        )
+        self.state.resend()  # whatever was not acknowledged, again
         self._flush()
         while True:
             for body in frames.feed(await self._read(reader)):
                 self._on_message(decode(body))
-
-    def _welcome(self, w: p.Welcome) -> None:
-        self.broker = w.broker
-        self.spaces = {n: None if s is None else Schema.of(s) for n, s in w.spaces.items()}
-        for peer in (w.broker, *w.peers):
-            if peer not in self._addresses:
-                self._addresses.append(peer)
 
     async def _resume(self, reader: asyncio.StreamReader, frames: FrameDecoder, early: list[bytes]) -> bool:
         """Re-attach every subscription at this broker; False if some are not here (the
         caller moves on to the next broker: first to one a broker named as serving them).
         Homeless for longer than ``resume_timeout``, they are asked for afresh: a broker
         makes a durable one only if no other broker serves it."""
-        if not self._subs:
+        state = self.state
+        if not state.subs:
             for body in early:
                 self._on_message(decode(body))
-            self._homeless_since = None
+            state.homeless_since = None
             return True
         loop = asyncio.get_running_loop()
         start = loop.time()
-        if self._homeless_since is None:
-            self._homeless_since = start
-        pending = dict(self._subs)
+        if state.homeless_since is None:
+            state.homeless_since = start
+        pending = set(state.subs)
         served_at: str | None = None  # (a broker named as serving one of them)
         while pending:
-            fresh = loop.time() - self._homeless_since > self.resume_timeout
-            reqs: dict[int, Subscription] = {}
+            fresh = loop.time() - state.homeless_since > self.resume_timeout
+            reqs, data = state.resubscribe(sorted(pending), fresh=fresh)
             assert self._writer is not None
-            for sub in pending.values():
-                req = next(self._req)
-                reqs[req] = sub
-                msg = p.Subscribe(
-                    req,
-                    sub.id,
-                    sub.space,
-                    sub.filter,
-                    sub.options["durable"],
-                    sub.options["collapse"],
-                    not fresh,
-                )
-                self._writer.write(frame(encode(msg)))
+            self._writer.write(data)
             while reqs:
                 bodies, early = early, []
                 if not bodies:
@@ -707,89 +645,52 @@ class Client:
                 for body in bodies:
                     got = decode(body)
                     if isinstance(got, p.Reply) and got.req in reqs:
-                        sub = reqs.pop(got.req)
+                        sub_id = reqs.pop(got.req)
                         if got.ok:
-                            pending.pop(sub.id, None)
+                            pending.discard(sub_id)
                         elif not (got.error or "").startswith(p.NOT_HERE):  # refused for good (a right lost)
-                            pending.pop(sub.id, None)
-                            self._subs.pop(sub.id, None)
-                            sub._end(SubscribeError(f"subscription {sub.id!r} ended: {got.error}"))
-                        elif (at := p.served_at(got.error or "")) is not None and at != self.broker:
+                            pending.discard(sub_id)
+                            record = state.remove(sub_id)
+                            if record is not None:
+                                record.handle.end(
+                                    SubscribeError(f"subscription {sub_id!r} ended: {got.error}")
+                                )
+                        elif (at := p.served_at(got.error or "")) is not None and at != state.broker:
                             served_at = at
                     else:
                         self._on_message(got)
             if pending:
-                if loop.time() - start > 2.0 and len(self._addresses) > 1:
+                if loop.time() - start > 2.0 and len(state.addresses) > 1:
                     if served_at is not None:  # (named by this broker: the next one tried)
                         with contextlib.suppress(ValueError):
-                            self._addresses.remove(served_at)
-                        self._addresses.appendleft(served_at)
+                            state.addresses.remove(served_at)
+                        state.addresses.appendleft(served_at)
                     return False  # another broker may serve them: move on
                 await asyncio.sleep(0.1)
-        self._homeless_since = None
+        state.homeless_since = None
         return True
 
     def _on_message(self, msg: Any) -> None:
-        match msg:
-            case p.Events():
-                self._deliveries(msg.items())
-            case p.PubAck():
-                for pseq in msg.pseqs:
-                    self._unacked.pop(pseq, None)
-                self._acked.set()
-            case p.Nack():
-                if self._unacked.pop(msg.pseq, None) is not None:
-                    self._errors.append(PublishError(msg.pseq, msg.error))
-                self._acked.set()
-            case p.Reply():
-                fut = self._replies.get(msg.req)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
-            case p.SubEnded():
-                sub = self._subs.pop(msg.sub_id, None)
-                if sub is not None:
-                    sub._end(SubscribeError(f"subscription {msg.sub_id!r} ended: {msg.error}"))
-            case p.Keepalive():
-                pass  # (its coming is what counts: see "Silent brokers")
-            case p.Error():
-                raise ClientError(f"the broker closed the connection: {msg.what}")
-            case _:
-                raise ProtocolError(f"client {self.name}: unexpected {type(msg).__name__} from the broker")
-
-    def _deliveries(self, items: list[tuple[list[str], int, tuple[str, int], dict[str, Any]]]) -> None:
-        """Hand each delivery to the subscriptions it is for (the second and later get a
-        copy of the event), counting those that must take it before it is acknowledged."""
-        epoch, subs, held = self._epoch, self._subs, self._held
-        for sub_ids, cseq, eid, event in items:
-            waiting = 0
-            for sub_id in sub_ids:
-                sub = subs.get(sub_id)
-                if sub is not None and sub._offer(epoch, cseq, eid, event if not waiting else dict(event)):
-                    waiting += 1
-            if waiting:
-                held[cseq] = waiting
-            else:  # (no subscription of ours wants it any more, or it was a duplicate)
-                self._taken.append(cseq)
-                self._flush_soon()
+        """A message from the broker, through the state: deliveries handed to their
+        subscriptions, waiters woken, replies answered, ended subscriptions ended."""
+        h = self.state.receive(msg)
+        for sub, epoch, cseq, event in h.offers:
+            sub.offer(epoch, cseq, event)
+        if h.acks_due:
+            self._flush_soon()
+        if h.acked:
+            self._acked.set()
+        if h.reply is not None:
+            fut = self._replies.get(h.reply.req)
+            if fut is not None and not fut.done():
+                fut.set_result(h.reply)
+        for sub, error in h.ended:
+            sub.end(error)
 
 
 def _expiry_check(publish_timeout: float) -> float:
     """Seconds between two checks for publishes unacknowledged for ``publish_timeout``."""
     return min(1.0, max(0.05, publish_timeout / 10))
-
-
-def _ranges(numbers: list[int]) -> list[tuple[int, int]]:
-    """``numbers`` as sorted ranges ``(first, last)`` of consecutive numbers."""
-    numbers.sort()
-    out: list[tuple[int, int]] = []
-    first = last = numbers[0]
-    for n in numbers[1:]:
-        if n != last + 1:
-            out.append((first, last))
-            first = n
-        last = n
-    out.append((first, last))
-    return out
 
 
 def _split(address: str) -> tuple[str, int]:

@@ -1,15 +1,16 @@
 """A subscription's events, in order and each once, as an async iterator.
 
-How it works: the client hands every delivery to :meth:`Subscription._offer` with its event id;
-an id seen among the last ``dedup`` (at least; two sets of ``dedup`` ids, the older one dropped
-when the newer is full) is a duplicate (a broker re-sent it after a reconnect): it
-is dropped (and acknowledged, once the connection's other subscriptions it was for took it).
-An event is acknowledged to the broker when every subscription of the connection it came for
-has taken it from its iterator (:meth:`Client._ack` counts), so a crash of the application
-before it took an event leaves the event with the broker. :meth:`Subscription.batches` hands
-over all the events that have come (up to a limit) at each wake-up, acknowledged together. A
-subscription the broker ended (its client's identity lost the right) ends its iteration with
-the broker's :class:`~flowbus.errors.SubscribeError` once the events before it are taken.
+How it works: the client's state (:class:`~flowbus.client.state.ClientState`) drops a
+delivery whose event id the subscription has had already (a broker re-sent it after a
+reconnect) and the client hands the rest to :meth:`Subscription.offer`. A subscription is
+given at construction what it needs: its inbox, the function that acknowledges a delivery
+it took (``ack(epoch, delivery number)``: the state counts; an event is acknowledged to the
+broker once every subscription of the connection it came for has taken it, so a crash of
+the application before it took an event leaves the event with the broker) and the one that
+unsubscribes it. :meth:`Subscription.batches` hands over all the events that have come (up
+to a limit) at each wake-up, acknowledged together. A subscription the broker ended (its
+client's identity lost the right) ends its iteration with the broker's
+:class:`~flowbus.errors.SubscribeError` once the events before it are taken.
 
 A *merged* subscription (``Client.subscribe(..., merged=True)``) has no queue of its own: its
 events wait in the client's one queue with those of the client's other merged subscriptions,
@@ -22,15 +23,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+from flowbus.client.state import Subscribed
 from flowbus.errors import ClientError, SubscribeError
 
-if TYPE_CHECKING:
-    from flowbus.client.client import Client
+__all__ = ["Ack", "Inbox", "Item", "Subscription", "take_batches"]
 
-__all__ = ["Inbox", "Item", "Subscription", "take_batches"]
+Ack = Callable[[int, int], None]
+"""Acknowledges a delivery taken: ``ack(connection epoch, delivery number)``."""
 
 Item = tuple[int, int, dict[str, Any], "Subscription"]
 """A delivery waiting to be taken: (connection epoch, delivery number, event, subscription)."""
@@ -78,36 +80,42 @@ class Subscription:
     """The events of one subscription, in order, each once."""
 
     def __init__(
-        self, client: Client, sub_id: str, space: str, filter: str, *, merged: bool = False, **options: Any
+        self,
+        sub_id: str,
+        space: str,
+        filter: str,
+        *,
+        inbox: Inbox,
+        ack: Ack,
+        unsubscribe: Callable[[Subscription], Awaitable[None]],
+        record: Subscribed,
+        merged: bool = False,
+        **options: Any,
     ) -> None:
-        self.client = client
         self.id = sub_id
         self.space = space
         self.filter = filter
         self.merged = merged
         self.options = options
-        self._inbox = client._merged_inbox() if merged else Inbox()
-        self._seen: set[Any] = set()  # the ids taken lately (see the module note)
-        self._seen_before: set[Any] = set()
+        self._inbox = inbox
+        self._ack = ack
+        self._unsubscribe = unsubscribe
+        self._record = record
         self._ended = False
         self.error: SubscribeError | None = None  # why the broker ended it, if it did
         self.received = 0
-        self.duplicates = 0
 
-    def _offer(self, epoch: int, cseq: int, eid: Any, event: dict[str, Any]) -> bool:
-        """Queue delivery ``cseq`` of connection ``epoch``; False for a duplicate (dropped)."""
-        key = tuple(eid) if isinstance(eid, list) else eid
-        seen = self._seen
-        if key in seen or key in self._seen_before:
-            self.duplicates += 1
-            return False
-        seen.add(key)
-        if len(seen) >= self.client.dedup:
-            self._seen_before, self._seen = seen, set()
+    @property
+    def duplicates(self) -> int:
+        """Deliveries of events it had already (dropped)."""
+        return self._record.duplicates
+
+    def offer(self, epoch: int, cseq: int, event: dict[str, Any]) -> None:
+        """Delivery ``cseq`` of connection ``epoch`` is this subscription's to take."""
         self._inbox.put((epoch, cseq, event, self))
-        return True
 
-    def _end(self, error: SubscribeError | None = None) -> None:
+    def end(self, error: SubscribeError | None = None) -> None:
+        """Nothing more comes (``error``: why the broker ended it)."""
         self._ended = True
         self.error = error
         if not self.merged:  # (the client's merged inbox ends with the client)
@@ -129,14 +137,14 @@ class Subscription:
             raise StopAsyncIteration
         epoch, cseq, event, _ = inbox.items.popleft()
         self.received += 1
-        self.client._ack(epoch, cseq)
+        self._ack(epoch, cseq)
         return event
 
     def batches(self, max_events: int = 10_000) -> AsyncIterator[list[dict[str, Any]]]:
         """The events in lists: each, once at least one event is there, every event that has
         come (at most ``max_events``), in order; acknowledged when the list is handed over.
         Ends when the subscription does."""
-        return self._batches(take_batches(self.client, self._own(), max_events))
+        return self._batches(take_batches(self._ack, self._own(), max_events))
 
     async def _batches(self, batches: AsyncIterator[list[Item]]) -> AsyncIterator[list[dict[str, Any]]]:
         async for batch in batches:
@@ -150,19 +158,19 @@ class Subscription:
         return await asyncio.wait_for(self.__anext__(), timeout)
 
     async def unsubscribe(self) -> None:
-        await self.client._unsubscribe(self)
+        await self._unsubscribe(self)
 
 
-def take_batches(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
+def take_batches(ack: Ack, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
     """What ``inbox`` holds in lists: once at least one delivery is there, every one that has
-    come (at most ``max_events``), in order, acknowledged to ``client`` when handed over; ends
-    with the inbox."""
+    come (at most ``max_events``), in order, each acknowledged (``ack``) when handed over;
+    ends with the inbox."""
     if max_events < 1:
         raise ValueError(f"max_events must be at least 1, got {max_events}")
-    return _take_batches(client, inbox, max_events)
+    return _take_batches(ack, inbox, max_events)
 
 
-async def _take_batches(client: Client, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
+async def _take_batches(ack: Ack, inbox: Inbox, max_events: int) -> AsyncIterator[list[Item]]:
     items = inbox.items
     while await inbox.ready():
         if len(items) <= max_events:
@@ -170,7 +178,6 @@ async def _take_batches(client: Client, inbox: Inbox, max_events: int) -> AsyncI
             items.clear()
         else:
             batch = [items.popleft() for _ in range(max_events)]
-        ack = client._ack
         for epoch, cseq, _, _ in batch:
             ack(epoch, cseq)
         yield batch

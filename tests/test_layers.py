@@ -146,3 +146,16 @@ def test_the_broker_asks_no_core_its_class() -> None:
     ]
     assert not bad, "isinstance(core, RingBroker) in broker/:\n" + "\n".join(bad)
     assert _class_tests("if isinstance(core, RingBroker): pass") == [1]
+
+
+def test_generated_code_is_made_in_one_place() -> None:
+    """``exec`` and ``eval`` are called in ``filters/codegen.py`` only (its ``define``, with
+    the one operator table), wherever a function is generated."""
+    bad = [
+        f"src/flowbus/{path.relative_to(SRC)}:{node.lineno}"
+        for path in sorted(SRC.rglob("*.py"))
+        if path != SRC / "filters" / "codegen.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("exec", "eval")
+    ]
+    assert not bad, "exec or eval outside filters/codegen.py:\n" + "\n".join(bad)

@@ -23,7 +23,6 @@ hand any other value to :func:`~flowbus.filters.values.canonical` first.
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -48,6 +47,7 @@ from flowbus.filters.ast import (
     value_class,
     values_equal,
 )
+from flowbus.filters.codegen import ARITHMETIC, ORDER, define
 from flowbus.filters.values import canonical
 from flowbus.model import Value
 
@@ -202,7 +202,7 @@ class Compiler:
             if op is Op.EQ and value_class(c) in (1, 2):
                 return _expr_equals(left, c, neg)
         right = self.expr(lit.right)
-        cmp = _ORDER.get(op)
+        cmp = ORDER.get(op)
 
         def test(env: Env, memo: Memo) -> bool:
             try:
@@ -286,8 +286,7 @@ def _transform(checks: list[ExprFn], outputs: list[tuple[str, Field | ExprFn]]) 
             items.append(f"{name!r}: f{i}(env, memo)")
     lines.append(f"        return {{{', '.join(items)}}}")
     lines += ["    except KeyError as exc:", "        raise Undefined(str(exc)) from None"]
-    exec("\n".join(lines), scope)
-    fn: TransformFn = scope["transform"]
+    fn: TransformFn = define("transform", lines, scope, where="<transform>")
     return fn
 
 
@@ -325,7 +324,7 @@ def _field(name: str) -> ExprFn:
 
 
 def _binop(op: str, left: ExprFn, right: ExprFn, slot: int | None) -> ExprFn:
-    operate = _OPERATIONS[op]
+    operate = ARITHMETIC[op]
 
     def binop(env: Env, memo: Memo) -> Any:
         a = left(env, memo)
@@ -359,20 +358,6 @@ def _binop(op: str, left: ExprFn, right: ExprFn, slot: int | None) -> ExprFn:
         return v
 
     return memo_product
-
-
-def _divide(a: Any, b: Any) -> Any:
-    if b == 0:
-        raise ZeroDivisionError
-    return a / b
-
-
-_OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "/": _divide,
-}
 
 
 def _checked(result: Any, what: str) -> Any:
@@ -458,7 +443,7 @@ def _resolved_predicate(p: Predicate, get: ExprFn) -> TestFn:
 
 def _expr_ordering(left: ExprFn, op: Op, c: Value, neg: bool) -> TestFn:
     """``x OP c`` for a number ``c`` (``left`` yields values), compared exactly."""
-    cmp = _ORDER[op]
+    cmp = ORDER[op]
 
     def test(env: Env, memo: Memo) -> bool:
         try:
@@ -471,14 +456,6 @@ def _expr_ordering(left: ExprFn, op: Op, c: Value, neg: bool) -> TestFn:
         return neg
 
     return test
-
-
-_ORDER: dict[Op, Callable[[Any, Any], bool]] = {
-    Op.LT: operator.lt,
-    Op.LE: operator.le,
-    Op.GT: operator.gt,
-    Op.GE: operator.ge,
-}
 
 
 def _predicate(p: Predicate) -> TestFn:
@@ -510,7 +487,7 @@ def _predicate(p: Predicate) -> TestFn:
 
         return number_eq
     if op in ORDERING_OPS and value_class(c) == 1:
-        cmp = _ORDER[op]
+        cmp = ORDER[op]
 
         def ordering(env: Env, memo: Memo) -> bool:
             v = env.get(attr)

@@ -33,6 +33,7 @@ from typing import Any
 
 from flowbus.errors import FlowError, Undefined
 from flowbus.filters.ast import BinOp, Const, Expr, ExprPredicate, Field, Filter, Functions, Predicate
+from flowbus.filters.codegen import define
 from flowbus.filters.compile import ALWAYS, Compiler, ExprFn, TestFn, expressions_of, shared_subexpressions
 from flowbus.filters.text import expr_to_text
 from flowbus.flow.infer import check_assign, check_expr, check_filter, hint, with_builtins
@@ -303,8 +304,8 @@ def _row_builder(width: int, sets: list[tuple[int, ExprFn]]) -> Callable[[Any, A
         else:
             items.append(f"row[{i}]")
     body = ", ".join(items) + ("," if width == 1 else "")
-    exec(f"def build(env, memo):\n    row = env[1]\n    return ({body})", scope)
-    fn: Callable[[Any, Any], Row] = scope["build"]
+    lines = ["def build(env, memo):", "    row = env[1]", f"    return ({body})"]
+    fn: Callable[[Any, Any], Row] = define("build", lines, scope, where="<row>")
     return fn
 
 

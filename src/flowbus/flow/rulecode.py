@@ -49,6 +49,7 @@ from flowbus.filters.ast import (
     compare,
     value_class,
 )
+from flowbus.filters.codegen import SOURCE, define
 from flowbus.filters.compile import Compiler, subexpressions
 from flowbus.filters.values import canonical
 from flowbus.flow.collapse import BoundRules, Key, Row, Rule
@@ -59,7 +60,6 @@ StepFn = Callable[[Key, Row, Mapping[str, Any]], Row | None]
 KeyFn = Callable[[Mapping[str, Any]], Key]
 
 _ERRORS = (Undefined, KeyError, ZeroDivisionError, OverflowError)
-_SYMBOL = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">="}
 _NUMERIC = "(type({0}) is int or type({0}) is float)"
 
 
@@ -135,7 +135,7 @@ class _Writer:
             self.emit(indent + 1, f"{out} = {lit.negated}")
             self.emit(indent, "else:")
             k = self.name("k", c)
-            self.emit(indent + 1, f"{out} = {neg}({_NUMERIC.format(a)} and {a} {_SYMBOL[lit.op]} {k})")
+            self.emit(indent + 1, f"{out} = {neg}({_NUMERIC.format(a)} and {a} {SOURCE[lit.op]} {k})")
             return
         if isinstance(right, Const) and lit.op is Op.EQ and value_class(c) in (1, 2):
             self.emit(indent, "except _ERRORS:")
@@ -153,7 +153,7 @@ class _Writer:
         general = f"compare({a}, {op}, {b})"
         if lit.op in ORDERING_OPS:
             both = f"{_NUMERIC.format(a)} and {_NUMERIC.format(b)}"
-            general = f"({a} {_SYMBOL[lit.op]} {b} if {both} else {general})"
+            general = f"({a} {SOURCE[lit.op]} {b} if {both} else {general})"
         self.emit(indent + 1, f"{out} = {neg}{general}")
 
     def _resolved(self, p: Predicate, out: str, indent: int) -> None:
@@ -207,8 +207,7 @@ def step_function(bound: BoundRules) -> StepFn:
         w.emit(indent, "except _ERRORS:")
         w.emit(indent + 1, "pass")
     w.emit(1, "return None")
-    exec(compile("\n".join(w.lines), f"<rules {bound.where}>", "exec"), w.scope)
-    fn: StepFn = w.scope["step"]
+    fn: StepFn = define("step", w.lines, w.scope, where=f"<rules {bound.where}>")
     return fn
 
 
@@ -250,15 +249,14 @@ def key_function(bound: BoundRules) -> KeyFn:
         ]
     lines.append(f"    return ({', '.join(f'v{i}' for i in range(len(bound.key_names)))},)")
     scope: dict[str, Any] = {"Undefined": Undefined, "canonical": canonical}
-    exec(compile("\n".join(lines), f"<key {bound.where}>", "exec"), scope)
-    fn: KeyFn = scope["key_of"]
+    fn: KeyFn = define("key_of", lines, scope, where=f"<key {bound.where}>")
     return fn
 
 
 def projection(index: Sequence[int]) -> Callable[[Row], Row]:
     """``row -> (row[i] for i in index)`` as one tuple display."""
     items = "".join(f"row[{i}], " for i in index)
-    fn: Callable[[Row], Row] = eval(f"lambda row: ({items})")
+    fn: Callable[[Row], Row] = define("project", ["def project(row):", f"    return ({items})"], {})
     return fn
 
 
@@ -279,6 +277,5 @@ def goal_function(plan: Sequence[tuple[str, int, type]]) -> Callable[[Key, Row],
         items.append(f"{f!r}: {v}")
     lines.append(f"    return {{{', '.join(items)}}}")
     scope: dict[str, Any] = {}
-    exec(compile("\n".join(lines), "<goal event>", "exec"), scope)
-    fn: Callable[[Key, Row], dict[str, Any] | None] = scope["goal_event"]
+    fn: Callable[[Key, Row], dict[str, Any] | None] = define("goal_event", lines, scope, where="<goal event>")
     return fn

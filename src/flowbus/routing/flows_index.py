@@ -36,6 +36,7 @@ from typing import Any
 from flowbus.core import DeliverAll, Effect
 from flowbus.filters import Filter
 from flowbus.filters.ast import Conjunction, Literal, Op, Predicate, value_class
+from flowbus.filters.codegen import SOURCE, define
 from flowbus.meta import SPACE
 from flowbus.routing.memo import compiled
 
@@ -43,7 +44,7 @@ __all__ = ["OwnIndex"]
 
 Event = Mapping[str, Any]
 MatchFn = Callable[[Event, list[int]], None]  # adds the places of the conjunctions that hold
-_SYMBOL = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">=", Op.EQ: "=="}
+_INLINE = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ})  # (compared inline: see _inline)
 
 
 class _Bucket:
@@ -111,8 +112,7 @@ def _function(entries: Entries, space_lit: Literal | None) -> MatchFn:
     for attr, k in reads.items():
         lines.append(f"    v{k} = event.get({attr!r}); t{k} = type(v{k})")
         lines.append(f"    n{k} = t{k} is int or t{k} is float")
-    exec(compile("\n".join(lines + body + ["    return None"]), "<own index>", "exec"), scope)
-    fn: MatchFn = scope["match"]
+    fn: MatchFn = define("match", [*lines, *body, "    return None"], scope, where="<own index>")
     return fn
 
 
@@ -123,7 +123,7 @@ def _inline(lit: Literal, reads: dict[str, int], scope: dict[str, Any]) -> str:
     test = f"T{len(scope)}"
     scope[test] = compiled(Filter((Conjunction((lit,)),)))
     call = f"{test}(event)"
-    if type(lit) is not Predicate or lit.op not in _SYMBOL:
+    if type(lit) is not Predicate or lit.op not in _INLINE:
         return call
     c = lit.value
     if lit.op is Op.EQ and type(c) is str:
@@ -135,7 +135,7 @@ def _inline(lit: Literal, reads: dict[str, int], scope: dict[str, Any]) -> str:
     k = reads.setdefault(lit.attr, len(reads))
     const = f"C{len(scope)}"
     scope[const] = c
-    holds = f"v{k} {_SYMBOL[lit.op]} {const}"
+    holds = f"v{k} {SOURCE[lit.op]} {const}"
     if lit.negated:
         holds = f"not ({holds})"
     return f"(({holds}) if {kind.format(k=k)} else {call})"

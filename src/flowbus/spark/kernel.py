@@ -34,7 +34,6 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -49,6 +48,7 @@ from flowbus.filters.ast import (
     Op,
     Predicate,
 )
+from flowbus.filters.codegen import define
 from flowbus.flow.collapse import BoundRules
 from flowbus.flow.collapse import Row as StateRow
 from flowbus.model import Schema
@@ -242,9 +242,8 @@ def _load(digest: str, text: str) -> Callable[..., int]:
     except OSError:  # no cache directory: compiled in memory only
         from numba import njit
 
-        scope: dict[str, Any] = {}
-        exec(compile(text, f"<flowbus kernel {digest}>", "exec"), scope)
-        compiled: Callable[..., int] = njit(nogil=True, error_model="numpy")(scope["kernel"])
+        kernel = define("kernel", [text], {}, where=f"<flowbus kernel {digest}>")
+        compiled: Callable[..., int] = njit(nogil=True, error_model="numpy")(kernel)
         return compiled
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowbus.chaos.campaign import TOTALS
-from flowbus.chaos.report import markdown
+from flowbus.chaos.report import TOTALS, markdown
 
 
 def _row(mix: str, seed: int, lost: int, p99: float) -> dict[str, object]:
@@ -50,7 +49,8 @@ def test_each_mix_sums_its_seeds_and_the_last_line_sums_all() -> None:
 def test_a_run_that_could_not_be_made_is_a_row_of_its_own_and_counted(tmp_path: object) -> None:
     from pathlib import Path
 
-    from flowbus.chaos.campaign import Campaign, failed_row, summarize
+    from flowbus.chaos.campaign import Campaign, failed_row
+    from flowbus.chaos.report import summarize
 
     c = Campaign(out=Path("out"), mixes=("crash",), seeds=(1, 2))
     good = {**failed_row(c, "crash", 1, "x"), "lost": 3, "recovery_p99_s": 1.5}
@@ -93,13 +93,13 @@ def test_a_fault_band_ends_at_its_heal_not_at_a_redeploys_deploy() -> None:
 
 
 def _doc(rows: list[dict[str, object]], *, commit: str = "a" * 40, overlay: str = "chordal-ring") -> dict:
-    from flowbus.chaos.campaign import summarize
+    from flowbus.chaos.report import summarize
 
     return summarize(rows, overlay=overlay, isolated=True, commit=commit)
 
 
 def test_a_campaign_run_in_parts_merges_into_the_sum_of_its_runs() -> None:
-    from flowbus.chaos.campaign import merge_campaigns
+    from flowbus.chaos.report import merge_campaigns
 
     first = _doc([_row("crash", 1, 0, 0.5), _row("pause", 1, 0, 9.0)])
     second = _doc([_row("crash", 2, 7, 2.0)])
@@ -118,7 +118,7 @@ def test_a_campaign_run_in_parts_merges_into_the_sum_of_its_runs() -> None:
     ],
 )
 def test_parts_of_other_code_or_with_a_run_twice_are_refused(second: dict, why: str) -> None:
-    from flowbus.chaos.campaign import merge_campaigns
+    from flowbus.chaos.report import merge_campaigns
     from flowbus.errors import ExperimentError
 
     with pytest.raises(ExperimentError, match=why):
@@ -126,7 +126,7 @@ def test_parts_of_other_code_or_with_a_run_twice_are_refused(second: dict, why: 
 
 
 def test_parts_of_uncommitted_code_are_not_merged() -> None:
-    from flowbus.chaos.campaign import merge_campaigns
+    from flowbus.chaos.report import merge_campaigns
     from flowbus.errors import ExperimentError
 
     dirty = "a" * 40 + "+dirty"

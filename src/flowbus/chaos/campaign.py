@@ -21,7 +21,7 @@ How it works (:func:`run_one`):
    ``timeline.png`` with the faults drawn as bands.
 
 :func:`run_campaign` runs each mix with each seed, and sums the rows
-(:func:`summarize`, and the proxies' counters, ``proxy``, if runs had them): the JSON
+(:func:`flowbus.chaos.report.summarize`, and the proxies' counters, ``proxy``, if runs had them): the JSON
 document ``flowbus chaos run --json`` prints.
 """
 
@@ -44,39 +44,11 @@ from flowbus.chaos.check import check_run, timeline
 from flowbus.chaos.hosts import Hosts, can_isolate, open_hosts
 from flowbus.chaos.nemesis import Fault, Mix, Nemesis, check_mixes, proxied, schedule
 from flowbus.chaos.proxy import COUNTS, Proxies
+from flowbus.chaos.report import TOTALS, summarize
 from flowbus.chaos.workload import COUNT_FILTERS, FLOW, FLOW_FILTERS, Client, Spec, SubSpec, filters_for
 from flowbus.errors import ExperimentError
 
-__all__ = ["TOTALS", "Campaign", "merge_campaigns", "run_campaign", "run_one", "source_commit", "summarize"]
-
-TOTALS = (
-    "faults_injected",
-    "heal_failures",
-    "published",
-    "acknowledged",
-    "expected_deliveries",
-    "delivered",
-    "caught_up",
-    "lost",
-    "lost_prefix",
-    "lost_middle",
-    "lost_postfix",
-    "stranded",
-    "duplicated",
-    "misrouted",
-    "wrong_values",
-    "phantom",
-    "out_of_order",
-    "unacknowledged_taken",
-    "unacknowledged_late",
-    "hung_publishes",
-    "refused",
-    "unavailable_s",
-    "double_served_s",
-    "registry_mismatch",
-    "tracebacks",
-)
-"""The counts a campaign sums over its runs."""
+__all__ = ["Campaign", "run_campaign", "run_one", "source_commit"]
 
 
 FLOW_RATE = 50.0
@@ -460,53 +432,6 @@ def source_commit() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
-
-
-def summarize(
-    rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool, commit: str = ""
-) -> dict[str, Any]:
-    """The campaign's document: totals over the runs, the worst recovery, the rows."""
-    totals = {k: sum(r.get(k, 0) for r in rows) for k in TOTALS}  # (rows of older runs: 0)
-    proxy = {k: sum(r["proxy"].get(k, 0) for r in rows if "proxy" in r) for k in COUNTS}
-    return {
-        "overlay": overlay,
-        "isolated": isolated,
-        **({"commit": commit} if commit else {}),
-        "runs": len(rows),
-        "failed_runs": sum(1 for r in rows if "error" in r),
-        **totals,
-        **({"proxy": proxy} if any("proxy" in r for r in rows) else {}),
-        "recovery_p99_s": max((r["recovery_p99_s"] for r in rows), default=0.0),
-        "recovery_max_s": max((r["recovery_max_s"] for r in rows), default=0.0),
-        "seeds": sorted({r["seed"] for r in rows}),
-        "rows": list(rows),
-    }
-
-
-def merge_campaigns(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One campaign's document from the documents of its parts (a campaign run in parts, for
-    example some seeds at a time): they must be of one overlay and one commit, and no run
-    (mix, seed) may come twice."""
-    if not docs:
-        raise ExperimentError("nothing to merge: give the parts' campaign.json")
-    for key in ("overlay", "commit"):
-        values = {d.get(key, "unknown") for d in docs}
-        if len(values) > 1:
-            raise ExperimentError(f"the parts differ in {key}: {', '.join(sorted(values))}")
-    commit = docs[0].get("commit", "unknown")
-    if len(docs) > 1 and (commit == "unknown" or commit.endswith("+dirty")):
-        raise ExperimentError(f"the parts' code is not known to be one commit ({commit})")
-    rows = [r for d in docs for r in d["rows"]]
-    runs = [(r["mix"], r["seed"]) for r in rows]
-    twice = sorted({f"{m}-{s}" for m, s in runs if runs.count((m, s)) > 1})
-    if twice:
-        raise ExperimentError(f"runs in more than one part: {', '.join(twice)}")
-    return summarize(
-        rows,
-        overlay=docs[0]["overlay"],
-        isolated=all(d["isolated"] for d in docs),
-        commit=commit,
-    )
 
 
 def run_campaign(c: Campaign, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:

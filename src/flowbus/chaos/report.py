@@ -17,7 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["markdown", "plot_timeline", "write_campaign", "write_csv"]
+from flowbus.chaos.proxy import COUNTS
+from flowbus.errors import ExperimentError
+
+__all__ = [
+    "TOTALS",
+    "markdown",
+    "merge_campaigns",
+    "plot_timeline",
+    "summarize",
+    "write_campaign",
+    "write_csv",
+]
 
 _HEAD = (
     "mix",
@@ -55,6 +66,83 @@ _COLOURS = {
     "dup": "#bcbd22",
     "reorder": "#bcbd22",
 }
+
+
+TOTALS = (
+    "faults_injected",
+    "heal_failures",
+    "published",
+    "acknowledged",
+    "expected_deliveries",
+    "delivered",
+    "caught_up",
+    "lost",
+    "lost_prefix",
+    "lost_middle",
+    "lost_postfix",
+    "stranded",
+    "duplicated",
+    "misrouted",
+    "wrong_values",
+    "phantom",
+    "out_of_order",
+    "unacknowledged_taken",
+    "unacknowledged_late",
+    "hung_publishes",
+    "refused",
+    "unavailable_s",
+    "double_served_s",
+    "registry_mismatch",
+    "tracebacks",
+)
+"""The counts a campaign sums over its runs."""
+
+
+def summarize(
+    rows: Sequence[dict[str, Any]], *, overlay: str, isolated: bool, commit: str = ""
+) -> dict[str, Any]:
+    """The campaign's document: totals over the runs, the worst recovery, the rows."""
+    totals = {k: sum(r.get(k, 0) for r in rows) for k in TOTALS}  # (rows of older runs: 0)
+    proxy = {k: sum(r["proxy"].get(k, 0) for r in rows if "proxy" in r) for k in COUNTS}
+    return {
+        "overlay": overlay,
+        "isolated": isolated,
+        **({"commit": commit} if commit else {}),
+        "runs": len(rows),
+        "failed_runs": sum(1 for r in rows if "error" in r),
+        **totals,
+        **({"proxy": proxy} if any("proxy" in r for r in rows) else {}),
+        "recovery_p99_s": max((r["recovery_p99_s"] for r in rows), default=0.0),
+        "recovery_max_s": max((r["recovery_max_s"] for r in rows), default=0.0),
+        "seeds": sorted({r["seed"] for r in rows}),
+        "rows": list(rows),
+    }
+
+
+def merge_campaigns(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One campaign's document from the documents of its parts (a campaign run in parts, for
+    example some seeds at a time): they must be of one overlay and one commit, and no run
+    (mix, seed) may come twice."""
+    if not docs:
+        raise ExperimentError("nothing to merge: give the parts' campaign.json")
+    for key in ("overlay", "commit"):
+        values = {d.get(key, "unknown") for d in docs}
+        if len(values) > 1:
+            raise ExperimentError(f"the parts differ in {key}: {', '.join(sorted(values))}")
+    commit = docs[0].get("commit", "unknown")
+    if len(docs) > 1 and (commit == "unknown" or commit.endswith("+dirty")):
+        raise ExperimentError(f"the parts' code is not known to be one commit ({commit})")
+    rows = [r for d in docs for r in d["rows"]]
+    runs = [(r["mix"], r["seed"]) for r in rows]
+    twice = sorted({f"{m}-{s}" for m, s in runs if runs.count((m, s)) > 1})
+    if twice:
+        raise ExperimentError(f"runs in more than one part: {', '.join(twice)}")
+    return summarize(
+        rows,
+        overlay=docs[0]["overlay"],
+        isolated=all(d["isolated"] for d in docs),
+        commit=commit,
+    )
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -129,7 +217,6 @@ def _first_publish(root: Path) -> float:
 def markdown(doc: dict[str, Any]) -> str:
     """The campaign's figures as a Markdown table: one line per mix (its seeds summed; the
     recovery, its worst p99), and the totals."""
-    from flowbus.chaos.campaign import summarize  # (the campaign writes this report)
 
     by_mix: dict[str, list[dict[str, Any]]] = {}
     for r in doc["rows"]:

@@ -136,8 +136,7 @@ def merge(
     """One campaign from its parts (runs of other seeds or mixes, at one commit)."""
     import json
 
-    from flowbus.chaos.campaign import merge_campaigns
-    from flowbus.chaos.report import write_campaign
+    from flowbus.chaos.report import merge_campaigns, write_campaign
     from flowbus.errors import FlowbusError
 
     docs = []

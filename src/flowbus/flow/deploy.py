@@ -63,7 +63,7 @@ from flowbus.filters.substitute import substitute_filter
 from flowbus.flow.collapse import Key
 from flowbus.flow.generators import generate
 from flowbus.flow.graph import Expand, Graph, Route, StateSpace
-from flowbus.flow.owners import Fold, Group, Output
+from flowbus.flow.owners import BusFeed, Fold, Group, Output
 from flowbus.flow.plan import StatefulGroup, plan
 from flowbus.flow.rewrite import exit_name, rewrite, route_shared
 from flowbus.flow.rulecode import key_function, step_function
@@ -217,29 +217,6 @@ class FlowSubscription:
             if result is not None and (check is ALWAYS or check(result, memo)):
                 out.append(result)
         return out
-
-
-@dataclass(frozen=True, slots=True)
-class BusFeed:
-    """How events of bus space ``space`` reach a group: ``[S; T]`` (none: as they are)."""
-
-    index: int
-    space: str
-    field: str  # the hidden field carrying the key's hash
-    select: TestFn
-    transform: TransformFn
-    new_memo: Callable[[], Any]
-    arcs: tuple[str, ...] = ()  # its route's name, then the arcs of the graph it stands for
-
-    def input(self, event: Event) -> Mapping[str, Any] | None:
-        """The event the group folds for ``event`` (None: the feed's select or transform drops it)."""
-        memo = self.new_memo()
-        if self.select is not ALWAYS and not self.select(event, memo):
-            return None
-        try:
-            return self.transform(event, memo)
-        except Undefined:
-            return None
 
 
 @dataclass(frozen=True, slots=True)

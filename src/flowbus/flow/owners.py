@@ -16,19 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flowbus.errors import Undefined
+from flowbus.filters.compile import ALWAYS
 from flowbus.flow.collapse import BoundRules, Key, Row
 from flowbus.flow.expand import expander
 from flowbus.flow.graph import Collapse, Expand, Graph
 from flowbus.flow.local import Deliverer
 from flowbus.flow.rulecode import KeyFn, StepFn, projection
 
-if TYPE_CHECKING:
-    from flowbus.flow.deploy import BusFeed
-
-__all__ = ["Fold", "Group", "Output"]
+__all__ = ["BusFeed", "Fold", "Group", "Output"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +71,34 @@ class Output:
             None if d.whole else projection(d.index),
             frozenset(d.fields) if d.shortcut else frozenset(),
         )  # fmt: skip
+
+
+Event = Mapping[str, Any]
+TestFn = Callable[[Event, Any], bool]
+TransformFn = Callable[[Event, Any], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class BusFeed:
+    """How events of bus space ``space`` reach a group: ``[S; T]`` (none: as they are)."""
+
+    index: int
+    space: str
+    field: str  # the hidden field carrying the key's hash
+    select: TestFn
+    transform: TransformFn
+    new_memo: Callable[[], Any]
+    arcs: tuple[str, ...] = ()  # its route's name, then the arcs of the graph it stands for
+
+    def input(self, event: Event) -> Mapping[str, Any] | None:
+        """The event the group folds for ``event`` (None: the feed's select or transform drops it)."""
+        memo = self.new_memo()
+        if self.select is not ALWAYS and not self.select(event, memo):
+            return None
+        try:
+            return self.transform(event, memo)
+        except Undefined:
+            return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from flowbus.filters.ast import Field, Filter
-from flowbus.flow.collapse import Key
+from flowbus.flow.collapse import BoundRules, Key
 from flowbus.flow.collapse import Row as StateRow
 from flowbus.flow.expand import expander
 from flowbus.flow.graph import Graph
@@ -42,8 +42,18 @@ from flowbus.flow.local import Deliverer
 from flowbus.flow.plan import Log, StatefulGroup
 from flowbus.spark.kernel import RuleKernel
 
-if TYPE_CHECKING:
-    from flowbus.spark.state import SparkFold
+
+class FoldPlan(Protocol):
+    """What a column fold reads of one collapse arc's fold (:class:`~flowbus.spark.state.SparkFold`):
+    its name, its bound rules, and the deliverers of the expand arcs out of its state."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def bound(self) -> BoundRules: ...
+    @property
+    def deliverers(self) -> Sequence[tuple[Deliverer, int, list[str], list[type]]]: ...
+
 
 __all__ = ["ColumnFold"]
 
@@ -145,7 +155,7 @@ class ColumnFold:
 
     @staticmethod
     def of(
-        g: Graph, group: StatefulGroup, log: Log, folds: Sequence[SparkFold], out: pa.Schema
+        g: Graph, group: StatefulGroup, log: Log, folds: Sequence[FoldPlan], out: pa.Schema
     ) -> ColumnFold | None:
         """The column fold of ``group`` (its collapses ``folds``), or None when one is not served so."""
         space = g.event_space(group.space).schema

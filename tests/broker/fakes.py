@@ -102,8 +102,7 @@ class Recorder:
 
     def __init__(self, client: str = "c") -> None:
         self.client = client
-        self.subs: set[str] = set()
-        self.adverts: dict[str, Any] = {}
+        self.identity: str | None = None
         self.closed = False
         self.sent: list[Any] = []
         self.acks: list[int] = []

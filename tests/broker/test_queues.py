@@ -71,11 +71,11 @@ def test_an_event_goes_to_a_connection_once_for_all_its_subscriptions_there() ->
         q.ack(c, [(1, 1), (3, 3)])  # (the client took 1 and 3 for every subscription)
         await turn()
         assert core.called("settle") == [([(("pub", 1), 2), (("pub", 3), 1)],)]
-        assert list(c.inflight) == [2] and q.subs["s2"].unacked == 1 and q.in_memory() == 4
+        assert list(q.flight(c).inflight) == [2] and q.subs["s2"].unacked == 1 and q.in_memory() == 4
         q.ack(c, [(1, 10**9)])  # (numbers acknowledged twice or never sent: nothing more)
         await turn()
         assert core.called("settle")[1:] == [([(("pub", 2), 2)],)]
-        assert not c.inflight and q.in_memory() == 2  # (d's two, unacknowledged)
+        assert not q.flight(c).inflight and q.in_memory() == 2  # (d's two, unacknowledged)
 
     asyncio.run(main())
 
@@ -126,7 +126,7 @@ def test_a_subscription_moved_to_another_connection_takes_its_deliveries_along()
             (["a"], 1, ("pub", 1)),
             (["a"], 2, ("pub", 2)),
         ]
-        assert [subs for _, _, subs, _ in old.inflight.values()] == [[q.subs["b"]], [q.subs["b"]]]
+        assert [subs for _, _, subs, _ in q.flight(old).inflight.values()] == [[q.subs["b"]], [q.subs["b"]]]
         q.ack(old, [(1, 2)])
         await turn()
         assert core.called("settle") == [([(("pub", 1), 1), (("pub", 2), 1)],)]
@@ -145,7 +145,7 @@ def test_a_lost_connection_puts_deliveries_back_and_lingers() -> None:
         q.on_deliver(0, "s", event(1))
         assert len(c.rows) == 1
         q.session_ended(c, bye=False)  # (the connection was lost)
-        assert [e[0] for e in q.subs["s"].pending] == [("pub", 1)] and c.subs == set()
+        assert [e[0] for e in q.subs["s"].pending] == [("pub", 1)] and q.attached(c) == set()
         back = Connection("c")
         assert q.subscribe(back, p.Subscribe(3, "s", "events", "x > 0", resume=True)) == (True, None)
         await turn()
@@ -356,7 +356,7 @@ def test_a_subscription_the_full_store_cannot_record_is_refused_and_nothing_chan
             False,
             "the store :memory: is full: cannot add subscription 's' (database or disk is full)",
         )
-        assert q.subs == {} and c.subs == set() and core.calls == [] and store.subscriptions() == []
+        assert q.subs == {} and q.attached(c) == set() and core.calls == [] and store.subscriptions() == []
         disk.full = False
         assert q.subscribe(c, p.Subscribe(2, "s", "events", "x > 0", durable=True)) == (True, None)
 

@@ -14,7 +14,7 @@ from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import DEFAULT, BrokerConfig
 from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.ledger import Ledger
-from flowbus.broker.queues import Queues, SubQueue
+from flowbus.broker.queues import Flight, Queues, SubQueue
 from flowbus.broker.sessions import Session, Sessions
 from flowbus.broker.spaces import Spaces
 from flowbus.broker.store import Store
@@ -56,7 +56,7 @@ def test_a_turn_of_the_loop_goes_out_in_one_write() -> None:
         session.pub_ack(1)
         session.pub_ack(2)
         sub = SubQueue("s", "c", "events", "x > 0", False, None)
-        session.deliver(sub, [(("p", n), {"x": n}, None) for n in range(1, 2501)])
+        Flight().deliver(session, sub, [(("p", n), {"x": n}, None) for n in range(1, 2501)])
         assert writer.writes == []
         await asyncio.sleep(0)
         assert len(writer.writes) == 1

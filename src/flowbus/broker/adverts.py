@@ -9,7 +9,7 @@ configuration; the ring broker's core does the routing, :mod:`flowbus.routing.cb
   ``"<client>/<name>"``: subscriptions are then forwarded only towards brokers with an
   overlapping advertisement.
 * A publish that none of its client's advertisements matches is refused
-  (:meth:`Adverts.admits`; the test is the compiled routing filter, kept per connection).
+  (:meth:`Adverts.admits`; the test is the compiled routing filter, kept per client).
 * The same advertisement again (a client back after a lost connection advertises anew)
   is accepted if its filter is the same; another filter under the same name is refused.
 * ``Unadvertise`` and ``Bye`` withdraw them; a lost connection keeps them (the client
@@ -28,7 +28,7 @@ from flowbus.core import Effect
 from flowbus.routing.memo import compiled
 
 if TYPE_CHECKING:
-    from flowbus.broker.sessions import Session
+    from flowbus.broker.outbox import Outbox
 
 __all__ = ["Adverts"]
 
@@ -50,8 +50,9 @@ class Adverts:
         self.spaces = spaces
         self.enabled = enabled
         self._filters: dict[str, str] = {}  # advertisement key ("client/name") -> its filter text
+        self._tests: dict[str, dict[str, Any]] = {}  # client -> advertisement key -> its test
 
-    def advertise(self, session: Session, msg: p.Advertise) -> tuple[bool, str | None]:
+    def advertise(self, session: Outbox, msg: p.Advertise) -> tuple[bool, str | None]:
         """``msg`` from ``session``'s client: ``(True, None)`` or ``(False, why not)``."""
         if not self.enabled:
             return False, "advertising is off in this broker's configuration"
@@ -65,31 +66,34 @@ class Adverts:
         if known is not None:  # (again, after a reconnect: the same one is fine)
             if known != text:
                 return False, f"advertisement {msg.adv_id!r} exists with another filter"
-            session.adverts[key] = compiled(routing)
+            self._tests.setdefault(session.client, {})[key] = compiled(routing)
             return True, None
         self._filters[key] = text
-        session.adverts[key] = compiled(routing)
+        self._tests.setdefault(session.client, {})[key] = compiled(routing)
         self.apply(self.core.advertise(key, routing))
         return True, None
 
-    def unadvertise(self, session: Session, adv_id: str) -> tuple[bool, str | None]:
+    def unadvertise(self, session: Outbox, adv_id: str) -> tuple[bool, str | None]:
         key = f"{session.client}/{adv_id}"
         if key not in self._filters:
             return False, f"no advertisement {adv_id!r} of this client here"
-        self._withdraw(session, key)
+        self._withdraw(session.client, key)
         return True, None
 
-    def withdraw_all(self, session: Session) -> None:
-        """Withdraw every advertisement ``session`` made (its client said ``Bye``)."""
-        for key in list(session.adverts):
-            self._withdraw(session, key)
+    def withdraw_all(self, session: Outbox) -> None:
+        """Withdraw every advertisement ``session``'s client made (it said ``Bye``)."""
+        for key in list(self._tests.get(session.client, ())):
+            self._withdraw(session.client, key)
 
-    @staticmethod
-    def admits(session: Session, fields: dict[str, Any]) -> bool:
-        """Whether an advertisement of ``session`` matches an event (its routed fields)."""
-        return any(test(fields) for test in session.adverts.values())
+    def admits(self, session: Outbox, fields: dict[str, Any]) -> bool:
+        """Whether an advertisement of ``session``'s client matches an event (its routed fields)."""
+        return any(test(fields) for test in self._tests.get(session.client, {}).values())
 
-    def _withdraw(self, session: Session, key: str) -> None:
-        session.adverts.pop(key, None)
+    def _withdraw(self, client: str, key: str) -> None:
+        tests = self._tests.get(client)
+        if tests is not None:
+            tests.pop(key, None)
+            if not tests:
+                del self._tests[client]
         if self._filters.pop(key, None) is not None:
             self.apply(self.core.unadvertise(key))

@@ -50,7 +50,7 @@ from flowbus.core import Effect
 from flowbus.errors import StoreFull
 
 if TYPE_CHECKING:
-    from flowbus.broker.sessions import Session
+    from flowbus.broker.outbox import Outbox as Session
 
 __all__ = ["EventId", "Ledger"]
 

@@ -45,8 +45,8 @@ from flowbus.errors import FlowbusError, StoreFull
 from flowbus.filters import parse
 
 if TYPE_CHECKING:
+    from flowbus.broker.outbox import Outbox as Session
     from flowbus.broker.queues import Queues, SubQueue
-    from flowbus.broker.sessions import Session
 
 __all__ = ["MAX_ROWS", "Pulls"]
 
@@ -75,7 +75,7 @@ class Pulls:
         if not ok:
             return False, error, None
         sub = queues.subs[msg.sub_id]  # (made now, or taken over from a dead broker)
-        sub.detach()  # (in this step: no delivery reached it)
+        queues.detach(sub)  # (in this step: no delivery reached it)
         return True, None, {"top": queues.store.top(sub.sub_id), "store": queues.store.identity}
 
     def read(self, session: Session, msg: p.QueueRead) -> Answer:

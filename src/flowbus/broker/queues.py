@@ -105,9 +105,19 @@ from flowbus.routing.ring_handover import Backlog
 
 if TYPE_CHECKING:
     from flowbus.broker.fence import Fence
-    from flowbus.broker.sessions import Session
+    from flowbus.broker.outbox import Outbox as Session
 
-__all__ = ["HOLD_LIMIT", "RETRY_EVERY", "TOUCH_EVERY", "Entry", "Queues", "Settle", "SubQueue"]
+__all__ = [
+    "HOLD_LIMIT",
+    "RETRY_EVERY",
+    "TOUCH_EVERY",
+    "Entry",
+    "Flight",
+    "Queues",
+    "Sent",
+    "Settle",
+    "SubQueue",
+]
 
 Entry = tuple[Any, dict[str, Any], int | None]
 """A queued delivery: (event id, event, where it is kept: None = in custody, settled when the
@@ -199,15 +209,11 @@ class SubQueue:
         self.unacked += n
         return [pending.popleft() for _ in range(n)]
 
-    def detach(self, returned: list[Entry] | None = None) -> None:
-        """Its connection ended: deliveries in flight on it (``returned``, in order; None:
-        taken back from the connection here) go back to the front of the queue."""
-        session, self.session = self.session, None
-        if session is not None:
-            session.subs.discard(self.sub_id)
-            if returned is None:
-                returned = session.take_back(self)
-        self.pending.extendleft(reversed(returned or ()))
+    def detach(self, returned: Sequence[Entry]) -> None:
+        """Its connection ended: the deliveries that were in flight to it there (``returned``,
+        in order) go back to the front of the queue."""
+        self.session = None
+        self.pending.extendleft(reversed(returned))
         self.unacked = 0
 
     def in_custody(self) -> list[Settle]:
@@ -233,6 +239,74 @@ class SubQueue:
         tag = next(_catch_ups)
         self.pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events))
         return settle, disk
+
+
+Sent = tuple[Any, dict[str, Any], list[SubQueue], int | None]
+"""A delivery in flight on a connection: (event id, event, the subscriptions it is for,
+where it is kept: see :data:`Entry`)."""
+
+
+class Flight:
+    """The deliveries in flight on one connection: numbered there (``cseq``, from 1), each
+    until the client acknowledges its number."""
+
+    __slots__ = ("attached", "cseq", "inflight")
+
+    def __init__(self) -> None:
+        self.cseq = 0  # the last delivery number on the connection
+        self.inflight: dict[int, Sent] = {}  # delivery number -> what was sent, unacknowledged
+        self.attached: set[str] = set()  # the subscriptions attached to the connection
+
+    def offer(self, out: Session, subs: list[SubQueue], eid: Any, event: dict[str, Any]) -> None:
+        """``event`` (in custody) to ``subs``, in one row (the last one, if it is the same
+        event's)."""
+        if out.same_row(event):
+            out.extend_row([sub.sub_id for sub in subs])
+            self.inflight[self.cseq][2].extend(subs)
+            return
+        self.cseq += 1
+        self.inflight[self.cseq] = (eid, event, subs, None)
+        out.add_row([sub.sub_id for sub in subs], self.cseq, eid, event)
+
+    def deliver(self, out: Session, sub: SubQueue, entries: list[Entry]) -> None:
+        """Queued ``entries`` of ``sub``, a row each."""
+        sub_ids, inflight = [sub.sub_id], self.inflight
+        for eid, event, where in entries:
+            self.cseq += 1
+            inflight[self.cseq] = (eid, event, [sub], where)
+            out.add_row(sub_ids, self.cseq, eid, event, extendable=False)
+
+    def acked(self, ranges: Iterable[tuple[int, int]]) -> list[Sent]:
+        """The deliveries numbered in ``ranges`` (first, last), now out of flight."""
+        inflight = self.inflight
+        out = []
+        for first, last in ranges:
+            if last - first >= len(inflight):  # (a wide range: what is in flight, in order)
+                numbers: Iterable[int] = [n for n in inflight if first <= n <= last]
+            else:
+                numbers = range(first, last + 1)
+            for cseq in numbers:
+                sent = inflight.pop(cseq, None)
+                if sent is not None:
+                    out.append(sent)
+        return out
+
+    def take_back(self, sub: SubQueue) -> list[Entry]:
+        """What is in flight to ``sub`` here, in order, no longer (it is detached)."""
+        out: list[Entry] = []
+        for cseq, (eid, event, subs, where) in list(self.inflight.items()):
+            if sub in subs:
+                subs.remove(sub)
+                out.append((eid, event, where))
+                if not subs:
+                    del self.inflight[cseq]
+        return out
+
+    def take_all_back(self) -> list[Sent]:
+        """Everything in flight here, in order (the connection ended)."""
+        out = list(self.inflight.values())
+        self.inflight.clear()
+        return out
 
 
 class Queues:
@@ -279,6 +353,28 @@ class Queues:
         self._pump_due = False
         self._plain_of: Any = None  # the last event delivered, and its fields without the
         self._plain: dict[str, Any] = {}  # hidden ones (shared by its deliveries: read only)
+        self._flights: dict[Session, Flight] = {}  # connection -> what is in flight on it
+
+    def flight(self, session: Session) -> Flight | None:
+        """What is in flight on ``session`` (None: nothing attached to it)."""
+        return self._flights.get(session)
+
+    def attached(self, session: Session) -> set[str]:
+        """The subscriptions attached to ``session`` (a copy)."""
+        flight = self._flights.get(session)
+        return set(flight.attached) if flight is not None else set()
+
+    def detach(self, sub: SubQueue) -> None:
+        """``sub`` leaves its connection: what was in flight to it there goes back to the
+        front of its queue."""
+        session = sub.session
+        returned: list[Entry] = []
+        if session is not None:
+            flight = self._flights.get(session)
+            if flight is not None:
+                flight.attached.discard(sub.sub_id)
+                returned = flight.take_back(sub)
+        sub.detach(returned)
 
     def in_memory(self) -> int:
         """Deliveries held in memory, in custody, over every subscription."""
@@ -295,7 +391,7 @@ class Queues:
             if sub.session is not None and sub.session is not session:
                 if sub.session.client != session.client:
                     return False, f"subscription {msg.sub_id!r} is attached to another client"
-                sub.detach()
+                self.detach(sub)
             self._attach(session, sub)
             return True, None
         if msg.resume:
@@ -320,7 +416,8 @@ class Queues:
         settle: list[Settle] = []
         disk: dict[SubQueue, int] = {}
         more: set[SubQueue] = set()  # (with more to send)
-        for eid, event, subs, where in session.acked(ranges):
+        flight = self._flights.get(session)
+        for eid, event, subs, where in flight.acked(ranges) if flight is not None else ():
             n = 0
             for sub in subs:
                 if sub.session is not session:
@@ -351,10 +448,13 @@ class Queues:
         their queues); end the non-durable ones (``bye``) or let them linger (a lost
         connection)."""
         returned: dict[SubQueue, list[Entry]] = {}
-        for eid, event, sent_to, where in session.take_all_back():
+        flight = self._flights.pop(session, None)
+        if flight is None:
+            return
+        for eid, event, sent_to, where in flight.take_all_back():
             for one in sent_to:
                 returned.setdefault(one, []).append((eid, event, where))
-        for sub_id in list(session.subs):
+        for sub_id in sorted(flight.attached):
             sub = self.subs.get(sub_id)
             if sub is None or sub.session is not session:
                 continue
@@ -494,7 +594,7 @@ class Queues:
         self.delivered += 1
         session = sub.session
         if session is not None and self._straight_on(sub) and (self.fence is None or self.fence.ok()):
-            session.offer([sub], eid, self._plain)
+            self._flights[session].offer(session, [sub], eid, self._plain)
             self._sent(sub)
         else:
             self._queue(sub, eid, self._plain)
@@ -535,8 +635,9 @@ class Queues:
                     row.append(sub)
             else:
                 self._queue(sub, eid, plain)
+        flights = self._flights
         for session, row in rows.items():
-            session.offer(row, eid, plain)
+            flights[session].offer(session, row, eid, plain)
         if straight:  # (a DeliverAll's subscriptions are all to one space: the event's own,
             self.sent[next(iter(rows.values()))[0].space] += straight  # or a flow's derived one)
 
@@ -770,7 +871,7 @@ class Queues:
         for sub_id in sub_ids:
             sub = self.subs.pop(sub_id, None) if isinstance(sub_id, str) else None
             if sub is not None:
-                sub.detach()
+                self.detach(sub)
                 self._drop_held(sub)
                 with contextlib.suppress(FlowbusError):
                     self.store.remove_subscription(sub.sub_id)
@@ -811,7 +912,10 @@ class Queues:
             sub.linger.cancel()
             sub.linger = None
         sub.session = session
-        session.subs.add(sub.sub_id)
+        flight = self._flights.get(session)
+        if flight is None:
+            flight = self._flights[session] = Flight()
+        flight.attached.add(sub.sub_id)
         if (
             sub.collapse is not None
             and sub.known
@@ -853,7 +957,7 @@ class Queues:
 
     def _remove(self, sub: SubQueue) -> None:
         self.subs.pop(sub.sub_id, None)
-        sub.detach()  # (what was in flight to it: back in its queue, settled below)
+        self.detach(sub)  # (what was in flight to it: back in its queue, settled below)
         if sub.linger is not None:
             sub.linger.cancel()
         settle = sub.in_custody()
@@ -919,7 +1023,7 @@ class Queues:
             n = min(room, len(sub.pending))
             if not n:
                 break
-            session.deliver(sub, sub.take(n))
+            self._flights[session].deliver(session, sub, sub.take(n))
             self.sent[sub.space] += n
             room -= n
 

@@ -91,7 +91,7 @@ class AclReload:
                 self._close(session, why)
                 closed.append({"client": session.client, "identity": session.identity, "why": why})
                 continue
-            for sub_id in sorted(session.subs):
+            for sub_id in sorted(self.queues.attached(session)):
                 sub = self.queues.subs.get(sub_id)
                 if sub is None:
                     continue
@@ -114,7 +114,7 @@ class AclReload:
     def _close(self, session: Session, why: str) -> None:
         """End ``session``: its subscriptions (each told ``SubEnded``) and advertisements
         go, then ``Error`` and the connection is closed."""
-        for sub_id in sorted(session.subs):
+        for sub_id in sorted(self.queues.attached(session)):
             self.queues.unsubscribe(session, sub_id)
             session.send(p.SubEnded(sub_id, why))
         self.adverts.withdraw_all(session)

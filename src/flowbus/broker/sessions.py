@@ -49,9 +49,9 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
   while there are sessions.
 * **Deliveries per connection.** An event goes to a connection once, in one row naming
   every subscription of the connection it is for, numbered on the connection (``cseq``).
-  The row waits in ``inflight`` until the client acknowledges its number (``Ack``: ranges
-  of numbers every subscription took), then the queues settle it for each of them
-  (:meth:`~flowbus.broker.queues.Queues.ack`).
+  The queues keep it in flight until the client acknowledges its number (``Ack``: ranges
+  of numbers every subscription took), then settle it for each of them
+  (:meth:`~flowbus.broker.queues.Queues.ack`); a session only writes the rows.
 * **The end.** When a session ends, the deliveries in flight to it go back to the front of
   their queues. A ``Bye`` ends its non-durable subscriptions and withdraws its advertisements
   at once; a lost connection keeps both for a while (the subscriptions ``linger``; the client
@@ -63,7 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flowbus.broker.acl import Acl
@@ -73,20 +73,15 @@ from flowbus.broker.pull import Pulls
 from flowbus.client import protocol as p
 from flowbus.errors import AccessError, FlowbusError, ProtocolError
 from flowbus.flow.deploy import Deployment
-from flowbus.net.certs import CLIENTS_OU
 from flowbus.net.codec import MAX_FRAME, FrameDecoder, decode, encode, frame
-from flowbus.net.tls import identity
+from flowbus.net.tls import CLIENTS_OU, identity
 
 if TYPE_CHECKING:
     from flowbus.broker.adverts import Adverts
     from flowbus.broker.fence import Fence
     from flowbus.broker.flows import BrokerFlows
     from flowbus.broker.ledger import Ledger
-    from flowbus.broker.queues import Entry, Queues, SubQueue
-
-    Sent = tuple[Any, dict[str, Any], list[SubQueue], int | None]
-    """A delivery in flight on a connection: (event id, event, the subscriptions it is for,
-    where it is kept: see :data:`~flowbus.broker.queues.Entry`)."""
+    from flowbus.broker.queues import Queues
 
 __all__ = ["EVENTS_PER_FRAME", "Session", "Sessions"]
 
@@ -103,22 +98,19 @@ before the next step is read (not one step of all that waits, delivered at its e
 
 
 class Session:
-    """One client connection: what it has attached, and what is to be written to it."""
+    """One client connection: what is to be written to it (an :class:`~flowbus.broker.outbox.Outbox`;
+    what is in flight on it is the queues')."""
 
     def __init__(self, client: str, writer: asyncio.StreamWriter, identity: str | None = None) -> None:
         self.client = client
         self.writer = writer
         self.identity = identity  # who the client is (certificate or token), None: nobody
-        self.subs: set[str] = set()  # the subscriptions attached to this connection
-        self.adverts: dict[str, Any] = {}  # advertisement key -> its test (the routing filter's)
         self.closed = False
         self.wrote = False  # whether it wrote since the last keepalive tick
         self.publishing = False  # whether its last read held publishes (a stream: see "Steps")
-        self.cseq = 0  # the last delivery number on this connection
-        self.inflight: dict[int, Sent] = {}  # delivery number -> what is sent, unacknowledged
         self._out: list[Any] = []
         self._events: list[list[Any]] = []  # [sub ids, delivery number, publisher, pseq, event]
-        self._last: Any = None  # the event of the last row (offer adds to its sub ids)
+        self._last: Any = None  # the event of the last row (same_row: a row to extend)
         self._acks: list[int] = []
         self._flush_due = False
 
@@ -126,61 +118,19 @@ class Session:
         self._out.append(msg)
         self._due()
 
-    def offer(self, subs: list[SubQueue], eid: Any, event: dict[str, Any]) -> None:
-        """Send ``event`` (in custody) to ``subs``: in one row (the last one, if it is the
-        same event's)."""
-        if event is self._last:
-            self._events[-1][0].extend([sub.sub_id for sub in subs])
-            self.inflight[self.cseq][2].extend(subs)
-            return
-        self._last = event
-        self.cseq += 1
-        self.inflight[self.cseq] = (eid, event, subs, None)
-        self._events.append([[sub.sub_id for sub in subs], self.cseq, eid[0], eid[1], event])
+    def same_row(self, event: Any) -> bool:
+        return event is self._last
+
+    def extend_row(self, sub_ids: list[str]) -> None:
+        self._events[-1][0].extend(sub_ids)
+
+    def add_row(
+        self, sub_ids: list[str], cseq: int, eid: Any, event: Any, *, extendable: bool = True
+    ) -> None:
+        self._last = event if extendable else None
+        self._events.append([sub_ids, cseq, eid[0], eid[1], event])
         if not self._flush_due:
             self._due()
-
-    def deliver(self, sub: SubQueue, entries: list[Entry]) -> None:
-        """Send queued ``entries`` of ``sub``, a row each."""
-        self._last = None
-        sub_ids, inflight, rows = [sub.sub_id], self.inflight, self._events
-        for eid, event, where in entries:
-            self.cseq += 1
-            inflight[self.cseq] = (eid, event, [sub], where)
-            rows.append([sub_ids, self.cseq, eid[0], eid[1], event])
-        self._due()
-
-    def acked(self, ranges: Iterable[tuple[int, int]]) -> list[Sent]:
-        """The deliveries numbered in ``ranges`` (first, last), now out of flight."""
-        inflight = self.inflight
-        out = []
-        for first, last in ranges:
-            if last - first >= len(inflight):  # (a wide range: what is in flight, in order)
-                numbers: Iterable[int] = [n for n in inflight if first <= n <= last]
-            else:
-                numbers = range(first, last + 1)
-            for cseq in numbers:
-                sent = inflight.pop(cseq, None)
-                if sent is not None:
-                    out.append(sent)
-        return out
-
-    def take_back(self, sub: SubQueue) -> list[Entry]:
-        """What is in flight to ``sub`` here, in order, no longer (it is detached)."""
-        out: list[Entry] = []
-        for cseq, (eid, event, subs, where) in list(self.inflight.items()):
-            if sub in subs:
-                subs.remove(sub)
-                out.append((eid, event, where))
-                if not subs:
-                    del self.inflight[cseq]
-        return out
-
-    def take_all_back(self) -> list[Sent]:
-        """Everything in flight here, in order (the connection ended)."""
-        out = list(self.inflight.values())
-        self.inflight.clear()
-        return out
 
     def pub_ack(self, pseq: int) -> None:
         self._acks.append(pseq)

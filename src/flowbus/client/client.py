@@ -184,6 +184,10 @@ class Client:
         """The spaces the broker named, with their schemas (None: any event)."""
         return self.state.spaces
 
+    @spaces.setter
+    def spaces(self, spaces: dict[str, Schema | None]) -> None:
+        self.state.spaces = spaces
+
     @property
     def broker(self) -> str | None:
         """The broker this client is connected to (None: none now)."""

@@ -319,7 +319,7 @@ def test_kill_9_of_a_broker_loses_and_duplicates_nothing(tmp_path: Path, start_b
                 report["reattached_after_kill_s"] = dict(back)
                 report["reconnects"] = {c.name: c.reconnects for c in clients}
                 report["duplicates_dropped_by_clients"] = {
-                    c.name: sum(s.duplicates for s in subs if s.client is c) for c in subscribers
+                    subscribers[c].name: sum(s.duplicates for s in made[c]) for c in range(3)
                 }
         finally:
             for task in tasks:

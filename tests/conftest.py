@@ -11,6 +11,7 @@ not a unit test, mark it."""
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         )
 
 
+platform.platform()  # (its first call may run ``uname`` in a process: once here, for every test)
 sys.addaudithook(_audit)
 
 

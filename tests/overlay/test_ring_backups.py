@@ -158,3 +158,31 @@ def test_an_orphan_no_earlier_holder_claims_is_taken_over_after_its_rounds() -> 
     other.orphans_waited(4)
     other.drop(ME.id)  # (R's Redirect: it took over)
     assert other.orphans_waited(4) == [] and other.orphan_rounds == {} and other.held == {}
+
+
+def test_the_index_of_the_state_finds_what_a_scan_finds() -> None:
+    """``keys_of`` and ``keys_where`` after any mix of sets, deletions, takeovers and
+    hand-overs: the keys a scan of the whole state would find."""
+    import random
+
+    rng = random.Random(4)
+    b = Backups()
+    tags, firsts = ("sub", "disk", "frow"), ("a", "b", ("part", "f", 1))
+    for _ in range(2000):
+        key = (rng.choice(tags), rng.choice(firsts), rng.randrange(4))
+        match rng.randrange(4):
+            case 0 | 1:
+                b.set(key, rng.random())
+            case 2:
+                b.delete(key)
+            case _:
+                if rng.random() < 0.5:
+                    b.absorb({key: 1, ("sub", "c", 9): 2, "plain": 3})
+                else:
+                    b.hand_over([key, ("sub", "c", 9)])
+        tag, first = rng.choice(tags), rng.choice(firsts)
+        scan = {k for k in b.state if type(k) is tuple and k[:2] == (tag, first)}
+        assert b.keys_of(tag, first) == scan
+    where = b.keys_where("frow", lambda f: isinstance(f, tuple))
+    assert where == {k for k in b.state if type(k) is tuple and k[0] == "frow" and isinstance(k[1], tuple)}
+    assert sum(len(keys) for keys in b.by_tag.values()) == sum(1 for k in b.state if type(k) is tuple)

@@ -260,6 +260,14 @@ class RingNode(Core):
         """This broker's backed-up state (change it with :meth:`set_state`, :meth:`del_state`)."""
         return self.backups.state
 
+    def keys_of(self, tag: Any, first: Any) -> set[Hashable]:
+        """The keys ``(tag, first, ...)`` of the state, from its index (no scan)."""
+        return self.backups.keys_of(tag, first)
+
+    def keys_where(self, tag: Any, test: Callable[[Any], bool]) -> set[Hashable]:
+        """The keys ``(tag, first, ...)`` of the state whose ``first`` passes ``test``."""
+        return self.backups.keys_where(tag, test)
+
     @property
     def version(self) -> int:
         """The version of the last copy of the state (it changes with every copy)."""

@@ -25,7 +25,7 @@ How it works (Madhu Kumar, Bellur, Govindan, "Chordal Reliability Rings", sectio
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ class Backups:
 
     def __init__(self) -> None:
         self.state: dict[Hashable, Any] = {}
+        self.by_tag: dict[tuple[Any, Any], set[Hashable]] = {}  # (tag, its first field) -> keys
         self.held: dict[int, Held] = {}  # copies we hold, by owner id
         self.orphans: dict[int, Peer] = {}  # dead owners whose copy waits on an earlier holder
         self.orphan_rounds: dict[int, int] = {}  # heartbeat rounds each has waited (see orphans_waited)
@@ -69,13 +70,37 @@ class Backups:
 
     # -- our state
 
+    def keys_of(self, tag: Any, first: Any) -> set[Hashable]:
+        """The keys of the state that are tuples ``(tag, first, ...)`` (a copy): what a scan
+        of the whole state would find, from the index."""
+        return set(self.by_tag.get((tag, first), ()))
+
+    def keys_where(self, tag: Any, test: Callable[[Any], bool]) -> set[Hashable]:
+        """The keys ``(tag, first, ...)`` whose ``first`` passes ``test`` (one call a first)."""
+        return {k for (t, first), keys in self.by_tag.items() if t == tag and test(first) for k in keys}
+
+    def _index(self, key: Hashable) -> None:
+        if type(key) is tuple and len(key) >= 2:  # (a key's parts are hashable: it is)
+            self.by_tag.setdefault((key[0], key[1]), set()).add(key)
+
+    def _unindex(self, key: Hashable) -> None:
+        if type(key) is tuple and len(key) >= 2:
+            keys = self.by_tag.get((key[0], key[1]))
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.by_tag[(key[0], key[1])]
+
     def set(self, key: Hashable, value: Any) -> None:
+        if key not in self.state:
+            self._index(key)
         self.state[key] = value
         if self.holders:  # (with none, the next copy to any is of the whole state)
             self._changed[key] = value
 
     def delete(self, key: Hashable) -> None:
-        self.state.pop(key, None)
+        if self.state.pop(key, _GONE) is not _GONE:
+            self._unindex(key)
         if self.holders:
             self._changed[key] = _GONE
 
@@ -223,6 +248,9 @@ class Backups:
 
     def absorb(self, entries: Mapping[Hashable, Any]) -> None:
         """Entries of another broker's state become ours (a takeover, a share)."""
+        for key in entries:
+            if key not in self.state:
+                self._index(key)
         self.state.update(entries)
         self._whole = True
         self.foreign += 1
@@ -230,6 +258,8 @@ class Backups:
     def hand_over(self, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
         """Take ``keys`` out of our state (those we have), to pass them on."""
         moved = {k: self.state.pop(k) for k in keys if k in self.state}
+        for key in moved:
+            self._unindex(key)
         self._whole = True
         self.foreign += 1
         return moved

@@ -343,7 +343,7 @@ class RingBroker(Core):
         self.subs.discard(sub_id)
         if sub_id in self.shared.out:  # (held by a neighbour: it drops it)
             return self.shared.unshare(sub_id)
-        key = next((k for k in self.ring.state if isinstance(k, tuple) and k[:2] == ("sub", sub_id)), None)
+        key = min(self.ring.keys_of("sub", sub_id), key=repr, default=None)
         if key is None:  # (in a share not acknowledged yet: out of it, and the receiver drops it)
             key = ("sub", sub_id, self.addr)
             to = self.ring.shares.withdraw(key)
@@ -351,7 +351,7 @@ class RingBroker(Core):
         self.repair.forget(sub_id)
         self.barrier.forget(sub_id)
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
-        for k in [k for k in self.ring.state if type(k) is tuple and k[:2] == ("disk", sub_id)]:
+        for k in sorted(self.ring.keys_of("disk", sub_id), key=repr):
             out += self.ring.del_state(k)
         return out + self.flow_side.unsubscribed(sub_id)
 
@@ -1296,7 +1296,7 @@ class RingBroker(Core):
             live = [p.addr for p in ring.links() if p.id not in ring.dead and p.addr != self.addr]
             for a, subs in sorted(behind.items()):
                 out.extend(self.barrier.open(a, subs, live))
-        held = {k[1] for k in ring.state if isinstance(k, tuple) and k[:1] == ("sub",)} if changed else set()
+        held = {k[1] for k in ring.keys_where("sub", lambda _: True)} if changed else set()  # type: ignore[index]
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:

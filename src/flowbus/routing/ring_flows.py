@@ -214,7 +214,9 @@ class FlowSide:
                 out += self.broker.unsubscribe(sub_id)
                 self.flows.ended.append(sub_id)
         rows, flow = ("frow", rec.name, rec.deploy_id), (rec.name, rec.deploy_id)
-        for key in [k for k in self.ring.state if isinstance(k, tuple) and _of_flow(k, rows, flow)]:
+        doomed = {k for k in self.ring.keys_of("frow", rec.name) if k[:3] == rows}  # type: ignore[index]
+        doomed |= self.ring.keys_where(LOG, lambda part: isinstance(part, tuple) and part[1:3] == flow)
+        for key in sorted(doomed, key=repr):  # (an order that does not depend on hashes)
             out += self.ring.del_state(key)
         return out
 
@@ -541,10 +543,3 @@ def _joined(a: Effect, b: Effect) -> DeliverAll:
     assert isinstance(a, Deliver | DeliverAll) and isinstance(b, Deliver)  # (see _same_event)
     subs = a.subs if isinstance(a, DeliverAll) else (a.sub,)
     return DeliverAll((*subs, b.sub), b.event)
-
-
-def _of_flow(key: tuple[Any, ...], rows: tuple[Any, ...], flow: tuple[str, Any]) -> bool:
-    """Whether ring state ``key`` is a row (``rows``: its first three) or a fold log entry of ``flow``."""
-    if key[:3] == rows:
-        return True
-    return len(key) == 3 and key[0] == LOG and isinstance(key[1], tuple) and key[1][1:3] == flow

@@ -35,7 +35,7 @@ from flowbus.broker.metrics import BrokerMetrics
 from flowbus.errors import ConfigError
 
 if TYPE_CHECKING:
-    from flowbus.broker.server import Broker
+    from flowbus.broker.view import BrokerView as Broker
 
 __all__ = ["Console"]
 

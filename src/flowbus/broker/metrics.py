@@ -51,7 +51,7 @@ from flowbus.net.runtime import DeliverAllHook, DeliverHook
 from flowbus.routing.ring_broker import RingBroker
 
 if TYPE_CHECKING:
-    from flowbus.broker.server import Broker
+    from flowbus.broker.view import BrokerView as Broker
 
 __all__ = ["BrokerMetrics"]
 

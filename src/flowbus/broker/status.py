@@ -18,7 +18,7 @@ from flowbus.overlay.chordal_ring import RingNode
 
 if TYPE_CHECKING:
     from flowbus.broker.metrics import BrokerMetrics
-    from flowbus.broker.server import Broker
+    from flowbus.broker.view import BrokerView as Broker
 
 __all__ = ["arcs_view", "overview", "ring_view", "spaces_view", "state"]
 

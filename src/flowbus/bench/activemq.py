@@ -62,8 +62,8 @@ from typing import Any
 import numpy as np
 import stomp
 
-from flowbus.bench import broker as fb
 from flowbus.errors import ExternalError, FilterError, UserError
+from flowbus.experiments.cpu import machine_busy_s, process_cpu_s
 from flowbus.filters import parse
 from flowbus.filters.ast import Conjunction, ExprPredicate, Filter, Op, Predicate
 
@@ -437,7 +437,7 @@ def _publish(
     """Send the events, then wait for the last one's receipt and every expected delivery (or
     ``stall_s`` seconds without one)."""
     pub, want = listeners[-1], int(expected.sum())
-    cpu0, jvm0, busy0 = time.process_time(), fb._cpu_s(amq.pid), fb._busy_s()
+    cpu0, jvm0, busy0 = time.process_time(), process_cpu_s(amq.pid), machine_busy_s()
     t0 = time.perf_counter()
     for n, event in enumerate(events, 1):
         headers = event_headers(event) | {"t": repr(time.time()), "persistent": "false"}
@@ -450,7 +450,7 @@ def _publish(
     got = _drain(listeners, want, stall_s)
     last = max(lis.last for lis in listeners)
     t_in = max(pub.receipts["published"], last) - t0
-    jvm = fb._cpu_s(amq.pid) - jvm0
+    jvm = process_cpu_s(amq.pid) - jvm0
     client = time.process_time() - cpu0
     out.update(
         publish_s=t_in,
@@ -458,7 +458,7 @@ def _publish(
         deliveries_per_s=got / (last - t0) if got else 0.0,
         activemq_cpu_s=jvm,
         client_cpu_s=client,
-        other_cpu_s=max(0.0, fb._busy_s() - busy0 - jvm - client),
+        other_cpu_s=max(0.0, machine_busy_s() - busy0 - jvm - client),
     )
 
 

@@ -65,6 +65,7 @@ from flowbus.broker.process import start_process, wait_ready
 from flowbus.client import Client, Subscription, connect
 from flowbus.client import protocol as p
 from flowbus.errors import ExternalError, UserError
+from flowbus.experiments.cpu import machine_busy_s, process_cpu_s
 from flowbus.filters import parse
 from flowbus.matching import Matcher
 from flowbus.net import certs
@@ -129,27 +130,6 @@ def _proc_status(pid: int) -> dict[str, float]:
             if key in ("VmRSS", "VmHWM"):
                 out[key] = int(value.split()[0]) / 1024
     return out
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` so far."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _busy_s() -> float:
-    """CPU seconds the whole machine has been busy (all cores; /proc/stat)."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _start(
@@ -387,8 +367,8 @@ async def _clients_run(
         # -- publish
         hold_gc()
         cpu0 = time.process_time()
-        bcpu0 = [_cpu_s(proc.pid) for proc in ring.procs]
-        busy0 = _busy_s()
+        bcpu0 = [process_cpu_s(proc.pid) for proc in ring.procs]
+        busy0 = machine_busy_s()
         row["loadavg_before_publish"] = os.getloadavg()[0]
         t0 = time.perf_counter()
         for n, base in enumerate(events, 1):
@@ -404,8 +384,10 @@ async def _clients_run(
         await pub.flush(max(120.0, len(events) / 50))
         t_in = time.perf_counter() - t0
         row["client_cpu_s"] = time.process_time() - cpu0
-        row["broker_cpu_s"] = sum(_cpu_s(proc.pid) - c for proc, c in zip(ring.procs, bcpu0, strict=True))
-        row["other_cpu_s"] = max(0.0, _busy_s() - busy0 - row["broker_cpu_s"] - row["client_cpu_s"])
+        row["broker_cpu_s"] = sum(
+            process_cpu_s(proc.pid) - c for proc, c in zip(ring.procs, bcpu0, strict=True)
+        )
+        row["other_cpu_s"] = max(0.0, machine_busy_s() - busy0 - row["broker_cpu_s"] - row["client_cpu_s"])
         # every delivery was taken before its publish was acknowledged (unless spilled to disk):
         # wait for stragglers only while they keep coming
         while not tally.done.is_set():

@@ -57,6 +57,7 @@ from flowbus.bench import broker as plain
 from flowbus.bench.workloads import stock_flow_spec
 from flowbus.client import Client, Subscription, connect
 from flowbus.errors import ExternalError, UserError
+from flowbus.experiments.cpu import machine_busy_s, process_cpu_s
 from flowbus.filters import parse
 from flowbus.flow.deploy import Deployment
 from flowbus.flow.graph import EventSpace, Graph
@@ -317,12 +318,12 @@ async def _flow_clients(
         for box in inbox.got:  # (nothing the probes made counts)
             box.clear()
         plain.hold_gc()
-        cpu0, bcpu0, busy0 = time.process_time(), [plain._cpu_s(p.pid) for p in ring.procs], plain._busy_s()
+        cpu0, bcpu0, busy0 = time.process_time(), [process_cpu_s(p.pid) for p in ring.procs], machine_busy_s()
         published, t0 = await _publish(conns[-1], setup.events, rate, progress, label)
         t_in = time.perf_counter() - t0
         row["client_cpu_s"] = time.process_time() - cpu0
-        row["broker_cpu_s"] = sum(plain._cpu_s(p.pid) - c for p, c in zip(ring.procs, bcpu0, strict=True))
-        row["other_cpu_s"] = max(0.0, plain._busy_s() - busy0 - row["broker_cpu_s"] - row["client_cpu_s"])
+        row["broker_cpu_s"] = sum(process_cpu_s(p.pid) - c for p, c in zip(ring.procs, bcpu0, strict=True))
+        row["other_cpu_s"] = max(0.0, machine_busy_s() - busy0 - row["broker_cpu_s"] - row["client_cpu_s"])
         while not inbox.done.is_set():  # stragglers, while they keep coming
             before = inbox.total
             with contextlib.suppress(asyncio.TimeoutError):

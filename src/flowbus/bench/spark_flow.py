@@ -51,8 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flowbus.bench.broker import _busy_s
 from flowbus.bench.workloads import stock_flow_spec
+from flowbus.experiments.cpu import machine_busy_s
 from flowbus.flow import FlowBuilder, Graph, load_spec
 from flowbus.flow.generators import generate
 from flowbus.flow.local import LocalRun
@@ -142,13 +142,13 @@ def _run_flow(
         ready_s = time.perf_counter() - t_ingest
         ready_cpu = _tree_cpu_s()
         load = os.getloadavg()[0]
-        busy0, cpu0 = _busy_s(), _tree_cpu_s()
+        busy0, cpu0 = machine_busy_s(), _tree_cpu_s()
         t0 = time.perf_counter()
         with flow:
             flow.start()
             flow.process_available()
             seconds = time.perf_counter() - t0
-            busy1, cpu1 = _busy_s(), _tree_cpu_s()
+            busy1, cpu1 = machine_busy_s(), _tree_cpu_s()
             profile = _profile(flow)
         delivered = dict(flow.stats.out)
         batches = flow.stats.batches

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
+import math
 import subprocess
 import sys
 import threading
@@ -47,6 +47,7 @@ from flowbus.chaos.proxy import COUNTS, Proxies
 from flowbus.chaos.report import TOTALS, summarize
 from flowbus.chaos.workload import COUNT_FILTERS, FLOW, FLOW_FILTERS, Client, Spec, SubSpec, filters_for
 from flowbus.errors import ExperimentError
+from flowbus.experiments.cpu import process_cpu_s
 
 __all__ = ["Campaign", "run_campaign", "run_one", "source_commit"]
 
@@ -198,7 +199,7 @@ class _Poller(threading.Thread):
                 served, rings, flows, answered, cpu = {}, {}, {}, [], {}
                 for name in list(self.brokers.up):
                     pid = self.brokers.pid(name)
-                    if pid is not None and (seconds := _cpu_seconds(pid)) is not None:
+                    if pid is not None and not math.isnan(seconds := round(process_cpu_s(pid), 2)):
                         cpu[name] = seconds
                     state = self.brokers.poll(name)
                     if state is not None:
@@ -304,15 +305,6 @@ def run_one(
     _write_timeline(root, mix, seed)
     (root / "row.json").write_text(json.dumps(row, indent=1))
     return row
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User and system CPU seconds of process ``pid`` so far (None: gone, or no ``/proc``)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
 def _queued_at_end(hosts: Hosts, names: Sequence[str], path: Path) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.cli.conftest import until_received
 from tests.ports import consecutive_free_ports
 
 from flowbus.broker.process import start_process, wait_ready
@@ -43,28 +44,20 @@ def test_pub_and_sub(broker: str) -> None:
         stdout=subprocess.PIPE,
         text=True,
     )
-    try:
-        events = [
-            {"symbol": "IBM", "price": 90.0 + 10 * i, "quantity": i, "exchange": "NYSE", "level": 1}
-            for i in range(4)
-        ]
-        # the subscriber may not be subscribed yet: publish until it has its two events
-        lines = "".join(json.dumps(e) + "\n" for e in events)
-        for _ in range(20):
-            done = flowbus("pub", "stocks", "--broker", broker, stdin=lines)
-            assert done.returncode == 0, done.stderr
-            assert "published 4 event(s) to stocks" in done.stderr
-            try:
-                out, _ = sub.communicate(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        got = [json.loads(line) for line in out.splitlines()]
-        assert [e["price"] for e in got] == [110.0, 120.0]
-        assert got[0] == events[2]
-    finally:
-        sub.kill()
-        sub.wait()
+    events = [
+        {"symbol": "IBM", "price": 90.0 + 10 * i, "quantity": i, "exchange": "NYSE", "level": 1}
+        for i in range(4)
+    ]
+    lines = "".join(json.dumps(e) + "\n" for e in events)
+
+    def publish() -> subprocess.CompletedProcess[str]:
+        done = flowbus("pub", "stocks", "--broker", broker, stdin=lines)
+        assert "published 4 event(s) to stocks" in done.stderr
+        return done
+
+    got = [json.loads(line) for line in until_received(sub, publish).splitlines()]
+    assert [e["price"] for e in got] == [110.0, 120.0]
+    assert got[0] == events[2]
 
 
 @pytest.mark.parametrize(
@@ -149,21 +142,9 @@ def test_pub_and_sub_need_no_extra(broker: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    try:
-        event = {"symbol": "HP", "price": 101.0, "quantity": 1, "exchange": "NYSE", "level": 1}
-        for _ in range(20):
-            done = bare("pub", "stocks", "--broker", broker, "--event", json.dumps(event))
-            assert done.returncode == 0, done.stderr
-            try:
-                out, errs = sub.communicate(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        assert sub.returncode == 0, errs
-        assert json.loads(out.splitlines()[0]) == event
-    finally:
-        sub.kill()
-        sub.wait()
+    event = {"symbol": "HP", "price": 101.0, "quantity": 1, "exchange": "NYSE", "level": 1}
+    out = until_received(sub, lambda: bare("pub", "stocks", "--broker", broker, "--event", json.dumps(event)))
+    assert json.loads(out.splitlines()[0]) == event
 
 
 @pytest.mark.parametrize(

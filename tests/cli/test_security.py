@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.cli.conftest import until_received
 from tests.cli.test_broker import FLOWBUS, flowbus
 from tests.ports import consecutive_free_ports
 
@@ -50,20 +51,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
 
 def _publish_until_received(sub: subprocess.Popen[str], options: list[str]) -> None:
     """Publish ``EVENT`` (``flowbus pub`` with ``options``) until the ``flowbus sub --count 1``
-    process ``sub`` prints it (it may not be subscribed yet), then end ``sub``."""
-    try:
-        for _ in range(20):
-            done = flowbus("pub", "stocks", "--event", json.dumps(EVENT), *options)
-            assert done.returncode == 0, done.stderr
-            try:
-                out, _ = sub.communicate(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        assert json.loads(out) == EVENT
-    finally:
-        sub.kill()
-        sub.wait()
+    process ``sub`` prints it (it may not be subscribed yet)."""
+    out = until_received(sub, lambda: flowbus("pub", "stocks", "--event", json.dumps(EVENT), *options))
+    assert json.loads(out) == EVENT
 
 
 def test_certs_init_writes_the_authority_and_the_named_certificates(

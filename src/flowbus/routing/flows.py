@@ -518,17 +518,20 @@ class Flows:
         event)`` it published (their derived attributes not stamped)."""
         return [_output(part.sub_id[1], part.owner, *record) for record in kept]
 
-    def snapshot_rows(self, ask: SnapshotAsk, state: Mapping[Hashable, Any]) -> list[SnapshotRows]:
-        """The rows of the partitions served here that ``ask`` wants."""
+    def snapshot_rows(
+        self, ask: SnapshotAsk, state: Mapping[Hashable, Any], keys: Iterable[Hashable]
+    ) -> list[SnapshotRows]:
+        """The rows of the partitions served here that ``ask`` wants (``keys``: the ring
+        state's row keys of its flow, ``("frow", flow, ...)``)."""
+        keys = sorted(keys, key=repr)  # (an order that does not depend on hashes)
         out = []
         for part in self.parts.values():
             sid = part.sub_id
             if sid[1] != ask.flow or sid[2] != ask.deploy_id or sid[3] not in ask.groups:
                 continue
+            mine = ("frow", sid[1], sid[2], part.owner)
             rows = tuple(
-                (k[4], k[5], v[0], v[1])
-                for k, v in state.items()
-                if isinstance(k, tuple) and k[:4] == ("frow", sid[1], sid[2], part.owner)
+                (k[4], k[5], state[k][0], state[k][1]) for k in keys if isinstance(k, tuple) and k[:4] == mine
             )
             out.append(SnapshotRows(ask.sub, sid[3], part.owner, rows))
         return out

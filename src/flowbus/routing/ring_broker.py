@@ -331,10 +331,9 @@ class RingBroker(Core):
 
     def meta_of(self, sub_id: Hashable) -> Any:
         """The ``meta`` a subscription served here was made with (None if none)."""
-        for key, value in self.ring.state.items():
-            if isinstance(key, tuple) and key[:2] == ("sub", sub_id):
-                return value[1] if isinstance(value, tuple) else None
-        return None
+        key = min(self.ring.keys_of("sub", sub_id), key=repr, default=None)
+        value = self.ring.state.get(key) if key is not None else None
+        return value[1] if isinstance(value, tuple) else None
 
     @_reports
     def unsubscribe(self, sub_id: Hashable) -> list[Effect]:

@@ -226,7 +226,7 @@ class FlowSide:
     def on_snapshot_ask(self, src: int | None, msg: SnapshotAsk) -> list[Effect]:
         """Forwarded on the tree; answered for the partitions served here."""
         out: list[Effect] = [Send(n, msg) for n in sorted(self.broker.tree_neighbours()) if n != src]
-        for rows in self.flows.snapshot_rows(msg, self.ring.state):
+        for rows in self.flows.snapshot_rows(msg, self.ring.state, self.ring.keys_of("frow", msg.flow)):
             if msg.reply_to == self.broker.addr:
                 out += self.on_snapshot_rows(rows)
             else:
@@ -246,9 +246,9 @@ class FlowSide:
         if part is not None:
             again: list[dict[str, Any]] = []
             logs = sorted(
-                (key[2], value)
-                for key, value in state.items()
-                if isinstance(key, tuple) and key[:2] == (LOG, sub_id) and type(key[2]) is int
+                (key[2], state[key])
+                for key in self.ring.keys_of(LOG, sub_id)
+                if isinstance(key, tuple) and type(key[2]) is int
             )
             for n, entry in logs:
                 for _, kept in part.adopt_log(n, entry):

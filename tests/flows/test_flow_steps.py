@@ -14,9 +14,10 @@ from flowbus.flow.deploy import Deployment
 from flowbus.meta import EVENT_ID, PARTITION, SPACE
 from flowbus.routing import flows
 from flowbus.routing.cbr import ContentRouter
-from flowbus.routing.flows import LOG, log_entry, log_folds
+from flowbus.routing.flows import log_entry, log_folds
 from flowbus.routing.ring_broker import DERIVED_NOW, DERIVED_TIMER, RingBroker
 from flowbus.routing.ring_flows import FEW, FlowSide
+from flowbus.routing.ring_keys import LOG
 
 STOCKS = Path(__file__).parents[2] / "examples" / "stocks" / "flow.yaml"
 SUBS = {

@@ -64,6 +64,7 @@ from flowbus.filters.covering import covers, overlaps
 from flowbus.flow.collapse import Key, Row
 from flowbus.flow.deploy import HASH_SPACE, Deployment, FlowSubscription, Group, Reader, count_arcs
 from flowbus.meta import EVENT_ID, KEY, PARTITION, ROW_VERSION, SPACE, STATE, UNROUTED
+from flowbus.routing.ring_keys import ROW, log_key, row_key
 
 __all__ = [
     "SEEN",
@@ -82,8 +83,6 @@ ROWS_KEPT = 100_000
 """How many keys a partition keeps the ring state keys (and repr) of, for its folds."""
 SEEN = 20_000
 """How many folded event ids (and what their folds published) a partition keeps at least."""
-LOG = "fseen"
-"""The first element of a fold log entry's ring state key: ``("fseen", partition id, n)``."""
 
 PART = "part"
 """The first element of a partition subscription's id: ``("part", flow, deploy id, group, owner)``."""
@@ -238,7 +237,7 @@ class FlowPartition:
         n, folds = self.next_log, self.log
         self.next_log, self.log = n + 1, []
         self.logs.append((n, [eid for eid, _ in folds]))
-        return (LOG, self.sub_id, n), log_entry(folds), self._trim()
+        return log_key(self.sub_id, n), log_entry(folds), self._trim()
 
     def adopt_log(self, n: int, entry: tuple[Any, ...]) -> list[tuple[Any, tuple[Any, ...]]]:
         """A log entry of the partition's dead holder (taken over): its folds, now known here."""
@@ -257,7 +256,7 @@ class FlowPartition:
             for eid in ids:
                 if seen.get(eid) == m:
                     del seen[eid]
-            gone.append((LOG, self.sub_id, m))
+            gone.append(log_key(self.sub_id, m))
         return gone
 
     def rows_of(self, key: Key) -> tuple[list[Any], str]:
@@ -267,7 +266,7 @@ class FlowPartition:
             if len(self._rows) >= ROWS_KEPT:
                 self._rows.clear()
             _, name, did, _, _ = self.sub_id
-            rows = [("frow", name, did, self.owner, f.state, key) for f in self.group.folds]
+            rows = [row_key(name, did, self.owner, f.state, key) for f in self.group.folds]
             got = self._rows[key] = (rows, repr(key))
         return got
 
@@ -529,7 +528,7 @@ class Flows:
             sid = part.sub_id
             if sid[1] != ask.flow or sid[2] != ask.deploy_id or sid[3] not in ask.groups:
                 continue
-            mine = ("frow", sid[1], sid[2], part.owner)
+            mine = (ROW, sid[1], sid[2], part.owner)
             rows = tuple(
                 (k[4], k[5], state[k][0], state[k][1]) for k in keys if isinstance(k, tuple) and k[:4] == mine
             )

@@ -111,7 +111,8 @@ from flowbus.routing.ring_custody import (
     relayed,
 )
 from flowbus.routing.ring_flows import DERIVED_NOW, DERIVED_TIMER, DERIVED_WAIT, FLOW_GRACE, FlowSide
-from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited, disk_key
+from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited
+from flowbus.routing.ring_keys import DISK, SUB, disk_key, flow_sub_key, sub_key
 from flowbus.routing.ring_moves import Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
@@ -327,11 +328,11 @@ class RingBroker(Core):
         self.subs.add(sub_id)
         out = self.router.subscribe(sub_id, filt)
         value = filt.to_text() if meta is None else (filt.to_text(), meta)
-        return out + self.ring.set_state(("sub", sub_id, self.addr), value)
+        return out + self.ring.set_state(sub_key(sub_id, self.addr), value)
 
     def meta_of(self, sub_id: Hashable) -> Any:
         """The ``meta`` a subscription served here was made with (None if none)."""
-        key = min(self.ring.keys_of("sub", sub_id), key=repr, default=None)
+        key = min(self.ring.keys_of(SUB, sub_id), key=repr, default=None)
         value = self.ring.state.get(key) if key is not None else None
         return value[1] if isinstance(value, tuple) else None
 
@@ -342,15 +343,15 @@ class RingBroker(Core):
         self.subs.discard(sub_id)
         if sub_id in self.shared.out:  # (held by a neighbour: it drops it)
             return self.shared.unshare(sub_id)
-        key = min(self.ring.keys_of("sub", sub_id), key=repr, default=None)
+        key = min(self.ring.keys_of(SUB, sub_id), key=repr, default=None)
         if key is None:  # (in a share not acknowledged yet: out of it, and the receiver drops it)
-            key = ("sub", sub_id, self.addr)
+            key = sub_key(sub_id, self.addr)
             to = self.ring.shares.withdraw(key)
             return self.router.drop(origin_of(key)) + ([Send(to, Unshare((key,)))] if to is not None else [])
         self.repair.forget(sub_id)
         self.barrier.forget(sub_id)
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
-        for k in sorted(self.ring.keys_of("disk", sub_id), key=repr):
+        for k in sorted(self.ring.keys_of(DISK, sub_id), key=repr):
             out += self.ring.del_state(k)
         return out + self.flow_side.unsubscribed(sub_id)
 
@@ -467,7 +468,7 @@ class RingBroker(Core):
     def awaited(self, sub_id: Hashable) -> int | None:
         """The address of the broker whose disk holds older events of ``sub_id``, taken over
         here: its backlog is awaited (see ring_handover)."""
-        return awaited(self.ring.state, sub_id, self.addr)
+        return awaited(self.ring.keys_of(DISK, sub_id), self.addr)
 
     @_reports
     def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:
@@ -544,7 +545,7 @@ class RingBroker(Core):
         sub = self.flows.plan(space, filter_text)
         out = self.subscribe(sub_id, sub.routing, meta=meta)
         self.flows.subs[sub_id] = sub
-        out += self.ring.set_state(("fsub", sub_id), (space, filter_text))
+        out += self.ring.set_state(flow_sub_key(sub_id), (space, filter_text))
         return self._out(out + self.flow_side.ask_snapshot(sub_id, sub))
 
     # -- the driver's entry points
@@ -1192,7 +1193,7 @@ class RingBroker(Core):
     def _cost(self, subs: Iterable[Hashable]) -> None:
         """Deliveries to our own subscriptions, counted per state entry (a load share moves
         the busiest first)."""
-        self.ring.loads.meter.by_key.update(("sub", s, self.addr) for s in subs)
+        self.ring.loads.meter.by_key.update(sub_key(s, self.addr) for s in subs)
 
     # -- secure spaces: link classes ring-wide, refusals upstream (routing/link_classes.py)
 
@@ -1295,7 +1296,7 @@ class RingBroker(Core):
             live = [p.addr for p in ring.links() if p.id not in ring.dead and p.addr != self.addr]
             for a, subs in sorted(behind.items()):
                 out.extend(self.barrier.open(a, subs, live))
-        held = {k[1] for k in ring.keys_where("sub", lambda _: True)} if changed else set()  # type: ignore[index]
+        held = {k[1] for k in ring.keys_where(SUB, lambda _: True)} if changed else set()  # type: ignore[index]
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:

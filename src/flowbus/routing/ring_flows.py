@@ -40,9 +40,10 @@ from flowbus.filters import Filter
 from flowbus.flow.deploy import Deployment, FlowSubscription
 from flowbus.meta import EVENT_ID, PARTITION, SPACE, UNROUTED
 from flowbus.routing import cbr
-from flowbus.routing.flows import LOG, DeployRecord, FlowPartition, Flows, FlowSync, SnapshotAsk, SnapshotRows
+from flowbus.routing.flows import DeployRecord, FlowPartition, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.flows_index import OwnIndex
 from flowbus.routing.ring_custody import Key, publish_order
+from flowbus.routing.ring_keys import LOG, ROW, flow_sub_key
 
 if TYPE_CHECKING:
     from flowbus.overlay.chordal_ring import RingNode
@@ -144,7 +145,7 @@ class FlowSide:
         out: list[Effect] = []
         if self.flows.subs.pop(sub_id, None) is not None:
             self.flows.waiting.pop(sub_id, None)
-            out = self.ring.del_state(("fsub", sub_id))
+            out = self.ring.del_state(flow_sub_key(sub_id))
         self.flows.parts.pop(sub_id, None)
         return out
 
@@ -213,8 +214,8 @@ class FlowSide:
             if sub.flow == rec.name and sub_id in self.broker.subs:
                 out += self.broker.unsubscribe(sub_id)
                 self.flows.ended.append(sub_id)
-        rows, flow = ("frow", rec.name, rec.deploy_id), (rec.name, rec.deploy_id)
-        doomed = {k for k in self.ring.keys_of("frow", rec.name) if k[:3] == rows}  # type: ignore[index]
+        rows, flow = (ROW, rec.name, rec.deploy_id), (rec.name, rec.deploy_id)
+        doomed = {k for k in self.ring.keys_of(ROW, rec.name) if k[:3] == rows}  # type: ignore[index]
         doomed |= self.ring.keys_where(LOG, lambda part: isinstance(part, tuple) and part[1:3] == flow)
         for key in sorted(doomed, key=repr):  # (an order that does not depend on hashes)
             out += self.ring.del_state(key)
@@ -226,7 +227,7 @@ class FlowSide:
     def on_snapshot_ask(self, src: int | None, msg: SnapshotAsk) -> list[Effect]:
         """Forwarded on the tree; answered for the partitions served here."""
         out: list[Effect] = [Send(n, msg) for n in sorted(self.broker.tree_neighbours()) if n != src]
-        for rows in self.flows.snapshot_rows(msg, self.ring.state, self.ring.keys_of("frow", msg.flow)):
+        for rows in self.flows.snapshot_rows(msg, self.ring.state, self.ring.keys_of(ROW, msg.flow)):
             if msg.reply_to == self.broker.addr:
                 out += self.on_snapshot_rows(rows)
             else:
@@ -258,7 +259,7 @@ class FlowSide:
             part.buffer = []
             grace = SetTimer(self.flow_grace, (FLOW_GRACE, sub_id))
             return [grace, *self.broker.route_own(again)] if again else [grace]
-        spec = state.get(("fsub", sub_id))
+        spec = state.get(flow_sub_key(sub_id))
         if spec is not None and sub_id not in self.flows.subs:
             try:
                 self.flows.subs[sub_id] = self.flows.plan(*spec)

@@ -9,7 +9,7 @@ How it works:
   only; if the broker is found dead, its subscriptions are taken over from their backups,
   and the taker must not serve a subscription whose older events lie on the dead broker's
   disk as if there were none: it would deliver newer events first. So when a subscription's
-  queue first goes to disk, its broker sets the ring state entry ``("disk", sub, home
+  queue first goes to disk, its broker sets the ring state entry ``(DISK, sub, home
   address)`` (backed up with the rest; the spill is settled only once the backups have it)
   and deletes it when the queue on disk is empty again (:func:`disk_key`).
 * **The taker waits for it.** A broker that took over a subscription with such an entry of
@@ -29,12 +29,13 @@ How it works:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from flowbus import wire
 from flowbus.overlay.ring_messages import Peer
+from flowbus.routing.ring_keys import disk_key
 
 __all__ = ["MAX_HOPS", "Backlog", "BacklogAck", "HeldHere", "WhereIs", "awaited", "disk_key"]
 
@@ -42,18 +43,12 @@ MAX_HOPS = 256
 """How far a ``WhereIs`` goes round the ring at most (a ring changing under it)."""
 
 
-def disk_key(sub: Hashable, home: int) -> tuple[str, Hashable, int]:
-    """The ring state entry saying ``sub``'s queue has events on the disk of broker ``home``."""
-    return ("disk", sub, home)
-
-
-def awaited(state: Mapping[Hashable, Any], sub: Hashable, me: int) -> int | None:
-    """The address of another broker whose disk holds older events of ``sub`` (taken over
-    from it: wait for its backlog), if the ring state says so."""
-    for key in state:
-        if type(key) is tuple and len(key) == 3 and key[0] == "disk" and key[1] == sub and key[2] != me:
-            return int(key[2])
-    return None
+def awaited(keys: Iterable[Hashable], me: int) -> int | None:
+    """The address of another broker whose disk holds older events of a subscription (taken
+    over from it: wait for its backlog), if the ring state says so: ``keys``, its entries
+    ``(DISK, sub, broker)`` (the state's index gives them)."""
+    others = sorted(int(key[2]) for key in keys if type(key) is tuple and len(key) == 3 and key[2] != me)
+    return others[0] if others else None
 
 
 @wire.message("ringbroker.backlog")

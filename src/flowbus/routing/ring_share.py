@@ -63,6 +63,7 @@ from flowbus.filters import parse
 from flowbus.meta import EVENT_ID
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing.cbr import ContentRouter
+from flowbus.routing.ring_keys import sub_key
 
 __all__ = ["Delegated", "SharedSubs", "Undelegated", "Unshare"]
 
@@ -144,7 +145,7 @@ class SharedSubs:
                     out.extend(router.drop((self.addr, sub)))
         if changed:
             for sub in self.back(ring.state):
-                text = ring.state[("sub", sub, self.addr)]
+                text = ring.state[sub_key(sub, self.addr)]
                 out.extend(
                     router.adopt((self.addr, sub), parse(text[0] if isinstance(text, tuple) else text))
                 )
@@ -163,7 +164,7 @@ class SharedSubs:
     def back(self, state: Collection[Hashable]) -> list[Hashable]:
         """Subscriptions of ours held elsewhere whose entries are in our ``state`` again (the
         holder died and we took its state over): ours to route again."""
-        came = [s for s in self.out if ("sub", s, self.addr) in state]
+        came = [s for s in self.out if sub_key(s, self.addr) in state]
         for s in came:
             del self.out[s]
         return came
@@ -213,7 +214,7 @@ class SharedSubs:
         """Our subscription ``sub_id`` held elsewhere ended: tell its holder."""
         holder = self.out.pop(sub_id)
         self.ended.add(sub_id)
-        return [Send(holder, Unshare((("sub", sub_id, self.addr),)))]
+        return [Send(holder, Unshare((sub_key(sub_id, self.addr),)))]
 
     def redirect(self, effects: Iterable[Effect]) -> list[Effect]:
         """Deliveries to hosted subscriptions become :class:`Delegated` sends to their home

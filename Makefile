@@ -26,7 +26,7 @@ check: $(STAMP)  # the fast loop: lint, types and the unit tests (no process, no
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n 2 -m unit
+	$(BIN)/pytest -q -n 2 -m unit --hypothesis-profile=check
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -1,12 +1,13 @@
-"""Suite-wide settings: under CI, hypothesis runs derandomized so a run is reproducible; the Spark
-tests share one worker when the suite runs in parallel.
+"""Suite-wide settings: under CI, hypothesis runs derandomized so a run is reproducible
+(``make check`` runs fewer examples: the ``check`` profile); the Spark tests share one worker
+when the suite runs in parallel.
 
 Markers say what a test needs (``pyproject.toml`` lists them; ``make check`` runs ``-m unit``):
-``broker`` (processes: brokers, the command line; servers or sockets), ``spark`` (the JVM: every test under
-``tests/spark``), ``browser`` (Chromium), ``peer`` (another broker product: ActiveMQ),
-``slow`` (a minute or more). A test marked with none of them is ``unit``, and a unit test
-that starts a process or binds or connects a socket fails at once (an audit hook): it is
-not a unit test, mark it."""
+``broker`` (processes: brokers, the command line; servers or sockets), ``spark`` (the JVM:
+every test under ``tests/spark``), ``browser`` (Chromium), ``peer`` (another broker product:
+ActiveMQ), ``slow`` (seconds or more each: the whole suite runs it, ``make check`` does
+not). A test marked with none of them is ``unit``, and a unit test that starts a process or
+binds or connects a socket fails at once (an audit hook): it is not a unit test, mark it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from hypothesis import settings
 SPARK_TESTS = Path(__file__).parent / "spark"
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("check", max_examples=25)  # (make check, the fast loop: fewer examples)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 

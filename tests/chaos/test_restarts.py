@@ -99,6 +99,7 @@ def test_the_judge_counts_a_delivery_no_client_subscription_takes() -> None:
     assert row["unserved"] == 1 and row["lost"] == 0
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 def test_a_delegated_delivery_whose_home_died_is_made_by_its_holder() -> None:
     """On the brokers' clocks, schedule 16: a broker holds a subscription taken over from one
     that died (its entry still names that broker's address as its home); a new broker there
@@ -111,6 +112,7 @@ def test_a_delegated_delivery_whose_home_died_is_made_by_its_holder() -> None:
     assert {key: row[key] for key in BAD if row[key]} == {}
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 def test_kept_events_delivered_to_a_partition_taken_over_are_folded_not_sent_to_the_driver() -> None:
     """On the brokers' clocks, schedule 1: events kept for a dead neighbour not replaced yet
     are delivered to what was taken over from it, a flow's partitions among them; read after

@@ -59,6 +59,7 @@ def replay(d: Deployment, state: str, expand: str, events: list[dict[str, Any]])
     return rows
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_crash_of_a_state_owner_loses_and_duplicates_nothing(seed: int) -> None:
     d = Deployment.from_file(STOCKS)

@@ -889,6 +889,7 @@ def test_two_adjacent_brokers_restarted_before_found_dead_lose_nothing_of_a_stre
     assert sum(len(w.settled_of(p)) for p in pubs[:2]) == n
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 def test_a_rolling_restart_with_a_flow_deployed_settles_every_publish() -> None:
     """A rolling restart (a broker stopped and started again on its address, then the next,
     some of them crashed) under a stream into a deployed flow with a state. A broker sent an
@@ -1173,6 +1174,7 @@ def test_what_was_kept_for_a_dead_broker_reaches_the_taker_of_one_beyond_it() ->
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 @pytest.mark.parametrize("seed", [38, 99])
 def test_events_flooded_to_a_neighbour_that_died_before_it_synced_us_reach_its_taker(seed: int) -> None:
     """The fuzzing's schedules 38 and 99: a broker rejoins between two others and one of
@@ -1204,6 +1206,7 @@ def test_kept_for_a_dead_broker_taken_over_here_reaches_the_taker_of_the_one_bey
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 def test_an_event_kept_again_no_longer_holds_its_publishers_later_ones_as_under_way() -> None:
     """The fuzzing's schedule 136: two adjacent brokers die for 20 s. Their neighbour had
     sent older events again to the first before it was found dead; kept again when it was,
@@ -1216,6 +1219,7 @@ def test_an_event_kept_again_no_longer_holds_its_publishers_later_ones_as_under_
     assert all(b.in_custody() == 0 for b in w.brokers if b.addr in pubs)
 
 
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
 def test_what_is_kept_for_a_broker_restarted_and_dead_again_goes_to_its_own_taker() -> None:
     """The fuzzing's schedule 184: two brokers die and come back as new members; one of
     them dies again with another. What its neighbour kept for it went to the taker of its

@@ -175,7 +175,9 @@ class RingNode(Core):
     broker passes some on (after a takeover, or in a heartbeat round); ``rate_limit`` the
     events routed per time unit (over ``load_window``) above which it does; ``movable``
     which state entries a load share may pass on (None: any; a broker whose entries are
-    its own clients' subscriptions passes none, and only asks for brokers); ``nonce`` is
+    its own clients' subscriptions passes none, and only asks for brokers); ``keyed`` what
+    a state key taken over or shared from another broker is here (the layer above's typed
+    record of a plain tuple off the wire; None: the key as it came); ``nonce`` is
     this process's own number (its start time, say), sent with its join: a broker restarted
     into the gap it left gets another id than it had (0: the document's midway ids).
     """
@@ -192,6 +194,7 @@ class RingNode(Core):
         rate_limit: float | None = None,
         load_window: float = 1.0,
         movable: Callable[[Hashable], bool] | None = None,
+        keyed: Callable[[Hashable], Hashable] | None = None,
         nonce: int = 0,
     ) -> None:
         if not 1 <= backup <= 4:
@@ -218,7 +221,7 @@ class RingNode(Core):
         self.buried: Dead | None = None  # the ring's answer: it is buried (and who took it over)
         self._told_restart: tuple[int, ...] = ()  # where the restart was announced
         self._announced = 0  # how many times
-        self.backups = Backups()
+        self.backups = Backups(keyed)
         self.succ: list[Peer] = []  # Right, Rightright (the nearest others clockwise)
         self.pred: list[Peer] = []  # Left, Leftleft (the nearest others counter-clockwise)
         self.open: set[int] = set()  # sides (1: right, -1: left) that lost a broker, not yet refilled

@@ -54,7 +54,8 @@ class Held:
 class Backups:
     """One broker's state and the copies of the backup protocol (see the module note)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keyed: Callable[[Hashable], Hashable] | None = None) -> None:
+        self._keyed = keyed  # (what a key from another broker is here: the layer above's records)
         self.state: dict[Hashable, Any] = {}
         self.by_tag: dict[tuple[Any, Any], set[Hashable]] = {}  # (tag, its first field) -> keys
         self.held: dict[int, Held] = {}  # copies we hold, by owner id
@@ -80,11 +81,11 @@ class Backups:
         return {k for (t, first), keys in self.by_tag.items() if t == tag and test(first) for k in keys}
 
     def _index(self, key: Hashable) -> None:
-        if type(key) is tuple and len(key) >= 2:  # (a key's parts are hashable: it is)
+        if isinstance(key, tuple) and len(key) >= 2:  # (a key's parts are hashable: it is)
             self.by_tag.setdefault((key[0], key[1]), set()).add(key)
 
     def _unindex(self, key: Hashable) -> None:
-        if type(key) is tuple and len(key) >= 2:
+        if isinstance(key, tuple) and len(key) >= 2:
             keys = self.by_tag.get((key[0], key[1]))
             if keys is not None:
                 keys.discard(key)
@@ -248,6 +249,8 @@ class Backups:
 
     def absorb(self, entries: Mapping[Hashable, Any]) -> None:
         """Entries of another broker's state become ours (a takeover, a share)."""
+        if self._keyed is not None:
+            entries = {self._keyed(key): value for key, value in entries.items()}
         for key in entries:
             if key not in self.state:
                 self._index(key)

@@ -64,7 +64,7 @@ from flowbus.filters.covering import covers, overlaps
 from flowbus.flow.collapse import Key, Row
 from flowbus.flow.deploy import HASH_SPACE, Deployment, FlowSubscription, Group, Reader, count_arcs
 from flowbus.meta import EVENT_ID, KEY, PARTITION, ROW_VERSION, SPACE, STATE, UNROUTED
-from flowbus.routing.ring_keys import ROW, log_key, row_key
+from flowbus.routing.ring_keys import ROW, RowKey, log_key, record, row_key
 
 __all__ = [
     "SEEN",
@@ -530,7 +530,9 @@ class Flows:
                 continue
             mine = (ROW, sid[1], sid[2], part.owner)
             rows = tuple(
-                (k[4], k[5], state[k][0], state[k][1]) for k in keys if isinstance(k, tuple) and k[:4] == mine
+                (k.state, k.key, state[k][0], state[k][1])
+                for k in map(record, keys)
+                if isinstance(k, RowKey) and k[:4] == mine
             )
             out.append(SnapshotRows(ask.sub, sid[3], part.owner, rows))
         return out

@@ -112,7 +112,7 @@ from flowbus.routing.ring_custody import (
 )
 from flowbus.routing.ring_flows import DERIVED_NOW, DERIVED_TIMER, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited
-from flowbus.routing.ring_keys import DISK, SUB, disk_key, flow_sub_key, sub_key
+from flowbus.routing.ring_keys import DISK, SUB, SubKey, disk_key, flow_sub_key, record, sub_key
 from flowbus.routing.ring_moves import Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
@@ -133,10 +133,9 @@ __all__ = [
 ]
 
 
-def origin_of(key: Hashable) -> tuple[int, Hashable]:
-    """The routing origin of a subscription's state key ``("sub", sub_id, home broker)``."""
-    assert isinstance(key, tuple)
-    return (key[2], key[1])
+def origin_of(key: SubKey) -> tuple[int, Hashable]:
+    """The routing origin of a subscription's state key: ``(home broker, sub_id)``."""
+    return (key.home, key.sub)
 
 
 DEDUP_WINDOW = 100_000
@@ -215,7 +214,7 @@ class RingBroker(Core):
         self._count_cost = share_subs  # deliveries counted per subscription (the busiest move first)
         if share_subs:
             ring["movable"] = self._movable
-        self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, **ring)
+        self.ring = RingNode(addr, backup=backup, heartbeat=heartbeat, keyed=record, **ring)
         self.router = cbr.ContentRouter(addr, (), advertising=advertising, grouped=grouped)
         self.subs: set[Hashable] = set()  # subscriptions served here (own and taken over)
         self._early: dict[int, list[Any]] = {}  # routing messages from not-yet neighbours
@@ -330,9 +329,14 @@ class RingBroker(Core):
         value = filt.to_text() if meta is None else (filt.to_text(), meta)
         return out + self.ring.set_state(sub_key(sub_id, self.addr), value)
 
+    def _sub_key(self, sub_id: Hashable) -> SubKey | None:
+        """The state key of a subscription served here, from the index."""
+        keys = [k for k in map(record, self.ring.keys_of(SUB, sub_id)) if isinstance(k, SubKey)]
+        return min(keys, key=repr, default=None)
+
     def meta_of(self, sub_id: Hashable) -> Any:
         """The ``meta`` a subscription served here was made with (None if none)."""
-        key = min(self.ring.keys_of(SUB, sub_id), key=repr, default=None)
+        key = self._sub_key(sub_id)
         value = self.ring.state.get(key) if key is not None else None
         return value[1] if isinstance(value, tuple) else None
 
@@ -343,7 +347,7 @@ class RingBroker(Core):
         self.subs.discard(sub_id)
         if sub_id in self.shared.out:  # (held by a neighbour: it drops it)
             return self.shared.unshare(sub_id)
-        key = min(self.ring.keys_of(SUB, sub_id), key=repr, default=None)
+        key = self._sub_key(sub_id)
         if key is None:  # (in a share not acknowledged yet: out of it, and the receiver drops it)
             key = sub_key(sub_id, self.addr)
             to = self.ring.shares.withdraw(key)
@@ -1225,7 +1229,7 @@ class RingBroker(Core):
         for key in keys:
             if key in self.ring.state:
                 out.extend(self.ring.del_state(key))
-                out.extend(self._drop_adopted(key[1]))  # type: ignore[index]
+                out.extend(self._drop_adopted(record(key).sub))  # type: ignore[attr-defined]
         return out
 
     def _drop_adopted(self, sub: Hashable) -> list[Effect]:
@@ -1279,24 +1283,25 @@ class RingBroker(Core):
         behind: dict[int, list[Hashable]] = {}  # fresh dead -> the subs taken over from it now
         replay: list[tuple[Hashable, Filter]] = []  # (see _replay)
         for key, text in list(ring.state.items()) if changed else ():
-            if isinstance(key, tuple) and key[:1] == ("sub",) and key[1] not in self.subs:
-                self.subs.add(key[1])
+            if isinstance(key, SubKey) and key.sub not in self.subs:
+                sub = key.sub
+                self.subs.add(sub)
                 filt = parse(text[0] if isinstance(text, tuple) else text)
-                self._adopted[key[1]] = origin_of(key)
+                self._adopted[sub] = origin_of(key)
                 out.extend(self.router.adopt(origin_of(key), filt, keep=keep))
-                out.extend(self.flow_side.adopted(key[1]))
-                out.extend(repair.taken_over(key[1], filt, fresh_dead))
-                if self.custody and key[1] not in self.flows.parts:
-                    replay.append((key[1], filt))
+                out.extend(self.flow_side.adopted(sub))
+                out.extend(repair.taken_over(sub, filt, fresh_dead))
+                if self.custody and sub not in self.flows.parts:
+                    replay.append((sub, filt))
                 for a in {a for a in fresh_dead if a is not None}:
-                    behind.setdefault(a, []).append(key[1])
+                    behind.setdefault(a, []).append(sub)
         if replay and any(a is not None for a in fresh_dead):
             out.extend(self._replay(replay))
         if behind and self.custody and ring.joined:  # (their deliveries wait for what was kept)
             live = [p.addr for p in ring.links() if p.id not in ring.dead and p.addr != self.addr]
             for a, subs in sorted(behind.items()):
                 out.extend(self.barrier.open(a, subs, live))
-        held = {k[1] for k in ring.keys_where(SUB, lambda _: True)} if changed else set()  # type: ignore[index]
+        held = {k.sub for k in ring.keys_where(SUB, lambda _: True)} if changed else set()  # type: ignore[attr-defined]
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:

@@ -43,7 +43,7 @@ from flowbus.routing import cbr
 from flowbus.routing.flows import DeployRecord, FlowPartition, Flows, FlowSync, SnapshotAsk, SnapshotRows
 from flowbus.routing.flows_index import OwnIndex
 from flowbus.routing.ring_custody import Key, publish_order
-from flowbus.routing.ring_keys import LOG, ROW, flow_sub_key
+from flowbus.routing.ring_keys import LOG, ROW, LogKey, flow_sub_key, record
 
 if TYPE_CHECKING:
     from flowbus.overlay.chordal_ring import RingNode
@@ -215,7 +215,7 @@ class FlowSide:
                 out += self.broker.unsubscribe(sub_id)
                 self.flows.ended.append(sub_id)
         rows, flow = (ROW, rec.name, rec.deploy_id), (rec.name, rec.deploy_id)
-        doomed = {k for k in self.ring.keys_of(ROW, rec.name) if k[:3] == rows}  # type: ignore[index]
+        doomed = {k for k in map(record, self.ring.keys_of(ROW, rec.name)) if k[:3] == rows}  # type: ignore[index]
         doomed |= self.ring.keys_where(LOG, lambda part: isinstance(part, tuple) and part[1:3] == flow)
         for key in sorted(doomed, key=repr):  # (an order that does not depend on hashes)
             out += self.ring.del_state(key)
@@ -247,9 +247,9 @@ class FlowSide:
         if part is not None:
             again: list[dict[str, Any]] = []
             logs = sorted(
-                (key[2], state[key])
-                for key in self.ring.keys_of(LOG, sub_id)
-                if isinstance(key, tuple) and type(key[2]) is int
+                (key.n, state[key])
+                for key in map(record, self.ring.keys_of(LOG, sub_id))
+                if isinstance(key, LogKey) and type(key.n) is int
             )
             for n, entry in logs:
                 for _, kept in part.adopt_log(n, entry):

@@ -35,7 +35,7 @@ from typing import Any
 
 from flowbus import wire
 from flowbus.overlay.ring_messages import Peer
-from flowbus.routing.ring_keys import disk_key
+from flowbus.routing.ring_keys import DiskKey, disk_key, record
 
 __all__ = ["MAX_HOPS", "Backlog", "BacklogAck", "HeldHere", "WhereIs", "awaited", "disk_key"]
 
@@ -47,7 +47,7 @@ def awaited(keys: Iterable[Hashable], me: int) -> int | None:
     """The address of another broker whose disk holds older events of a subscription (taken
     over from it: wait for its backlog), if the ring state says so: ``keys``, its entries
     ``(DISK, sub, broker)`` (the state's index gives them)."""
-    others = sorted(int(key[2]) for key in keys if type(key) is tuple and len(key) == 3 and key[2] != me)
+    others = sorted(key.home for key in map(record, keys) if isinstance(key, DiskKey) and key.home != me)
     return others[0] if others else None
 
 

@@ -63,7 +63,7 @@ from flowbus.filters import parse
 from flowbus.meta import EVENT_ID
 from flowbus.overlay.chordal_ring import RingNode
 from flowbus.routing.cbr import ContentRouter
-from flowbus.routing.ring_keys import sub_key
+from flowbus.routing.ring_keys import SubKey, record, sub_key
 
 __all__ = ["Delegated", "SharedSubs", "Undelegated", "Unshare"]
 
@@ -114,13 +114,12 @@ class SharedSubs:
     def movable(self, key: Hashable, own: Collection[Hashable], *fixed: Collection[Hashable]) -> bool:
         """Whether a share may pass the state entry ``key`` on: a subscription of ours among
         ``own``, in none of ``fixed`` (flows' partitions and subscriptions, adopted ones)."""
+        key = record(key)
         return (
-            isinstance(key, tuple)
-            and len(key) == 3
-            and key[0] == "sub"
-            and key[2] == self.addr
-            and key[1] in own
-            and not any(key[1] in f for f in fixed)
+            isinstance(key, SubKey)
+            and key.home == self.addr
+            and key.sub in own
+            and not any(key.sub in f for f in fixed)
         )
 
     def after_step(
@@ -156,9 +155,10 @@ class SharedSubs:
         """Acknowledged shares (entry -> holder): the sub ids of ours to drop from the router."""
         gone = []
         for key, holder in keys.items():
-            if isinstance(key, tuple) and len(key) == 3 and key[0] == "sub" and key[2] == self.addr:
-                self.out[key[1]] = holder
-                gone.append(key[1])
+            key = record(key)  # (off the wire: a share's acknowledgement)
+            if isinstance(key, SubKey) and key.home == self.addr:
+                self.out[key.sub] = holder
+                gone.append(key.sub)
         return gone
 
     def back(self, state: Collection[Hashable]) -> list[Hashable]:

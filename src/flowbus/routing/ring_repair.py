@@ -6,12 +6,17 @@ How it works:
 * **Kept.** An event whose send to a tree neighbour fails (the driver's failure notice), or
   that a dead neighbour had not confirmed (custody, :meth:`Repair.bury`), is kept with the
   side of the ring it was going to (:meth:`Repair.keep`); later events of its publisher
-  for that side wait behind it, and for the other side too once its broker is found dead
-  (:meth:`Repair.behind_kept`: after the repair the tree may reach the same subscribers by
-  the other side), so each publisher's order holds. Those held behind go only once what
-  was sent again before them is *confirmed* (the custody chain: every subscriber beyond has
-  it), not only sent: it may take a longer way (across the tree's cut, or routed on by a
-  broker restarted on the dead one's address) than they would.
+  for that side wait behind it (:meth:`Repair.behind_kept`), so each publisher's order
+  holds. Those held behind go only once what was sent again before them to that side is
+  *confirmed* (the custody chain: every subscriber beyond has it), not only sent: it may
+  take a longer way (across the tree's cut, or routed on by a broker restarted on the dead
+  one's address) than they would. The other side does not wait: the subscriptions a
+  dead broker's taker serves there get the kept events behind its takeover's barrier
+  (:mod:`~flowbus.routing.ring_barrier`), in order. Held for the other side too, until
+  what was sent again was confirmed, a publisher's events for its live neighbour waited
+  out every barrier and placeholder of the repair beyond, a minute, while a hand-over
+  round the ring brought its later ones there first (simulator schedules 236 and 249:
+  246 and 221 out of order at one subscription).
 * **Resent.** When the ring has a new neighbour on that side, the kept events go there, in
   each publisher's order (:meth:`Repair.resend`); those kept for a dead broker once the
   ring has said who took it over, to the taker too (handed over). That broker is the first one of the part
@@ -40,7 +45,7 @@ detected (heartbeats or failed sends).
 
 from __future__ import annotations
 
-from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,25 +170,34 @@ class Repair:
         self._targets.setdefault(publish_order(event[EVENT_ID])[0], set()).add((to, side))
 
     def behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
-        """Events of ``event``'s publisher kept for ``dst``'s side, or kept for a broker found
-        dead (after the repair the tree may reach its subscribers by the other side): it waits
-        behind them, for ``dst``, so each publisher's order holds across a repair. Events
-        kept for a live neighbour (cut off for a while) hold back only that side. Whether it
-        was kept."""
+        """Events of ``event``'s publisher kept for ``dst``'s side, or sent again to that side
+        and not confirmed yet: it waits behind them, for ``dst``, so each publisher's order
+        holds across a repair (the other side's taken-over subscriptions are ordered by their
+        taker's barrier: see the module note). Whether it was kept."""
         eid = event[EVENT_ID]
         if (eid, dst) in self._going:  # (sent by a flush, in its publisher's order)
             self._going.discard((eid, dst))
             return False
         publisher = publish_order(eid)[0]
-        targets = self._targets.get(publisher)
         side = self.ring.side_of_addr(dst)
-        if not self._unconfirmed.get(publisher) and (
-            not targets
-            or (all(s != side for _, s in targets) and not any(t in self.gone_addrs() for t, _ in targets))
-        ):
+        kept = self._targets.get(publisher, ())
+        if all(s != side for _, s in kept) and not self._sent_again(publisher, side):
             return False
         self.hold(event, dst)
         return True
+
+    def _sent_again(
+        self, publisher: str, side: int, but: tuple[Key | None, int, Collection[int]] | None = None
+    ) -> bool:
+        """Whether events of ``publisher`` sent again to a neighbour on ``side`` wait for their
+        confirmation (``but``: not the event's own record, nor those sent down the link it
+        takes, ahead of it already, nor those at a broker whose barrier waits for our answer)."""
+        waiting = self._unconfirmed.get(publisher)
+        if not waiting:
+            return False
+        own, link, barred = but if but is not None else (None, None, ())
+        at = self.ring.side_of_addr
+        return any(k != own and d != link and d not in barred and at(d) == side for k, d in waiting.items())
 
     def hold(self, event: Mapping[str, Any], dst: int) -> None:
         """``event``, routed to the neighbour ``dst``, is kept for it, behind what is kept before
@@ -438,8 +452,6 @@ class Repair:
                     links = self.ring.links()
                 now = next((p for p in links if p.addr == to), now)
             same = now is not None and now.addr == to
-            before = self._unconfirmed.get(publisher)  # (sent again, older: one another way, not
-            # this event's own, must be confirmed first; one down the same link is ahead of it)
             go = (
                 (publisher, side) not in blocked
                 and (publisher, 0) not in blocked
@@ -449,11 +461,9 @@ class Repair:
                 and not self.ring.open & {side}
                 and all(d not in takers or takers[d] is not None or d in due_rounds for d in (to, *also[1]))
                 and (not same or ((held or live or to in self.heard) and to not in dead))
-                and not (
-                    held
-                    and before
-                    and any(k != key and d != now.addr and d not in barred for k, d in before.items())
-                )
+                # (sent again, older, to this side: one another way, not this event's own, must be
+                # confirmed first; one down the same link is ahead of it)
+                and not (held and self._sent_again(publisher, side, but=(key, now.addr, barred)))
             )
             if not go:
                 keep.append((event, to, side))

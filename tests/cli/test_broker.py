@@ -84,13 +84,22 @@ def test_broker_start_refuses_bad_options() -> None:
     assert done.returncode == 2 and "unknown overlay 'mesh'" in done.stderr
 
 
-def test_cluster_up_and_ctrl_c() -> None:
+def _background_job() -> None:
+    """What a shell without job control does to a command it runs with ``&``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background-job"])
+def test_cluster_up_and_ctrl_c(background: bool) -> None:
+    """Ctrl-C (SIGINT) stops the cluster, also when it was started as a script's background
+    job, with SIGINT ignored (it then did nothing: a test run started that way hung)."""
     port = consecutive_free_ports(2)
     proc = subprocess.Popen(
         [*FLOWBUS, "cluster", "up", "--brokers", "2", "--port", str(port), "--http", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,  # (its brokers in its process group: all stopped below, whatever happens)
+        preexec_fn=_background_job if background else None,
     )
     try:
         assert proc.stdout is not None

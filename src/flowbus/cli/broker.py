@@ -349,7 +349,8 @@ def cluster_up(
         tls=tls,
         http=None if http == "off" else http,
     )
-    signal.signal(signal.SIGTERM, _interrupt)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # (SIGINT too: a script's background job
+        signal.signal(sig, _interrupt)  # starts with it ignored, and Ctrl-C or kill -INT did nothing)
     try:
         for proc, address in zip(cluster.procs, cluster.start(brokers), strict=True):
             _say(f"broker {address} (pid {proc.pid})")

@@ -526,6 +526,11 @@ class ContentRouter(Core):
         """The subscriptions that came from ``neighbour`` (a copy)."""
         return dict(self._table.get(neighbour, {}))
 
+    def announced(self, neighbour: int, origin: Origin) -> bool:
+        """Whether ``neighbour`` itself sent word of ``origin`` (not what came from the broker
+        whose place it took in the tree, :meth:`set_neighbours`)."""
+        return origin in self._seen.get(neighbour, ())
+
     def directions(self, origin: Origin) -> frozenset[int]:
         """The directions ``origin`` comes from here (the broker's own id: local)."""
         return frozenset(self._dirs.get(origin, {}))

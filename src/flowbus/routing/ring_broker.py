@@ -152,6 +152,12 @@ EARLY_ROUNDS = 3
 the link to be new to this end too, before its events are routed as a former neighbour's
 (:meth:`RingBroker._stale_early`)."""
 
+HEIR_ROUNDS = 1
+"""Heartbeat rounds after a dead tree neighbour's place went to its replacement during which
+what is routed to the replacement by what came from the dead one alone is kept for the dead
+one's taker too (see :meth:`RingBroker._heir`): about the time the taker's announcement takes
+round the tree."""
+
 REPLAY_ROUNDS = 12
 """Heartbeat rounds of events a broker routed that it delivers again to subscriptions it
 takes over from a dead broker (see :meth:`RingBroker._replay`): longer than a death takes
@@ -237,6 +243,9 @@ class RingBroker(Core):
         self._state_seen: tuple[int, int, int] = (-1, -1, -1)  # the ring state _sync last read
         self._fenced: dict[int, Peer] = {}  # address -> the dead broker that was there (no live one is)
         self._placeholders: set[int] = set()  # dead tree neighbours kept until replaced (_gaps)
+        # a dead tree neighbour's replacement -> (it, the origins that came from it, the heartbeat
+        # round it was replaced in: see _heir)
+        self._inherited: dict[int, tuple[int, set[cbr.Origin], int]] = {}
         self._dead_seen: set[int] = set()  # the ring's dead (ids) at the last _sync
         self._orphaned: dict[int, int] = {}  # of those, kept for their orphans -> heartbeat rounds
         self._buried: set[int] = set()  # dead tree neighbours whose custody records were kept
@@ -1121,11 +1130,22 @@ class RingBroker(Core):
                 else:
                     e = Deliver(e.sub, {k: v for k, v in e.event.items() if k != EVENT_ID})
             elif isinstance(e, Send) and type(e.msg) in _IN_CUSTODY:
-                if self._placeholders and e.dst in self._placeholders and type(e.msg) is cbr.Publish:
-                    ev = e.msg.event  # (a dead neighbour not replaced yet: kept for its replacement)
+                dead = (
+                    e.dst
+                    if self._placeholders and e.dst in self._placeholders
+                    else self._heir(e.dst, e.msg.event)
+                    if self._inherited and type(e.msg) is cbr.Publish
+                    else None
+                )
+                if dead is not None and type(e.msg) is cbr.Publish:
+                    ev = e.msg.event  # (a dead neighbour not replaced yet: kept for its replacement;
+                    # routed to its replacement by what came from it alone: kept for it too, for
+                    # its taker, see _heir)
                     key = step.get(ev[EVENT_ID]) if step else None
                     side = repair.side_of(e.dst)
-                    taken = repair.keep(ev, e.dst, side, key)
+                    if dead != e.dst:
+                        repair.wait_for_taker(dead)
+                    taken = repair.keep(ev, dead, side, key)
                     if taken and (self.flows.parts or self.flows.subs):  # (a partition taken over
                         # folds them, a flow subscription's edge transforms them: read here after
                         # the flow side, they went to the driver as they were, which serves no
@@ -1151,6 +1171,31 @@ class RingBroker(Core):
             out.extend(repair.resend())
         out.extend(custodian.end_step())
         return self.express.route(out, SPACE) if self.express.on else out
+
+    def _heir(self, dst: int, event: Mapping[str, Any]) -> int | None:
+        """The dead broker whose place ``dst`` took in our tables, if ``event`` goes to ``dst``
+        by what came from the dead one (make before break, :meth:`ContentRouter.set_neighbours
+        <flowbus.routing.cbr.ContentRouter.set_neighbours>`) and still comes from there only:
+        ``dst`` never had those subscriptions and confirms the event having delivered it to
+        none, while their taker, elsewhere in the tree, has not announced them here yet (a
+        simulator schedule: 24 deliveries confirmed and lost in the second before its
+        announcement came round). Such an event is kept for the dead one too, for its taker."""
+        entry = self._inherited.get(dst)
+        if entry is None or self.repair.resending(event, dst):  # (kept already: going now)
+            return None
+        dead, came, since = entry
+        if self.custodian.round - since > HEIR_ROUNDS:
+            del self._inherited[dst]
+            return None
+        router = self.router
+        table = router.received_from(dst)
+        came &= table.keys()  # (withdrawn or replaced: gone)
+        came -= {o for o in came if router.directions(o) - {dst} or router.announced(dst, o)}  # (their
+        # taker's word came, or ``dst`` is their taker)
+        if not came:
+            del self._inherited[dst]
+            return None
+        return dead if any(table[o].matches(event) for o in came) else None
 
     def _open(self, src: int | None, event: Mapping[str, Any]) -> None:
         """This step routes ``event`` (from ``src``; None: published here), in custody if on
@@ -1326,11 +1371,16 @@ class RingBroker(Core):
             repair.keep_orphans(wanted, handover)
             if self.custody:
                 dead_addrs = repair.dead_addrs()
+                for a, h in handover.items():
+                    came = set(self.router.received_from(a)) if a in dead_addrs else set()
+                    if came:
+                        self._inherited[h] = (a, came, self.custodian.round)
                 for a in sorted(self.router.neighbours - wanted):
                     if a in dead_addrs:
                         out.extend(self._bury(a))
             out.extend(self.router.set_neighbours(wanted, handover=handover))
             self._syncing &= wanted
+            self._inherited = {h: a for h, a in self._inherited.items() if h in wanted}
             self._owed = {a: n for a, n in self._owed.items() if a in wanted}
             out.extend(self._welcome(added))
             for src in sorted(added):

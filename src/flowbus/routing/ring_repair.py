@@ -119,6 +119,7 @@ class Repair:
         self.paused: set[int] = set()  # neighbours that declined events, until they resume
         self.moving: Container[int] = ()  # neighbours whose events wait for an old way (ring_moves)
         self._taker_rounds: dict[int, int] = {}  # dead addr -> heartbeat rounds its taker is unknown
+        self._told: dict[int, Peer] = {}  # dead member id -> its taker, as its barrier's Drain said
         self._found_dead: dict[int, int] = {}  # dead addr -> the heartbeat round it was found dead in
         self.heard: set[int] = set()  # neighbours that confirmed since we last kept for them
         custodian.on_done = self._confirmed
@@ -164,10 +165,21 @@ class Repair:
             self.custodian.step[event[EVENT_ID]] = key
         return self._to_taken(event, dead, side)
 
+    def wait_for_taker(self, dead: int) -> None:
+        """What is kept for ``dead`` from now waits up to ``TAKER_ROUNDS`` rounds again for the
+        word of its taker (events routed to its replacement by what came from it: the taker
+        is the only broker that serves its subscriptions, and the replacement confirms them
+        having none)."""
+        self._taker_rounds.pop(dead, None)
+
     def _append(self, event: Mapping[str, Any], to: int, side: int, key: Key | None) -> None:
         self.retry.append((event, to, side))
         self.retry_for.append(key)
         self._targets.setdefault(publish_order(event[EVENT_ID])[0], set()).add((to, side))
+
+    def resending(self, event: Mapping[str, Any], dst: int) -> bool:
+        """Whether ``event``'s send to ``dst`` is the last flush's (:meth:`resend`)."""
+        return (event[EVENT_ID], dst) in self._going
 
     def behind_kept(self, dst: int, event: Mapping[str, Any]) -> bool:
         """Events of ``event``'s publisher kept for ``dst``'s side, or sent again to that side
@@ -543,11 +555,13 @@ class Repair:
         earlier, took the events kept for it and delivered none (they matched no subscription
         it had taken from the earlier one; 173 out of order in a simulator schedule)."""
         last = next((i for i in self.ids_at(dead) if i in self.ring.dead), None)
-        taker = self.ring.taken_by.get(last) if last is not None else None
+        taker = (self.ring.taken_by.get(last) or self._told.get(last)) if last is not None else None
         if taker is None and self.barriers is not None:
             askers = self.barriers.asked.get(dead, ())
             if len(askers) == 1:
                 taker = next((p for p in self.ring.links() if p.addr in askers), None)
+                if taker is not None and last is not None:  # (remembered: the barrier forgets
+                    self._told[last] = taker  # it once answered; kept events may go later)
         return None if taker is None or taker.id in self.ring.dead else taker
 
     def _recent(self, dead: set[int]) -> set[int]:

@@ -87,7 +87,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
 from flowbus.errors import FilterError, FilterSyntaxError
 from flowbus.filters.ast import Filter, value_class
-from flowbus.filters.parser import MAX_EXPR_DEPTH, parse
+from flowbus.filters.parser import MAX_EXPR_DEPTH, _Misplaced, parse
 from flowbus.filters.text import KEYWORDS, is_name, value_to_text
 from flowbus.model import Value
 
@@ -100,16 +100,6 @@ _FLOWBUS_ONLY_WORDS = ", ".join(sorted(KEYWORDS - _JMS_WORDS))
 
 
 # ------------------------------------------------------------------------------------ nodes
-
-
-class _Misplaced(Exception):
-    """A syntax error found by the callbacks (a value where a condition belongs...)."""
-
-    def __init__(self, message: str, line: int, column: int) -> None:
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.column = column
 
 
 @dataclass(frozen=True, slots=True)

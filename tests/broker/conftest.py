@@ -58,8 +58,9 @@ def _matching_compiled() -> None:
 
 @pytest.fixture
 def start_broker(tmp_path: Path, _matching_compiled: None) -> Iterator[StartBroker]:
-    """``start_broker(listen, join=[...], data=DIR, config=FILE)`` starts a broker process
-    and waits for its ready line: ``(process, "host:port")``. Every process started is
+    """``start_broker(listen, join=[...], data=DIR, config=FILE, stomp=HOST:PORT)`` starts a
+    broker process and waits for its ready line: ``(process, "host:port")`` (its STOMP
+    listener's address: ``stomp_of(process)``). Every process started is
     stopped at the end of the test."""
     procs: list[subprocess.Popen[str]] = []
     logs: list[Path] = []
@@ -71,9 +72,10 @@ def start_broker(tmp_path: Path, _matching_compiled: None) -> Iterator[StartBrok
         data: Path | None = None,
         config: Path | None = None,
         timeout: float = 30.0,
+        stomp: str | None = None,
     ) -> tuple[subprocess.Popen[str], str]:
         log = tmp_path / f"broker-log-{len(procs)}.txt"
-        proc = start_process(listen, join=join or [], data=data, config=config, log=log)
+        proc = start_process(listen, join=join or [], data=data, config=config, log=log, stomp=stomp)
         procs.append(proc)
         logs.append(log)
         return proc, _ready(proc, timeout)

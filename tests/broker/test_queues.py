@@ -206,6 +206,70 @@ def test_what_waits_for_a_durable_subscription_whose_client_left_goes_to_disk_an
     asyncio.run(main())
 
 
+def test_a_delivery_given_back_goes_to_the_front_of_its_queue_and_its_row_stays_for_the_others() -> None:
+    """A STOMP NACK: the delivery is sent again to that subscription (a new row), before what
+    waited; the row's other subscription still has it in flight, settled when acknowledged."""
+
+    async def main() -> None:
+        q, core, _ = queues(DEFAULT.with_(window=2))
+        c = Connection("c")
+        for i, sub_id in enumerate(("s1", "s2"), 1):
+            q.subscribe(c, p.Subscribe(i, sub_id, "events", "x > 0"))
+        one = event(1)
+        q.on_deliver(0, "s1", one)
+        q.on_deliver(0, "s2", one)
+        for n in (2, 3):  # (s1: 2 in flight, 3 waits for room in its window)
+            q.on_deliver(0, "s1", event(n))
+        assert [(subs, cseq) for subs, cseq, _, _ in c.rows] == [(["s1", "s2"], 1), (["s1"], 2)]
+        q.give_back(c, [(1, "s1"), (7, "s1"), (2, "s2")])  # (the unknown ones: nothing)
+        await turn()
+        assert [(subs, cseq, eid) for subs, cseq, eid, _ in c.rows[2:]] == [(["s1"], 3, ("pub", 1))]
+        assert q.subs["s1"].unacked == 2 and [e[0] for e in q.subs["s1"].pending] == [("pub", 3)]
+        q.ack(c, [(1, 1)])  # (s2 took it)
+        await turn()
+        assert core.called("settle") == [([(("pub", 1), 1)],)]
+        q.ack(c, [(2, 3)])
+        await turn()
+        assert core.called("settle")[1:] == [([(("pub", 2), 1), (("pub", 1), 1)],)]
+        assert [eid for _, _, eid, _ in c.rows[3:]] == [("pub", 3)]
+        q.close()
+
+    asyncio.run(main())
+
+
+def test_disk_rows_acknowledged_out_of_order_go_only_once_every_row_before_them_did() -> None:
+    """A STOMP client-individual client may acknowledge a durable subscription's events in
+    any order, or give one back: its SQLite queue keeps every row from the first one not
+    acknowledged on (a restart would send them again, none is lost)."""
+
+    async def main() -> None:
+        q, _, store = queues()
+        c = Connection("c")
+        q.subscribe(c, p.Subscribe(1, "d", "events", "x > 0", durable=True))
+        q.session_ended(c, bye=False)  # (away: what comes goes to disk)
+        for n in range(1, 6):
+            q.on_deliver(0, "d", event(n))
+        q.after_step()
+        back = Connection("c")
+        q.subscribe(back, p.Subscribe(2, "d", "events", "x > 0", resume=True))
+        await turn()
+        assert [(cseq, eid) for _, cseq, eid, _ in back.rows] == [(n, ("pub", n)) for n in range(1, 6)]
+        q.ack(back, [(2, 2), (4, 4)])
+        assert store.depth("d") == 5  # (1 is not acknowledged: nothing goes)
+        q.give_back(back, [(1, "d")])  # (1 back: sent again as 6)
+        await turn()
+        assert back.rows[-1][1:3] == (6, ("pub", 1))
+        q.ack(back, [(3, 3)])
+        assert store.depth("d") == 5
+        q.ack(back, [(6, 6)])  # (1 at last: 1 to 4 go, 5 waits for its acknowledgement)
+        assert store.depth("d") == 1
+        q.ack(back, [(5, 5)])
+        assert store.depth("d") == 0
+        q.close()
+
+    asyncio.run(main())
+
+
 def test_one_steps_spills_take_their_queue_positions_in_the_order_they_came() -> None:
     """Over all subscriptions (a reader of several queues merges them by position: Spark's
     pulled subscriptions, one per space, in the order the broker took the events)."""

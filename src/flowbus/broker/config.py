@@ -40,6 +40,8 @@ A YAML file (``flowbus broker start --config FILE``)::
     classes: {vault: secure}    # spaces (patterns) routed only over mutual-TLS links;
                                 # {alerts: express}: only over links whose latency,
     express_bound: 0.05         # measured from the heartbeats, is at most this (seconds)
+    stomp: 127.0.0.1:61613      # a STOMP 1.2 listener too (broker/stomp.py; port 0: any
+                                # free port; --stomp on the command line wins)
     security:                   # the door (net/admission.py)
       handshake_timeout: 10.0   # seconds for the TLS handshake and the first frame
       per_address: null         # connections open at once from one source address
@@ -63,7 +65,7 @@ from flowbus.broker.acl import Acl
 from flowbus.errors import ConfigError, SchemaError
 from flowbus.model import Schema
 
-__all__ = ["DEFAULT", "BrokerConfig", "ConfigError"]
+__all__ = ["DEFAULT", "BrokerConfig", "ConfigError", "parse_address"]
 
 
 STOCKS = Schema.of({"symbol": "str", "price": "float", "quantity": "int", "exchange": "str", "level": "int"})
@@ -82,8 +84,19 @@ _LIMITS = (
     "load_limit",
     "rate_limit",
     "express_bound",
+    "stomp",
 )
 _SECURITY = {"handshake_timeout": 10.0, "per_address": None, "plain_peers": False}
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``(host, port)``, or a :class:`ConfigError` naming the problem."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"an address is HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
 CLASSES = ("normal", "secure", "express")
 
 
@@ -104,6 +117,7 @@ class BrokerConfig:
     load_limit: int | None = None
     rate_limit: float | None = None
     express_bound: float = 0.05  # seconds: the latency an express space's links may have
+    stomp: str | None = None  # HOST:PORT of a STOMP listener (None: none; broker/stomp.py)
     acl: Acl = field(default_factory=Acl)
     classes: Mapping[str, str] = field(default_factory=dict)  # space pattern -> class
     security: Mapping[str, Any] = field(default_factory=lambda: dict(_SECURITY))
@@ -121,6 +135,11 @@ class BrokerConfig:
             raise ConfigError(f"express_bound: seconds > 0, got {self.express_bound!r}")
         if not self.express_bound > 0:
             raise ConfigError(f"express_bound: seconds > 0, got {self.express_bound!r}")
+        if self.stomp is not None:
+            try:
+                parse_address(self.stomp if isinstance(self.stomp, str) else repr(self.stomp))
+            except ConfigError:
+                raise ConfigError(f"stomp: HOST:PORT of the STOMP listener, got {self.stomp!r}") from None
         if not isinstance(self.advertising, bool):
             raise ConfigError(f"advertising: true or false, got {self.advertising!r}")
         if not self.spaces:

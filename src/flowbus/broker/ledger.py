@@ -171,6 +171,12 @@ class Ledger:
                 session.send(p.Nack(eid[1], why))
             self._lowest_open(eid[0])
 
+    def last_taken(self, client: str) -> int:
+        """The highest ``pseq`` taken from ``client`` (0: none; kept in SQLite over a restart).
+        A STOMP connection, whose client does not number its publishes, numbers them on from
+        here (:mod:`flowbus.broker.stomp`): a lower one would be taken for a re-send."""
+        return self._last_of(client)
+
     def _last_of(self, client: str) -> int:
         last = self._last.get(client)
         if last is None:

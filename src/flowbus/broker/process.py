@@ -9,11 +9,12 @@ from pathlib import Path
 
 from flowbus.errors import ExternalError
 
-__all__ = ["OVERLOADED", "READY", "console_of", "start_process", "wait_ready"]
+__all__ = ["OVERLOADED", "READY", "console_of", "start_process", "stomp_of", "wait_ready"]
 
 READY = "flowbus broker ready"
 """The line a broker prints (standard output) once it is a member of the ring:
-``flowbus broker ready HOST:PORT pid PID`` (and ``console URL`` with ``--http``)."""
+``flowbus broker ready HOST:PORT pid PID`` (and ``console URL`` with ``--http``, ``stomp
+HOST:PORT`` with ``--stomp``)."""
 
 OVERLOADED = "flowbus broker overloaded"
 """The line a broker prints (standard output) when it asks for another broker:
@@ -32,12 +33,15 @@ def start_process(
     tls_name: str | None = None,
     http: str | None = None,
     advertise: str | None = None,
+    stomp: str | None = None,
 ) -> subprocess.Popen[str]:
     """A broker in a process of its own (``flowbus broker start``); its standard error (the
     log) goes to the file ``log`` if one is given, else to ours. With ``tls`` (a ``certs
     init`` directory), it serves and dials in TLS with the certificate ``tls_name``. With
     ``advertise`` (``"host:port"``), it listens on ``listen`` but is known in the ring and to
-    clients as ``advertise`` (its ready line names that address)."""
+    clients as ``advertise`` (its ready line names that address). With ``stomp``
+    (``"host:port"``, port 0: any free port), it serves STOMP clients there too
+    (:func:`stomp_of` the process: the address it bound)."""
     cmd = [sys.executable, "-m", "flowbus", "broker", "start", "--listen", listen]
     if advertise is not None:
         cmd += ["--advertise", advertise]
@@ -53,6 +57,8 @@ def start_process(
         cmd += ["--tls", str(tls)] + (["--tls-name", tls_name] if tls_name else [])
     if http is not None:
         cmd += ["--http", http]
+    if stomp is not None:
+        cmd += ["--stomp", stomp]
     if log is None:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with log.open("a") as stderr:  # (the child has its own copy of the descriptor)
@@ -68,6 +74,7 @@ def wait_ready(proc: subprocess.Popen[str]) -> str:
         raise ExternalError(f"broker process {proc.pid} did not start (exit code {proc.poll()})")
     words = line.split()
     _consoles[proc.pid] = words[words.index("console") + 1] if "console" in words else None
+    _stomps[proc.pid] = words[words.index("stomp") + 1] if "stomp" in words else None
     return words[3]
 
 
@@ -77,3 +84,11 @@ _consoles: dict[int, str | None] = {}  # process id -> the URL of its console, f
 def console_of(proc: subprocess.Popen[str]) -> str | None:
     """The URL of the web console of a ready broker process (None: it has none)."""
     return _consoles.get(proc.pid)
+
+
+_stomps: dict[int, str | None] = {}  # process id -> the address of its STOMP listener
+
+
+def stomp_of(proc: subprocess.Popen[str]) -> str | None:
+    """The ``host:port`` of the STOMP listener of a ready broker process (None: it has none)."""
+    return _stomps.get(proc.pid)

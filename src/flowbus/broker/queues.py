@@ -50,6 +50,13 @@ How it works (flowbus's own delivery guarantees, on the custody of
   ends, the deliveries in flight go back to the front of the queue, for the next one. A
   non-durable subscription ends with a ``Bye``, or ``linger`` seconds after a lost
   connection if its client does not come back; a durable one waits for its client.
+* **Given back, or acknowledged out of order** (a STOMP client's ``NACK`` and
+  ``client-individual`` acknowledgements, :mod:`flowbus.broker.stomp`). A delivery its
+  client gives back goes to the front of its subscription's queue and is sent again
+  (:meth:`Queues.give_back`); the row stays in flight for its other subscriptions. A native
+  client takes each subscription's events in order, a STOMP one may acknowledge them in any
+  order: the rows of a SQLite queue are deleted only up to the first one loaded and not
+  acknowledged yet (:meth:`SubQueue.acked_from_disk`), never past it.
 * **Resuming.** A client whose broker died reconnects to another one and re-attaches its
   subscriptions (``resume``). The broker that took the dead one's state over serves them
   (the core knows them, with the ``meta`` they were made with): the core re-sends what the
@@ -170,6 +177,8 @@ class SubQueue:
     unacked: int = 0  # deliveries in flight on its connection (kept there: Session.inflight)
     on_disk: int = 0  # events in the SQLite queue not loaded into pending
     disk_pos: int = 0  # the queue position of the last event loaded from disk
+    loaded_rows: dict[int, None] = field(default_factory=dict)  # positions loaded, not acknowledged
+    disk_acked: int = 0  # the highest position acknowledged and not deleted: one below is loaded
     in_memory: int = 0  # entries in pending/inflight still in custody
     held: deque[Held] = field(default_factory=deque)  # for the SQLite queue, not written yet
     flagged: bool = False  # the ring state says its queue has events on this broker's disk
@@ -227,8 +236,27 @@ class SubQueue:
         for row in rows:
             eid, event = msgpack.unpackb(row.payload)
             self.pending.append((tuple(eid), event, row.seq))
+            self.loaded_rows[row.seq] = None
             self.disk_pos = row.seq
         self.on_disk = max(0, self.on_disk - len(rows)) if rows else 0
+
+    def acked_from_disk(self, positions: Iterable[int]) -> int:
+        """Its client acknowledged the events loaded from these positions of its SQLite
+        queue: the position the queue may be acknowledged (deleted) up to now, below every
+        position loaded and not acknowledged yet (0: none). A client acknowledges one
+        subscription's events in order, but a STOMP client may acknowledge them one by one
+        in any order (``client-individual``) or give one back (a NACK): the rows before
+        one it has not acknowledged stay until it has."""
+        rows, top = self.loaded_rows, self.disk_acked
+        for where in positions:
+            rows.pop(where, None)
+            top = max(top, where)
+        low = min(rows) if rows else None
+        if low is not None and low < top:  # (one before is out: the rest waits for it)
+            self.disk_acked = top
+            return low - 1
+        self.disk_acked = 0
+        return top
 
     def caught_up(self, events: list[dict[str, Any]]) -> tuple[list[Settle], int]:
         """The pending backlog is replaced by ``events`` (kept nowhere). The backlog's
@@ -236,6 +264,7 @@ class SubQueue:
         settle = [(eid, 1) for eid, _, where in self.pending if where is None]
         disk = max((where for _, _, where in self.pending if where), default=0)
         self.in_memory -= len(settle)
+        self.loaded_rows.clear()  # (what was loaded is acknowledged up to ``disk``: nothing is in flight)
         tag = next(_catch_ups)
         self.pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events))
         return settle, disk
@@ -290,6 +319,22 @@ class Flight:
                 if sent is not None:
                     out.append(sent)
         return out
+
+    def give_back(self, cseq: int, sub_id: str) -> tuple[SubQueue, Entry] | None:
+        """Delivery ``cseq`` is no longer in flight to subscription ``sub_id`` (its client
+        gave it back undone): the subscription and the entry to queue again (None: no such
+        delivery in flight). The row stays in flight for its other subscriptions."""
+        sent = self.inflight.get(cseq)
+        if sent is None:
+            return None
+        eid, event, subs, where = sent
+        sub = next((s for s in subs if s.sub_id == sub_id), None)
+        if sub is None:
+            return None
+        subs.remove(sub)
+        if not subs:
+            del self.inflight[cseq]
+        return sub, (eid, event, where)
 
     def take_back(self, sub: SubQueue) -> list[Entry]:
         """What is in flight to ``sub`` here, in order, no longer (it is detached)."""
@@ -414,7 +459,7 @@ class Queues:
         subscription it was for: settled in the core (those in custody), acknowledged in
         SQLite (those from disk), folded (subscriptions with a collapse rule set)."""
         settle: list[Settle] = []
-        disk: dict[SubQueue, int] = {}
+        disk: dict[SubQueue, list[int]] = {}
         more: set[SubQueue] = set()  # (with more to send)
         flight = self._flights.get(session)
         for eid, event, subs, where in flight.acked(ranges) if flight is not None else ():
@@ -427,7 +472,7 @@ class Queues:
                 if where is None:
                     sub.in_memory -= 1
                 elif where > 0:
-                    disk[sub] = max(disk.get(sub, 0), where)
+                    disk.setdefault(sub, []).append(where)
                 if sub.collapse is not None and sub.known:
                     sub.taken.append(event)
                     if len(sub.taken) >= FOLD_EVERY:
@@ -436,11 +481,32 @@ class Queues:
                     more.add(sub)
             if where is None and n:
                 settle.append((eid, n))
-        for sub, where in disk.items():
-            self._ack_disk(sub.sub_id, where)
+        for sub, positions in disk.items():
+            upto = sub.acked_from_disk(positions)
+            if upto > 0:
+                self._ack_disk(sub.sub_id, upto)
         if settle:
             self._settle(settle)
         for sub in more:
+            self._pump_soon(sub)
+
+    def give_back(self, session: Session, returned: Iterable[tuple[int, str]]) -> None:
+        """``session``'s client gave deliveries back undone (a STOMP ``NACK``): ``(delivery
+        number, subscription)`` pairs, in the order they were sent. Each goes back to the
+        front of its subscription's queue (before what was not sent yet), to be sent again,
+        as when a connection ends; the row stays in flight for its other subscriptions."""
+        flight = self._flights.get(session)
+        if flight is None:
+            return
+        back: dict[SubQueue, list[Entry]] = {}
+        for cseq, sub_id in returned:
+            taken = flight.give_back(cseq, sub_id)
+            if taken is not None:
+                sub, entry = taken
+                sub.unacked -= 1
+                back.setdefault(sub, []).append(entry)
+        for sub, entries in back.items():
+            sub.pending.extendleft(reversed(entries))
             self._pump_soon(sub)
 
     def session_ended(self, session: Session, *, bye: bool) -> None:

@@ -37,7 +37,7 @@ from flowbus.broker.acl import Acl
 from flowbus.broker.adverts import Adverts
 from flowbus.broker.config import BrokerConfig
 from flowbus.broker.queues import Queues
-from flowbus.broker.sessions import Session, Sessions
+from flowbus.broker.sessions import Connection, Sessions
 from flowbus.client import protocol as p
 from flowbus.errors import AccessError, ConfigError
 from flowbus.net.certs import CLIENTS_OU
@@ -111,7 +111,7 @@ class AclReload:
         )
         return {"identities": sorted(new.rights or {}), "closed": closed, "ended": ended}
 
-    def _close(self, session: Session, why: str) -> None:
+    def _close(self, session: Connection, why: str) -> None:
         """End ``session``: its subscriptions (each told ``SubEnded``) and advertisements
         go, then ``Error`` and the connection is closed."""
         for sub_id in sorted(self.queues.attached(session)):
@@ -122,7 +122,7 @@ class AclReload:
         session.close()
 
 
-def _revoked(session: Session, old: Acl, new: Acl) -> str | None:
+def _revoked(session: Connection, old: Acl, new: Acl) -> str | None:
     """Why ``session``'s identity is no longer valid under ``new`` (None: it is)."""
     peercert = session.writer.get_extra_info("peercert")
     why = new.revocation(peercert)

@@ -33,7 +33,10 @@ How it works:
     runs (:meth:`Broker.reload_acl`: ``SIGHUP``, or a client's ``ReloadAcl``);
   - :mod:`~flowbus.broker.store`: the SQLite database;
   - :mod:`~flowbus.broker.console`: the web console and ``/metrics``, if started with
-    ``http`` (``--http HOST:PORT``), in the same event loop.
+    ``http`` (``--http HOST:PORT``), in the same event loop;
+  - :mod:`~flowbus.broker.stomp`: a STOMP listener, if started with ``stomp`` (``--stomp
+    HOST:PORT`` or the config's ``stomp``): its connections are sessions like the
+    native clients' (in TLS with the broker's certificate when it has ``tls``).
 
   The runtime calls three of them: the core's deliveries go to the queues, a client
   connection to the sessions, and after each step of the core the broker hands what the
@@ -61,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 from flowbus.broker.acl import Acl
 from flowbus.broker.adapt import AdaptLog
 from flowbus.broker.adverts import Adverts
-from flowbus.broker.config import DEFAULT, BrokerConfig
+from flowbus.broker.config import DEFAULT, BrokerConfig, parse_address
 from flowbus.broker.fence import Fence
 from flowbus.broker.flows import BrokerFlows
 from flowbus.broker.handover import Finder, Rejoin
@@ -88,6 +91,7 @@ from flowbus.routing.ring_handover import Backlog, BacklogAck, HeldHere, WhereIs
 
 if TYPE_CHECKING:
     from flowbus.broker.console import Console
+    from flowbus.broker.stomp import StompDoor
 
 __all__ = ["Broker", "parse_address", "parse_advertised"]
 
@@ -108,14 +112,6 @@ LINK_TIMEOUT_HEARTBEATS = 3
 heartbeats) seconds without an acknowledgement of what was written (or to open it): a lease
 lasts three heartbeats, so after a heal the ring talks again before it would find anyone
 dead (see :mod:`flowbus.net.runtime`)."""
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``"host:port"`` -> ``(host, port)``, or a :class:`ConfigError` naming the problem."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"an address is HOST:PORT, got {text!r}")
-    return host, int(port)
 
 
 def parse_advertised(text: str) -> tuple[str, int]:
@@ -234,6 +230,7 @@ class Broker:
         self._store_failing: StoreFull | None = None  # (the store's failure, as logged)
         self._store_retry: asyncio.TimerHandle | None = None
         self.console: Console | None = None  # the web console, if started with http
+        self.stomp: StompDoor | None = None  # the STOMP listener, if started with stomp
         self.rejoin: Rejoin | None = None  # (coming back as a new ring member: broker/handover.py)
         self.finder = (  # (a durable subscription is opened afresh only if no other broker serves it)
             Finder(core=ring, apply=runtime.apply, pending=self._pending) if ring is not None else None
@@ -265,6 +262,7 @@ class Broker:
         http: str | None = None,
         config_file: Path | str | None = None,
         advertise: str | None = None,
+        stomp: str | None = None,
     ) -> Broker:
         """A broker listening on ``host:port`` (0: any free port), joining the ring through
         ``join`` (addresses ``"host:port"``; none: a new ring), keeping its state in ``data``
@@ -274,11 +272,15 @@ class Broker:
         brokers), serving the web console on ``http`` (``"host:port"``; None: no console),
         reading its rights again from ``config_file`` on :meth:`reload_acl` (the file
         ``config`` was read from), known in the ring and to clients as ``advertise``
-        (``"host:port"`` where a forwarder to ``host:port`` listens; None: as ``host:port``).
-        Wait for :meth:`joined` before counting on it."""
+        (``"host:port"`` where a forwarder to ``host:port`` listens; None: as ``host:port``),
+        serving STOMP clients on ``stomp`` (``"host:port"``, port 0: any free port; None: the
+        config's ``stomp``, if any). Wait for :meth:`joined` before counting on it."""
         peers = [parse_address(j) for j in join]
         advertised = parse_advertised(advertise) if advertise is not None else None
         console_at = parse_address(http) if http is not None else None
+        stomp = stomp if stomp is not None else config.stomp
+        if stomp is not None:
+            parse_address(stomp)  # (a bad address: refused before anything starts)
         check_overlay(overlay, config)
         if any(c != "normal" for c in config.classes.values()) and overlay != "chordal-ring":
             raise ConfigError(
@@ -341,6 +343,16 @@ class Broker:
 
             try:
                 broker.console = await Console.start(broker, *console_at)
+            except BaseException:
+                await broker.close()
+                raise
+        if stomp is not None:
+            from flowbus.broker.stomp import StompDoor
+
+            try:
+                broker.stomp = await StompDoor.start(
+                    broker.sessions, stomp, admission=runtime.admission, heartbeat=config.keepalive
+                )
             except BaseException:
                 await broker.close()
                 raise
@@ -413,6 +425,8 @@ class Broker:
             await self.console.close()
         self.queues.close()
         self.sessions.close()
+        if self.stomp is not None:
+            await self.stomp.close()
         await self.runtime.close()
         self.store.close()
 
@@ -439,6 +453,7 @@ class Broker:
             "store_full": self.store_full() is not None,  # (writes fail, or wait in memory)
             "store_refused": self.queues.refused,  # deliveries refused while the store was full
             "adapt": self.adapt.view() if self.adapt is not None else None,  # (shares, express links)
+            "stomp": self.stomp.address if self.stomp is not None else None,  # (its STOMP listener)
         }
 
     def _admit(self, session: Any, space: str, fields: dict[str, Any]) -> str | None:

@@ -55,7 +55,13 @@ How it works (the client protocol is :mod:`flowbus.client.protocol`):
 * **The end.** When a session ends, the deliveries in flight to it go back to the front of
   their queues. A ``Bye`` ends its non-durable subscriptions and withdraws its advertisements
   at once; a lost connection keeps both for a while (the subscriptions ``linger``; the client
-  advertises again when it is back). Durable subscriptions wait for their client.
+  advertises again when it is back). Durable subscriptions wait for their client. A
+  connection whose client cannot resume anything (a STOMP one's, :mod:`flowbus.broker.stomp`)
+  ends its non-durable subscriptions with it, however it ends.
+* **Other protocols.** :meth:`Sessions.run` reads any :class:`Connection`, with a function
+  that turns what a read brings into the client protocol's messages; the STOMP door
+  (:mod:`flowbus.broker.stomp`) serves its connections so, through the same :meth:`Sessions.take`
+  and :meth:`Sessions.handle`, the same ledger and queues.
 """
 
 from __future__ import annotations
@@ -63,11 +69,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowbus.broker.acl import Acl
 from flowbus.broker.handover import WHERE_WITHIN, Finder
+from flowbus.broker.outbox import Outbox
 from flowbus.broker.overlays import address_text
 from flowbus.broker.pull import Pulls
 from flowbus.client import protocol as p
@@ -83,7 +90,7 @@ if TYPE_CHECKING:
     from flowbus.broker.ledger import Ledger
     from flowbus.broker.queues import Queues
 
-__all__ = ["EVENTS_PER_FRAME", "Session", "Sessions"]
+__all__ = ["EVENTS_PER_FRAME", "Connection", "Session", "Sessions"]
 
 EVENTS_PER_FRAME = 2000
 """Deliveries per ``Events`` frame (frames stay well under the size limit)."""
@@ -97,9 +104,35 @@ publisher takes its backlog in steps of a few hundred events, each step's delive
 before the next step is read (not one step of all that waits, delivered at its end)."""
 
 
+class Connection(Outbox, Protocol):
+    """A client connection as the sessions drive it: an :class:`~flowbus.broker.outbox.Outbox`
+    (what the parts write to it) that the sessions also flush, tick, close and read for. A
+    native :class:`Session` is one, and so is a STOMP connection's
+    :class:`~flowbus.broker.stomp.StompSession`."""
+
+    writer: asyncio.StreamWriter
+    closed: bool  # type: ignore[misc]  # (the sessions set it: Outbox only reads it)
+    publishing: bool  # whether its last read held publishes (a stream: see "Steps")
+    resumable: bool  # whether its client may attach again to what a lost connection had
+
+    def flush(self) -> None:
+        """Write what is gathered, in one call."""
+        ...
+
+    def tick(self) -> None:
+        """A keepalive tick (see "Keepalive")."""
+        ...
+
+    def close(self) -> None:
+        """Write what is gathered and close the connection."""
+        ...
+
+
 class Session:
     """One client connection: what is to be written to it (an :class:`~flowbus.broker.outbox.Outbox`;
     what is in flight on it is the queues')."""
+
+    resumable = True  # (a lost connection's subscriptions linger for the client to resume)
 
     def __init__(self, client: str, writer: asyncio.StreamWriter, identity: str | None = None) -> None:
         self.client = client
@@ -202,7 +235,7 @@ class Sessions:
         self.flows = flows
         self.pulls = Pulls(queues)
         self.finder: Finder | None = None  # (a ring broker's: durable subscriptions served elsewhere)
-        self.by_client: dict[str, Session] = {}
+        self.by_client: dict[str, Connection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # reads the rights again (the broker's; ReloadAcl): (ok, error, what changed)
         self.reload: Callable[[], tuple[bool, str | None, Any]] = lambda: (False, "nothing to reload", None)
@@ -216,50 +249,84 @@ class Sessions:
         frames: FrameDecoder,
     ) -> None:
         """Serve a client connection until it ends (the runtime's ``on_client``)."""
-        revoked = self.acl.revocation(writer.get_extra_info("peercert"))
-        if revoked is None and self.fence is not None and not self.fence.ok():
-            revoked = self.fence.reason  # (cut off from the ring: the client goes elsewhere)
-        if revoked is not None:
-            writer.write(frame(encode(p.Error(revoked))))
+        refused = self.refusal(writer)
+        if refused is not None:
+            writer.write(frame(encode(p.Error(refused))))
             writer.close()
             return
+        session = Session(hello.client, writer, self.identity_of(hello.token, writer))
+        if session.identity is not None or not self.acl.enforced:
+            frames.limit = MAX_FRAME
+        self.open(session)
+        session.send(self.welcome())
+        await self.run(session, reader, lambda data: map(decode, frames.feed(data)), map(decode, early))
+
+    def refusal(self, writer: asyncio.StreamWriter) -> str | None:
+        """Why a new connection opens no session (None: it may): its client certificate is
+        revoked, or the broker may not serve its clients (its ring lease is gone: the client
+        goes elsewhere)."""
+        revoked = self.acl.revocation(writer.get_extra_info("peercert"))
+        if revoked is None and self.fence is not None and not self.fence.ok():
+            revoked = self.fence.reason
+        return revoked
+
+    def open(self, session: Connection) -> None:
+        """``session`` is its client's connection from now on (one the client had before,
+        not seen to go yet, is ended); the keepalive ticks while there are sessions."""
+        old = self.by_client.get(session.client)
+        if old is not None:  # the client reconnected before we saw its old connection go
+            self.end(old, bye=False)
+        self.by_client[session.client] = session
+        if self._tick is None and self.keepalive is not None:
+            self._tick = asyncio.get_running_loop().call_later(self.keepalive, self._keepalive)
+
+    async def run(
+        self,
+        session: Connection,
+        reader: asyncio.StreamReader,
+        translate: Callable[[bytes], Iterable[Any]],
+        early: Iterable[Any] = (),
+        *,
+        idle: float | None = None,
+    ) -> None:
+        """Read ``session``'s connection until it ends, then end the session: ``early`` (the
+        messages that came with the first frame) and then what each read brings, which
+        ``translate`` turns into messages of the client protocol (the native frames decoded,
+        or a STOMP connection's frames translated: :mod:`flowbus.broker.stomp`), each read
+        one step (see "Steps"). ``idle``: seconds after which a silent connection is taken
+        for lost (None: never). A malformed frame or a message a client may not send ends
+        this connection only: ``Error`` is sent."""
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
-        session = Session(hello.client, writer, self._identity(hello, writer))
-        if session.identity is not None or not self.acl.enforced:
-            frames.limit = MAX_FRAME
-        old = self.by_client.get(hello.client)
-        if old is not None:  # the client reconnected before we saw its old connection go
-            self._end(old, bye=False)
-        self.by_client[hello.client] = session
-        session.send(self.welcome())
-        if self._tick is None and self.keepalive is not None:
-            self._tick = asyncio.get_running_loop().call_later(self.keepalive, self._keepalive)
         bye = False
         loop, began = asyncio.get_running_loop(), -math.inf
         try:
-            bye = self._take_all(session, early)
+            bye = self.take(session, early)
             while not bye and not session.closed:
                 wait = began + self.step_interval - loop.time()
                 if wait > 0 and session.publishing:  # (a stream: let more arrive, see "Steps")
                     await asyncio.sleep(wait)
                 began = loop.time()
-                data = await reader.read(READ_BYTES)
+                if idle is None:
+                    data = await reader.read(READ_BYTES)
+                else:
+                    async with asyncio.timeout(idle):
+                        data = await reader.read(READ_BYTES)
                 if not data:
                     break
                 if self.fence is not None and not self.fence.ok():  # (read after a pause: the
                     raise ProtocolError(self.fence.reason)  # lease may be gone, nothing is taken)
-                bye = self._take_all(session, frames.feed(data))
+                bye = self.take(session, translate(data))
                 if len(data) == READ_BYTES:  # (more may wait: let the loop write what this
                     await asyncio.sleep(0)  # step delivered before the next one is read)
         except FlowbusError as e:  # a malformed frame or message: this connection only
             session.send(p.Error(str(e)))
             session.flush()
-        except (OSError, ConnectionError, asyncio.CancelledError):
+        except (OSError, ConnectionError, asyncio.CancelledError):  # (TimeoutError: idle)
             pass
         finally:
-            self._end(session, bye=bye)
+            self.end(session, bye=bye)
             if task is not None:
                 self._tasks.discard(task)
 
@@ -271,14 +338,15 @@ class Sessions:
         if self.by_client and self.keepalive is not None:
             self._tick = asyncio.get_running_loop().call_later(self.keepalive, self._keepalive)
 
-    def _identity(self, hello: p.Hello, writer: asyncio.StreamWriter) -> str | None:
-        """The client certificate's name (a client's, not a broker's), else the token's identity."""
+    def identity_of(self, token: str | None, writer: asyncio.StreamWriter) -> str | None:
+        """Who a connection's client is: its client certificate's name (a client's, not a
+        broker's), else the identity ``token`` stands for (None: nobody)."""
         who = identity(writer.get_extra_info("peercert"))
         if who is not None and who[0] == CLIENTS_OU:
             return who[1]
-        return self.acl.identity_of(hello.token)
+        return self.acl.identity_of(token)
 
-    def _denied(self, session: Session, req: int, right: str, space: str) -> bool:
+    def _denied(self, session: Connection, req: int, right: str, space: str) -> bool:
         """Whether ``session`` lacks ``right`` on ``space``: if so, the refusal is sent."""
         try:
             self.acl.check(session.identity, right, space)
@@ -287,13 +355,13 @@ class Sessions:
             return True
         return False
 
-    def _pull_denied(self, session: Session, req: int, sub_id: str) -> bool:
+    def _pull_denied(self, session: Connection, req: int, sub_id: str) -> bool:
         """Whether ``session`` may not read pulled subscription ``sub_id``: it needs the
         subscribe right on the subscription's space (no such subscription: the pull says so)."""
         sub = self.queues.subs.get(sub_id)
         return sub is not None and self._denied(session, req, "subscribe", sub.space)
 
-    def _deploy(self, session: Session, msg: p.Deploy) -> None:
+    def _deploy(self, session: Connection, msg: p.Deploy) -> None:
         """``msg``'s flow built once: refused if it is not a flow, or if ``session`` may not
         deploy it (by its name), else deployed."""
         ok, error, d = self.flows.answer(lambda: Deployment.from_text(msg.text))
@@ -302,14 +370,14 @@ class Sessions:
         elif not self._denied(session, msg.req, "deploy", d.name):
             session.send(p.Reply(msg.req, *self.flows.answer(lambda: self.flows.deploy(d))))
 
-    def _take_all(self, session: Session, bodies: list[bytes]) -> bool:
+    def take(self, session: Connection, msgs: Iterable[Any]) -> bool:
         """Handle the messages one read brought, in order, each run of publishes in one step
         of the core (a busy broker then routes bigger batches: fewer passes of its matcher);
-        True for ``Bye`` (what follows it is dropped)."""
+        True for ``Bye`` (what follows it is dropped). ``msgs`` may be lazy: a bad frame
+        raises where it is, after what came before it was handled."""
         publishes: list[p.Publish] = []
         session.publishing = False
-        for body in bodies:
-            msg = decode(body)
+        for msg in msgs:
             if type(msg) is p.Publish:
                 publishes.append(msg)
                 continue
@@ -317,14 +385,14 @@ class Sessions:
                 self.ledger.publish(session, publishes)
                 publishes = []
                 session.publishing = True
-            if self._handle(session, msg):
+            if self.handle(session, msg):
                 return True
         if publishes:
             self.ledger.publish(session, publishes)
             session.publishing = True
         return False
 
-    async def _subscribe_afresh(self, session: Session, msg: p.Subscribe, finder: Finder) -> None:
+    async def _subscribe_afresh(self, session: Connection, msg: p.Subscribe, finder: Finder) -> None:
         """A durable subscription not known here, opened if no other broker serves it."""
         try:
             holder = await finder.holder(msg.sub_id)
@@ -346,8 +414,9 @@ class Sessions:
         else:
             session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
 
-    def _handle(self, session: Session, msg: Any) -> bool:
-        """Handle one message of ``session``; True for ``Bye``."""
+    def handle(self, session: Connection, msg: Any) -> bool:
+        """Handle one message of ``session`` (the client protocol's): hand it to its part;
+        True for ``Bye``."""
         match msg:
             case p.Publish():
                 self.ledger.publish(session, [msg])
@@ -399,13 +468,15 @@ class Sessions:
                 raise ProtocolError(f"a client may not send {type(msg).__name__}")
         return False
 
-    def _end(self, session: Session, *, bye: bool) -> None:
+    def end(self, session: Connection, *, bye: bool) -> None:
+        """``session`` ends (``bye``: its client said so): what was in flight on it goes back
+        to its queues, its subscriptions end or wait (see "The end")."""
         if session.closed and self.by_client.get(session.client) is not session:
             return
         session.close()
         if self.by_client.get(session.client) is session:
             del self.by_client[session.client]
-        self.queues.session_ended(session, bye=bye)
+        self.queues.session_ended(session, bye=bye or not session.resumable)
         if bye:  # (a lost connection keeps them: the client advertises again when back)
             self.adverts.withdraw_all(session)
 
@@ -415,7 +486,7 @@ class Sessions:
         for session in list(self.by_client.values()):
             session.send(p.Error(reason))
             session.flush()
-            self._end(session, bye=False)
+            self.end(session, bye=False)
             session.writer.close()
 
     def close(self) -> None:

@@ -124,6 +124,12 @@ def broker_start(
     http: Annotated[
         str | None, typer.Option(help="HOST:PORT of the web console and /metrics (port 0: any free port).")
     ] = None,
+    stomp: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT of a STOMP 1.2 listener (port 0: any free port; else the config's stomp key)."
+        ),
+    ] = None,
 ) -> None:
     """Run a broker until Ctrl-C (or SIGTERM); SIGHUP reads the rights of --config again."""
     import logging
@@ -140,6 +146,8 @@ def broker_start(
     )
     try:
         host, port = parse_address(listen)
+        if stomp is not None:
+            parse_address(stomp)
         if advertise is not None:
             parse_advertised(advertise)
         cfg = BrokerConfig.load(config) if config is not None else DEFAULT
@@ -163,6 +171,7 @@ def broker_start(
             http=http,
             config_file=config,
             advertise=advertise,
+            stomp=stomp,
         )
     )
 
@@ -206,9 +215,12 @@ async def _serve(**options: Any) -> None:
             broker.ring_log.on_overloaded = partial(_overloaded, broker.address)
         if broker.console is not None:  # (a start again keeps the console's port)
             options["http"] = broker.console.url.removeprefix("http://").rstrip("/")
+        if broker.stomp is not None:  # (and the STOMP listener's)
+            options["stomp"] = broker.stomp.address
         if not ready:
             console = f" console {broker.console.url}" if broker.console is not None else ""
-            print(f"{READY} {broker.address} pid {os.getpid()}{console}", flush=True)
+            door = f" stomp {broker.stomp.address}" if broker.stomp is not None else ""
+            print(f"{READY} {broker.address} pid {os.getpid()}{console}{door}", flush=True)
             ready = True
         stopped = asyncio.ensure_future(stop.wait())
         down = asyncio.ensure_future(broker.stepped_down.wait())

@@ -10,10 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import stomp  # type: ignore[import-untyped]
 from tests.cli.conftest import until_received
 from tests.ports import consecutive_free_ports
 
@@ -117,6 +120,82 @@ def test_cluster_up_and_ctrl_c(background: bool) -> None:
         with contextlib.suppress(ProcessLookupError):  # (brokers left behind if it timed out)
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_cluster_up_gives_each_broker_a_stomp_port_and_a_stomp_event_crosses_the_ring() -> None:
+    """``cluster up --stomp PORT``: broker i serves STOMP on PORT + i - 1; an event sent over
+    STOMP at the second broker reaches a STOMP subscriber of the first, its selector applied."""
+    port = consecutive_free_ports(4)
+    door = port + 2  # (the STOMP ports after the brokers')
+    proc = subprocess.Popen(
+        [
+            *FLOWBUS,
+            "cluster",
+            "up",
+            "--brokers",
+            "2",
+            "--port",
+            str(port),
+            "--http",
+            "off",
+            "--stomp",
+            str(door),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    got: list[dict[str, Any]] = []
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        assert lines[3].strip() == f"STOMP: 127.0.0.1:{door}, 127.0.0.1:{door + 1}", lines
+        sub, pub = stomp.Connection12([("127.0.0.1", door)]), stomp.Connection12([("127.0.0.1", door + 1)])
+        sub.set_listener("take", _Taker(got))
+        for conn in (sub, pub):
+            conn.connect(wait=True)
+        sub.subscribe(
+            "/topic/stocks", "s1", headers={"selector": "price > 100 AND symbol LIKE 'H%'", "receipt": "r"}
+        )
+        time.sleep(1.0)  # (the subscription reaches the other broker's routing tables)
+        sent = [
+            {"symbol": s, "price": p, "quantity": 1, "exchange": "NYSE", "level": 1}
+            for s, p in [("HP", 101.0), ("HP", 99.0), ("IBM", 150.0), ("HAL", 120.5)]
+        ]
+        for event in sent:
+            pub.send(
+                "/topic/stocks", json.dumps(event), content_type="application/json", headers={"receipt": "x"}
+            )
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # (nothing more comes)
+        assert got == [sent[0], sent[3]]
+        for conn in (sub, pub):
+            conn.disconnect()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class _Taker(stomp.ConnectionListener):  # type: ignore[misc]
+    """A stomp.py listener that keeps the events of the MESSAGEs it is given."""
+
+    def __init__(self, got: list[dict[str, Any]]) -> None:
+        self.got = got
+
+    def on_message(self, frame: Any) -> None:
+        self.got.append(json.loads(frame.body))
+
+
+def test_cluster_up_refuses_stomp_ports_that_overlap_the_brokers() -> None:
+    done = flowbus("cluster", "up", "--brokers", "3", "--port", "7001", "--stomp", "7002")
+    assert done.returncode == 2 and "overlap" in done.stderr
 
 
 # ---------------------------------------------------------------- pip install flowbus (no extra)

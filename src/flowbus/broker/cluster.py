@@ -21,6 +21,9 @@ the ring by setting up new links"):
   mutual TLS with the certificate ``broker-N``.
 * With ``http`` (``cluster up --http HOST:PORT``) the first broker serves the web console
   (:mod:`flowbus.broker.console`); its URL is :attr:`Cluster.console_url`.
+* With ``stomp`` (``cluster up --stomp PORT``) broker *i* serves STOMP clients on
+  127.0.0.1 port ``stomp + i - 1`` (:mod:`flowbus.broker.stomp`), a broker started later
+  too; :attr:`Cluster.stomps` lists the addresses.
 * :meth:`Cluster.stop` terminates every broker (SIGTERM: each closes its store) and waits
   ``STOP_WAIT`` seconds in all for them; one still running then is killed, so no broker
   outlives ``cluster up``.
@@ -36,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flowbus.broker.process import OVERLOADED, console_of, start_process, wait_ready
+from flowbus.broker.process import OVERLOADED, console_of, start_process, stomp_of, wait_ready
 from flowbus.net.tls import broker_name
 
 __all__ = ["Cluster"]
@@ -60,6 +63,7 @@ class Cluster:
         say: Callable[[str], None] = lambda text: None,
         tls: Path | None = None,
         http: str | None = None,
+        stomp: int | None = None,
     ) -> None:
         self.port = port
         self.max_brokers = max_brokers
@@ -70,6 +74,7 @@ class Cluster:
         self.tls = tls
         self.http = http  # HOST:PORT of the first broker's web console (None: none)
         self.console_url: str | None = None
+        self.stomp = stomp  # the first broker's STOMP port, the others' follow (None: none)
         self.procs: list[subprocess.Popen[str]] = []
         self._asks: queue.Queue[str] = queue.Queue()  # addresses of brokers asking for one more
 
@@ -80,6 +85,11 @@ class Cluster:
         addresses = [self._ready(proc) for proc in self.procs]
         self.console_url = console_of(self.procs[0]) if self.procs else None
         return addresses
+
+    @property
+    def stomps(self) -> list[str]:
+        """The brokers' STOMP addresses, in order (none without ``stomp``)."""
+        return [a for a in map(stomp_of, self.procs) if a is not None]
 
     def serve(self) -> None:
         """Start a broker for each request, up to ``max_brokers``; until interrupted."""
@@ -121,6 +131,7 @@ class Cluster:
             tls=self.tls,
             tls_name=broker_name(i + 1),
             http=self.http if i == 0 else None,
+            stomp=f"127.0.0.1:{self.stomp + i}" if self.stomp is not None else None,
         )
 
     def _ready(self, proc: subprocess.Popen[str]) -> str:

@@ -345,12 +345,25 @@ def cluster_up(
         str,
         typer.Option(help="HOST:PORT of the first broker's web console and /metrics, or off."),
     ] = "127.0.0.1:8080",
+    stomp: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="STOMP port of the first broker; broker i's is PORT + i - 1."),
+    ] = None,
 ) -> None:
     """Start a ring of brokers on 127.0.0.1, one process each; Ctrl-C stops them all."""
     from flowbus.broker.cluster import Cluster
 
     if max_brokers is not None and max_brokers < brokers:
         fail(f"--max-brokers: {max_brokers} is below --brokers {brokers}")
+    if stomp is not None:
+        stomps, ports = (
+            range(stomp, stomp + (max_brokers or brokers)),
+            range(port, port + (max_brokers or brokers)),
+        )
+        if stomps[-1] > 65535:
+            fail(f"--stomp: broker {len(stomps)} would get port {stomps[-1]}, past 65535")
+        if set(stomps) & set(ports):
+            fail(f"--stomp: ports {stomps[0]}-{stomps[-1]} overlap the brokers' {ports[0]}-{ports[-1]}")
     options = client_options(tls, user, None)  # (for deploying --flow)
     cluster = Cluster(
         port=port,
@@ -360,6 +373,7 @@ def cluster_up(
         say=_say,
         tls=tls,
         http=None if http == "off" else http,
+        stomp=stomp,
     )
     for sig in (signal.SIGINT, signal.SIGTERM):  # (SIGINT too: a script's background job
         signal.signal(sig, _interrupt)  # starts with it ignored, and Ctrl-C or kill -INT did nothing)
@@ -370,6 +384,8 @@ def cluster_up(
         _say(f"{brokers} broker(s) up; try: flowbus sub stocks 'price > 100' --broker 127.0.0.1:{port}{hint}")
         if cluster.console_url:
             _say(f"console: {cluster.console_url}")
+        if cluster.stomps:
+            _say(f"STOMP: {', '.join(cluster.stomps)}")
         if flow:
             asyncio.run(_deploy_all(flow, f"127.0.0.1:{port}", options))
         cluster.serve()

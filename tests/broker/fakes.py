@@ -22,6 +22,7 @@ class FakeCore:
         self.version = 0  # the backup version a mark_backlog gives
         self.confirmed = 0  # the backup version every holder has
         self.awaits: dict[Hashable, int] = {}  # sub -> the broker whose backlog it awaits
+        self.consumption: dict[Hashable, dict[str, int]] = {}  # sub -> how far its client consumed
 
     def meta_of(self, sub_id: Hashable) -> Any:
         return self.metas.get(sub_id)
@@ -66,6 +67,14 @@ class FakeCore:
 
     def awaited(self, sub_id: Hashable) -> int | None:
         return self.awaits.get(sub_id)
+
+    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+        self.calls.append(("consume", sub_id, dict(upto)))
+        self.consumption.setdefault(sub_id, {}).update(upto)
+        return self.version, []
+
+    def consumed(self, sub_id: Hashable) -> dict[str, int]:
+        return dict(self.consumption.get(sub_id, {}))
 
     def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:
         self.calls.append(("backlog_done", sub_id, home))

@@ -598,3 +598,47 @@ def test_a_collapse_subscription_taken_over_gets_its_backlog_as_it_is_not_caught
             q.close()
 
     asyncio.run(main())
+
+
+def test_a_taken_over_subscription_drops_what_its_client_had_consumed() -> None:
+    """Taken over with the ring's word on how far its client consumed each publisher (a
+    STOMP client's: it cannot drop by id what it had), the deliveries that word covers are
+    settled and never queued; the others, and other publishers', are served."""
+
+    async def main() -> None:
+        q, core, store = queues()
+        core.subs.add("s")
+        core.metas["s"] = SubQueue("s", "c", "events", "x > 0", True, None).meta()
+        core.consumption["s"] = {"pub": 2}
+        for n in (1, 2, 3):
+            q.on_deliver(0, "s", event(n))  # (delivered again by the taker: replayed)
+        q.on_deliver_all(0, ("s",), {EVENT_ID: ("other", 1), SPACE: "events", "x": 9})
+        q.after_step()
+        await turn()
+        settled = [eid for call in core.called("settle") for eid, _ in call[0]]
+        assert sorted(settled, key=repr) == [("other", 1), ("pub", 1), ("pub", 2), ("pub", 3)]
+        assert store.depth("s") == 2  # (settled: the two consumed dropped, the others on this disk)
+        c = Connection("c")
+        assert q.subscribe(c, p.Subscribe(1, "s", "events", "x > 0", durable=True)) == (True, None)
+        await turn()
+        assert [eid for _, _, eid, _ in c.rows] == [("pub", 3), ("other", 1)]
+
+    asyncio.run(main())
+
+
+def test_consumed_is_told_to_the_core_and_answered_once_backed_up() -> None:
+    async def main() -> None:
+        q, core, _ = queues()
+        core.version, core.confirmed = 7, 6
+        assert q.consume("s", {"pub": 4}) == 7 and q.consumed("s") == {"pub": 4}
+        called: list[str] = []
+        q.when_backed_up(7, lambda: called.append("late"))
+        q.when_backed_up(6, lambda: called.append("now"))
+        await turn()
+        assert called == ["now"]
+        core.confirmed = 7
+        q.after_step()
+        await turn()
+        assert called == ["now", "late"]
+
+    asyncio.run(main())

@@ -121,3 +121,32 @@ def test_events_that_came_together_are_routed_as_they_would_be_one_by_one() -> N
     apart = [e for m in msgs for e in one_by_one.on_message(src, m, 1.0)]
     assert sorted(map(repr, together)) == sorted(map(repr, apart))
     assert any(type(e).__name__ == "Deliver" for e in together)
+
+
+def test_how_far_a_client_consumed_is_backed_up_taken_over_and_gone_with_its_subscription() -> None:
+    """:meth:`RingBroker.consume` keeps in the ring state how far a subscription's client
+    consumed each publisher: the version it gives is confirmed by the backups, the broker
+    that takes the subscription over knows it, and an unsubscribe deletes it."""
+    world = World(6, 3)
+    home = world.brokers[2]
+    world.subscribe(home.addr, "s", "x > 0")
+    world.settle()
+    versions: list[int] = []
+
+    def consume(c: RingBroker) -> list[Any]:
+        version, effects = c.consume("s", {"alice": 7, "bob": 2})
+        versions.append(version)
+        return effects
+
+    world.sim.invoke(home.addr, consume)
+    world.sim.invoke(home.addr, lambda c: c.consume("s", {"alice": 9})[1])
+    world.settle()
+    assert home.backups_confirmed() >= versions[0] > 0
+    assert home.consumed("s") == {"alice": 9, "bob": 2}
+    world.sim.crash(home.addr)
+    world.settle(200.0)
+    [taker] = [b for b in world.brokers if home.ring.me.id in b.ring.taken_over]
+    assert "s" in taker.subs and taker.consumed("s") == {"alice": 9, "bob": 2}
+    world.sim.invoke(taker.addr, lambda c: c.unsubscribe("s"))
+    world.settle()
+    assert taker.consumed("s") == {}

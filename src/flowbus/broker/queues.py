@@ -63,6 +63,14 @@ How it works (flowbus's own delivery guarantees, on the custody of
   dead broker had not finished (custody), and the client drops what it had seen (by event
   id). A taken-over subscription that gets a delivery before its client is back is served
   here from then on, on disk.
+* **Consumed.** A client that cannot drop an event it had by its id (a STOMP client) has
+  its broker say, in the ring state, how far it consumed each publisher's events
+  (:meth:`Queues.consume`: its durable subscriptions' acknowledgements, in each publisher's
+  order). A broker that takes the subscription over delivers again what it routed of late
+  and what the dead one had not confirmed; the deliveries that state covers are dropped
+  here (settled, never queued: ``SubQueue.consumed``). The rows of a queue on a dead
+  broker's disk, handed over when it comes back, are not checked: a client that acknowledged
+  rows out of order may see those again.
 * **Queues on disk are known to the ring** (:mod:`flowbus.routing.ring_handover`). When a
   subscription's queue first goes to disk, the ring state says so (``mark_backlog``) and
   what that write settles waits until the backups have it; when the queue on disk is empty
@@ -184,6 +192,7 @@ class SubQueue:
     flagged: bool = False  # the ring state says its queue has events on this broker's disk
     flag_version: int = 0  # the backup version that says so
     awaiting: int | None = None  # the former broker whose backlog of it is awaited (see note)
+    consumed: dict[str, int] | None = None  # (taken over) what its client had consumed: dropped
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
     taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
     known: bool = True  # seen is what its client took (False: taken over or restored, see note)
@@ -268,6 +277,12 @@ class SubQueue:
         tag = next(_catch_ups)
         self.pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events))
         return settle, disk
+
+
+def consumed(upto: Mapping[str, int], eid: Any) -> bool:
+    """Whether event ``eid`` (a published one's: ``(publisher, sequence number)``) is one
+    ``upto`` says its client consumed (see "Consumed")."""
+    return type(eid) is tuple and len(eid) == 2 and type(eid[1]) is int and eid[1] <= upto.get(eid[0], 0)
 
 
 Sent = tuple[Any, dict[str, Any], list[SubQueue], int | None]
@@ -391,6 +406,7 @@ class Queues:
         self._acks: dict[str, int] = {}  # subscription -> SQLite position acknowledged, not deleted yet
         self._unrecorded: set[str] = set()  # subscriptions taken over the store has not recorded yet
         self._refusing: list[tuple[Any, str]] = []  # (event id, reason): deliveries refused in this step
+        self._dropped: list[Settle] = []  # deliveries its client had consumed (see "Consumed"), this step
         self._gated: list[tuple[int, list[Settle]]] = []  # spills settled once backed up (version)
         self._gated_calls: list[tuple[int, Callable[[], None]]] = []  # backlogs answered then
         self.fence: Fence | None = None  # (the broker's lease: nothing to a connection without it)
@@ -442,6 +458,25 @@ class Queues:
         if msg.resume:
             return False, p.NOT_HERE
         return self._open(session, msg)
+
+    def consume(self, sub_id: str, upto: Mapping[str, int]) -> int:
+        """``sub_id``'s client has consumed each publisher's events up to the sequence number
+        ``upto`` names (see "Consumed"): told to the core. The backup version after which a
+        broker that takes the subscription over knows it (:meth:`when_backed_up`)."""
+        version, effects = self.core.consume(sub_id, upto)
+        self.apply(effects)
+        return version
+
+    def consumed(self, sub_id: str) -> dict[str, int]:
+        """How far ``sub_id``'s client has consumed each publisher's events, as the core knows."""
+        return self.core.consumed(sub_id)
+
+    def when_backed_up(self, version: int, call: Callable[[], None]) -> None:
+        """Call ``call`` soon once the ring's backups have ``version`` (0: at once)."""
+        if version <= self.core.backups_confirmed():
+            asyncio.get_running_loop().call_soon(call)
+        else:
+            self._gated_calls.append((version, call))
 
     def unknown(self, sub_id: str) -> bool:
         """Whether ``sub_id`` is neither served here nor taken over by this broker's core."""
@@ -654,6 +689,9 @@ class Queues:
             if sub is None:
                 return
         eid = event[EVENT_ID]
+        if sub.consumed is not None and consumed(sub.consumed, eid):
+            self._dropped.append((eid, 1))
+            return
         if event is not self._plain_of:  # (an event's deliveries come one after the other)
             self._plain_of = event
             self._plain = strip(event)
@@ -678,6 +716,9 @@ class Queues:
             sub = subs.get(sub_id)
             if sub is None:
                 self.on_deliver(addr, sub_id, event)  # (taken over: see _adopt)
+                continue
+            if sub.consumed is not None and consumed(sub.consumed, eid):
+                self._dropped.append((eid, 1))
                 continue
             self.delivered += 1
             session = sub.session  # (_straight_on and _sent, inlined: the hot path)
@@ -773,6 +814,9 @@ class Queues:
         if self._refusing:
             refusing, self._refusing = self._refusing, []
             asyncio.get_running_loop().call_soon(self._refuse, refusing)
+        if self._dropped:
+            dropped, self._dropped = self._dropped, []
+            asyncio.get_running_loop().call_soon(self._settle, dropped)
         if self._gated or self._gated_calls:
             self._release_gated()
 
@@ -949,6 +993,7 @@ class Queues:
             return None
         sub = SubQueue.from_meta(sub_id, meta)
         sub.awaiting = self.core.awaited(sub_id)
+        sub.consumed = self.core.consumed(sub_id) or None
         if sub.awaiting is not None and not self.closed:  # (its former broker may never come back)
             asyncio.get_running_loop().call_later(self.backlog_wait, self.give_up_backlog, sub_id)
         self.subs[sub_id] = sub

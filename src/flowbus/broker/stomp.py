@@ -58,6 +58,8 @@ ACK, NACK           ``id`` (1.1: ``message-id``): ``client-individual`` that mes
                     messages are once written. NACK gives the messages back
                     (:meth:`Queues.give_back <flowbus.broker.queues.Queues.give_back>`): to the
                     front of their queues, sent again.
+                    A durable subscription's ACK ``receipt``: RECEIPT once what it acknowledged
+                    is consumed and the ring keeps so (see "Consumed" below).
 UNSUBSCRIBE         ``Unsubscribe`` (a durable subscription ends too; a client that means to
                     come back disconnects instead); its messages waiting for an ACK go with it.
 BEGIN, COMMIT,      SENDs (and ACKs, NACKs) naming a ``transaction`` wait in it: COMMIT
@@ -83,6 +85,18 @@ is False): STOMP has no way back to a subscription of a lost connection, so none
 durable ones wait for their client as they do for a native client. Deliveries in flight go
 back to the front of their queues (unacknowledged messages are sent again).
 
+Consumed. A STOMP client cannot drop a message it had by its id, as flowbus's client does,
+and a broker that takes over a dead one's subscription delivers again what it routed of late
+and what the dead one had not confirmed (:mod:`flowbus.routing.ring_broker`). So each durable
+subscription's connection keeps how far its client consumed each publisher's events
+(:class:`Consumption`: acknowledged, in the publisher's order; an ``auto`` one's once
+written) and tells the queues (:meth:`Queues.consume <flowbus.broker.queues.Queues.consume>`),
+which put it in the ring state; a taker drops the deliveries it covers. An ACK's RECEIPT
+waits until what it acknowledged is covered there and backed up: a message whose ACK was
+receipted never comes again, wherever the subscription goes. One whose ACK was not
+receipted when its broker died may come again (in doubt, as with any broker). A flow's
+derived events are not counted (one entry per row of its state would be too many).
+
 Acknowledgements out of order. A native client takes each subscription's events in order; a
 ``client-individual`` STOMP client may acknowledge them in any order, or NACK one. The queues
 keep a durable subscription's events loaded from its SQLite queue until every one before them
@@ -94,12 +108,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import json
 import logging
 import secrets
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +186,54 @@ def _json(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
+class Consumption:
+    """How far a durable subscription's client has consumed each publisher's events: the
+    highest sequence number below which it acknowledged every event it was sent
+    (:attr:`upto`), from the messages sent and acknowledged (see "Consumed" in the module
+    note). A publisher's events come in its order; one acknowledged before an earlier one
+    counts once that one is too; one given back (NACK) keeps its place."""
+
+    __slots__ = ("_open", "upto")
+
+    def __init__(self, upto: Mapping[str, int]) -> None:
+        self.upto = dict(upto)
+        self._open: dict[str, dict[int, bool]] = {}  # publisher -> sequence number -> acknowledged, as sent
+
+    def sent(self, publisher: str, pseq: int) -> None:
+        if _counted(publisher, pseq) and pseq > self.upto.get(publisher, 0):
+            self._open.setdefault(publisher, {}).setdefault(pseq, False)  # (again after a NACK: its place)
+
+    def done(self, publisher: str, pseq: int) -> int | None:
+        """Event ``pseq`` of ``publisher`` is acknowledged: how far that publisher's events
+        are consumed now, if that moved (None: not)."""
+        sent = self._open.get(publisher)
+        if sent is None or pseq not in sent:
+            return None
+        sent[pseq] = True
+        upto = None
+        for n, acked in sent.items():  # (in the order sent: the first ones acknowledged)
+            if not acked:
+                break
+            upto = n
+        if upto is None:
+            return None
+        for n in [n for n in sent if n <= upto]:
+            del sent[n]
+        if not sent:
+            del self._open[publisher]
+        self.upto[publisher] = upto
+        return upto
+
+    def covers(self, publisher: str, pseq: int) -> bool:
+        return not _counted(publisher, pseq) or pseq <= self.upto.get(publisher, 0)
+
+
+def _counted(publisher: Any, pseq: Any) -> bool:
+    """Whether an event id's consumption is kept: a publisher's (``client``, number); not a
+    flow's derived event (``flow/space/key``, one entry per row of its state: many)."""
+    return type(pseq) is int and isinstance(publisher, str) and "/" not in publisher
+
+
 @dataclass(eq=False, slots=True)
 class StompSub:
     """A STOMP subscription of a connection: its SUBSCRIBE's ``id`` and what it maps to."""
@@ -179,7 +242,9 @@ class StompSub:
     sub_id: str  # the native subscription's id
     destination: str  # as the client wrote it (its MESSAGEs name it)
     ack: str  # auto, client or client-individual
-    unacked: dict[str, int] = field(default_factory=dict)  # ack id -> delivery number, as sent
+    consumption: Consumption | None = None  # (a durable one's) how far its client consumed
+    unacked: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # ack id -> delivery
+    # number, publisher, its sequence number: as sent
 
 
 @dataclass(slots=True)
@@ -234,6 +299,8 @@ class StompSession(Session):
         self._tx: dict[str, list[_Send | Frame]] = {}  # open transactions
         self._messages = 0  # the last message-id
         self._error_receipt: str | None = None  # the receipt of the frame an error is about
+        self._owed: list[tuple[StompSub, list[tuple[str, int]], str]] = []  # ACK receipts waiting
+        # for what they acknowledged to be consumed, and kept (see _consumed)
         self.expects = 0.0  # seconds between the client's heart-beats (0: none)
         self._period = 0.0  # seconds between heart-beats it is sent (0: none)
         self._beat: asyncio.TimerHandle | None = None
@@ -301,8 +368,9 @@ class StompSession(Session):
                 if owed.left == 0:
                     out.append(encode(receipt_frame(owed.receipt_id)))
         done: list[int] = []
+        consumed: dict[str, dict[str, int]] = {}  # (auto subscriptions': taken once written)
         for sub_ids, cseq, publisher, pseq, event in self._events:
-            if not self._messages_of(out, sub_ids, cseq, f"{publisher}:{pseq}", event):
+            if not self._messages_of(out, sub_ids, cseq, publisher, pseq, event, consumed):
                 done.append(cseq)
         self._frames, self._acks, self._events, self._last = [], [], [], None
         loop = asyncio.get_running_loop()
@@ -311,6 +379,8 @@ class StompSession(Session):
             self._last_write = loop.time()
         if done:  # (on the next turn: a flush may come from inside a part, or a step's end)
             loop.call_soon(self._taken, p.Ack(p.pack_acks(_ranges(done))))
+        for sub_id, upto in consumed.items():
+            loop.call_soon(self.sessions.queues.consume, sub_id, upto)
 
     def _taken(self, ack: p.Ack) -> None:
         """Rows ``auto`` subscriptions took, acknowledged (if the connection is still on:
@@ -318,10 +388,19 @@ class StompSession(Session):
         if not self.closed:
             self.sessions.handle(self, ack)
 
-    def _messages_of(self, out: list[bytes], sub_ids: list[str], cseq: int, eid: str, event: Any) -> int:
+    def _messages_of(
+        self,
+        out: list[bytes],
+        sub_ids: list[str],
+        cseq: int,
+        publisher: str,
+        pseq: int,
+        event: Any,
+        consumed: dict[str, dict[str, int]],
+    ) -> int:
         """The MESSAGEs of a delivery row, one per subscription still here; how many of them
-        wait for an ACK."""
-        body, left = _json(event), 0
+        wait for an ACK. What durable ``auto`` subscriptions consume by it goes into ``consumed``."""
+        body, left, eid = _json(event), 0, f"{publisher}:{pseq}"
         for sub_id in sub_ids:
             sub = self._native.get(sub_id)
             if sub is None:  # (unsubscribed meanwhile: the queues took the row back from it)
@@ -329,11 +408,15 @@ class StompSession(Session):
             self._messages += 1
             mid = str(self._messages)
             headers = [("subscription", sub.id), ("message-id", mid), ("destination", sub.destination)]
+            if sub.consumption is not None:
+                sub.consumption.sent(publisher, pseq)
             if sub.ack != "auto":
                 headers.append(("ack", mid))
-                sub.unacked[mid] = cseq
+                sub.unacked[mid] = (cseq, publisher, pseq)
                 self._ack_ids[mid] = sub
                 left += 1
+            elif sub.consumption is not None and (upto := sub.consumption.done(publisher, pseq)) is not None:
+                consumed.setdefault(sub.sub_id, {})[publisher] = upto
             headers += [("event-id", eid), ("content-type", JSON)]
             out.append(encode(Frame("MESSAGE", headers, body)))
         if left:
@@ -524,6 +607,8 @@ class StompSession(Session):
         if sub_id in self._native:
             raise StompError(f"SUBSCRIBE {sid!r}: durable subscription {durable!r} is attached already")
         sub = StompSub(sid, sub_id, destination, ack)
+        if durable is not None:  # (how far its client consumed: where a taker left it, if one did)
+            sub.consumption = Consumption(self.sessions.queues.consumed(sub_id))
         self._subs[sid] = self._native[sub_id] = sub
         self._requests[msg.req] = ("subscribe", sub, frame.header("receipt"))
         yield msg
@@ -534,7 +619,10 @@ class StompSession(Session):
         if sub is None:
             raise StompError(f"UNSUBSCRIBE: no subscription {sid!r} on this connection")
         del self._native[sub.sub_id]
-        done = [cseq for mid, cseq in sub.unacked.items() if self._release(mid, cseq)]
+        done = [cseq for mid, (cseq, _, _) in sub.unacked.items() if self._release(mid, cseq)]
+        for owed in [o for o in self._owed if o[0] is sub]:  # (nothing left to keep for it)
+            self._owed.remove(owed)
+            self._receipt(owed[2])
         req = next(_reqs)
         self._requests[req] = ("unsubscribe", sub, frame.header("receipt"))
         yield p.Unsubscribe(req, sub.sub_id)
@@ -558,12 +646,33 @@ class StompSession(Session):
         else:
             mids = [ack_id]
         taken = [(mid, sub.unacked.pop(mid)) for mid in mids]
+        receipt = frame.header("receipt")
         if frame.command == "NACK":
-            self.sessions.queues.give_back(self, [(cseq, sub.sub_id) for _, cseq in taken])
-        done = [cseq for mid, cseq in taken if self._release(mid, cseq)]
+            self.sessions.queues.give_back(self, [(cseq, sub.sub_id) for _, (cseq, _, _) in taken])
+        elif sub.consumption is not None:  # (its RECEIPT once the ring keeps what it consumed)
+            self._consumed(sub, [(pub, pseq) for _, (_, pub, pseq) in taken], receipt)
+            receipt = None
+        done = [cseq for mid, (cseq, _, _) in taken if self._release(mid, cseq)]
         if done:
             yield p.Ack(p.pack_acks(_ranges(done)))
-        self._receipt(frame.header("receipt"))
+        self._receipt(receipt)
+
+    def _consumed(self, sub: StompSub, acked: list[tuple[str, int]], receipt: str | None) -> None:
+        """A durable subscription's client acknowledged ``acked`` (publisher, sequence
+        number): how far it consumed each publisher goes into the ring state (see
+        "Consumed"); the ACK's ``receipt`` comes once each of them is covered there and
+        backed up, so a broker that takes the subscription over never sends it again."""
+        consumption = sub.consumption
+        assert consumption is not None
+        moved = {pub: upto for pub, pseq in acked if (upto := consumption.done(pub, pseq)) is not None}
+        if receipt is not None:
+            self._owed.append((sub, acked, receipt))
+        if not moved and receipt is None:
+            return
+        version = self.sessions.queues.consume(sub.sub_id, moved) if moved else 0
+        for owed in [o for o in self._owed if o[0] is sub and all(consumption.covers(*a) for a in o[1])]:
+            self._owed.remove(owed)
+            self.sessions.queues.when_backed_up(version, functools.partial(self._receipt, owed[2]))
 
     def _release(self, mid: str, cseq: int) -> bool:
         """Message ``mid`` (of row ``cseq``) waits no more: whether the whole row is done."""

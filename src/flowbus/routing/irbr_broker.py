@@ -137,6 +137,13 @@ class IrbrBroker(Core):
     def backups_confirmed(self) -> int:
         return 0
 
+    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+        """No takeover delivers again: nothing to keep (no version to wait for)."""
+        return 0, []
+
+    def consumed(self, sub_id: Hashable) -> dict[str, int]:
+        return {}
+
     def awaited(self, sub_id: Hashable) -> int | None:
         return None
 

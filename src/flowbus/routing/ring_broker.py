@@ -112,7 +112,18 @@ from flowbus.routing.ring_custody import (
 )
 from flowbus.routing.ring_flows import DERIVED_NOW, DERIVED_TIMER, DERIVED_WAIT, FLOW_GRACE, FlowSide
 from flowbus.routing.ring_handover import MAX_HOPS, Backlog, BacklogAck, HeldHere, WhereIs, awaited
-from flowbus.routing.ring_keys import DISK, SUB, SubKey, disk_key, flow_sub_key, record, sub_key
+from flowbus.routing.ring_keys import (
+    CONSUMED,
+    DISK,
+    SUB,
+    ConsumedKey,
+    SubKey,
+    consumed_key,
+    disk_key,
+    flow_sub_key,
+    record,
+    sub_key,
+)
 from flowbus.routing.ring_moves import Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
@@ -364,7 +375,7 @@ class RingBroker(Core):
         self.repair.forget(sub_id)
         self.barrier.forget(sub_id)
         out = self.router.drop(origin_of(key)) + self.ring.del_state(key)
-        for k in sorted(self.ring.keys_of(DISK, sub_id), key=repr):
+        for k in sorted(self.ring.keys_of(DISK, sub_id) | self.ring.keys_of(CONSUMED, sub_id), key=repr):
             out += self.ring.del_state(k)
         return out + self.flow_side.unsubscribed(sub_id)
 
@@ -482,6 +493,23 @@ class RingBroker(Core):
         """The address of the broker whose disk holds older events of ``sub_id``, taken over
         here: its backlog is awaited (see ring_handover)."""
         return awaited(self.ring.keys_of(DISK, sub_id), self.addr)
+
+    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+        """``sub_id``'s client has consumed each publisher's events up to the sequence number
+        ``upto`` names for it (a client that does not drop an event it had by its id: a STOMP
+        one's). The ring state says so, backed up now: a broker that takes the subscription
+        over delivers again what it routed of late (:meth:`_replay`, the repair), and the
+        driver drops what :meth:`consumed` covers. The backup version to wait for before the
+        client is told its consumption is safe, and the effects."""
+        out = self.ring.set_states({consumed_key(sub_id, pub): seq for pub, seq in upto.items()})
+        return self.ring.version, out + self.ring.flush_backups()
+
+    def consumed(self, sub_id: Hashable) -> dict[str, int]:
+        """How far ``sub_id``'s client has consumed each publisher's events (see
+        :meth:`consume`; taken over with the subscription): publisher -> sequence number."""
+        state = self.ring.state
+        keys = [k for k in map(record, self.ring.keys_of(CONSUMED, sub_id)) if isinstance(k, ConsumedKey)]
+        return {k.publisher: state[k] for k in keys if k in state}
 
     @_reports
     def backlog_done(self, sub_id: Hashable, home: int) -> list[Effect]:

@@ -11,6 +11,9 @@ entries come in from other brokers (a takeover, a share):
   here (:mod:`flowbus.routing.ring_broker`), ``home`` the broker it was made at;
 * :class:`DiskKey` ``(DISK, sub, home)`` -> True: its queue has events on ``home``'s disk
   (:mod:`flowbus.routing.ring_handover`);
+* :class:`ConsumedKey` ``(CONSUMED, sub, publisher)`` -> a sequence number: its client has
+  consumed each of ``publisher``'s events up to it (a taker drops them when it delivers
+  again: :meth:`RingBroker.consume <flowbus.routing.ring_broker.RingBroker.consume>`);
 * :class:`FlowSubKey` ``(FLOW_SUB, sub)`` -> ``(space, filter text)``: a subscription to a
   deployed flow's space (:mod:`flowbus.routing.ring_flows`);
 * :class:`RowKey` ``(ROW, flow, deploy, owner, state, key)`` -> ``(version, row)``: a row of
@@ -24,16 +27,19 @@ from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 __all__ = [
+    "CONSUMED",
     "DISK",
     "FLOW_SUB",
     "LOG",
     "ROW",
     "SUB",
+    "ConsumedKey",
     "DiskKey",
     "FlowSubKey",
     "LogKey",
     "RowKey",
     "SubKey",
+    "consumed_key",
     "disk_key",
     "flow_sub_key",
     "log_key",
@@ -44,6 +50,7 @@ __all__ = [
 
 SUB = "sub"
 DISK = "disk"
+CONSUMED = "consumed"
 FLOW_SUB = "fsub"
 ROW = "frow"
 LOG = "fseen"
@@ -59,6 +66,12 @@ class DiskKey(NamedTuple):
     tag: str
     sub: Hashable
     home: int
+
+
+class ConsumedKey(NamedTuple):
+    tag: str
+    sub: Hashable
+    publisher: str
 
 
 class FlowSubKey(NamedTuple):
@@ -84,6 +97,7 @@ class LogKey(NamedTuple):
 _RECORDS: dict[str, type[tuple[Any, ...]]] = {
     SUB: SubKey,
     DISK: DiskKey,
+    CONSUMED: ConsumedKey,
     FLOW_SUB: FlowSubKey,
     ROW: RowKey,
     LOG: LogKey,
@@ -97,6 +111,11 @@ def sub_key(sub_id: Hashable, home: int) -> SubKey:
 def disk_key(sub: Hashable, home: int) -> DiskKey:
     """The entry saying ``sub``'s queue has events on the disk of broker ``home``."""
     return DiskKey(DISK, sub, home)
+
+
+def consumed_key(sub: Hashable, publisher: str) -> ConsumedKey:
+    """The entry saying how far ``sub``'s client has consumed ``publisher``'s events."""
+    return ConsumedKey(CONSUMED, sub, publisher)
 
 
 def flow_sub_key(sub_id: Hashable) -> FlowSubKey:

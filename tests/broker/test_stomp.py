@@ -34,7 +34,7 @@ from tests.broker.conftest import LOG_TAIL, _ready, stop
 
 from flowbus.broker.acl import new_token
 from flowbus.broker.config import parse_address
-from flowbus.broker.process import start_process, stomp_of
+from flowbus.broker.process import console_of, start_process, stomp_of
 from flowbus.client.sync import SyncClient
 from flowbus.filters.selector import selector
 from flowbus.net import certs
@@ -59,23 +59,24 @@ WAIT = 10.0  # seconds a test waits for what must come
 @dataclass(frozen=True)
 class Door:
     address: str  # the broker's native address
-    host: str  # its STOMP listener's
+    host: str  # its STOMP listener's ("" and 0: none)
     port: int
+    console: str | None = None  # its console's URL, if started with http (STOMP over WebSocket: /stomp)
 
 
 @contextlib.contextmanager
 def broker(tmp: Path, config: dict[str, Any], **options: Any) -> Iterator[Door]:
-    """A broker process with ``config`` (and ``start_process``'s ``options``) and a STOMP
-    listener, always stopped; its log's tail printed (pytest shows it when a test fails)."""
+    """A broker process with ``config`` (and ``start_process``'s ``options``: ``stomp``, a
+    STOMP listener; ``http``, a console), always stopped; its log's tail printed (pytest
+    shows it when a test fails)."""
     path, log = tmp / "broker.yaml", tmp / "broker-log.txt"
     path.write_text(yaml.safe_dump(config))
     proc = start_process("127.0.0.1:0", join=[], config=path, log=log, **options)
     try:
         address = _ready(proc, 30.0)
         listening = stomp_of(proc)
-        assert listening is not None
-        host, port = parse_address(listening)
-        yield Door(address, host, port)
+        host, port = parse_address(listening) if listening is not None else ("", 0)
+        yield Door(address, host, port, console_of(proc))
     finally:
         stop(proc)
         lines = log.read_text(errors="replace").splitlines() if log.exists() else []
@@ -129,9 +130,10 @@ class Listener(stomp.ConnectionListener):  # type: ignore[misc]
 
 @contextlib.contextmanager
 def stomp_client(
-    door: Door, client_id: str | None = None, token: str = ALICE
+    door: Door, client_id: str | None = None, token: str = ALICE, conn: stomp.Connection12 | None = None
 ) -> Iterator[tuple[stomp.Connection12, Listener]]:
-    conn = stomp.Connection12([(door.host, door.port)])
+    """A stomp.py client connected to ``door`` (``conn``: one made already, not connected)."""
+    conn = conn if conn is not None else stomp.Connection12([(door.host, door.port)])
     listener = Listener()
     conn.set_listener("test", listener)
     headers = {"client-id": client_id} if client_id is not None else {}
@@ -144,10 +146,14 @@ def stomp_client(
 
 
 class Raw:
-    """A STOMP client on a plain socket, with flowbus's own codec: frames exactly as sent."""
+    """A STOMP client on a plain socket, with flowbus's own codec: frames exactly as sent.
+    ``sock``: another transport with a socket's ``sendall``, ``recv``, ``settimeout`` and
+    ``close`` (a WebSocket: tests/broker/test_stomp_ws.py) instead of TCP to the door."""
 
-    def __init__(self, door: Door, tls: ssl.SSLContext | None = None) -> None:
-        self.sock = socket.create_connection((door.host, door.port), timeout=WAIT)
+    def __init__(self, door: Door, tls: ssl.SSLContext | None = None, sock: Any = None) -> None:
+        if sock is None:
+            sock = socket.create_connection((door.host, door.port), timeout=WAIT)
+        self.sock = sock
         if tls is not None:
             self.sock = tls.wrap_socket(self.sock, server_hostname=door.host)
         self.reader = FrameReader("client")
@@ -196,8 +202,11 @@ class Raw:
         self.sock.close()
 
 
-def connect(door: Door, client_id: str | None = None, token: str = ALICE, **headers: str) -> Raw:
-    raw = Raw(door)
+def connect(
+    door: Door, client_id: str | None = None, token: str = ALICE, *, raw: Raw | None = None, **headers: str
+) -> Raw:
+    """A :class:`Raw` client (``raw``: one not connected yet) after its CONNECT."""
+    raw = raw if raw is not None else Raw(door)
     more = {"client-id": client_id} if client_id is not None else {}
     raw.send(
         "CONNECT", {"accept-version": "1.1,1.2", "host": "flowbus", "passcode": token, **more, **headers}

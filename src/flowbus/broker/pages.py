@@ -1,4 +1,5 @@
-"""The console's HTML pages: overview, a flow, the ring, the spaces (pure: data in, HTML out).
+"""The console's HTML pages: overview, a flow, the ring, the spaces, live events (pure: data
+in, HTML out).
 
 How it works: each page is built from the plain data of :mod:`flowbus.broker.status` (and,
 for a flow, the drawings of :mod:`flowbus.flow.html`) with every value escaped, under one
@@ -6,7 +7,10 @@ header of links. The counts stay live without reloading: a few lines of inline s
 ``/api/state`` each second and write the numbers into the elements that name them
 (``data-stat``, ``data-space-stat``, ``data-space-rate``, and the ``data-count`` place each
 space has on a flow's drawing), rates from the difference between two polls. The ring page
-reloads itself every five seconds instead. Nothing is fetched from anywhere but the broker.
+reloads itself every five seconds instead. The live page subscribes with STOMP over the
+console's WebSocket (``/stomp``), through stomp.js as the console serves it
+(``/static/stomp.umd.min.js``), and shows each event as text, never as HTML (events are user
+data). Nothing is fetched from anywhere but the broker.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from typing import Any
 from flowbus.flow.deploy import Deployment
 from flowbus.flow.html import STYLE, flow_section
 
-__all__ = ["flow_page", "not_found", "overview_page", "ring_page", "spaces_page"]
+__all__ = ["LIVE_KEPT", "flow_page", "live_page", "not_found", "overview_page", "ring_page", "spaces_page"]
+
+LIVE_KEPT = 200
+"""The events the live page keeps on show (the newest; its count goes on)."""
 
 _SCRIPT = r"""
 const shown = n => (n === undefined || n === null) ? "" : String(n);
@@ -81,7 +88,8 @@ def _page(title: str, address: str, body: str, *, live: bool = True, refresh: in
         f"<title>{escape(title)} · flowbus {escape(address)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>flowbus {escape(address)}</h1>"
         '<a href="/">overview</a><a href="/ring">ring</a><a href="/spaces">spaces</a>'
-        '<a href="/metrics">metrics</a><span id="updated" class="muted"></span></header>'
+        '<a href="/live">live</a><a href="/metrics">metrics</a>'
+        '<span id="updated" class="muted"></span></header>'
         f"<main><h2>{escape(title)}</h2>{body}</main>{script}</body></html>"
     )
 
@@ -245,6 +253,106 @@ def spaces_page(state: dict[str, Any]) -> str:
         + (_table(sub_head, subs, "subscriptions") if subs else '<p class="muted">none</p>')
     )
     return _page("Spaces and subscriptions", state["broker"]["address"], body)
+
+
+_LIVE_SCRIPT = r"""
+const KEPT = Number(document.getElementById("live-events").dataset.kept);
+const form = document.getElementById("live-form");
+const said = document.getElementById("live-status");
+const counter = document.getElementById("live-count");
+const shown = document.getElementById("live-events");
+let client = null;
+let count = 0;
+
+function say(text, bad = false) {
+  said.textContent = text;
+  said.className = bad ? "bad" : "muted";
+}
+
+function show(message) {  // (an event is user data: written as text, never as HTML)
+  count += 1;
+  counter.textContent = String(count);
+  const item = document.createElement("li");
+  const when = document.createElement("span");
+  when.className = "muted";
+  when.textContent = `${new Date().toLocaleTimeString()} ${message.headers["event-id"] || ""} `;
+  const event = document.createElement("code");
+  event.textContent = message.body;
+  item.append(when, event);
+  shown.prepend(item);
+  while (shown.children.length > KEPT) shown.lastElementChild.remove();
+}
+
+async function stop() {
+  const was = client;
+  client = null;
+  if (was) await was.deactivate();
+}
+
+function subscribe(space, kind, text, passcode) {
+  const headers = {receipt: "subscribed"};
+  if (text) headers[kind] = text;  // ("filter": flowbus filter text, "selector": JMS)
+  const c = new StompJs.Client({
+    brokerURL: `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/stomp`,
+    connectHeaders: passcode ? {passcode: passcode} : {},
+    reconnectDelay: 0,  // (an ERROR says what is wrong: the same subscription would fail again)
+  });
+  c.onConnect = () => {
+    c.watchForReceipt("subscribed", () => say(`subscribed to ${space}`));
+    c.subscribe(`/topic/${space}`, show, headers);
+  };
+  c.onStompError = frame => say(frame.headers.message || "the broker refused", true);
+  c.onWebSocketClose = () => {
+    if (client === c && said.className !== "bad") say("the connection closed", true);
+  };
+  client = c;
+  say("connecting");
+  c.activate();
+}
+
+form.addEventListener("submit", async e => {
+  e.preventDefault();
+  await stop();
+  const f = new FormData(form);
+  count = 0;
+  counter.textContent = "0";
+  shown.replaceChildren();
+  subscribe(f.get("space").trim(), f.get("kind"), f.get("text").trim(), f.get("passcode"));
+});
+document.getElementById("live-stop").addEventListener("click", async () => {
+  await stop();
+  say("stopped");
+});
+"""
+
+
+def live_page(state: dict[str, Any]) -> str:
+    """Events of a space as they come, through a flowbus filter or a JMS selector (STOMP over
+    the console's WebSocket, see the module note)."""
+    spaces = "".join(f'<option value="{escape(sp["name"])}">' for sp in state["spaces"])
+    body = (
+        "<p>Subscribe to a space through a flowbus filter or a JMS selector: the matching events "
+        f"appear as the broker delivers them, newest on top (the last {LIVE_KEPT} kept). The page "
+        "speaks STOMP over this console's WebSocket (<code>/stomp</code>); the token is needed "
+        "when the broker checks rights.</p>"
+        '<form id="live-form" class="live">'
+        '<p><label>space <input name="space" list="live-spaces" required></label>'
+        f'<datalist id="live-spaces">{spaces}</datalist> '
+        '<label><input type="radio" name="kind" value="filter" checked> flowbus filter</label> '
+        '<label><input type="radio" name="kind" value="selector"> JMS selector</label></p>'
+        '<p><input name="text" size="80" placeholder="price > 100 (empty: every event)"> '
+        '<label>token <input name="passcode" type="password" autocomplete="off"></label> '
+        '<button type="submit">subscribe</button> <button type="button" id="live-stop">stop</button></p>'
+        "</form>"
+        '<p><span id="live-status" class="muted">not subscribed</span> · '
+        '<span id="live-count">0</span> events</p>'
+        f'<ul id="live-events" class="live-events" data-kept="{LIVE_KEPT}"></ul>'
+        "<style>.live-events { list-style: none; padding: 0; } "
+        ".live-events li { border-bottom: 1px solid #e2e8f0; padding: 2px 0; font-size: 12px; }</style>"
+        '<script src="/static/stomp.umd.min.js"></script>'
+        f"<script>{_LIVE_SCRIPT}</script>"
+    )
+    return _page("Live events", state["broker"]["address"], body, live=False)
 
 
 def not_found(address: str, what: str) -> str:

@@ -33,7 +33,8 @@ How it works:
     runs (:meth:`Broker.reload_acl`: ``SIGHUP``, or a client's ``ReloadAcl``);
   - :mod:`~flowbus.broker.store`: the SQLite database;
   - :mod:`~flowbus.broker.console`: the web console and ``/metrics``, if started with
-    ``http`` (``--http HOST:PORT``), in the same event loop;
+    ``http`` (``--http HOST:PORT``), in the same event loop, and STOMP over WebSocket at its
+    ``/stomp`` (served by the STOMP door, a listener's or one of its own);
   - :mod:`~flowbus.broker.stomp`: a STOMP listener, if started with ``stomp`` (``--stomp
     HOST:PORT`` or the config's ``stomp``): its connections are sessions like the
     native clients' (in TLS with the broker's certificate when it has ``tls``).
@@ -338,21 +339,24 @@ class Broker:
             sock.close()
             await broker.close()
             raise
-        if console_at is not None:
-            from flowbus.broker.console import Console  # (its libraries: only for a console)
+        from flowbus.broker.stomp import StompDoor
 
-            try:
-                broker.console = await Console.start(broker, *console_at)
-            except BaseException:
-                await broker.close()
-                raise
         if stomp is not None:
-            from flowbus.broker.stomp import StompDoor
-
             try:
                 broker.stomp = await StompDoor.start(
                     broker.sessions, stomp, admission=runtime.admission, heartbeat=config.keepalive
                 )
+            except BaseException:
+                await broker.close()
+                raise
+        if console_at is not None:
+            from flowbus.broker.console import Console  # (its libraries: only for a console)
+
+            # (the console's WebSockets are STOMP connections of the listener's door, or of
+            # one with no port of its own when the broker has no listener)
+            door = broker.stomp or StompDoor(broker.sessions, runtime.admission, heartbeat=config.keepalive)
+            try:
+                broker.console = await Console.start(broker, *console_at, stomp=door)
             except BaseException:
                 await broker.close()
                 raise

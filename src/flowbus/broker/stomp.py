@@ -1,6 +1,7 @@
 """A broker's STOMP door: STOMP 1.1 and 1.2 clients on a port of their own, served by the
 same sessions, queues and custody as the native protocol's (``--stomp HOST:PORT``, or
-``stomp:`` in the config).
+``stomp:`` in the config); and over WebSocket at the console's ``/stomp``
+(:mod:`flowbus.broker.console`), each connection served by the same :meth:`StompDoor.serve`.
 
 How it works: a STOMP connection is a translating front of a native session, not a second
 broker. :class:`StompDoor` admits the connection (:class:`~flowbus.net.admission.Gate`: TLS
@@ -694,15 +695,16 @@ def _required(frame: Frame, name: str) -> str:
 
 class StompDoor:
     """A broker's STOMP listener (see the module note): made by :meth:`start`, stopped by
-    :meth:`close`. ``heartbeat``: the seconds between heart-beats the broker offers (its
-    ``keepalive``)."""
+    :meth:`close`; :meth:`serve` serves one connection (the console's WebSockets use a door
+    made without a listener when the broker has none). ``heartbeat``: the seconds between
+    heart-beats the broker offers (its ``keepalive``)."""
 
     def __init__(self, sessions: Sessions, admission: Admission, *, heartbeat: float) -> None:
         self.sessions = sessions
         self.admission = admission
         beat = max(1, round(heartbeat * 1000))
         self.heartbeat = (beat, beat)  # (the CONNECTED frame's heart-beat: sx, sy in ms)
-        self.gate = Gate(admission, self._serve)
+        self.gate = Gate(admission, lambda reader, writer, _tls: self.serve(reader, writer))
         self.host = ""
         self.port = 0
 
@@ -733,9 +735,11 @@ class StompDoor:
     async def close(self) -> None:
         await self.gate.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tls: bool) -> None:
-        """An admitted connection: its CONNECT within the door's deadline (what comes before
-        it held to the door's small limit), then a session until it ends."""
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection: its CONNECT within the door's deadline (what comes before it held to
+        the door's small limit), then a session until it ends. The listener's admitted
+        connections, and the console's WebSocket ones (:mod:`flowbus.broker.console`: the
+        WebSocket as a reader and a writer, :class:`~flowbus.broker.websocket.WebSocketStream`)."""
         frames = FrameReader(
             "server", max_headers=16, max_header_line=PRE_AUTH_FRAME // 16, max_body=PRE_AUTH_FRAME
         )

@@ -124,7 +124,8 @@ from flowbus.broker.config import parse_address
 from flowbus.broker.sessions import READ_BYTES, Session, Sessions
 from flowbus.client import protocol as p
 from flowbus.errors import AccessError, ConfigError, FilterError, FlowbusError
-from flowbus.filters.selector import selector
+from flowbus.filters import parse
+from flowbus.filters.selector import selector_source
 from flowbus.net.admission import PRE_AUTH_FRAME, Admission, Gate
 from flowbus.net.stomp import (
     MAX_BODY,
@@ -596,8 +597,9 @@ class StompSession(Session):
         if text is not None and jms is not None:
             raise StompError(f"SUBSCRIBE {sid!r}: a selector or a filter, not both")
         if jms is not None:
-            try:
-                text = selector(jms).to_text()
+            try:  # (the filter text parsed once here, and from the parser's memo at the queues)
+                text = selector_source(jms)
+                parse(text)
             except FilterError as e:
                 raise FilterError(f"SUBSCRIBE {sid!r}: selector {jms!r}: {e}") from None
         durable = next((n for h in DURABLE_HEADERS if (n := frame.header(h))), None)

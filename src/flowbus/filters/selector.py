@@ -91,7 +91,7 @@ from flowbus.filters.parser import MAX_EXPR_DEPTH, _Misplaced, parse
 from flowbus.filters.text import KEYWORDS, is_name, value_to_text
 from flowbus.model import Value
 
-__all__ = ["selector"]
+__all__ = ["selector", "selector_source"]
 
 _OPS = {"=": "=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 """The JMS comparison operators, by their flowbus spelling."""
@@ -509,16 +509,22 @@ def selector(text: str) -> Filter:
     the line, column and what was expected there, for text that is not a selector, and
     :class:`FilterError` for a selector flowbus cannot say exactly (see the module's note).
     """
+    return parse(selector_source(text))
+
+
+def selector_source(text: str) -> str:
+    """The flowbus filter text of the JMS selector ``text`` (what :func:`selector` parses:
+    parsed again, it comes from the parser's memo), with :func:`selector`'s errors of the
+    selector itself."""
     if not isinstance(text, str):
         raise FilterError(f"a selector is text, not {type(text).__name__}")
     if not text.strip():
         raise FilterSyntaxError("empty selector: a selector is a condition", text=text, line=1, column=1)
     try:
-        source = _render(_cond(cast(_Node, _lark().parse(text))), True)
+        return _render(_cond(cast(_Node, _lark().parse(text))), True)
     except (UnexpectedToken, UnexpectedCharacters) as exc:
         raise _syntax_error(exc, text) from None
     except _Misplaced as exc:
         raise FilterSyntaxError(exc.message, text=text, line=exc.line, column=exc.column) from None
     except RecursionError:
         raise FilterError("selector nested too deeply") from None
-    return parse(source)

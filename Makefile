@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/flowbus bench match --workload w1 --subscriptions 100000 --json
 	$(BIN)/flowbus bench match --workload w-rein --subscriptions 1000000 --events 2000 --json
 	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --baseline activemq --json
+	$(BIN)/flowbus bench broker --brokers 1,3 --subscriptions 10,1000,10000 --protocol stomp --baseline activemq --json  # one STOMP client program for both
 	$(BIN)/flowbus bench floor --json
 	$(BIN)/flowbus bench flow-bus --brokers 1,3 --events 100000 --subs 100 --json
 	$(BIN)/flowbus bench flow-core --events 20000 --repeats 5 --json

@@ -1,18 +1,23 @@
 """The ActiveMQ baseline of ``flowbus bench broker --baseline activemq``: flowbus filters as JMS
-selectors (unit), and ActiveMQ of our own started, fed the bench's workload through STOMP and
-stopped (integration: installs Debian's ``activemq`` when missing, as ``make test`` does)."""
+selectors, events as headers or a JSON body (unit), and ActiveMQ of our own started, fed the
+bench's workload through STOMP and stopped, beside flowbus's brokers driven through their STOMP
+doors by the same client program (``--protocol stomp``) (integration: installs Debian's
+``activemq`` when missing, as ``make test`` does)."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from flowbus.bench import activemq
-from flowbus.bench.activemq import ActiveMQ, event_headers, jms_selector
+from flowbus.bench import activemq, broker
+from flowbus.bench.activemq import ActiveMQ, jms_selector
 from flowbus.bench.broker import offline_counts
+from flowbus.bench.stomp_clients import HEADERS, JSON_BODY, event_headers
 from flowbus.bench.workloads import stock_events, stock_filters
 from flowbus.errors import FilterError
 
@@ -76,6 +81,18 @@ def test_event_values_go_as_header_text() -> None:
     }  # fmt: skip
 
 
+def test_the_carriers_differ_only_in_where_the_event_rides() -> None:
+    """ActiveMQ's: headers and an empty body; flowbus's: the JSON object of the body. Both give
+    the event back from a MESSAGE (its values as they rode)."""
+    event = {"symbol": "S1", "price": 24.42, "level": 3, "t": 1700000000.25}
+    headers, body = HEADERS.encode(event)
+    assert (headers, body) == ({**event_headers(event), "persistent": "false"}, "")
+    headers, body = JSON_BODY.encode(event)
+    assert headers == {"content-type": "application/json"} and json.loads(body) == event
+    assert HEADERS.read(SimpleNamespace(headers=event_headers(event)))["t"] == "1700000000.25"
+    assert JSON_BODY.read(SimpleNamespace(headers={}, body=body)) == event
+
+
 # ----------------------------------------------------------------------------- integration
 
 OPERATORS = [
@@ -101,6 +118,29 @@ def test_the_workload_through_activemq_matches_the_offline_evaluation() -> None:
     assert got["deliveries_match_offline"] and got["deliveries"] == expected.sum()
     assert rows[0]["activemq_events_per_s_in"] == got["events_per_s_in"] > 0
     assert rows[0]["ratio_to_activemq"] == pytest.approx(1234.0 / got["events_per_s_in"])
+
+
+@pytest.mark.peer
+@pytest.mark.broker
+def test_flowbus_over_stomp_beside_activemq_both_match_the_offline_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--protocol stomp --baseline activemq`` on K = 10 of the bench's filters and one of each
+    operator (their JMS selectors: numbers as doubles, negations with IS NULL, LIKE with ESCAPE):
+    flowbus's broker through its STOMP door and ActiveMQ, one client program, both deliver
+    exactly what the offline evaluation counts."""
+    monkeypatch.setattr(broker, "make_filters", lambda k, seed: stock_filters(k, seed) + OPERATORS)
+    doc = broker.run(
+        brokers=[1], subscriptions=[10], events=200, clients=2, protocol="stomp", baseline="activemq"
+    )
+    (row,) = doc["rows"]
+    theirs = row["activemq"]
+    assert "error" not in row and "error" not in theirs, row.get("error") or theirs.get("error")
+    assert row["protocol"] == "stomp" and row["subscriptions"] == 10 + len(OPERATORS)
+    assert row["deliveries_match_offline"] and theirs["deliveries_match_offline"]
+    assert row["deliveries"] == theirs["deliveries"] == row["deliveries_expected"] > 0
+    assert row["ratio_to_activemq"] == pytest.approx(row["events_per_s_in"] / theirs["events_per_s_in"])
+    assert row["broker_cpu_s"] >= 0 and theirs["activemq_cpu_s"] >= 0
 
 
 @pytest.mark.peer

@@ -78,7 +78,9 @@ def test_bench_broker_passes_every_option_to_the_benchmark(monkeypatch: pytest.M
     assert seen["brokers"] == [1] and seen["subscriptions"] == [1_000, 10_000]
     assert (seen["rate"], seen["window"], seen["broker_heartbeat"], seen["clients"]) == (500.0, 64, 2.5, 2)
     assert seen["subscribe_timeout"] == 900.0 and seen["profile_dir"] is None
-    assert seen["baseline"] == "activemq"
+    assert seen["baseline"] == "activemq" and seen["protocol"] == "native"
+    invoke("bench", "broker", "--protocol", "stomp", "--json")
+    assert seen["protocol"] == "stomp" and seen["window"] is None  # (None: native's default window)
 
 
 @pytest.mark.parametrize(
@@ -86,6 +88,16 @@ def test_bench_broker_passes_every_option_to_the_benchmark(monkeypatch: pytest.M
     [
         (("bench", "broker", "--brokers", "1,x"), "a comma-separated list of integers is expected"),
         (("bench", "broker", "--baseline", "rabbitmq"), "unknown baseline 'rabbitmq'"),
+        (
+            ("bench", "broker", "--protocol", "amqp"),
+            "unknown protocol 'amqp' (expected one of native, stomp)",
+        ),
+        (
+            ("bench", "broker", "--protocol", "stomp", "--tls", "--window", "64"),
+            "--protocol stomp takes no --window (STOMP has no publish window: TCP's backpressure paces "
+            "the publisher); no --tls (its clients connect in plain text",
+        ),
+        (("bench", "broker", "--protocol", "stomp", "--rate", "100"), "takes no --rate"),
         (("bench", "cbr", "--cbr", "nope.py"), "'nope.py' is not a file"),
         (("bench", "cbr-adverts", "--brokers", "3", "--publishers", "4"), "more than --brokers 3"),
         (("bench", "plot", "broker", "nope.json", "x.png"), "cannot read 'nope.json'"),
@@ -96,6 +108,31 @@ def test_bad_input_exits_2_with_a_message(args: tuple[str, ...], message: str) -
     assert result.exit_code == 2
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.broker
+def test_bench_broker_over_stomp_matches_the_offline_evaluation(tmp_path: Path) -> None:
+    """A tiny ``--protocol stomp`` sweep, one broker and a ring of two (the subscriber connections
+    spread over their STOMP doors): every delivery as counted offline, rows naming the protocol;
+    the table, CSV and plot take the rows."""
+    result = invoke(
+        "bench", "broker", "--protocol", "stomp", "--brokers", "1,2", "--subscriptions", "40", "--events",
+        "300", "--clients", "3", "--json", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["protocol"] == "stomp" and "stomp.py" in doc["clients"]
+    assert [r["brokers"] for r in doc["rows"]] == [1, 2]
+    for row in doc["rows"]:
+        assert "error" not in row, row["error"]
+        assert (row["protocol"], row["publish_window"], row["subscriber_connections"]) == ("stomp", None, 3)
+        assert row["deliveries_match_offline"] is True
+        assert row["deliveries"] == row["deliveries_expected"] > 0 and row["events_per_s_in"] > 0
+        assert row["routed_s"] >= row["subscribe_s"] > 0 and row["broker_cpu_s"] >= 0
+        assert row["latency_p99_ms"] >= row["latency_p50_ms"] > 0 and "stomp_errors" not in row
+    assert doc["rows"][1]["ring_intact"] is True
+    assert (tmp_path / "broker.png").read_bytes()[:4] == b"\x89PNG"
+    assert "protocol" in (tmp_path / "rows.csv").read_text().splitlines()[0]
 
 
 def test_plots_redraw_the_results(tmp_path: Path) -> None:

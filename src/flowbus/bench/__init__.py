@@ -10,6 +10,9 @@ prints as one JSON document with ``--json``; figures come from these, never from
   bulk matching on Spark (``bench spark``, ``bench spark-match``);
 * :mod:`~flowbus.bench.broker` -- broker processes on loopback (``bench broker``), and
   :mod:`~flowbus.bench.broker_floor`, what one delivery costs at the least (``bench floor``);
+  :mod:`~flowbus.bench.activemq`, ActiveMQ beside them (``--baseline activemq``), and
+  :mod:`~flowbus.bench.stomp_clients`, the stomp.py program that measures ActiveMQ and, with
+  ``--protocol stomp``, flowbus's brokers at their STOMP doors;
 * :mod:`~flowbus.bench.flow_bus` -- the stock flow deployed on broker processes against plain
   content routing of the same brokers (``bench flow-bus``);
 * :mod:`~flowbus.bench.cbr`, :mod:`~flowbus.bench.cbr_adverts` -- the covering-based content

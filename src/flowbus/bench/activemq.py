@@ -28,19 +28,19 @@ How it works:
   fails and the comparison is false, so every number literal is written as a double (``300.0``):
   exact for integers up to 2**53, larger ones are refused. (The ``transformation`` header and its
   ``jms-map-json`` / ``jms-object-xml`` forms put the values in the *body* of a MapMessage or an
-  ObjectMessage, where selectors do not look.) Events go out as headers: strings as they are,
-  numbers as Python writes them (``24.42``, ``1e-05``: both ``Double.valueOf`` text), booleans
-  ``true`` / ``false``.
-* **The run** (:func:`run`): the same events and filters as the flowbus rows, ``clients``
-  subscriber connections (stomp.py, ``Connection12``), subscription ``i`` on connection
-  ``i % clients`` (non-durable, ``ack: auto``, id ``i``), pipelined, a receipt on each
-  connection's last one; then one publisher connection sends the events to one topic
-  (``persistent: false``, the publisher's clock in header ``t``), a receipt on the last.
-  ``events_per_s_in`` is N / (first send .. the later of that receipt and the last expected
-  delivery): flowbus's figure ends when every matching subscriber's client has taken every
-  event, and so does this one. ``deliveries_match_offline``: the deliveries each subscription
-  got equal the offline evaluation the flowbus rows are checked against. stomp.py runs a thread
-  per connection in this process (the flowbus rows' clients share one event loop here too).
+  ObjectMessage, where selectors do not look.) Events go out as headers
+  (:data:`~flowbus.bench.stomp_clients.HEADERS`): strings as they are, numbers as Python writes
+  them (``24.42``, ``1e-05``: both ``Double.valueOf`` text), booleans ``true`` / ``false``.
+* **The run** (:func:`run`): the same events and filters as the flowbus rows, through the
+  stomp.py program of :mod:`flowbus.bench.stomp_clients`, the one that also drives flowbus's
+  brokers at their STOMP doors (``--protocol stomp``): ``clients`` subscriber connections,
+  subscription ``i`` on connection ``i % clients`` (non-durable, ``ack: auto``), pipelined,
+  receipts at the end; one publisher connection sends the events to one topic
+  (``persistent: false``); ``events_per_s_in`` ends when every expected delivery has come and
+  the last send's receipt too, as flowbus's figure ends when every matching subscriber's client
+  has taken every event. ``deliveries_match_offline``: the deliveries each subscription got
+  equal the offline evaluation the flowbus rows are checked against. ActiveMQ's JVM CPU while
+  publishing is ``activemq_cpu_s``.
 """
 
 from __future__ import annotations
@@ -54,20 +54,18 @@ import subprocess
 import tempfile
 import time
 import traceback
-from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import stomp
 
+from flowbus.bench import stomp_clients
+from flowbus.bench.stomp_clients import HEADERS, Progress, Target
+from flowbus.bench.workloads import STOCK_PROBE_FILTER
 from flowbus.errors import ExternalError, FilterError, UserError
-from flowbus.experiments.cpu import machine_busy_s, process_cpu_s
 from flowbus.filters import parse
 from flowbus.filters.ast import Conjunction, ExprPredicate, Filter, Op, Predicate
-
-Progress = Callable[[str, int, int], None]
 
 HOME = Path("/usr/share/activemq")
 JAR = HOME / "bin" / "activemq.jar"
@@ -95,8 +93,8 @@ _FIRST = {Op.EQ: 0, Op.IN: 1}  # the order of a conjunction's literals (the othe
 
 def jms_selector(f: Filter | str) -> str:
     """``f`` (a filter or its text) as a JMS selector ActiveMQ evaluates as flowbus does on events
-    sent by :func:`event_headers` (see the module note); a :class:`FilterError` naming the part
-    JMS cannot say."""
+    sent by :func:`~flowbus.bench.stomp_clients.event_headers` (see the module note); a
+    :class:`FilterError` naming the part JMS cannot say."""
     flt = parse(f) if isinstance(f, str) else f
     if not flt.disjuncts:
         return "FALSE"
@@ -175,16 +173,6 @@ def _constant(value: object, lit: Predicate) -> str:
         mantissa, e, exponent = text.partition("E")
         return (mantissa if "." in mantissa else mantissa + ".0") + e + exponent
     raise FilterError(f"{lit.attr}: constant {value!r} has no JMS literal")
-
-
-def event_headers(event: dict[str, Any]) -> dict[str, str]:
-    """``event`` as STOMP headers (see the module note; a missing value is no header)."""
-    out = {}
-    for key, value in event.items():
-        if value is None:
-            continue
-        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
-    return out
 
 
 # ------------------------------------------------------------------------------ the broker
@@ -315,151 +303,29 @@ class ActiveMQ:
 # ------------------------------------------------------------------------------ the run
 
 
-class _Listener:
-    """What one STOMP connection received (its own thread writes, the main thread reads).
-
-    stomp.py looks a listener's ``on_<frame>`` callbacks up on the instance; they are bound
-    there, because flowbus keeps methods named ``on_message`` for its cores (tests/test_cores.py)."""
-
-    def __init__(self, counts: np.ndarray) -> None:
-        self.counts = counts  # per subscription id: each connection writes only its own ids
-        self.latency = array("d")
-        self.total = 0
-        self.last = 0.0  # perf_counter of the latest delivery
-        self.receipts: dict[str, float] = {}
-        self.errors: list[str] = []
-        self.on_message, self.on_receipt, self.on_error = self._delivered, self._receipt, self._error
-
-    def _delivered(self, frame: Any) -> None:
-        headers = frame.headers
-        self.latency.append(time.time() - float(headers["t"]))
-        self.counts[int(headers["subscription"])] += 1
-        self.total += 1
-        self.last = time.perf_counter()
-
-    def _receipt(self, frame: Any) -> None:
-        self.receipts[frame.headers["receipt-id"]] = time.perf_counter()
-
-    def _error(self, frame: Any) -> None:
-        self.errors.append(f"{frame.headers.get('message', '')}: {str(frame.body).splitlines()[:1]}")
-
-
-def _connect(port: int, listener: _Listener) -> Any:
-    conn = stomp.Connection12([("127.0.0.1", port)], heartbeats=(0, 0))
-    conn.set_listener("bench", listener)
-    conn.connect(wait=True)
-    return conn
-
-
-def _wait(done: Callable[[], bool], listeners: Sequence[_Listener], timeout: float, what: str) -> None:
-    """Until ``done()``; a :class:`FlowbusError` on an ERROR frame or after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        errors = [e for lis in listeners for e in lis.errors]
-        if errors:
-            raise ExternalError(f"ActiveMQ refused something while {what}: {errors[0]}")
-        if time.monotonic() > deadline:
-            raise ExternalError(f"ActiveMQ: {what} not done after {timeout:.0f} s")
-        time.sleep(0.002)
-
-
-def _drain(listeners: Sequence[_Listener], want: int, stall_s: float) -> int:
-    """The deliveries once ``want`` have come, or once none came for ``stall_s`` seconds."""
-    got, since = -1, time.monotonic()
-    while (now := sum(lis.total for lis in listeners)) < want:
-        if now != got:
-            got, since = now, time.monotonic()
-        elif time.monotonic() - since > stall_s:
-            break
-        time.sleep(0.002)
-    return now
-
-
 def run(
     filters: Sequence[str], events: Sequence[dict[str, Any]], expected: np.ndarray, *, clients: int = 4,
-    progress: Progress | None = None, stall_s: float = 30.0,
+    progress: Progress | None = None, subscribe_timeout: float = 900.0, stall_s: float = 30.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """The same workload through a fresh ActiveMQ (see the module note): its figures, or what was
-    measured and ``error`` (the traceback) when it failed."""
-    out: dict[str, Any] = {"system": SYSTEM, "subscriber_connections": clients}
+    """The same workload through a fresh ActiveMQ, driven by :func:`flowbus.bench.stomp_clients.run`
+    (see the module note): its figures, or what was measured and ``error`` (the traceback) when
+    it failed."""
+    out: dict[str, Any] = {"system": SYSTEM}
     try:
         selectors = [jms_selector(f) for f in filters]  # (what JMS cannot say fails before a JVM starts)
+        probe = jms_selector(STOCK_PROBE_FILTER)
         with ActiveMQ() as amq:
-            _measure(
-                amq, selectors, events, expected, out, clients=clients, progress=progress, stall_s=stall_s
+            target = Target(
+                "ActiveMQ", [("127.0.0.1", amq.port)], TOPIC, HEADERS, [amq.pid], cpu_field="activemq_cpu_s"
             )
+            stomp_clients.run(
+                target, selectors, probe, events, expected, out, clients=clients, progress=progress,
+                subscribe_timeout=subscribe_timeout, stall_s=stall_s,
+            )  # fmt: skip
     except Exception:
         out["error"] = traceback.format_exc()
         out["deliveries_match_offline"] = False
     return out
-
-
-def _measure(
-    amq: ActiveMQ, selectors: list[str], events: Sequence[dict[str, Any]], expected: np.ndarray,
-    out: dict[str, Any], *, clients: int, progress: Progress | None, stall_s: float,
-) -> None:  # fmt: skip
-    k = len(selectors)
-    counts = np.zeros(k, np.int64)
-    subs = [_Listener(counts) for _ in range(clients)]
-    pub = _Listener(counts)
-    conns: list[Any] = []
-    try:
-        conns = [_connect(amq.port, lis) for lis in [*subs, pub]]
-        t0 = time.perf_counter()
-        for i, selector in enumerate(selectors):
-            headers = {"selector": selector} | ({"receipt": f"sub-{i}"} if i >= k - clients else {})
-            conns[i % clients].subscribe(TOPIC, id=str(i), ack="auto", headers=headers)
-            if progress and (i + 1) % 1000 == 0:
-                progress("ActiveMQ: subscribe", i + 1, k)
-        receipts = [f"sub-{i}" for i in range(max(0, k - clients), k)]
-        _wait(lambda: all(any(r in s.receipts for s in subs) for r in receipts), subs, 900, "subscribing")
-        out["subscribe_s"] = time.perf_counter() - t0
-        _publish(amq, conns[-1], events, expected, out, [*subs, pub], progress, stall_s)
-    finally:
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-    if errors := [e for lis in [*subs, pub] for e in lis.errors]:
-        out["stomp_errors"] = errors[:10]
-    lat_ms = np.frombuffer(b"".join(s.latency.tobytes() for s in subs) or bytes(8)) * 1000.0
-    out.update(
-        deliveries=int(counts.sum()),
-        latency_p50_ms=float(np.percentile(lat_ms, 50)),
-        latency_p99_ms=float(np.percentile(lat_ms, 99)),
-        deliveries_match_offline=bool(np.array_equal(counts, expected)),
-    )
-
-
-def _publish(
-    amq: ActiveMQ, conn: Any, events: Sequence[dict[str, Any]], expected: np.ndarray, out: dict[str, Any],
-    listeners: list[_Listener], progress: Progress | None, stall_s: float,
-) -> None:  # fmt: skip
-    """Send the events, then wait for the last one's receipt and every expected delivery (or
-    ``stall_s`` seconds without one)."""
-    pub, want = listeners[-1], int(expected.sum())
-    cpu0, jvm0, busy0 = time.process_time(), process_cpu_s(amq.pid), machine_busy_s()
-    t0 = time.perf_counter()
-    for n, event in enumerate(events, 1):
-        headers = event_headers(event) | {"t": repr(time.time()), "persistent": "false"}
-        if n == len(events):
-            headers["receipt"] = "published"
-        conn.send(TOPIC, "", headers=headers)
-        if progress and n % 1000 == 0:
-            progress("ActiveMQ: publish", n, len(events))
-    _wait(lambda: "published" in pub.receipts, listeners, max(120.0, len(events) / 50), "publishing")
-    got = _drain(listeners, want, stall_s)
-    last = max(lis.last for lis in listeners)
-    t_in = max(pub.receipts["published"], last) - t0
-    jvm = process_cpu_s(amq.pid) - jvm0
-    client = time.process_time() - cpu0
-    out.update(
-        publish_s=t_in,
-        events_per_s_in=len(events) / t_in,
-        deliveries_per_s=got / (last - t0) if got else 0.0,
-        activemq_cpu_s=jvm,
-        client_cpu_s=client,
-        other_cpu_s=max(0.0, machine_busy_s() - busy0 - jvm - client),
-    )
 
 
 def add_to_rows(

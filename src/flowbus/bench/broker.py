@@ -35,6 +35,15 @@ in TLS (each row says ``tls``); the ratio to a plain run is the cost of TLS.
 The publisher and every subscriber run in this process, on one asyncio event loop (on a
 2-core machine, the brokers get the rest). Generating events and filters and the offline count
 are not timed. A row whose run fails carries ``error`` (the traceback) and the sweep goes on.
+
+With ``protocol="stomp"`` (``--protocol stomp``) the clients are not flowbus's: each broker
+also serves STOMP (``--stomp 127.0.0.1:0``), and the rows are measured by the stomp.py program
+that measures the ActiveMQ baseline (:mod:`flowbus.bench.stomp_clients`), with the same JMS
+selectors (:func:`~flowbus.bench.activemq.jms_selector`), the same connections, layout,
+receipts and end of the run; only the address and how an event rides differ (a JSON body
+here, headers there). Subscriber connection ``c`` is at broker ``c % brokers``'s door, the
+publisher at the first's, as in a native row. So with ``--baseline activemq`` the ratio is
+broker against broker through one client. Each row says its ``protocol``.
 """
 
 from __future__ import annotations
@@ -60,8 +69,9 @@ from typing import Any
 
 import numpy as np
 
-from flowbus.bench.workloads import stock_events, stock_filters
-from flowbus.broker.process import start_process, wait_ready
+from flowbus.bench.workloads import STOCK_PROBE_EVENT, STOCK_PROBE_FILTER, stock_events, stock_filters
+from flowbus.broker.config import parse_address
+from flowbus.broker.process import start_process, stomp_of, wait_ready
 from flowbus.client import Client, Subscription, connect
 from flowbus.client import protocol as p
 from flowbus.errors import ExternalError, UserError
@@ -83,7 +93,6 @@ SCHEMA = {
     "level": "int",
     "t": "float",
 }
-PROBE = "__probe"
 
 REFERENCE = {
     "system": "ActiveMQ 5.17, same kind of selectors, this machine (the issue)",
@@ -133,15 +142,18 @@ def _proc_status(pid: int) -> dict[str, float]:
 
 
 def _start(
-    listen: str, join: list[str], config: Path, profile: Path | None, tls: tuple[Path, str] | None = None
-) -> subprocess.Popen[str]:
+    listen: str, join: list[str], config: Path, profile: Path | None, tls: tuple[Path, str] | None = None,
+    stomp: str | None = None,
+) -> subprocess.Popen[str]:  # fmt: skip
     if profile is None:
         pki, name = tls if tls is not None else (None, None)
-        return start_process(listen, join=join, config=config, tls=pki, tls_name=name)
+        return start_process(listen, join=join, config=config, tls=pki, tls_name=name, stomp=stomp)
     cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "flowbus", "broker", "start"]
     cmd += ["--listen", listen, "--config", str(config)]
     if tls is not None:
         cmd += ["--tls", str(tls[0]), "--tls-name", tls[1]]
+    if stomp is not None:
+        cmd += ["--stomp", stomp]
     for j in join:
         cmd += ["--join", j]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -160,6 +172,7 @@ class Ring:
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
     pki: Path | None = None  # a certs init directory: TLS (brokers broker-1, broker-2...)
+    stomps: list[str] = field(default_factory=list)  # their STOMP doors (start_ring(stomp=True))
 
     def client_tls(self) -> ssl.SSLContext | None:
         return client_context(self.pki) if self.pki is not None else None
@@ -177,17 +190,25 @@ class Ring:
 
 
 def start_ring(
-    n: int, config: Path, profile_dir: Path | None = None, tag: str = "", ring: Ring | None = None
-) -> Ring:
+    n: int, config: Path, profile_dir: Path | None = None, tag: str = "", ring: Ring | None = None,
+    stomp: bool = False,
+) -> Ring:  # fmt: skip
     """``n`` broker processes on 127.0.0.1 (free ports), the others joining the first, in ``ring``
-    (or a new one). The caller stops them (``Ring.stop``), also when this raises: give a ``ring``
-    to hold what started by then."""
+    (or a new one); with ``stomp``, each with a STOMP door on 127.0.0.1 too (``ring.stomps``).
+    The caller stops them (``Ring.stop``), also when this raises: give a ``ring`` to hold what
+    started by then."""
     ring = Ring() if ring is None else ring
     for i in range(n):
         prof = profile_dir / f"broker{tag}-{i + 1}.prof" if profile_dir is not None else None
         tls = (ring.pki, certs.broker_name(i + 1)) if ring.pki is not None else None
-        ring.procs.append(_start("127.0.0.1:0", ring.addresses[:1], config, prof, tls))
-        ring.addresses.append(_ready(ring.procs[-1]))
+        proc = _start("127.0.0.1:0", ring.addresses[:1], config, prof, tls, "127.0.0.1:0" if stomp else None)
+        ring.procs.append(proc)
+        ring.addresses.append(_ready(proc))
+        if stomp:
+            door = stomp_of(proc)
+            if door is None:
+                raise ExternalError(f"broker process {proc.pid} started with --stomp names no STOMP door")
+            ring.stomps.append(door)
     if n > 1:
         time.sleep(1.0)  # let the ring settle
     return ring
@@ -293,6 +314,14 @@ def _ring_ok(view: dict[str, list[str] | str]) -> bool:
     return all(isinstance(v, list) and len(v) == len(view) - 1 for v in view.values())
 
 
+def _stop(ring: Ring, row: dict[str, Any]) -> None:
+    """The brokers' memory into ``row`` (VmRSS, VmHWM: the largest), then the brokers stopped."""
+    status = [_proc_status(proc.pid) for proc in ring.procs]
+    row["broker_rss_mb"] = max((s["VmRSS"] for s in status if "VmRSS" in s), default=None)
+    row["broker_hwm_mb"] = max((s["VmHWM"] for s in status if "VmHWM" in s), default=None)
+    ring.stop()
+
+
 async def _clients_run(
     ring: Ring, row: dict[str, Any], filters: list[str], events: list[dict[str, Any]],
     expected: np.ndarray, *, clients: int, window: int, rate: float, chunk: int, subscribe_timeout: float,
@@ -342,9 +371,8 @@ async def _clients_run(
         # -- until the publisher's broker routes to every subscriber connection
         seen = [asyncio.Event() for _ in subs]
         for c, seen_ev in zip(subs, seen, strict=True):
-            s = await c.subscribe(SPACE, f'symbol = "{PROBE}"')
+            s = await c.subscribe(SPACE, STOCK_PROBE_FILTER)
             tasks.append(asyncio.create_task(_sentinel(s, seen_ev)))
-        probe = {"symbol": PROBE, "price": 1.0, "quantity": 1, "exchange": "X", "level": 0}
         t1 = time.perf_counter()
         while not all(e.is_set() for e in seen):
             if time.perf_counter() - t1 > 120:
@@ -356,7 +384,7 @@ async def _clients_run(
                     f"subscriptions at {sorted(set(map(str, missing)))} not routed to the publisher's broker "
                     f"{addresses[0]} after 120 s; the brokers' ring links: {view}"
                 )
-            await pub.publish(SPACE, {**probe, "t": time.time()})
+            await pub.publish(SPACE, {**STOCK_PROBE_EVENT, "t": time.time()})
             await pub.flush(120)
             await asyncio.sleep(0.02)
         row["routed_s"] = time.perf_counter() - t0
@@ -414,10 +442,7 @@ async def _clients_run(
             row["ring_intact"] = _ring_ok(view)
     finally:
         release_gc()
-        status = [_proc_status(proc.pid) for proc in ring.procs]
-        row["broker_rss_mb"] = max((s["VmRSS"] for s in status if "VmRSS" in s), default=None)
-        row["broker_hwm_mb"] = max((s["VmHWM"] for s in status if "VmHWM" in s), default=None)
-        ring.stop()
+        _stop(ring, row)
         for c in conns:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(c.close(), 10)
@@ -426,34 +451,71 @@ async def _clients_run(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _stomp_clients_run(
+    ring: Ring, row: dict[str, Any], filters: list[str], events: list[dict[str, Any]], expected: np.ndarray,
+    *, clients: int, subscribe_timeout: float, progress: Progress | None, label: str,
+) -> None:  # fmt: skip
+    """``--protocol stomp``: the stomp.py program of the ActiveMQ baseline
+    (:func:`flowbus.bench.stomp_clients.run`) at the brokers' STOMP doors, with the same JMS
+    selectors, the events as JSON bodies (:data:`~flowbus.bench.stomp_clients.JSON_BODY`) into
+    the space's topic. As :func:`_clients_run`, the brokers stop before the clients close."""
+    from flowbus.bench import stomp_clients
+    from flowbus.bench.activemq import jms_selector
+
+    def ending() -> None:
+        if len(ring.addresses) > 1:
+            row["ring_after_publish"] = view = asyncio.run(ring_view(ring.addresses))
+            row["ring_intact"] = _ring_ok(view)
+        _stop(ring, row)
+
+    target = stomp_clients.Target(
+        label, [parse_address(door) for door in ring.stomps], f"/topic/{SPACE}", stomp_clients.JSON_BODY,
+        [proc.pid for proc in ring.procs], cpu_field="broker_cpu_s", ending=ending,
+    )  # fmt: skip
+    selectors = [jms_selector(f) for f in filters]
+    stomp_clients.run(
+        target, selectors, jms_selector(STOCK_PROBE_FILTER), events, expected, row, clients=clients,
+        progress=progress, subscribe_timeout=subscribe_timeout,
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------- run
 
 
 def _row(
     brokers: int, filters: list[str], events: list[dict[str, Any]], expected: np.ndarray, config: Path, *,
     clients: int, window: int, rate: float, chunk: int, subscribe_timeout: float, progress: Progress | None,
-    profile_dir: Path | None, pki: Path | None = None,
+    profile_dir: Path | None, pki: Path | None = None, protocol: str = "native",
 ) -> dict[str, Any]:  # fmt: skip
     k = len(filters)
+    stomp = protocol == "stomp"
     row: dict[str, Any] = {
         "brokers": brokers,
         "subscriptions": k,
         "events": len(events),
+        "protocol": protocol,
         "deliveries_expected": int(expected.sum()),
         "deliveries_per_event": float(expected.sum()) / max(1, len(events)),
-        "publish_window": window,
+        "publish_window": None if stomp else window,  # (STOMP has none: TCP paces the publisher)
         "rate": rate or None,
         "tls": pki is not None,
     }
+    label = f"{brokers} broker(s), K={k:,}" + (", STOMP" if stomp else "")
     ring = Ring(pki=pki)
     try:
-        start_ring(brokers, config, profile_dir, tag=f"-b{brokers}-k{k}", ring=ring)
-        asyncio.run(
-            _clients_run(
-                ring, row, filters, events, expected, clients=clients, window=window, rate=rate, chunk=chunk,
-                subscribe_timeout=subscribe_timeout, progress=progress, label=f"{brokers} broker(s), K={k:,}",
-            )
-        )  # fmt: skip
+        start_ring(brokers, config, profile_dir, tag=f"-b{brokers}-k{k}", ring=ring, stomp=stomp)
+        if stomp:
+            _stomp_clients_run(
+                ring, row, filters, events, expected, clients=clients, subscribe_timeout=subscribe_timeout,
+                progress=progress, label=label,
+            )  # fmt: skip
+        else:
+            asyncio.run(
+                _clients_run(
+                    ring, row, filters, events, expected, clients=clients, window=window, rate=rate,
+                    chunk=chunk, subscribe_timeout=subscribe_timeout, progress=progress, label=label,
+                )
+            )  # fmt: skip
     except Exception:
         row["error"] = traceback.format_exc()
         row["deliveries_match_offline"] = False
@@ -469,7 +531,7 @@ def run(
     events: int = 20_000,
     seed: int = 1,
     clients: int = 4,
-    window: int = 10_000,
+    window: int | None = None,
     rate: float = 0.0,
     broker_window: int | None = None,
     broker_memory: int | None = None,
@@ -481,19 +543,26 @@ def run(
     progress: Progress | None = None,
     tls: bool = False,
     baseline: str | None = None,
+    protocol: str = "native",
 ) -> dict[str, Any]:
     """The sweep over ``brokers`` x ``subscriptions`` (see the module note).
 
-    ``window``: the publisher's window of unacknowledged publishes; ``rate``: events/s to pace
-    the publisher at (0: as fast as the window lets); ``broker_window`` / ``broker_memory`` /
-    ``broker_heartbeat``: the brokers' settings (None: their defaults); rings of more than one
-    broker run only up to ``max_ring_subscriptions`` (the others are rows with ``skipped``);
-    a row whose subscribing takes longer than ``subscribe_timeout`` seconds ends with an
-    error; ``profile_dir``: run each broker under cProfile, writing
-    ``broker-b<B>-k<K>-<i>.prof`` there; ``tls``: brokers and clients in (mutual) TLS;
+    ``window``: the publisher's window of unacknowledged publishes (None: :data:`WINDOW`);
+    ``rate``: events/s to pace the publisher at (0: as fast as the window lets);
+    ``broker_window`` / ``broker_memory`` / ``broker_heartbeat``: the brokers' settings (None:
+    their defaults); rings of more than one broker run only up to ``max_ring_subscriptions``
+    (the others are rows with ``skipped``); a row whose subscribing takes longer than
+    ``subscribe_timeout`` seconds ends with an error; ``profile_dir``: run each broker under
+    cProfile, writing ``broker-b<B>-k<K>-<i>.prof`` there; ``tls``: brokers and clients in
+    (mutual) TLS;
     ``baseline``: one of ``BASELINES``, run on the same workload after each K's rows, beside them
-    (:mod:`flowbus.bench.activemq`)."""
+    (:mod:`flowbus.bench.activemq`); ``protocol``: one of ``PROTOCOLS``, how the clients reach the
+    brokers (``stomp``: the baseline's stomp.py program at each broker's STOMP door, see
+    :func:`_stomp_clients_run`; it takes no ``window``, ``rate`` nor ``tls``). A
+    :class:`UserError` for an unknown name or a combination that cannot run."""
+    _check_protocol(protocol, window=window, rate=rate, tls=tls)
     add_baseline = _baseline(baseline)
+    stomp = protocol == "stomp"
     evs = make_events(events, seed)
     rows = []
     total = len(subscriptions) * len(brokers)
@@ -515,14 +584,16 @@ def run(
                         "brokers": b,
                         "subscriptions": k,
                         "events": events,
+                        "protocol": protocol,
                         "skipped": f"rings run up to {max_ring_subscriptions:,} subscriptions "
                         "(max_ring_subscriptions / --max-ring-subscriptions)",
                     }
                 else:
                     row = _row(
-                        b, filters, evs, expected, config, clients=clients, window=window, rate=rate,
-                        chunk=subscribe_chunk, subscribe_timeout=subscribe_timeout, progress=progress,
-                        profile_dir=profile_dir, pki=pki,
+                        b, filters, evs, expected, config, clients=clients,
+                        window=WINDOW if window is None else window, rate=rate, chunk=subscribe_chunk,
+                        subscribe_timeout=subscribe_timeout, progress=progress, profile_dir=profile_dir,
+                        pki=pki, protocol=protocol,
                     )  # fmt: skip
                     row["offline_matcher_agrees_with_filter_matches"] = agrees
                     row["offline_s"] = offline_s
@@ -538,9 +609,10 @@ def run(
         "rows": rows,
         "reference": REFERENCE,
         "goal": GOAL,
-        "clients": "one process, one event loop",
+        "protocol": protocol,
+        "clients": STOMP_CLIENTS if stomp else "one process, one event loop",
         "subscriber_connections": clients,
-        "publisher": "one connection, to the first broker",
+        "publisher": "one connection, to the first broker" + ("'s STOMP door" if stomp else ""),
         "broker_config": {
             "window": broker_window,
             "memory": broker_memory,
@@ -556,6 +628,34 @@ def run(
             "platform": platform.platform(),
         },
     }
+
+
+WINDOW = 10_000
+"""The native publisher's window when none is given."""
+
+PROTOCOLS = ("native", "stomp")
+STOMP_CLIENTS = "one process, stomp.py: a thread per connection (the program of --baseline activemq)"
+_STOMP_HAS_NO = {
+    "window": "STOMP has no publish window: TCP's backpressure paces the publisher",
+    "rate": "its publisher sends flat out, as the ActiveMQ baseline's does",
+    "tls": "its clients connect in plain text, as the ActiveMQ baseline's do",
+}
+
+
+def _check_protocol(protocol: str, *, window: int | None, rate: float, tls: bool) -> None:
+    """A :class:`UserError` for an unknown protocol, an option ``stomp`` has no use for (its
+    clients are the ActiveMQ baseline's program), or a missing ``bench`` extra."""
+    if protocol not in PROTOCOLS:
+        raise UserError(f"unknown protocol {protocol!r} (expected one of {', '.join(PROTOCOLS)})")
+    if protocol != "stomp":
+        return
+    given = {"window": window is not None, "rate": bool(rate), "tls": tls}
+    if refused := [f"--{name} ({why})" for name, why in _STOMP_HAS_NO.items() if given[name]]:
+        raise UserError(f"--protocol stomp takes no {'; no '.join(refused)}")
+    try:
+        from flowbus.bench import stomp_clients  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"--protocol stomp needs pip install 'flowbus[bench]' ({exc})") from None
 
 
 BASELINES = ("activemq",)
@@ -588,6 +688,7 @@ def _cpu_model() -> str | None:
 
 COLUMNS = [
     ("brokers", "B", "{}"),
+    ("protocol", "protocol", "{}"),
     ("subscriptions", "K", "{:,}"),
     ("events", "N", "{:,}"),
     ("subscribe_s", "subscribe s", "{:.1f}"),

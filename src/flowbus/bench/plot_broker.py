@@ -1,7 +1,8 @@
 """Plot ``flowbus bench broker --json``: events/s taken
 in and p99 publish-to-delivery latency against the number of subscriptions, one line per
-broker count, with ActiveMQ's (measured in the same run with ``--baseline activemq``, else
-the reference points) and the goal.
+broker count (and protocol: ``--protocol stomp`` rows are "flowbus over STOMP"), with
+ActiveMQ's (measured in the same run with ``--baseline activemq``, else the reference points)
+and the goal.
 
 flowbus bench plot broker broker.json broker.png (and ``flowbus bench broker --out DIR``)
 """
@@ -19,26 +20,36 @@ import matplotlib.pyplot as plt
 STYLES = ("o-", "s-", "^-", "D-")
 
 
-def _points(rows: list[dict[str, Any]], brokers: int, key: str) -> list[tuple[int, float]]:
+def _protocol(row: dict[str, Any]) -> str:
+    return str(row.get("protocol", "native"))  # (rows of before --protocol are native)
+
+
+def _points(rows: list[dict[str, Any]], line: tuple[str, int], key: str) -> list[tuple[int, float]]:
     return sorted(
         (r["subscriptions"], r[key])
         for r in rows
-        if r["brokers"] == brokers and r.get(key) is not None and "error" not in r
+        if (_protocol(r), r["brokers"]) == line and r.get(key) is not None and "error" not in r
     )
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
     rows = result["rows"]
     fig, (rate, lat) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, b in enumerate(sorted({r["brokers"] for r in rows})):
-        label = f"flowbus, {b} broker" + ("s" if b > 1 else "")
-        pts = _points(rows, b, "events_per_s_in")
+    for i, line in enumerate(sorted({(_protocol(r), r["brokers"]) for r in rows})):
+        protocol, b = line
+        over = " over STOMP" if protocol == "stomp" else ""
+        label = f"flowbus{over}, {b} broker" + ("s" if b > 1 else "")
+        pts = _points(rows, line, "events_per_s_in")
         if pts:
             rate.plot(*zip(*pts, strict=True), STYLES[i % len(STYLES)], lw=2, label=label)
-        pts = _points(rows, b, "latency_p99_ms")
+        pts = _points(rows, line, "latency_p99_ms")
         if pts:
             lat.plot(*zip(*pts, strict=True), STYLES[i % len(STYLES)], lw=2, label=label)
-        failed = [r["subscriptions"] for r in rows if r["brokers"] == b and ("error" in r or "skipped" in r)]
+        failed = [
+            r["subscriptions"]
+            for r in rows
+            if (_protocol(r), r["brokers"]) == line and ("error" in r or "skipped" in r)
+        ]
         for k in failed:
             rate.axvline(k, color=f"C{i}", lw=0.8, ls=(0, (2, 3)), alpha=0.6)
         if failed:

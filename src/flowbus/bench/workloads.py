@@ -17,7 +17,8 @@ chunks, so a million subscriptions never sit in memory as Python objects.
 * The stock workload of the broker benchmarks (:func:`stock_events`,
   :func:`stock_filters`): events with a ``symbol`` of 50 values, a ``price``, a
   ``quantity``, an ``exchange`` of 5 values and a ``level`` 0-9; filters with equality on
-  the symbol and ranges on 2-4 of the others, as text (an event matches about K / 500 of K).
+  the symbol and ranges on 2-4 of the others, as text (an event matches about K / 500 of K);
+  a probe event and the filter only it matches (:data:`STOCK_PROBE_FILTER`).
 * The stock example's flow spec (:func:`stock_flow_spec`), which ``flowbus bench flow`` and
   ``flowbus bench spark`` run: ``examples/stocks/flow.yaml`` of a checkout (it is not in the
   wheel; without a checkout they say so).
@@ -112,6 +113,17 @@ STOCK_SYMBOLS = [f"S{i}" for i in range(50)]
 STOCK_EXCHANGES = ["NYSE", "NASDAQ", "LSE", "TSE", "HKEX"]
 STOCK_PRICE = (10.0, 110.0)
 STOCK_QUANTITY = (1, 1000)
+STOCK_PROBE = "__probe"
+STOCK_PROBE_FILTER = f'symbol = "{STOCK_PROBE}"'
+"""A filter no stock event matches, and :data:`STOCK_PROBE_EVENT` only: the broker benchmarks'
+sentinel subscriptions, which tell that the subscriptions made before them are routed."""
+STOCK_PROBE_EVENT: dict[str, Any] = {
+    "symbol": STOCK_PROBE,
+    "price": 1.0,
+    "quantity": 1,
+    "exchange": "X",
+    "level": 0,
+}
 
 
 def stock_events(n: int, seed: int) -> list[dict[str, Any]]:

@@ -204,8 +204,9 @@ def bench_broker(
     ] = None,
     clients: Annotated[int, typer.Option(min=1, help="Subscriber connections.")] = 4,
     window: Annotated[
-        int, typer.Option(min=1, help="The publisher's window (unacknowledged publishes).")
-    ] = 10_000,
+        int | None,
+        typer.Option(min=1, help="The publisher's window (unacknowledged publishes; default 10000; native)."),
+    ] = None,
     rate: Annotated[float, typer.Option(min=0, help="Pace the publisher (events/s; 0: flat out).")] = 0.0,
     broker_window: Annotated[int | None, typer.Option(help="The brokers' per-subscriber window.")] = None,
     broker_memory: Annotated[int | None, typer.Option(help="The brokers' per-subscription memory.")] = None,
@@ -218,6 +219,13 @@ def bench_broker(
     baseline: Annotated[
         str | None, typer.Option(help="Also run this broker on each K's workload: activemq.")
     ] = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="native (flowbus's client) or stomp (the stomp.py program of --baseline activemq, "
+            "at each broker's STOMP door)."
+        ),
+    ] = "native",
     as_json: JsonOption = False,
 ) -> None:
     """Brokers on loopback (one, and a ring): events/s in, deliveries/s, latency, RSS, against ActiveMQ."""
@@ -232,9 +240,9 @@ def bench_broker(
                 clients=clients, window=window, rate=rate, broker_window=broker_window,
                 broker_memory=broker_memory, broker_heartbeat=broker_heartbeat,
                 max_ring_subscriptions=max_ring_subscriptions, subscribe_timeout=subscribe_timeout,
-                profile_dir=profile_dir, progress=progress, tls=tls, baseline=baseline,
+                profile_dir=profile_dir, progress=progress, tls=tls, baseline=baseline, protocol=protocol,
             )  # fmt: skip
-    except UserError as exc:  # an unknown --baseline, or one that cannot run here
+    except UserError as exc:  # an unknown --baseline or --protocol, or one that cannot run here
         fail(str(exc))
     if out_dir is not None:
         _write_broker(result, out_dir)

@@ -119,6 +119,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from flowbus import __version__
 from flowbus.broker.config import parse_address
 from flowbus.broker.sessions import READ_BYTES, Session, Sessions
@@ -139,6 +141,7 @@ from flowbus.net.stomp import (
     StompError,
     encode,
     error_frame,
+    escaped,
     negotiate_heartbeat,
     negotiate_version,
     receipt_frame,
@@ -157,6 +160,7 @@ HEARTBEAT_GRACE = 2.0
 periods of silence."""
 
 JSON = "application/json"
+_TYPED = b"\ncontent-type:" + JSON.encode() + b"\ncontent-length:"  # (a MESSAGE's headers after event-id)
 ACK_MODES = ("auto", "client", "client-individual")
 DURABLE_HEADERS = ("durable-subscription-name", "activemq.subscriptionName")
 """The headers that name a durable subscription, the first found counts."""
@@ -184,8 +188,11 @@ def _ranges(numbers: Iterable[int]) -> list[tuple[int, int]]:
     return out
 
 
+_to_json = msgspec.json.Encoder(enc_hook=str)  # (a value JSON has no form for: its text)
+
+
 def _json(event: dict[str, Any]) -> bytes:
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    return _to_json.encode(event)
 
 
 class Consumption:
@@ -247,6 +254,12 @@ class StompSub:
     consumption: Consumption | None = None  # (a durable one's) how far its client consumed
     unacked: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # ack id -> delivery
     # number, publisher, its sequence number: as sent
+    head: bytes = b""  # its MESSAGEs' first bytes, to the message-id (made once: see _messages_of)
+    middle: bytes = b""  # from the message-id to the event's own headers
+
+    def __post_init__(self) -> None:
+        self.head = b"MESSAGE\nsubscription:" + escaped(self.id) + b"\nmessage-id:"
+        self.middle = b"\ndestination:" + escaped(self.destination) + b"\n"
 
 
 @dataclass(slots=True)
@@ -402,25 +415,27 @@ class StompSession(Session):
     ) -> int:
         """The MESSAGEs of a delivery row, one per subscription still here; how many of them
         wait for an ACK. What durable ``auto`` subscriptions consume by it goes into ``consumed``."""
-        body, left, eid = _json(event), 0, f"{publisher}:{pseq}"
+        body, left = _json(event), 0
+        eid, size = escaped(f"{publisher}:{pseq}"), str(len(body)).encode()
+        tail = b"".join((b"event-id:", eid, _TYPED, size, b"\n\n", body, b"\x00"))  # (each subscription's)
         for sub_id in sub_ids:
             sub = self._native.get(sub_id)
             if sub is None:  # (unsubscribed meanwhile: the queues took the row back from it)
                 continue
             self._messages += 1
             mid = str(self._messages)
-            headers = [("subscription", sub.id), ("message-id", mid), ("destination", sub.destination)]
+            number = mid.encode()
             if sub.consumption is not None:
                 sub.consumption.sent(publisher, pseq)
             if sub.ack != "auto":
-                headers.append(("ack", mid))
+                out += (sub.head, number, sub.middle, b"ack:", number, b"\n", tail)
                 sub.unacked[mid] = (cseq, publisher, pseq)
                 self._ack_ids[mid] = sub
                 left += 1
-            elif sub.consumption is not None and (upto := sub.consumption.done(publisher, pseq)) is not None:
+                continue
+            out += (sub.head, number, sub.middle, tail)
+            if sub.consumption is not None and (upto := sub.consumption.done(publisher, pseq)) is not None:
                 consumed.setdefault(sub.sub_id, {})[publisher] = upto
-            headers += [("event-id", eid), ("content-type", JSON)]
-            out.append(encode(Frame("MESSAGE", headers, body)))
         if left:
             self._left[cseq] = left
         return left

@@ -82,6 +82,7 @@ __all__ = [
     "StompError",
     "encode",
     "error_frame",
+    "escaped",
     "negotiate_heartbeat",
     "negotiate_version",
     "parse_heartbeat",
@@ -372,6 +373,12 @@ def _unescape_one(match: re.Match[str]) -> str:
 
 
 # -------------------------------------------------------------------------------------- encoding
+
+
+def escaped(value: str) -> bytes:
+    """A header value as a frame carries it (STOMP's escapes, UTF-8): for a frame built from
+    parts (a broker's MESSAGEs, whose headers but one stay the same) rather than by :func:`encode`."""
+    return value.translate(_ESCAPE_TABLE).encode()
 
 
 def encode(frame: Frame, *, escape: bool = True) -> bytes:

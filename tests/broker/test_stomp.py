@@ -599,3 +599,39 @@ def test_with_tls_the_door_takes_tls_only_and_a_client_certificate_names_the_ide
         plain = Raw(door)
         plain.send("CONNECT", {"accept-version": "1.2"})
         assert plain.closed()  # (plain text on a TLS door: closed, nothing answered)
+
+
+# -- flow control and spill
+
+
+def test_a_slow_stomp_subscriber_gets_its_window_the_rest_waits_on_disk_and_comes_in_order(
+    tmp_path: Path, _matching_compiled: None
+) -> None:
+    """A durable ``client-individual`` subscriber that acknowledges nothing gets the broker's
+    window (20) and no more. The publishes past the memory budget (50) go to its queue on
+    disk and are receipted (custody: on disk is kept); the first 50 once it has them. Back on
+    a new connection it gets every event, in order, the 20 unacknowledged first, each once."""
+    config = {**CONFIG, "window": 20, "memory": 50}
+    with broker(tmp_path, config, stomp="127.0.0.1:0", data=tmp_path / "data") as door:
+        slow = connect(door, client_id="slow")
+        _subscribe(slow, "s", "spill", "client-individual", durable="kept")
+        pub = connect(door)
+        sent = events("spill", 300)
+        for i, e in enumerate(sent):
+            pub.send("SEND", {"destination": "events", "receipt": f"p{i}"}, json.dumps(e).encode())
+        receipts = {pub.expect("RECEIPT").header("receipt-id") for _ in range(250)}
+        assert receipts == {f"p{i}" for i in range(50, 300)}  # (on disk: settled; in memory: not yet)
+        assert pub.quiet()
+        first = [slow.expect("MESSAGE") for _ in range(20)]
+        assert _ns(first) == list(range(20)) and slow.quiet()  # (the window: nothing more)
+        slow.close()
+        again = connect(door, client_id="slow")
+        _subscribe(again, "s", "spill", "client-individual", durable="kept")
+        got: list[int] = []
+        while len(got) < 300:
+            frame = again.expect("MESSAGE")
+            got += _ns([frame])
+            again.send("ACK", {"id": frame.header("ack") or ""})
+        assert got == list(range(300)) and again.quiet()
+        receipts = {pub.expect("RECEIPT").header("receipt-id") for _ in range(50)}
+        assert receipts == {f"p{i}" for i in range(50)}  # (taken by the subscriber at last)

@@ -86,6 +86,8 @@ def test_the_live_page_shows_exactly_the_matching_events_newest_on_top(
     assert "<img src=x onerror=alert(1)>" in page.locator("#live-events").inner_text()
     _shot(page, "live", tmp_path, full=False)
 
+    page.locator("#live-stop").click()  # (the status changes: "subscribed" again is the new one's)
+    expect(page.locator("#live-status")).to_have_text("stopped", timeout=WAIT * 1000)
     _subscribe(page, "events", "filter", 'run = "live" & n < 7')  # (again: the list starts afresh)
     expect(page.locator("#live-status")).to_have_text("subscribed to events", timeout=WAIT * 1000)
     assert page.locator("#live-events li").count() == 0

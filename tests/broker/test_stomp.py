@@ -635,3 +635,21 @@ def test_a_slow_stomp_subscriber_gets_its_window_the_rest_waits_on_disk_and_come
         assert got == list(range(300)) and again.quiet()
         receipts = {pub.expect("RECEIPT").header("receipt-id") for _ in range(50)}
         assert receipts == {f"p{i}" for i in range(50)}  # (taken by the subscriber at last)
+
+
+def test_an_ack_in_a_transaction_is_receipted_once(door: Door) -> None:
+    for durable in (None, "tx-acked"):
+        raw = connect(door, client_id="t5b")
+        _subscribe(raw, "s", "t5b", "client-individual", durable=durable)
+        _publish(door, events("t5b", 1))
+        message = raw.expect("MESSAGE")
+        raw.send("BEGIN", {"transaction": "t", "receipt": "begun"})
+        assert raw.expect("RECEIPT").header("receipt-id") == "begun"
+        raw.send("ACK", {"id": message.header("ack") or "", "transaction": "t", "receipt": "acked"})
+        assert raw.expect("RECEIPT").header("receipt-id") == "acked"
+        raw.send("COMMIT", {"transaction": "t", "receipt": "committed"})
+        assert raw.expect("RECEIPT").header("receipt-id") == "committed"
+        assert raw.quiet()  # (no second RECEIPT for the ACK)
+        raw.send("UNSUBSCRIBE", {"id": "s", "receipt": "gone"})
+        raw.expect("RECEIPT")
+        raw.close()

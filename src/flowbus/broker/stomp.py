@@ -599,7 +599,7 @@ class StompSession(Session):
             self._receipt(receipt)
         for acked in taken:
             if isinstance(acked, Frame):
-                yield from self._ack(acked)
+                yield from self._ack(acked, answered=True)  # (its RECEIPT came when taken in)
 
     def _subscribe(self, frame: Frame) -> Iterator[Any]:
         sid, destination = _required(frame, "id"), _required(frame, "destination")
@@ -647,7 +647,7 @@ class StompSession(Session):
         if done:  # (the row's other subscriptions have it: settled for them)
             yield p.Ack(p.pack_acks(_ranges(done)))
 
-    def _ack(self, frame: Frame) -> Iterator[Any]:
+    def _ack(self, frame: Frame, *, answered: bool = False) -> Iterator[Any]:
         """ACK or NACK: the message named, and with ``client`` every message of its
         subscription before it; a row's delivery number is acknowledged once each of its
         messages is (NACKed ones are given back to their queues first)."""
@@ -664,7 +664,7 @@ class StompSession(Session):
         else:
             mids = [ack_id]
         taken = [(mid, sub.unacked.pop(mid)) for mid in mids]
-        receipt = frame.header("receipt")
+        receipt = None if answered else frame.header("receipt")
         if frame.command == "NACK":
             self.sessions.queues.give_back(self, [(cseq, sub.sub_id) for _, (cseq, _, _) in taken])
         elif sub.consumption is not None:  # (its RECEIPT once the ring keeps what it consumed)

@@ -68,7 +68,9 @@ class FakeCore:
     def awaited(self, sub_id: Hashable) -> int | None:
         return self.awaits.get(sub_id)
 
-    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+    def consume(
+        self, sub_id: Hashable, upto: Mapping[str, int], *, now: bool = True
+    ) -> tuple[int, list[Effect]]:
         self.calls.append(("consume", sub_id, dict(upto)))
         self.consumption.setdefault(sub_id, {}).update(upto)
         return self.version, []

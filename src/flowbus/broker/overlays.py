@@ -69,7 +69,9 @@ class BrokerCore(Core, Protocol):
         ...
 
     def backups_confirmed(self) -> int: ...
-    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+    def consume(
+        self, sub_id: Hashable, upto: Mapping[str, int], *, now: bool = True
+    ) -> tuple[int, list[Effect]]:
         """A subscription's client has consumed each publisher's events up to a sequence
         number (a client that cannot drop what it had by id): kept where a taker that
         delivers again finds it; the backup version to wait for, and the effects."""

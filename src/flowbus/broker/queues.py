@@ -459,11 +459,12 @@ class Queues:
             return False, p.NOT_HERE
         return self._open(session, msg)
 
-    def consume(self, sub_id: str, upto: Mapping[str, int]) -> int:
+    def consume(self, sub_id: str, upto: Mapping[str, int], *, now: bool = True) -> int:
         """``sub_id``'s client has consumed each publisher's events up to the sequence number
         ``upto`` names (see "Consumed"): told to the core. The backup version after which a
-        broker that takes the subscription over knows it (:meth:`when_backed_up`)."""
-        version, effects = self.core.consume(sub_id, upto)
+        broker that takes the subscription over knows it (:meth:`when_backed_up`); not
+        ``now``: backed up with the core's step, no version (0)."""
+        version, effects = self.core.consume(sub_id, upto, now=now)
         self.apply(effects)
         return version
 

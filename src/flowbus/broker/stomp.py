@@ -395,7 +395,7 @@ class StompSession(Session):
         if done:  # (on the next turn: a flush may come from inside a part, or a step's end)
             loop.call_soon(self._taken, p.Ack(p.pack_acks(_ranges(done))))
         for sub_id, upto in consumed.items():
-            loop.call_soon(self.sessions.queues.consume, sub_id, upto)
+            loop.call_soon(functools.partial(self.sessions.queues.consume, sub_id, upto, now=False))
 
     def _taken(self, ack: p.Ack) -> None:
         """Rows ``auto`` subscriptions took, acknowledged (if the connection is still on:
@@ -687,7 +687,8 @@ class StompSession(Session):
             self._owed.append((sub, acked, receipt))
         if not moved and receipt is None:
             return
-        version = self.sessions.queues.consume(sub.sub_id, moved) if moved else 0
+        waiting = any(o[0] is sub for o in self._owed)  # (a receipt waits: backed up at once)
+        version = self.sessions.queues.consume(sub.sub_id, moved, now=waiting) if moved else 0
         for owed in [o for o in self._owed if o[0] is sub and all(consumption.covers(*a) for a in o[1])]:
             self._owed.remove(owed)
             self.sessions.queues.when_backed_up(version, functools.partial(self._receipt, owed[2]))

@@ -137,7 +137,9 @@ class IrbrBroker(Core):
     def backups_confirmed(self) -> int:
         return 0
 
-    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+    def consume(
+        self, sub_id: Hashable, upto: Mapping[str, int], *, now: bool = True
+    ) -> tuple[int, list[Effect]]:
         """No takeover delivers again: nothing to keep (no version to wait for)."""
         return 0, []
 

@@ -494,14 +494,19 @@ class RingBroker(Core):
         here: its backlog is awaited (see ring_handover)."""
         return awaited(self.ring.keys_of(DISK, sub_id), self.addr)
 
-    def consume(self, sub_id: Hashable, upto: Mapping[str, int]) -> tuple[int, list[Effect]]:
+    def consume(
+        self, sub_id: Hashable, upto: Mapping[str, int], *, now: bool = True
+    ) -> tuple[int, list[Effect]]:
         """``sub_id``'s client has consumed each publisher's events up to the sequence number
         ``upto`` names for it (a client that does not drop an event it had by its id: a STOMP
         one's). The ring state says so, backed up now: a broker that takes the subscription
         over delivers again what it routed of late (:meth:`_replay`, the repair), and the
         driver drops what :meth:`consumed` covers. The backup version to wait for before the
-        client is told its consumption is safe, and the effects."""
+        client is told its consumption is safe, and the effects. Not ``now``: the copy goes
+        with the step's others (no version to wait for: 0)."""
         out = self.ring.set_states({consumed_key(sub_id, pub): seq for pub, seq in upto.items()})
+        if not now:
+            return 0, out
         return self.ring.version, out + self.ring.flush_backups()
 
     def consumed(self, sub_id: Hashable) -> dict[str, int]:

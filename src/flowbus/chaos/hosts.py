@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -436,6 +437,23 @@ class Loopback:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A port free on 127.0.0.1 now, below the kernel's ephemeral range (a broker of the
+    campaign starts, and starts again, on it long after it was chosen: a port from that
+    range may meanwhile be another program's, any socket bound to port 0 or any outgoing
+    connection; a test run beside it made one broker fail "address already in use")."""
+    low, _ = _ephemeral_range()
+    for port in random.Random().sample(range(max(1024, low - 12_000), low), 400):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    with socket.socket() as s:  # (none below it free: one from the kernel)
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for port 0 and outgoing connections (Linux's; else its default)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999

@@ -163,3 +163,21 @@ def test_bad_publishers_are_refused() -> None:
     for arg in ("x", "1,1", "7,2"):
         result = runner.invoke(app, ["chaos", "sim", "--publishers", arg, "--seeds", "1", "--json"])
         assert result.exit_code == 2 and "publishers" in result.stderr and result.stdout == "", arg
+
+
+def test_a_paused_broker_found_dead_steps_down_and_joins_again() -> None:
+    """Schedule 1 of pauses (the brokers' clocks): a broker paused past the guard comes back,
+    reads its backlog late, is told it was found dead, steps down and joins as a new member;
+    nothing is lost, and the ring is whole again."""
+    w, subs, pubs, struck = restarts(1, flow=True, n=3000, timers="broker", faults="pause", derived=True)
+    row = judge(w, subs, pubs, 3000)
+    assert struck > 0 and w.stepped_down and all(what != "crashed" for _, what, _ in w.log)
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}
+    assert {sub for sub in w.derived} == {(b.addr, "big") for b in w.brokers}
+
+
+def test_bad_faults_are_refused() -> None:
+    for bad in ({"faults": "flood"}, {"derived": True, "flow": False}):
+        with pytest.raises(ExperimentError):
+            RestartSchedules(**bad)  # type: ignore[arg-type]

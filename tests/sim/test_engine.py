@@ -298,3 +298,50 @@ def test_invoke_applies_the_effects_of_a_local_call() -> None:
     assert b.log == [(3.0, "msg", 0, ("hello", 0))]
     with pytest.raises(SimError, match="no node 7"):
         sim.invoke(7, lambda core: [])
+
+
+def test_a_paused_node_handles_what_came_meanwhile_in_order_when_its_pause_ends() -> None:
+    sim = Simulator()
+    a, b = Recorder(), Recorder()
+    sim.add_node(0, a)
+    sim.add_node(1, b)
+    sim.inject(1, Do((SetTimer(2.0, "t"),)), at=0.5)
+    sim.run(until=0.7)
+    sim.pause(1, until=5.0)
+    for i, at in enumerate((1.0, 3.0, 4.0)):
+        sim.inject(1, f"m{i}", at=at)
+    sim.inject(0, "other", at=2.5)
+    sim.run()
+    assert a.log == [(2.5, "msg", EXTERNAL, "other")]
+    assert b.log[1:] == [  # (in the order they came: the timer was due at 2.5)
+        (5.0, "msg", EXTERNAL, "m0"),
+        (5.0, "timer", "t"),
+        (5.0, "msg", EXTERNAL, "m1"),
+        (5.0, "msg", EXTERNAL, "m2"),
+    ]
+    assert not sim.is_paused(1)
+
+
+def test_a_paused_node_still_dies_at_once() -> None:
+    sim = Simulator()
+    r = Recorder()
+    sim.add_node(0, r)
+    sim.pause(0, until=10.0)
+    sim.inject(0, "lost", at=1.0)
+    sim.crash(0, at=2.0)
+    sim.run()
+    assert r.log == [] and sim.is_down(0) and not sim.is_paused(0)
+
+
+def test_a_pause_made_longer_keeps_the_order_of_what_waits() -> None:
+    sim = Simulator()
+    r = Recorder()
+    sim.add_node(0, r)
+    sim.pause(0, until=2.0)
+    sim.inject(0, "a", at=1.0)
+    sim.run(until=1.5)
+    sim.pause(0, until=4.0)  # (paused again before the first pause ended)
+    sim.inject(0, "b", at=1.6)
+    sim.inject(0, "c", at=3.0)
+    sim.run()
+    assert [(t, m) for t, _, _, m in r.log] == [(4.0, "a"), (4.0, "b"), (4.0, "c")]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
@@ -131,6 +131,12 @@ class CustodyRing:
         self.notices: list[tuple[int, Hashable, Any]] = []
         self.clients: set[Hashable] = set()  # the clients' subscriptions (see _delivered)
         self.unserved: list[tuple[int, Hashable, Any]] = []  # deliveries to anything else
+        self.stepped_down: list[int] = []  # brokers told they were found dead (see _delivered)
+        self.derived: set[tuple[int, str]] = set()  # subscriptions to a flow's derived space (see _delivered)
+        self.log: list[tuple[float, str, int]] = []  # (time, what, broker): the faults and comebacks
+        self.after_join: Callable[[int, list[int]], object] | None = None  # (broker, its old window)
+        self._rejoining: dict[int, list[int]] = {}  # stepped down, joining once buried -> through whom
+        self._nonces = iter(range(100_000, 10**9))
         self.ack_delay = ack_delay
         self.grouped = grouped
         self.sim.on_deliver = self._delivered
@@ -162,13 +168,44 @@ class CustodyRing:
     def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
         if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)
             self.notices.append((node, sub, event))
+            if sub == ("ring", "dead"):
+                self._step_down(node, now)
+            elif sub == ("ring", "buried") and node in self._rejoining:  # (its old self is buried:
+                window = self._rejoining.pop(node)
+                self.sim.invoke(node, methodcaller("join", window))  # it joins)
+                self.log.append((now, "joins", node))
+                if self.after_join is not None:
+                    self.after_join(node, window)
             return
         if self.clients and sub not in self.clients:  # (a broker's queues serve its clients'
             self.unserved.append((node, sub, event[EVENT_ID]))  # subscriptions only: a delivery
             return  # to anything else, a flow's partition say, is never settled there)
-        self.got.append((node, sub, event[EVENT_ID]))
-        self.taken_at.setdefault((sub, event[EVENT_ID]), now)
+        eid = (DERIVED, event["quantity"]) if sub in self.derived else event[EVENT_ID]  # (a derived
+        self.got.append((node, sub, eid))  # event is known by the one it came from)
+        self.taken_at.setdefault((sub, eid), now)
         self.sim.invoke(node, methodcaller("settle", sub, event[EVENT_ID]), at=now + self.ack_delay)
+
+    def _step_down(self, addr: int, now: float) -> None:
+        """The broker at ``addr``, told it was found dead, steps down at once (as a broker
+        process does): its connections close (each broker linked to it hears so, on the
+        broker network's clocks), and a new member on its address announces the one it
+        was, then joins through the brokers that one knew once it is buried."""
+        self.sim.crash(addr)  # (now: nothing more of the old one's step is carried out)
+        self.stepped_down.append(addr)
+        self.log.append((now, "stepped down", addr))
+        self.sim.schedule(now, partial(self._come_back, addr, now))
+
+    def _come_back(self, addr: int, now: float) -> None:
+        old = next(b for b in self.brokers if b.addr == addr)
+        new = self._broker(addr, next(self._nonces))
+        self.sim.restart(addr, new)
+        self.brokers[self.brokers.index(old)] = new
+        if self.timers.closes:
+            for b in self.brokers:
+                if b.addr != addr and b.ring.joined:
+                    self.sim.invoke(b.addr, methodcaller("on_link_lost", addr, now))
+        self._rejoining[addr] = [p.addr for p in old.ring.window if p.addr != addr]
+        self.sim.invoke(addr, partial(_announce, old, self._rejoining[addr]))
 
     def order(self) -> list[RingBroker]:
         return sorted(self.brokers, key=lambda b: b.ring.me.id)
@@ -223,6 +260,11 @@ class CustodyRing:
         return start
 
 
+DERIVED = "big"
+"""The flow's derived space the schedules with ``derived`` subscribe to (``x`` of the stream's
+events is not in it: these are the flow's own events, derived from the ``fpub`` ones)."""
+
+
 def _ring_id(broker: RingBroker) -> int:
     return broker.ring.me.id
 
@@ -236,11 +278,19 @@ def _deploy(deployment: Deployment, broker: RingBroker) -> list[Effect]:
 
 
 def streaming(
-    seed: int, *, flow: bool, n: int, timers: str = "sim", publishers: tuple[int, ...] = (0, 1)
+    seed: int,
+    *,
+    flow: bool,
+    n: int,
+    timers: str = "sim",
+    publishers: tuple[int, ...] = (0, 1),
+    derived: bool = False,
 ) -> tuple[CustodyRing, Subs, list[int], float]:
     """Schedule ``seed``'s workload, set to start now (see the module note): the ring, the
     subscriptions, the publishers' brokers and the stream's start (``timers``: see
-    :data:`TIMERS`; ``publishers``: the places in ring order of the two publishers' brokers)."""
+    :data:`TIMERS`; ``publishers``: the places in ring order of the two publishers' brokers;
+    ``derived``, with ``flow``: each broker also subscribes to the flow's :data:`DERIVED`
+    space, whose events keep ``fpub``'s order and are judged too)."""
     clocks = TIMERS[timers]
     w = CustodyRing(5, seed=seed, ack_delay=clocks.ack_delay, grouped=clocks.grouped, timers=clocks)
     if flow:
@@ -249,7 +299,12 @@ def streaming(
         w.sim.run(until=w.sim.now + 60)
     order = w.order()
     subs = {(b.addr, k): parse(f"x = {(b.addr + k) % 4}") for b in order for k in range(2)}
+    if flow and derived:
+        w.derived = {(b.addr, DERIVED) for b in order}
+        for sid in sorted(w.derived):
+            w.sim.invoke(sid[0], methodcaller("subscribe_flow", sid, DERIVED))
     w.subscribe(subs)
+    w.clients.update(w.derived)
     w.got.clear()
     pubs = [order[publishers[0]].addr, order[publishers[1]].addr]
     start = w.sim.now
@@ -263,40 +318,137 @@ def streaming(
     return w, subs, pubs, start
 
 
+FAULTS = ("crash", "pause", "starve")
+"""What a schedule does to its victims: ``crash`` (killed, back on their addresses as new
+members), ``pause`` (stopped, as SIGSTOP does, then running on: see :func:`restarts`), or
+``starve``: ``pause``, and hiccups besides (any broker, publishers' too, stopped for a
+moment now and then, as one starved of CPU is: :func:`_hiccups`)."""
+
+
 def restarts(
-    seed: int, *, flow: bool, n: int = 2500, timers: str = "sim", publishers: tuple[int, ...] = (0, 1)
+    seed: int,
+    *,
+    flow: bool,
+    n: int = 2500,
+    timers: str = "sim",
+    publishers: tuple[int, ...] = (0, 1),
+    faults: str = "crash",
+    derived: bool = False,
 ) -> tuple[CustodyRing, Subs, list[int], int]:
     """Schedule ``seed`` (see the module note), run to quiet: the ring, the subscriptions, the
-    publishers' brokers and the number of brokers crashed (and restarted)."""
+    publishers' brokers and the number of brokers struck.
+
+    With ``faults="pause"`` the victims are paused, not crashed: ``quick``, for 2.5 to 3.9
+    heartbeats (their lease runs out, and the events that waited for them come back
+    ``Declined``; too short to be found dead); ``slow``, for 5 to 20 heartbeats (found dead:
+    back, each reads its backlog late, is told so, steps down and joins again as a new
+    member, :meth:`CustodyRing.restart_soon`). ``starve`` adds :func:`_hiccups`."""
     rng = random.Random(seed)
-    w, subs, pubs, start = streaming(seed, flow=flow, n=n, timers=timers, publishers=publishers)
-    t, nonce, crashed = 4.0, 40, 0
+    w, subs, pubs, start = streaming(
+        seed, flow=flow, n=n, timers=timers, publishers=publishers, derived=derived
+    )
+    if faults == "starve":
+        _hiccups(w, random.Random(seed + 1_000_003), start, start + n / RATE, pubs)
+        w.after_join = partial(_neighbour_hiccup, w, random.Random(seed + 2_000_003), pubs)
+    t, nonce, struck = 4.0, 40, 0
+    beat = w.timers.heartbeat
     while t < n / RATE - 10:
         kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])
-        down = rng.uniform(1, 4) if "quick" in kind else rng.uniform(14, 25)
+        if faults != "crash":
+            down = rng.uniform(2.5, 3.9) * beat if "quick" in kind else rng.uniform(5, 20) * beat
+        else:
+            down = rng.uniform(1, 4) if "quick" in kind else rng.uniform(14, 25)
         w.sim.run(until=start + t)
         live = sorted((b for b in w.brokers if b.ring.joined and b.addr not in pubs), key=_ring_id)
         i0 = rng.randrange(len(live))
         picked = [live[i0], live[(i0 + 1) % len(live)]] if kind.startswith("pair") else [live[i0]]
         victims = list({v.addr: v for v in picked}.values())
-        for v in victims:
-            w.sim.crash(v.addr)
-        gone = {v.addr for v in victims}
-        for v in victims if w.timers.closes else ():  # (its connections close with it, and each broker
-            for b in w.brokers:  # that linked to it hears so at once)
-                if b.addr not in gone and b.ring.joined:
-                    w.sim.invoke(b.addr, methodcaller("on_link_lost", v.addr, w.sim.now))
-        crashed += len(victims)
-        w.sim.run(until=start + t + down)
+        struck += len(victims)
         nonce += 2
-        w.restart_soon(victims, nonce)
+        if faults != "crash":
+            _pause(w, victims, down)
+        else:
+            _crash(w, victims, down, nonce)
         t = (w.sim.now - start) + rng.uniform(8, 20)
     w.sim.run(until=start + n / RATE + 400)
-    return w, subs, pubs, crashed
+    return w, subs, pubs, struck
 
 
-def _wanted(subs: Subs, n: int) -> set[tuple[Hashable, Any]]:
-    return {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})}
+def _crash(w: CustodyRing, victims: list[RingBroker], down: float, nonce: int) -> None:
+    """``victims`` crash now, and come back ``down`` later as new members."""
+    for v in victims:
+        w.sim.crash(v.addr)
+        w.log.append((w.sim.now, "crashed", v.addr))
+    _closed(w, [v.addr for v in victims])
+    w.sim.run(until=w.sim.now + down)
+    w.restart_soon(victims, nonce)
+
+
+def _closed(w: CustodyRing, gone: list[int]) -> None:
+    """The brokers ``gone`` crashed or stepped down: their connections close with them, and
+    each broker that linked to one hears so at once (on the broker network's clocks)."""
+    if not w.timers.closes:
+        return
+    for v in gone:
+        for b in w.brokers:
+            if b.addr not in gone and b.ring.joined:
+                w.sim.invoke(b.addr, methodcaller("on_link_lost", v, w.sim.now))
+
+
+def _hiccups(w: CustodyRing, rng: random.Random, start: float, end: float, pubs: list[int]) -> None:
+    """From ``start`` to ``end``, every 2 to 10 heartbeats, one broker (by its address,
+    whoever is there then) stopped for a moment, as one starved of CPU on a busy machine is:
+    0.2 to 3.9 heartbeats, its lease lost now and then, found dead seldom; the publishers'
+    brokers (``pubs``) too, for at most 1.5 heartbeats: never found dead, as the simulator has
+    no client to send their unacknowledged publishes again."""
+    beat, addrs = w.timers.heartbeat, sorted(b.addr for b in w.brokers)
+    t = start + rng.uniform(2, 10) * beat
+    while t < end:
+        addr = rng.choice(addrs)
+        length = rng.uniform(0.2, 1.5 if addr in pubs else 3.9) * beat
+
+        def hiccup(addr: int = addr, length: float = length) -> None:
+            if not w.sim.is_down(addr):
+                w.sim.pause(addr, w.sim.now + length)
+                w.log.append((w.sim.now, f"hiccup {length:.2f}", addr))
+
+        w.sim.schedule(t, hiccup)
+        t += rng.uniform(2, 10) * beat
+
+
+def _neighbour_hiccup(
+    w: CustodyRing, rng: random.Random, pubs: list[int], node: int, window: list[int]
+) -> None:
+    """As a broker found dead joins again, one of the brokers it knew (not a publisher's)
+    loses its lease within 3 heartbeats, for 2.5 to 3.9: a taker busy with the hand-over of
+    the other's queues, as on a busy machine (the campaign's pause-3 at ``c9ec30e``)."""
+    near = [a for a in window if a not in pubs]
+    if not near:
+        return
+    beat, addr = w.timers.heartbeat, rng.choice(near)
+    at, length = w.sim.now + rng.uniform(0, 3) * beat, rng.uniform(2.5, 3.9) * beat
+
+    def hiccup() -> None:
+        if not w.sim.is_down(addr):
+            w.sim.pause(addr, w.sim.now + length)
+            w.log.append((w.sim.now, f"neighbour hiccup {length:.2f}", addr))
+
+    w.sim.schedule(at, hiccup)
+
+
+def _pause(w: CustodyRing, victims: list[RingBroker], down: float) -> None:
+    """``victims`` paused now for ``down``; a victim told, once back, that it was found dead
+    steps down and joins again as a new member (:meth:`CustodyRing._step_down`)."""
+    for v in victims:
+        w.sim.pause(v.addr, w.sim.now + down)
+        w.log.append((w.sim.now, f"paused {down:.2f}", v.addr))
+    w.sim.run(until=w.sim.now + down)
+
+
+def _wanted(subs: Subs, n: int, derived: Iterable[Hashable] = ()) -> set[tuple[Hashable, Any]]:
+    plain = {(s, (f"p{i % 2}", i)) for i in range(n) for s, f in subs.items() if f.matches({"x": i % 4})}
+    big = [event_of(2, i + 1)["quantity"] for i in range(0, n, 3) if event_of(2, i + 1)["level"] >= 3]
+    return plain | {(s, (DERIVED, q)) for s in derived for q in big}  # (the flow's select: level >= 3)
 
 
 def lost(w: CustodyRing, subs: Subs, n: int = 2500) -> int:
@@ -317,8 +469,8 @@ def out_of_order(w: CustodyRing) -> int:
 
 def judge(w: CustodyRing, subs: Subs, pubs: list[int], n: int) -> dict[str, int]:
     """What went wrong in a schedule's run, counted (see the module note)."""
-    want = _wanted(subs, n)
-    firsts = Counter((sub, eid) for _, sub, eid in w.got if sub in subs)  # (not the flow's own)
+    want = _wanted(subs, n, w.derived)
+    firsts = Counter((sub, eid) for _, sub, eid in w.got if sub in subs or sub in w.derived)
     rings = [b.ring for b in w.brokers]
     return {
         "expected": len(want),
@@ -351,6 +503,8 @@ class RestartSchedules:
     flow: bool = True
     timers: str = "sim"
     publishers: tuple[int, ...] = (0, 1)
+    faults: str = "crash"
+    derived: bool = False
 
     def __post_init__(self) -> None:
         if not self.seeds or any(type(s) is not int or s < 0 for s in self.seeds):
@@ -361,6 +515,12 @@ class RestartSchedules:
         if self.timers not in TIMERS:
             known = ", ".join(TIMERS)
             raise ExperimentError(f"chaos-sim: timers must be one of {known}, got {self.timers!r}")
+        if type(self.derived) is not bool or (self.derived and not self.flow):
+            raise ExperimentError(f"chaos-sim: derived needs the flow (true or false), got {self.derived!r}")
+        if self.faults not in FAULTS:
+            raise ExperimentError(
+                f"chaos-sim: faults must be one of {', '.join(FAULTS)}, got {self.faults!r}"
+            )
         pubs = tuple(self.publishers)
         if len(pubs) != 2 or len(set(pubs)) != 2 or any(type(p) is not int or not 0 <= p < 5 for p in pubs):
             raise ExperimentError(f"chaos-sim: publishers are two places in ring order, 0 to 4, got {pubs}")
@@ -376,11 +536,20 @@ class RestartSchedules:
 
 
 def schedule_row(
-    seed: int, *, flow: bool, events: int, timers: str = "sim", publishers: tuple[int, ...] = (0, 1)
+    seed: int,
+    *,
+    flow: bool,
+    events: int,
+    timers: str = "sim",
+    publishers: tuple[int, ...] = (0, 1),
+    faults: str = "crash",
+    derived: bool = False,
 ) -> dict[str, Any]:
-    """Schedule ``seed`` run and judged: its row."""
+    """Schedule ``seed`` run and judged: its row (``crashed``: the brokers struck)."""
     s0 = time.perf_counter()
-    w, subs, pubs, crashed = restarts(seed, flow=flow, n=events, timers=timers, publishers=publishers)
+    w, subs, pubs, crashed = restarts(
+        seed, flow=flow, n=events, timers=timers, publishers=publishers, faults=faults, derived=derived
+    )
     row = {"seed": seed, "crashed": crashed, **judge(w, subs, pubs, events)}
     return {**row, "seconds": round(time.perf_counter() - s0, 2)}
 
@@ -402,6 +571,8 @@ def run_schedules(
         events=config.events,
         timers=config.timers,
         publishers=config.publishers,
+        faults=config.faults,
+        derived=config.derived,
     )
     done: dict[int, dict[str, Any]] = {}
 
@@ -411,7 +582,8 @@ def run_schedules(
             progress("restart schedules", len(done), len(config.seeds))
         if say is not None:
             wrong = ", ".join(f"{row[key]} {key.replace('_', ' ')}" for key in BAD if row[key])
-            where = f"{len(done)}/{len(config.seeds)}, {row['crashed']} crashes"
+            struck = "crashed" if config.faults == "crash" else "paused"
+            where = f"{len(done)}/{len(config.seeds)}, {row['crashed']} brokers {struck}"
             say(f"schedule {row['seed']} ({where}): {wrong or 'ok'}")
 
     if jobs > 1:

@@ -168,14 +168,23 @@ def sim(
     publishers: Annotated[
         str, typer.Option(help="The publishers' brokers' places in ring order (1,2: the lowest may die).")
     ] = "0,1",
+    faults: Annotated[
+        str,
+        typer.Option(
+            help="What strikes the victims: crash (kill -9, back as new members) or pause (SIGSTOP)."
+        ),
+    ] = "crash",
+    derived: Annotated[
+        bool, typer.Option(help="Subscribe to the flow's derived space too (its order and losses judged).")
+    ] = False,
     jobs: Annotated[int, typer.Option(min=1, help="Processes running schedules side by side.")] = 1,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Directory of rows.csv, result.json and the plot.")
     ] = Path("out/chaos-sim"),
     as_json: JsonOption = False,
 ) -> None:
-    """Random restart schedules in the simulator: each seed a replayable schedule of crashes
-    and rejoins under a stream; counts what any schedule lost, reordered or left unsettled."""
+    """Random fault schedules in the simulator: each seed a replayable schedule of crashes and
+    rejoins (or pauses) under a stream; counts what any schedule lost, reordered or left unsettled."""
     from flowbus.chaos.restarts import RestartSchedules, run_schedules
     from flowbus.errors import FlowbusError
     from flowbus.experiments.config import parse_seeds
@@ -187,7 +196,13 @@ def sim(
         except ValueError:
             fail(f"--publishers: two places in ring order like 1,2, got {publishers!r}")
         config = RestartSchedules(
-            seeds=parse_seeds(seeds), events=events, flow=flow, timers=timers, publishers=places
+            seeds=parse_seeds(seeds),
+            events=events,
+            flow=flow,
+            timers=timers,
+            publishers=places,
+            faults=faults,
+            derived=derived,
         )
         result = run_schedules(config, say=lambda text: err.print(f"[dim]chaos sim[/] {text}"), jobs=jobs)
         outputs = write_outputs(result, out_dir)

@@ -20,7 +20,10 @@ event advances the clock and hands it to the node's core (``on_message`` or
   stale, and a stale entry is skipped when popped.
 
 A crashed node gets no more messages (those in flight or sent later are counted
-as ``"crash"`` losses) and its timers are dropped. With ``failure_notice=d`` the
+as ``"crash"`` losses) and its timers are dropped. A *paused* node (:meth:`Simulator.pause`,
+a process stopped with SIGSTOP) handles nothing until its pause ends: what comes for it
+meanwhile (messages, which its kernel buffers; its timers; calls to it; notices) waits, and
+is handled then, in the order it came, on the clock of then. With ``failure_notice=d`` the
 transport behaves like an acknowledged link: a message dropped because its
 destination is unreachable (crashed, or a ``"link"`` / ``"partition"`` drop) is
 reported back to its live sender ``d`` time units later through the core's
@@ -60,6 +63,7 @@ _CRASH: Final = 2
 _CALL: Final = 3
 _FAILED: Final = 4
 _GONE: Final = 5
+_RESUME: Final = 6
 
 UNREACHABLE: Final = frozenset({"crash", "link", "partition"})
 """The drop reasons a ``failure_notice`` reports to the sender (a dead peer, a cut link)."""
@@ -107,6 +111,8 @@ class Simulator:
         self._cores: dict[int, Core] = {}
         self._timers: dict[int, dict[Hashable, int]] = {}
         self._down: set[int] = set()
+        self._paused: dict[int, float] = {}  # node -> when its pause ends
+        self._waiting: dict[int, list[Entry]] = {}  # a paused node -> what came for it, in order
         self._events = 0
         self._chain = Chain(transport, self)
         self._fate = self._chain.fate
@@ -152,6 +158,9 @@ class Simulator:
     def is_down(self, node_id: int) -> bool:
         return node_id in self._down
 
+    def is_paused(self, node_id: int) -> bool:
+        return node_id in self._paused
+
     # -- scheduling from outside ------------------------------------------------
 
     def _at(self, at: float | None) -> float:
@@ -175,6 +184,42 @@ class Simulator:
             self._crash_now(node)
         else:
             heapq.heappush(self._heap, (when, self._next_seq(), _CRASH, node, None, None))
+
+    def pause(self, node: int, until: float) -> None:
+        """Stop ``node`` from now until ``until`` (see the module note; paused again meanwhile,
+        it runs again at the later end); a crash meanwhile still kills it at once."""
+        if node not in self._cores:
+            raise SimError(f"pause: no node {node}")
+        if not until >= self._now:
+            raise SimError(f"pause: {until!r} is before the clock, {self._now!r}")
+        if node not in self._paused:
+            self._waiting[node] = []
+            heapq.heappush(self._heap, (float(until), self._next_seq(), _RESUME, node, None, None))
+        self._paused[node] = max(float(until), self._paused.get(node, 0.0))
+
+    def _held(self, entry: Entry) -> bool:
+        """Whether ``entry`` is for a paused node: then it waits, in the order it came."""
+        if entry[2] == _CRASH or entry[2] == _RESUME or entry[3] not in self._paused:
+            return False
+        self._waiting[entry[3]].append(entry)
+        return True
+
+    def _resume(self, node: int, now: float) -> None:
+        """``node``'s pause ends (unless it was made longer): what waited is handled now, in
+        order, until the node is paused again or dies."""
+        until = self._paused.get(node)
+        if until is None:
+            return
+        if until > now:
+            heapq.heappush(self._heap, (until, self._next_seq(), _RESUME, node, None, None))
+            return
+        del self._paused[node]
+        waiting = self._waiting.pop(node, [])
+        for i, entry in enumerate(waiting):
+            if node in self._paused:  # (paused again by what it did: the rest waits on)
+                self._waiting[node][:0] = waiting[i:]
+                return
+            self._process((now, *entry[1:]))
 
     def restart(self, node: int, core: Core) -> None:
         """A crashed ``node`` comes back now as ``core``: a new process on the same address,
@@ -201,10 +246,15 @@ class Simulator:
                 if effects:
                     self._apply(node, effects, self._now)
 
-        self.schedule(self._at(at), act)
+        heapq.heappush(self._heap, (self._at(at), self._next_seq(), _CALL, node, act, None))
 
     def _crash_now(self, node: int) -> None:
         self._down.add(node)
+        self._paused.pop(node, None)
+        for entry in self._waiting.pop(node, ()):  # (what waited for it is lost with it)
+            if entry[2] == _MSG:
+                self.metrics.lost("crash")
+                self._notify(entry[4], node, entry[5], self._now, gone=True)
         timers = self._timers.get(node)
         if timers:
             timers.clear()
@@ -219,7 +269,8 @@ class Simulator:
         self._now = entry[0]
         self._events += 1
         self.metrics.events += 1
-        self._process(entry)
+        if not (self._paused and self._held(entry)):
+            self._process(entry)
         return True
 
     def run(self, *, until: float | None = None, max_events: int | None = None) -> int:
@@ -229,7 +280,7 @@ class Simulator:
         left), the clock is moved to ``until``.
         """
         heap, pop, process, apply = self._heap, heapq.heappop, self._process, self._apply
-        cores, down = self._cores, self._down
+        cores, down, paused, held = self._cores, self._down, self._paused, self._held
         limit = math.inf if until is None else until
         budget = -1 if max_events is None else max_events
         every = self.progress_every if self.progress is not None else 0
@@ -243,6 +294,8 @@ class Simulator:
                 now = self._now = entry[0]
                 done += 1
                 node = entry[3]
+                if paused and node in paused and held(entry):
+                    continue
                 if entry[2] == _MSG and node not in down:  # the hot path, inlined
                     received += 1
                     effects = cores[node].on_message(entry[4], entry[5], now)
@@ -279,6 +332,9 @@ class Simulator:
             effects = self._cores[node].on_timer(x, now)
         elif kind == _CRASH:
             self._crash_now(node)
+            return
+        elif kind == _RESUME:
+            self._resume(node, now)
             return
         elif kind == _FAILED:
             if node in self._down:

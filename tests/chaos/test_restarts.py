@@ -181,3 +181,31 @@ def test_bad_faults_are_refused() -> None:
     for bad in ({"faults": "flood"}, {"derived": True, "flow": False}):
         with pytest.raises(ExperimentError):
             RestartSchedules(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_events_sent_to_a_former_neighbour_are_not_overtaken_by_those_through_the_joiner() -> None:
+    """Schedule 207 of ``starve`` (the brokers' clocks): a broker found dead joins again
+    between a publisher's broker and its old neighbour while that one is paused. What the
+    publisher's broker had sent the old neighbour came back ``Declined`` once it woke, and was
+    left to be sent again there rounds later, while the publisher's later events went through
+    the joiner and were delivered first (225 out of order, the campaign's pause-3 at
+    ``c9ec30e`` in the simulator). Now the new way waits for what went the old one, and what
+    it declined goes the new way at once, first."""
+    w, subs, pubs, struck = restarts(207, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert struck == 8 and len(w.stepped_down) == 3
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_the_new_way_through_a_joiner_waits_while_the_old_neighbour_is_paused() -> None:
+    """Schedule 6 of ``starve``: the old neighbour, paused for three heartbeats, still held
+    the publisher's events when the new way through the joiner opened two rounds after the
+    join; it declined them on waking, behind later ones (78 out of order). The new way waits
+    as long as a silent neighbour takes to decline or be found dead (``JOIN_ROUNDS``)."""
+    w, subs, pubs, _ = restarts(6, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert w.stepped_down and row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}

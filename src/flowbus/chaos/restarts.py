@@ -131,7 +131,8 @@ class CustodyRing:
         self.notices: list[tuple[int, Hashable, Any]] = []
         self.clients: set[Hashable] = set()  # the clients' subscriptions (see _delivered)
         self.unserved: list[tuple[int, Hashable, Any]] = []  # deliveries to anything else
-        self.stepped_down: list[int] = []  # brokers told they were found dead (see _delivered)
+        self.step_down = False  # a broker told it was found dead steps down (see _step_down)
+        self.stepped_down: list[int] = []  # brokers that did
         self.derived: set[tuple[int, str]] = set()  # subscriptions to a flow's derived space (see _delivered)
         self.log: list[tuple[float, str, int]] = []  # (time, what, broker): the faults and comebacks
         self.after_join: Callable[[int, list[int]], object] | None = None  # (broker, its old window)
@@ -168,7 +169,7 @@ class CustodyRing:
     def _delivered(self, node: int, sub: Hashable, event: Any, now: float) -> None:
         if type(sub) is tuple and sub[:1] == ("ring",):  # (the ring's notices to the driver)
             self.notices.append((node, sub, event))
-            if sub == ("ring", "dead"):
+            if sub == ("ring", "dead") and self.step_down:
                 self._step_down(node, now)
             elif sub == ("ring", "buried") and node in self._rejoining:  # (its old self is buried:
                 window = self._rejoining.pop(node)
@@ -347,6 +348,7 @@ def restarts(
     w, subs, pubs, start = streaming(
         seed, flow=flow, n=n, timers=timers, publishers=publishers, derived=derived
     )
+    w.step_down = faults != "crash"  # (crash schedules as they were: they pin traced runs)
     if faults == "starve":
         _hiccups(w, random.Random(seed + 1_000_003), start, start + n / RATE, pubs)
         w.after_join = partial(_neighbour_hiccup, w, random.Random(seed + 2_000_003), pubs)

@@ -124,7 +124,7 @@ from flowbus.routing.ring_keys import (
     record,
     sub_key,
 )
-from flowbus.routing.ring_moves import Moves
+from flowbus.routing.ring_moves import JOIN_ROUNDS, Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
 
@@ -904,10 +904,10 @@ class RingBroker(Core):
         """A ring neighbour without its lease did not take these events: kept for it (sent
         again when it is back, in order) or for the broker that takes its place."""
         side = self.ring.side_of_addr(src) if self.custody and self.ring.joined else 0
-        if not side:  # (no ring neighbour: they are sent again, as anything unconfirmed; it
-            # declines all we send until our Resume: a taker handed what we kept for its dead
-            # one declined it for good, and the records waiting on it with it)
-            return [Send(src, Resume())] if self.custody else []
+        if not side:  # (no ring neighbour: it declines all we send until our Resume: a taker
+            # handed what we kept for its dead one declined it for good, and the records
+            # waiting on it with it; a former neighbour's events go the new way)
+            return [*self._former(src, ids), Send(src, Resume())] if self.custody else []
         out: list[Effect] = []
         for eid in ids:
             for key in self.custodian.waiting_on(src, eid):
@@ -918,6 +918,27 @@ class RingBroker(Core):
             self.repair.paused.add(src)
             out.append(Send(src, Resume()))
         return out
+
+    def _former(self, dst: int, ids: Iterable[Any]) -> list[Effect]:
+        """Events ``dst``, a ring neighbour no more (a broker joined between us), did not take
+        (declined, or lost in a connection that broke): kept for its side of the ring and sent
+        at once to our neighbour there, the way to it now, in each publisher's order; later
+        ones wait behind them (:meth:`Repair.behind_kept`). Left to be sent again to ``dst``
+        at the next rounds (``Again``), they came after the later events that had gone the
+        new way, through the joiner: the campaign's pause-3 at ``c9ec30e``, 89 out of order
+        at the flow's subscriptions, and simulator schedule 207 of ``starve``."""
+        side = self.repair.side_of(dst) if self.ring.joined else 0
+        if not side or dst in self.repair.gone_addrs():
+            return []
+        out: list[Effect] = []
+        kept = False
+        for eid in ids:
+            for key in self.custodian.waiting_on(dst, eid):
+                rec = self.custodian.records[key]
+                if not rec.sent or dst not in rec.sent:  # (a Publish: others come Again)
+                    out.extend(self.repair.keep(rec.event, dst, side, key))
+                    kept = True
+        return out + self.repair.resend() if kept else out
 
     def _undefer(self, src: int, now: float) -> list[Effect]:
         """The :class:`Delegated` and :class:`Undelegated` ``src`` sent while we had no lease,
@@ -975,10 +996,13 @@ class RingBroker(Core):
         until it answers our ``Resume`` (then sent in each publisher's order; sent again
         one by one at the next heartbeat rounds, it came after newer events that went
         straight on the new connection)."""
-        if not self.custody or not self.ring.joined or dst not in self.router.neighbours:
+        if not self.custody or not self.ring.joined or dst in self.repair.gone_addrs():
             return []
-        if dst in self.repair.gone_addrs() or not self.ring.side_of_addr(dst):
-            return []
+        if dst not in self.router.neighbours or not self.ring.side_of_addr(dst):  # (a former one)
+            ids = list(
+                dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting)
+            )
+            return self._out(self._former(dst, ids))
         self._resyncing.add(dst)  # (what the router sent it may be lost too: see _resync)
         ids = list(dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting))
         return self._out(self._declined(dst, ids))
@@ -1411,6 +1435,10 @@ class RingBroker(Core):
                 for a in sorted(self.router.neighbours - wanted):
                     if a in dead_addrs:
                         out.extend(self._bury(a))
+                    elif side := repair.side_of(a):  # (a broker joined between us: what goes the
+                        for b in sorted(added):  # new way waits for what went to it, see ring_moves)
+                            if ring.side_of_addr(b) == side:
+                                self.moves.moved(b, (a,), limit=JOIN_ROUNDS)
             out.extend(self.router.set_neighbours(wanted, handover=handover))
             self._syncing &= wanted
             self._inherited = {h: a for h, a in self._inherited.items() if h in wanted}

@@ -12,14 +12,23 @@ How it works:
 
 * **A move.** A tree neighbour ``n`` announces an origin (``Subscribe``) that comes from
   other directions here too: the custody records waiting on those directions at that moment
-  are the ones the new way must not overtake (:meth:`Moves.moved`).
+  are the ones the new way must not overtake (:meth:`Moves.moved`). A broker that joins
+  between us and a live neighbour is one too, from the moment the tree changes: the
+  records waiting on the old neighbour (before the joiner's subscriptions come; a paused
+  old neighbour declined them on waking, and the publisher's later events, through the
+  joiner, were delivered first: simulator schedule 207 of ``starve``, 225 out of order).
+  What the old neighbour declines or loses then goes the new way at once
+  (:meth:`RingBroker._former <flowbus.routing.ring_broker.RingBroker._former>`), which ends
+  the wait.
 * **Held.** Until they are confirmed (every subscriber beyond has them), the events for
   ``n`` are kept for it as for a neighbour that declined them
   (:meth:`~flowbus.routing.ring_repair.Repair.hold`): one queue per neighbour, in each
   publisher's order with what the repair keeps for it for other reasons (two queues
   released one after the other broke the order they were each built to keep).
-* **Released** once the last one is confirmed, or after ``MOVE_ROUNDS`` heartbeat rounds (an
-  old way cut off: order is given up before availability is), by the repair's next flush.
+* **Released** once the last one is confirmed (or kept again: declined, lost, its broker
+  buried), or after ``MOVE_ROUNDS`` heartbeat rounds (``JOIN_ROUNDS`` for a joiner; an old
+  way cut off for longer: order is given up before availability is), by the repair's next
+  flush.
 """
 
 from __future__ import annotations
@@ -27,18 +36,28 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from flowbus.overlay.chordal_ring import GUARD
 from flowbus.routing.ring_custody import Custodian, Key
 
-__all__ = ["MOVE_ROUNDS", "Moves"]
+__all__ = ["JOIN_ROUNDS", "MOVE_ROUNDS", "Moves"]
 
 MOVE_ROUNDS = 2
 """Heartbeat rounds the events for a new way wait at most for the old way's confirmations."""
+
+JOIN_ROUNDS = GUARD + 1
+"""The same for a broker joined between us and a live neighbour: as long as that neighbour,
+gone silent (paused, cut off), takes to decline them once back or to be found dead (then
+what it held is kept for its side, in order). ``MOVE_ROUNDS`` was less than a paused
+neighbour's lease: the new way was opened while it still held the old events, which it
+declined on waking, behind the later ones (simulator schedule 6 of ``starve``: 78 out of
+order)."""
 
 
 @dataclass(slots=True)
 class _Wait:
     before: set[Key]  # the records sent the old way, unconfirmed when the route moved
     old: frozenset[int]  # the old directions
+    limit: int  # the rounds it waits at most
     rounds: int = 0
 
 
@@ -58,19 +77,21 @@ class Moves:
         """Whether the events for ``new`` wait."""
         return new in self.waits
 
-    def moved(self, new: int, old: Collection[int]) -> None:
-        """An origin that comes from ``old`` here was announced by the neighbour ``new``."""
+    def moved(self, new: int, old: Collection[int], *, limit: int = MOVE_ROUNDS) -> None:
+        """An origin that comes from ``old`` here was announced by the neighbour ``new`` (or
+        ``new`` joined between us and ``old``: ``limit`` :data:`JOIN_ROUNDS`)."""
         old_dirs = frozenset(old)
         before = {key for key, rec in self.custodian.records.items() if rec.waiting & old_dirs}
         if not before:
             return
         wait = self.waits.get(new)
         if wait is None:
-            self.waits[new] = _Wait(before, old_dirs)
+            self.waits[new] = _Wait(before, old_dirs, limit)
             self.moved_count += 1
         else:
             wait.before |= before
             wait.old |= old_dirs
+            wait.limit = max(wait.limit, limit)
 
     def due(self) -> bool:
         """End the waits that are over (checked after each step while any waits); whether any
@@ -79,7 +100,7 @@ class Moves:
         ended = False
         for new, wait in list(self.waits.items()):
             wait.before = {k for k in wait.before if k in records and records[k].waiting & wait.old}
-            if wait.before and wait.rounds < MOVE_ROUNDS:
+            if wait.before and wait.rounds < wait.limit:
                 continue
             if wait.before:
                 self.overdue += 1

@@ -209,3 +209,15 @@ def test_the_new_way_through_a_joiner_waits_while_the_old_neighbour_is_paused() 
     row = judge(w, subs, pubs, 6000)
     assert w.stepped_down and row["delivered"] == row["expected"] > 0
     assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_the_rounds_an_old_neighbour_is_silent_do_not_count_towards_the_new_ways_wait() -> None:
+    """Schedule 64 of ``starve``: the old neighbour was paused 5.5 heartbeats, longer than
+    the guard, but not found dead (its other neighbour had heard it); a wait of GUARD + 1
+    rounds opened the new way 30 ms before it woke and declined what it held (54 out of
+    order). The rounds it is silent do not count."""
+    w, subs, pubs, _ = restarts(64, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}

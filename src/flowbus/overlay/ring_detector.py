@@ -225,6 +225,10 @@ class FailureDetector:
         """A heartbeat came from ``peer_id`` (or a tester says it is alive)."""
         self._beats[peer_id] = now
 
+    def quiet(self, addr: int, now: float, *, limit: float) -> bool:
+        """Nothing came from the broker at ``addr`` for longer than ``limit`` (or ever)."""
+        return now - self._heard.get(addr, -math.inf) > limit
+
     def silent(self, peer: Peer, now: float, *, limit: float) -> bool:
         """Nothing came from ``peer`` for longer than ``limit`` (a neighbour not heard of
         before counts as heard now: its heartbeats have not had time to come)."""

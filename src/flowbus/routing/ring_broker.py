@@ -124,7 +124,7 @@ from flowbus.routing.ring_keys import (
     record,
     sub_key,
 )
-from flowbus.routing.ring_moves import JOIN_ROUNDS, Moves
+from flowbus.routing.ring_moves import Moves
 from flowbus.routing.ring_repair import HandedOver, Repair
 from flowbus.routing.ring_share import Delegated, SharedSubs, Undelegated, Unshare
 
@@ -875,7 +875,8 @@ class RingBroker(Core):
             if self._early or self._early_rounds:
                 out += self._stale_early(now)
             if self.custody:  # (not through _out: they are in custody already)
-                self.moves.round()
+                beat = self.ring.heartbeat or 1.0
+                self.moves.round(lambda a: self.ring.detector.quiet(a, now, limit=1.5 * beat))
                 out += self._resend_stale() + self._out([])
                 out += self.barrier.round(self.repair.gone_addrs()) + self._answer_drains()
             if self.express.on:  # (links measured at each round)
@@ -1438,7 +1439,7 @@ class RingBroker(Core):
                     elif side := repair.side_of(a):  # (a broker joined between us: what goes the
                         for b in sorted(added):  # new way waits for what went to it, see ring_moves)
                             if ring.side_of_addr(b) == side:
-                                self.moves.moved(b, (a,), limit=JOIN_ROUNDS)
+                                self.moves.moved(b, (a,), join=True)
             out.extend(self.router.set_neighbours(wanted, handover=handover))
             self._syncing &= wanted
             self._inherited = {h: a for h, a in self._inherited.items() if h in wanted}

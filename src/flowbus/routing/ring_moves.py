@@ -26,39 +26,40 @@ How it works:
   publisher's order with what the repair keeps for it for other reasons (two queues
   released one after the other broke the order they were each built to keep).
 * **Released** once the last one is confirmed (or kept again: declined, lost, its broker
-  buried), or after ``MOVE_ROUNDS`` heartbeat rounds (``JOIN_ROUNDS`` for a joiner; an old
-  way cut off for longer: order is given up before availability is), by the repair's next
-  flush.
+  buried), or after ``MOVE_ROUNDS`` heartbeat rounds (for a joiner, rounds with the old
+  neighbour heard, up to ``JOIN_CAP``; an old way cut off for longer: order is given up
+  before availability is), by the repair's next flush.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from flowbus.overlay.chordal_ring import GUARD
 from flowbus.routing.ring_custody import Custodian, Key
 
-__all__ = ["JOIN_ROUNDS", "MOVE_ROUNDS", "Moves"]
+__all__ = ["JOIN_CAP", "MOVE_ROUNDS", "Moves"]
 
 MOVE_ROUNDS = 2
 """Heartbeat rounds the events for a new way wait at most for the old way's confirmations."""
 
-JOIN_ROUNDS = GUARD + 1
-"""The same for a broker joined between us and a live neighbour: as long as that neighbour,
-gone silent (paused, cut off), takes to decline them once back or to be found dead (then
-what it held is kept for its side, in order). ``MOVE_ROUNDS`` was less than a paused
-neighbour's lease: the new way was opened while it still held the old events, which it
-declined on waking, behind the later ones (simulator schedule 6 of ``starve``: 78 out of
-order)."""
+JOIN_CAP = 3 * GUARD
+"""For a broker joined between us and a live neighbour, the rounds in which that neighbour
+was silent (paused, cut off) do not count towards ``MOVE_ROUNDS``: it will decline what it
+holds once back, or be found dead (then what it held is kept for its side, in order). Counted,
+the new way opened while a paused neighbour still held the old events, which it declined on
+waking, behind the later ones (simulator schedules 6 and 64 of ``starve``: 78 and 54 out of
+order). The wait ends after ``JOIN_CAP`` rounds in all (availability before order)."""
 
 
 @dataclass(slots=True)
 class _Wait:
     before: set[Key]  # the records sent the old way, unconfirmed when the route moved
     old: frozenset[int]  # the old directions
-    limit: int  # the rounds it waits at most
-    rounds: int = 0
+    join: bool  # a broker joined between us and the old direction (see JOIN_CAP)
+    rounds: int = 0  # heartbeat rounds counted (a joiner's: with the old direction heard)
+    age: int = 0  # heartbeat rounds in all
 
 
 class Moves:
@@ -77,21 +78,21 @@ class Moves:
         """Whether the events for ``new`` wait."""
         return new in self.waits
 
-    def moved(self, new: int, old: Collection[int], *, limit: int = MOVE_ROUNDS) -> None:
-        """An origin that comes from ``old`` here was announced by the neighbour ``new`` (or
-        ``new`` joined between us and ``old``: ``limit`` :data:`JOIN_ROUNDS`)."""
+    def moved(self, new: int, old: Collection[int], *, join: bool = False) -> None:
+        """An origin that comes from ``old`` here was announced by the neighbour ``new`` (or,
+        ``join``, ``new`` joined between us and ``old``)."""
         old_dirs = frozenset(old)
         before = {key for key, rec in self.custodian.records.items() if rec.waiting & old_dirs}
         if not before:
             return
         wait = self.waits.get(new)
         if wait is None:
-            self.waits[new] = _Wait(before, old_dirs, limit)
+            self.waits[new] = _Wait(before, old_dirs, join)
             self.moved_count += 1
         else:
             wait.before |= before
             wait.old |= old_dirs
-            wait.limit = max(wait.limit, limit)
+            wait.join = wait.join or join
 
     def due(self) -> bool:
         """End the waits that are over (checked after each step while any waits); whether any
@@ -100,7 +101,7 @@ class Moves:
         ended = False
         for new, wait in list(self.waits.items()):
             wait.before = {k for k in wait.before if k in records and records[k].waiting & wait.old}
-            if wait.before and wait.rounds < wait.limit:
+            if wait.before and wait.rounds < MOVE_ROUNDS and wait.age < JOIN_CAP:
                 continue
             if wait.before:
                 self.overdue += 1
@@ -108,7 +109,9 @@ class Moves:
             ended = True
         return ended
 
-    def round(self) -> None:
-        """A heartbeat round."""
+    def round(self, quiet: Callable[[int], bool]) -> None:
+        """A heartbeat round (``quiet``: whether nothing came from an address lately)."""
         for wait in self.waits.values():
-            wait.rounds += 1
+            wait.age += 1
+            if not (wait.join and any(quiet(a) for a in wait.old)):
+                wait.rounds += 1

@@ -35,12 +35,16 @@ NEEDS = ("broker", "spark", "browser", "peer", "slow")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/spark is ``spark``; under ``-n`` (pytest-xdist, ``--dist
-    loadgroup``) they run in one worker: one JVM. A test with no marker of :data:`NEEDS` is
+    loadgroup``) those that use the shared session (the ``spark`` fixture) run in one worker:
+    one JVM. The others start their own (``flowbus run``, a standalone cluster, Spark
+    Connect) and run in any worker: kept in the group, they made its worker the suite's
+    critical path (about 15 of its 17 minutes). A test with no marker of :data:`NEEDS` is
     ``unit``."""
     for item in items:
         if item.path.is_relative_to(SPARK_TESTS):
             item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            if "spark" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group("spark"))
         if not any(item.get_closest_marker(m) for m in NEEDS):
             item.add_marker(pytest.mark.unit)
 

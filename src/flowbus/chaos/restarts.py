@@ -611,8 +611,9 @@ def plot_schedules(result: Result, png: Path) -> None:
     fig, ax = pyplot().subplots(figsize=(12, 4))
     seeds = [r["seed"] for r in rows]
     crashes = ax.twinx()
-    crashes.plot(seeds, [r["crashed"] for r in rows], ".", color="0.6", label="brokers crashed")
-    crashes.set_ylabel("brokers crashed", color="0.4")
+    struck = "brokers crashed" if getattr(result.config, "faults", "crash") == "crash" else "brokers paused"
+    crashes.plot(seeds, [r["crashed"] for r in rows], ".", color="0.6", label=struck)
+    crashes.set_ylabel(struck, color="0.4")
     crashes.set_ylim(bottom=0)
     ax.set_zorder(crashes.get_zorder() + 1)  # (the bars over the dots)
     ax.patch.set_visible(False)
@@ -628,8 +629,11 @@ def plot_schedules(result: Result, png: Path) -> None:
     ax.set_ylabel("deliveries lost or out of order")
     bad = result.findings["bad_count"]
     clocks = getattr(result.config, "timers", "sim")
-    ax.set_title(f"{len(rows)} restart schedules in the simulator ({clocks} clocks): {bad} bad, "
-                 f"{result.findings['totals']['crashed']} crashes")  # fmt: skip
+    faults = getattr(result.config, "faults", "crash")
+    kind = {"crash": "restart", "pause": "pause", "starve": "pause-and-hiccup"}[faults]
+    struck = "crashes" if faults == "crash" else "brokers paused"
+    ax.set_title(f"{len(rows)} {kind} schedules in the simulator ({clocks} clocks): {bad} bad, "
+                 f"{result.findings['totals']['crashed']} {struck}")  # fmt: skip
     handles = ax.get_legend_handles_labels()
     more = crashes.get_legend_handles_labels()
     ax.legend(handles[0] + more[0], handles[1] + more[1], loc="upper right")

@@ -221,3 +221,16 @@ def test_the_rounds_an_old_neighbour_is_silent_do_not_count_towards_the_new_ways
     row = judge(w, subs, pubs, 6000)
     assert row["delivered"] == row["expected"] > 0
     assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_a_member_found_dead_where_one_died_before_is_buried_before_what_goes_its_way() -> None:
+    """Schedule 141 of ``starve``: the broker at the end of the tree, found dead before and back
+    as a new member on its address, is paused and found dead again. Its neighbour took it for
+    buried already (by address), so what waited on it was kept only at the next change,
+    after a later event routed its way had gone to its taker (64 out of order). Buried by
+    ring id, what waited on it goes first."""
+    w, subs, pubs, _ = restarts(141, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert w.stepped_down.count(4) >= 2 and row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}

@@ -259,7 +259,7 @@ class RingBroker(Core):
         self._inherited: dict[int, tuple[int, set[cbr.Origin], int]] = {}
         self._dead_seen: set[int] = set()  # the ring's dead (ids) at the last _sync
         self._orphaned: dict[int, int] = {}  # of those, kept for their orphans -> heartbeat rounds
-        self._buried: set[int] = set()  # dead tree neighbours whose custody records were kept
+        self._buried: set[int] = set()  # the ring ids of dead tree neighbours whose custody records were kept
         self._resyncing: set[int] = set()  # neighbours whose link broke: told our side again at Resumed
         self._tree_ids: dict[int, int] = {}  # tree neighbour address -> the ring id there (_renewed)
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
@@ -1361,9 +1361,13 @@ class RingBroker(Core):
             # on a dead tree neighbour, once: it may have stood in for one taken over now, and
             # kept in the tree, what is routed its way is kept: the older ones go first, not on
             # their failed sends' notices, later)
-            gone = repair.dead_addrs() & self.router.neighbours
+            # (by ring id: a member found dead at an address where one died before was not
+            # buried, and what was routed its way meanwhile went to its taker ahead of what
+            # waited on it: simulator schedule 141 of starve, 64 out of order)
+            neighbours = self.router.neighbours
+            gone = {d for d in ring.dead if repair.known.get(d) in neighbours}
             fresh = {a for a in fresh_dead if a is not None}
-            for a in sorted(fresh | (gone - self._buried)):
+            for a in sorted(fresh | {repair.known[d] for d in gone - self._buried}):
                 out.extend(self._bury(a))
             self._buried = gone
             # (and what waits on a broker found dead now that is no tree neighbour any more:

@@ -186,6 +186,13 @@ class CustodyRing:
         self.taken_at.setdefault((sub, eid), now)
         self.sim.invoke(node, methodcaller("settle", sub, event[EVENT_ID]), at=now + self.ack_delay)
 
+    def pause(self, addr: int, length: float, what: str) -> None:
+        """The broker at ``addr`` (whoever is there now, if alive) paused ``length`` from now,
+        logged as ``what``."""
+        if not self.sim.is_down(addr):
+            self.sim.pause(addr, self.sim.now + length)
+            self.log.append((self.sim.now, f"{what} {length:.2f}", addr))
+
     def _step_down(self, addr: int, now: float) -> None:
         """The broker at ``addr``, told it was found dead, steps down at once (as a broker
         process does): its connections close (each broker linked to it hears so, on the
@@ -409,12 +416,7 @@ def _hiccups(w: CustodyRing, rng: random.Random, start: float, end: float, pubs:
         addr = rng.choice(addrs)
         length = rng.uniform(0.2, 1.5 if addr in pubs else 3.9) * beat
 
-        def hiccup(addr: int = addr, length: float = length) -> None:
-            if not w.sim.is_down(addr):
-                w.sim.pause(addr, w.sim.now + length)
-                w.log.append((w.sim.now, f"hiccup {length:.2f}", addr))
-
-        w.sim.schedule(t, hiccup)
+        w.sim.schedule(t, partial(w.pause, addr, length, "hiccup"))
         t += rng.uniform(2, 10) * beat
 
 
@@ -429,21 +431,14 @@ def _neighbour_hiccup(
         return
     beat, addr = w.timers.heartbeat, rng.choice(near)
     at, length = w.sim.now + rng.uniform(0, 3) * beat, rng.uniform(2.5, 3.9) * beat
-
-    def hiccup() -> None:
-        if not w.sim.is_down(addr):
-            w.sim.pause(addr, w.sim.now + length)
-            w.log.append((w.sim.now, f"neighbour hiccup {length:.2f}", addr))
-
-    w.sim.schedule(at, hiccup)
+    w.sim.schedule(at, partial(w.pause, addr, length, "neighbour hiccup"))
 
 
 def _pause(w: CustodyRing, victims: list[RingBroker], down: float) -> None:
     """``victims`` paused now for ``down``; a victim told, once back, that it was found dead
     steps down and joins again as a new member (:meth:`CustodyRing._step_down`)."""
     for v in victims:
-        w.sim.pause(v.addr, w.sim.now + down)
-        w.log.append((w.sim.now, f"paused {down:.2f}", v.addr))
+        w.pause(v.addr, down, "paused")
     w.sim.run(until=w.sim.now + down)
 
 

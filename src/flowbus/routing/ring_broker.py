@@ -999,13 +999,10 @@ class RingBroker(Core):
         straight on the new connection)."""
         if not self.custody or not self.ring.joined or dst in self.repair.gone_addrs():
             return []
+        ids = list(dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting))
         if dst not in self.router.neighbours or not self.ring.side_of_addr(dst):  # (a former one)
-            ids = list(
-                dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting)
-            )
             return self._out(self._former(dst, ids))
         self._resyncing.add(dst)  # (what the router sent it may be lost too: see _resync)
-        ids = list(dict.fromkeys(key[1] for key, rec in self.custodian.records.items() if dst in rec.waiting))
         return self._out(self._declined(dst, ids))
 
     def _resync(self, dst: int) -> list[Effect]:

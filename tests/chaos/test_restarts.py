@@ -234,3 +234,46 @@ def test_a_member_found_dead_where_one_died_before_is_buried_before_what_goes_it
     row = judge(w, subs, pubs, 6000)
     assert w.stepped_down.count(4) >= 2 and row["delivered"] == row["expected"] > 0
     assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_a_broker_paused_after_both_its_neighbours_tested_it_is_found_dead() -> None:
+    """Schedule 99 of ``starve``: broker 2, just back from a hiccup, answered the tests both
+    its neighbours had asked of each other, and was paused 13 s. Each neighbour took the
+    other's "alive" for a broken link of its own and reached 2 the long way round; neither
+    tested it again, and 2 stayed a member the whole pause. The publisher's events routed
+    into it came out at its waking, past the taker's barrier, and were confirmed by a new
+    member on the address of another dead broker (3), whose taker never saw them: 120
+    deliveries lost. Now 2 is found dead, and steps down as it wakes, with 3."""
+    w, subs, pubs, _ = restarts(99, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert any(what == "stepped down" and b == 2 and 215 < t < 216 for t, what, b in w.log)
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_a_broker_buried_by_one_neighbour_is_not_vouched_for_to_the_other() -> None:
+    """Schedule 186 of ``starve``: broker 3 buried paused broker 2 and took it over, not
+    knowing that 4 had joined on 2's other side; 4 asked 3 to test 2, 3 probed it, and 2,
+    waking, answered from its backlog before it read that it was dead. 3 told 4 "alive":
+    4 kept 2 as its neighbour 12 s, then found it dead itself and took its state over a
+    second time; the subscriptions' routes were withdrawn and made again meanwhile, and
+    243 deliveries were lost. A tester answers ``Failed`` for a broker it buried."""
+    w, subs, pubs, _ = restarts(186, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}
+
+
+@pytest.mark.slow  # (a few seconds of simulation: not in make check)
+def test_a_broker_told_who_took_a_suspect_over_does_not_take_it_over_again() -> None:
+    """Schedule 15 of ``starve``: a paused broker, found dead and taken over by 0, woke and,
+    before it read that it was dead, sent its state to a broker that had joined next to it,
+    naming it the first holder; that broker asked a tester who had buried the paused one,
+    was told ``Failed``, and took the state over a second time: the subscriptions' routes
+    went to and fro, 567 deliveries out of order. The tester names the taker."""
+    w, subs, pubs, _ = restarts(15, flow=True, n=6000, timers="broker", faults="starve", derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}

@@ -85,7 +85,7 @@ PINNED = {
     "ring.chord_query": "ChordQuery(level, asker)",
     "ring.chord_reply": "ChordReply(level, chord)",
     "ring.dead": "Dead(peer, taker)",
-    "ring.failed": "Failed(suspect, window, gone)",
+    "ring.failed": "Failed(suspect, window, gone, taker)",
     "ring.heartbeat": "Heartbeat(peer, load, sent, window)",
     "ring.heartbeat_ack": "HeartbeatAck(peer, sent)",
     "ring.insert": "Insert(new)",

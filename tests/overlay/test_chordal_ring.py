@@ -17,6 +17,7 @@ from flowbus.experiments.ring_sim import RingSim, ring_errors
 from flowbus.overlay.chordal_ring import ID_SPACE, SECOND_ID, RingNode, RingRoute
 from flowbus.overlay.ring_messages import (
     Alive,
+    Failed,
     Heartbeat,
     HeartbeatAck,
     Insert,
@@ -27,6 +28,7 @@ from flowbus.overlay.ring_messages import (
     Restarted,
     cw,
 )
+from flowbus.overlay.ring_messages import TestNeighbour as AskToTest  # (not a test class)
 from flowbus.sim import LinkFailure
 
 
@@ -517,3 +519,102 @@ def test_a_second_answer_to_a_join_is_told_gone_at_once() -> None:
     out = joiner.on_message(b.addr, acc2, r.sim.now)
     told = {e.dst for e in out if isinstance(e, Send) and e.msg == Restarted(Peer(acc2.id, 99))}
     assert told == {p.addr for p in acc2.window if p.addr != 99} and joiner.id == acc1.id
+
+
+def test_a_tester_heard_from_directly_takes_no_way_round() -> None:
+    """B answered our own probe just before C's ``Alive`` came: our link to B works (B was
+    slow, not cut off from us), so no detour is taken; with one, B was hidden from our
+    heartbeat rounds."""
+    r = ring(5, seed=2, heartbeat=1.0)
+    order = r.by_id()
+    node, b = order[0], order[1]
+    c = next(p for p in node.window if p.id == order[2].me.id)
+    node._suspect(b.me)
+    node.on_message(b.addr, HeartbeatAck(b.me, r.sim.now), r.sim.now)  # (heard: its link works)
+    node.on_message(c.addr, Alive(b.me, c), r.sim.now)
+    assert not node.detour.get(b.me.id)
+    r.settle(2.0)
+    node._suspect(b.me)
+    node.on_message(c.addr, Alive(b.me, c), r.sim.now + 3.0)  # (silent here: the link is down)
+    assert node.detour.get(b.me.id) == (c,)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_neighbour_paused_after_both_its_neighbours_tested_it_is_found_dead(seed: int) -> None:
+    """Both ring neighbours of B suspect it at once and ask each other to test it; B answers
+    both probes, then is paused for good. Each took the other's "alive" for a broken link
+    of its own and kept a detour through the other; neither tested B again, and B stayed a
+    member as long as it was paused (simulator schedule 99 of starve: 13 s, and what was
+    routed into it lost). Heard over its own link, B takes no detour: it is found dead."""
+    r = ring(5, seed=seed, heartbeat=1.0)
+    a, b, c = r.by_id()[:3]
+    r.sim.invoke(a.addr, lambda n: n._suspect(b.me))
+    r.sim.invoke(c.addr, lambda n: n._suspect(b.me))
+    r.settle(0.01)
+    while a.detector.suspected(b.me.id) or c.detector.suspected(b.me.id):  # (the tests answered)
+        r.settle(0.1)
+    assert not a.detour.get(b.me.id) and not c.detour.get(b.me.id)  # (heard: no way round)
+    r.sim.pause(b.addr, r.sim.now + 1000.0)
+    r.settle(30.0)
+    assert b.me.id in a.dead and b.me.id in c.dead
+    assert ring_errors([n for n in r.live if n is not b]) == []
+
+
+def test_a_neighbour_reached_the_long_way_is_tested_again_once_silent_for_the_guard() -> None:
+    """A detour to B (our link to it taken for down) hides no death: once B has been silent
+    here for the guard, our heartbeat round asks its other neighbour to test it again (the
+    detour kept meanwhile); before that, it does not."""
+    r = ring(5, seed=1, heartbeat=1.0)
+    a, b, c = r.by_id()[:3]
+    r.sim.pause(b.addr, r.sim.now + 1000.0)
+    r.settle(0.2)
+    a.detour[b.me.id] = (c.me,)
+    guard = a.detector.guard
+
+    def tests(at: float) -> list[Any]:
+        out = a.on_timer(("ring", "heartbeat"), at)
+        return [e.msg for e in out if isinstance(e, Send) and getattr(e.msg, "suspect", None) == b.me]
+
+    assert tests(r.sim.now + guard / 2) == []
+    (test,) = tests(r.sim.now + guard + 1.0)
+    assert test.suspect == b.me and a.detour[b.me.id] == (c.me,)
+
+
+def test_a_tester_that_buried_the_suspect_says_failed_without_probing_it() -> None:
+    """C buried B; A, which never heard (B's death was settled on C's side only), asks C to
+    test B. Probed, a B that was only paused answered from its backlog before it read that
+    it was dead, and C's "alive" kept B A's neighbour until A took B's state over a second
+    time (simulator schedule 186 of starve: 243 deliveries lost). C answers ``Failed``, as
+    proven, at once."""
+    r = ring(5, seed=2, heartbeat=1.0)
+    a, b, c = r.by_id()[:3]
+    c.dead.add(b.me.id)
+    out = c.on_message(a.addr, AskToTest(b.me, a.me, (a.me,)), r.sim.now)
+    assert [type(e.msg) for e in out if isinstance(e, Send)] == [Failed]
+    (failed,) = [e.msg for e in out if isinstance(e, Send)]
+    assert failed.suspect == b.me and failed.gone and failed.window[0] == c.me
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_an_asker_told_who_took_the_suspect_over_does_not_take_it_over_again(named: bool) -> None:
+    """A ``Failed`` from a tester that buried B names B's taker: the asker buries B and keeps
+    the taker's word, and does not take B's state over a second time, though its copy names
+    it B's first holder (a copy B sent as it woke, before it read that it was dead:
+    simulator schedule 15 of starve, taken over twice, 567 deliveries out of order). Not
+    named, the first holder takes it over, as the ring's repair does."""
+    r = ring(5, seed=2, heartbeat=1.0)
+    b = r.by_id()[1]
+    asker = next(
+        n for n in r.live if n is not b and b.me.id in n.backups.held and n.backups.held[b.me.id].rank == 0
+    )
+    taker = next(n for n in r.live if n not in (asker, b))
+    out = asker.on_message(
+        taker.addr, Failed(b.me, (taker.me,), True, taker.me if named else None), r.sim.now
+    )
+    assert b.me.id in asker.dead
+    redirects = [e for e in out if isinstance(e, Send) and type(e.msg).__name__ == "Redirect"]
+    if named:
+        assert ("sub", b.addr) not in asker.state and redirects == []
+        assert asker.taken_by[b.me.id] == taker.me
+    else:
+        assert ("sub", b.addr) in asker.state and redirects

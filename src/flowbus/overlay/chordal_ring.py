@@ -807,8 +807,15 @@ class RingNode(Core):
             assert p is not None
             # (anything from it shows it alive: a busy broker's heartbeats may come late)
             silent = self.detector.silent(p, now, limit=2 * self.heartbeat)
-            if silent and not self.detector.suspected(p.id) and not self.detour.get(p.id):
-                out.extend(self._suspect(p))
+            if silent and not self.detector.suspected(p.id):
+                if not self.detour.get(p.id):
+                    out.extend(self._suspect(p))
+                elif self.detector.conclusive(p, now):  # (a way round hides no death: silent for
+                    # the guard, it is tested again, the detour kept meanwhile. Never tested
+                    # again, a neighbour paused just after it answered a test was a member for
+                    # good: simulator schedule 99 of starve, two brokers each with a detour
+                    # through the other, neither heard it for 13 s)
+                    out.extend(self._suspect(p, again=True))
             # (sent over a link known to be down too: if it comes back, the far end hears it)
             out.append(Send(p.addr, Heartbeat(self.me, load, now, tuple(self.window))))
         out.append(SetTimer(self.heartbeat, ("ring", "heartbeat")))
@@ -932,9 +939,10 @@ class RingNode(Core):
         """Our neighbours away from ``side`` (1: Left, Leftleft; else Right, Rightright)."""
         return tuple(self.pred if side > 0 else self.succ)
 
-    def _suspect(self, b: Peer) -> list[Effect]:
-        """A thinks B failed: ask C, B's other ring neighbour, to test it (figure 5)."""
-        if self.detector.suspected(b.id) or b.id in self.dead or self.detour.get(b.id):
+    def _suspect(self, b: Peer, *, again: bool = False) -> list[Effect]:
+        """A thinks B failed: ask C, B's other ring neighbour, to test it (figure 5); ``again``:
+        though our link to it is known down (a detour), as it was silent for the guard."""
+        if self.detector.suspected(b.id) or b.id in self.dead or (self.detour.get(b.id) and not again):
             return []
         me = self.me
         side = self._side_of(b)
@@ -953,8 +961,12 @@ class RingNode(Core):
         if msg.asker.id in self.dead:
             return self._tell_dead(src, msg.asker)
         b = msg.suspect
-        if self.detector.is_gone(b.id):  # (a proof here: no probe needed)
-            return [Send(msg.asker.addr, Failed(b, (self.me, *self._side(-self._side_of(b))), True))]
+        if self.detector.is_gone(b.id) or b.id in self.dead:  # (a proof here, or buried here: no
+            # probe. Probed, a broker we had buried, paused, answered it from its backlog before
+            # it read that it was dead; our "alive" kept it the asker's neighbour, which took its
+            # state over again 12 s later: simulator schedule 186 of starve. Its taker named)
+            window = (self.me, *self._side(-self._side_of(b)))
+            return [Send(msg.asker.addr, Failed(b, window, True, self.taken_by.get(b.id)))]
         return self.detector.test(self.me, msg, now)
 
     def _on_restarted(self, src: int, msg: Restarted, now: float) -> list[Effect]:
@@ -999,8 +1011,14 @@ class RingNode(Core):
             b = next((p for p in self.window if p.id == msg.suspect.id), None)
             out = self.detector.failed(msg.suspect.id)  # (the test is over)
             return out + (self.detector.probe(self.me, b) if b is not None else [])
-        out = self.detector.alive(msg.suspect.id, now)
-        self.detour[msg.suspect.id] = (msg.via,)
+        b = msg.suspect
+        direct = self.heartbeat is not None and not self.detector.quiet(b.addr, now, limit=2 * self.heartbeat)
+        out = self.detector.alive(b.id, now)
+        if not direct:  # (heard lately over our own link, B was slow, not cut off from us: a
+            # detour then hid it from our heartbeat rounds; two neighbours that tested it for
+            # each other each took the other's way round, and it was paused next: see
+            # _heartbeat_round)
+            self.detour[b.id] = (msg.via,)
         return out
 
     def _probe_expired(self, suspect: int, now: float, *, timer: bool) -> list[Effect]:
@@ -1042,6 +1060,12 @@ class RingNode(Core):
         side = self._side_of(b)
         out = self.detector.failed(b.id)
         far = (self.me, *self._far_side(side)) if side else ()
+        if msg.taker is not None and msg.taker.id != self.me.id:  # (taken over already: not by
+            # us again. A copy of its state it sent us as it woke, before it read that it was
+            # dead, named us its first holder: taken over twice, the subscriptions' routes
+            # went to and fro, 567 deliveries out of order in simulator schedule 15 of starve)
+            self.redirect[b.id] = self.taken_by[b.id] = msg.taker
+            self.backups.drop(b.id)
         out += self._bury((b,))
         if side:
             out += self._set_side(side, msg.window, gone=(b,))

@@ -205,6 +205,7 @@ class Failed:
     suspect: Peer
     window: tuple[Peer, ...]
     gone: bool = False  # proven gone (a connection refused), not only silent past the guard
+    taker: Peer | None = None  # buried by the sender already: who took its state over
 
 
 @wire.message("ring.set_side")

@@ -612,7 +612,9 @@ class RouteIndex:
         self._matcher: Matcher | None = None
         self._installed: set[int] = set()  # keys in the matcher
         self._stale: set[int] = set()  # ... whose entry has gone or changed since
-        self._fresh: dict[int, Test] = {}  # live keys not (yet) in the matcher
+        self._fresh: dict[int, None] = {}  # live keys not (yet) in the matcher (compiled only
+        # when an event is tried against them: a closure a subscription costs 4.7 KB, and most
+        # reach the matcher before any event is, the whole of a bulk subscribe)
         self._refused: dict[int, Test] = {}  # keys the matcher cannot take (always closures)
         self._work = 0  # closure calls for _fresh since it was last emptied
 
@@ -636,7 +638,7 @@ class RouteIndex:
         self._filters[k] = f
         if self._matcher is not None:
             self._refused.pop(k, None)
-            self._fresh[k] = compiled(f)
+            self._fresh[k] = None
 
     def remove(self, o: Origin) -> None:
         k = self._key.pop(o, None)
@@ -726,7 +728,8 @@ class RouteIndex:
             return [[k for k, t in tests if t(e)] for e in events]
         found = m.match_batch(events)
         stale = self._stale
-        extra = [*self._fresh.items(), *self._refused.items()]
+        filters = self._filters
+        extra = [*((k, compiled(filters[k])) for k in self._fresh), *self._refused.items()]
         out: list[list[int]] = []
         for e, ids in zip(events, found, strict=True):
             keys: list[int] = ids.tolist()
@@ -752,7 +755,8 @@ class RouteIndex:
             return [any(t(e) for t in tests) for e in events]
         found = m.match_batch(events)
         stale = self._stale
-        extra = [*self._fresh.values(), *self._refused.values()]
+        filters = self._filters
+        extra = [*(compiled(filters[k]) for k in self._fresh), *self._refused.values()]
         out: list[bool] = []
         for e, ids in zip(events, found, strict=True):
             if ids.size and (not stale or any(k not in stale for k in ids.tolist())):

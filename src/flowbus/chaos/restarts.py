@@ -326,11 +326,17 @@ def streaming(
     return w, subs, pubs, start
 
 
-FAULTS = ("crash", "pause", "starve")
+FAULTS = ("crash", "pause", "starve", "rejoin")
 """What a schedule does to its victims: ``crash`` (killed, back on their addresses as new
-members), ``pause`` (stopped, as SIGSTOP does, then running on: see :func:`restarts`), or
+members), ``pause`` (stopped, as SIGSTOP does, then running on: see :func:`restarts`),
 ``starve``: ``pause``, and hiccups besides (any broker, publishers' too, stopped for a
-moment now and then, as one starved of CPU is: :func:`_hiccups`)."""
+moment now and then, as one starved of CPU is: :func:`_hiccups`), or ``rejoin``: two
+brokers at any distance killed, and a member killed with another as it joins again
+(:func:`_rejoin`)."""
+
+
+PAUSES = ("pause", "starve")
+"""The faults that pause their victims (the others kill them)."""
 
 
 def restarts(
@@ -361,7 +367,12 @@ def restarts(
         w.after_join = partial(_neighbour_hiccup, w, random.Random(seed + 2_000_003), pubs)
     t, nonce, struck = 4.0, 40, 0
     beat = w.timers.heartbeat
-    while t < n / RATE - 10:
+    while faults == "rejoin" and t < n / RATE - 15:
+        w.sim.run(until=start + t)
+        nonce += 20
+        struck += _rejoin(w, rng, pubs, nonce)
+        t = (w.sim.now - start) + rng.uniform(6, 12)
+    while faults != "rejoin" and t < n / RATE - 10:
         kind = rng.choice(["quick", "slow", "pair-quick", "pair-slow"])
         if faults != "crash":
             down = rng.uniform(2.5, 3.9) * beat if "quick" in kind else rng.uniform(5, 20) * beat
@@ -381,6 +392,40 @@ def restarts(
         t = (w.sim.now - start) + rng.uniform(8, 20)
     w.sim.run(until=start + n / RATE + 400)
     return w, subs, pubs, struck
+
+
+def _rejoin(w: CustodyRing, rng: random.Random, pubs: list[int], nonce: int) -> int:
+    """Two brokers (neither publisher's, at any distance) killed at once, back 1 to 4 s later
+    as new members; as soon as one has joined, 0 to 0.2 s on, it dies with another broker,
+    back 2 to 6 s later (the campaign's crash-1 at ``f11c79d``: a member killed 80 ms after it
+    joined, with the broker two places away, 124 deliveries lost). How many were killed."""
+    live = [b for b in w.brokers if b.ring.joined and b.addr not in pubs]
+    if len(live) < 2:
+        return 0
+    pair = rng.sample(live, 2)
+    for v in pair:
+        w.sim.crash(v.addr)
+        w.log.append((w.sim.now, "crashed", v.addr))
+    _closed(w, [v.addr for v in pair])
+    w.sim.run(until=w.sim.now + rng.uniform(1, 4))
+    news = w.restart_soon(pair, nonce)
+    for _ in range(300):  # (restart_soon returns as the first is buried: its join is under way)
+        if any(b.ring.joined for b in news):
+            break
+        w.sim.run(until=w.sim.now + 0.01)
+    w.sim.run(until=w.sim.now + rng.uniform(0.0, 0.2))
+    joined = [b for b in news if b.ring.joined]
+    others = [b for b in w.brokers if b.ring.joined and b.addr not in pubs and b not in joined]
+    if not joined or not others:
+        return 2
+    victims = [joined[0], rng.choice(others)]
+    for v in victims:
+        w.sim.crash(v.addr)
+        w.log.append((w.sim.now, "crashed as it joined" if v is joined[0] else "crashed", v.addr))
+    _closed(w, [v.addr for v in victims])
+    w.sim.run(until=w.sim.now + rng.uniform(2, 6))
+    w.restart_soon(victims, nonce + 10)
+    return 4
 
 
 def _crash(w: CustodyRing, victims: list[RingBroker], down: float, nonce: int) -> None:
@@ -579,7 +624,7 @@ def run_schedules(
             progress("restart schedules", len(done), len(config.seeds))
         if say is not None:
             wrong = ", ".join(f"{row[key]} {key.replace('_', ' ')}" for key in BAD if row[key])
-            struck = "crashed" if config.faults == "crash" else "paused"
+            struck = "paused" if config.faults in PAUSES else "crashed"
             where = f"{len(done)}/{len(config.seeds)}, {row['crashed']} brokers {struck}"
             say(f"schedule {row['seed']} ({where}): {wrong or 'ok'}")
 
@@ -606,7 +651,7 @@ def plot_schedules(result: Result, png: Path) -> None:
     fig, ax = pyplot().subplots(figsize=(12, 4))
     seeds = [r["seed"] for r in rows]
     crashes = ax.twinx()
-    struck = "brokers crashed" if getattr(result.config, "faults", "crash") == "crash" else "brokers paused"
+    struck = "brokers paused" if getattr(result.config, "faults", "crash") in PAUSES else "brokers crashed"
     crashes.plot(seeds, [r["crashed"] for r in rows], ".", color="0.6", label=struck)
     crashes.set_ylabel(struck, color="0.4")
     crashes.set_ylim(bottom=0)
@@ -625,8 +670,9 @@ def plot_schedules(result: Result, png: Path) -> None:
     bad = result.findings["bad_count"]
     clocks = getattr(result.config, "timers", "sim")
     faults = getattr(result.config, "faults", "crash")
-    kind = {"crash": "restart", "pause": "pause", "starve": "pause-and-hiccup"}[faults]
-    struck = "crashes" if faults == "crash" else "brokers paused"
+    kinds = {"crash": "restart", "pause": "pause", "starve": "pause-and-hiccup", "rejoin": "kill-as-it-joins"}
+    kind = kinds[faults]
+    struck = "brokers paused" if faults in PAUSES else "crashes"
     ax.set_title(f"{len(rows)} {kind} schedules in the simulator ({clocks} clocks): {bad} bad, "
                  f"{result.findings['totals']['crashed']} {struck}")  # fmt: skip
     handles = ax.get_legend_handles_labels()

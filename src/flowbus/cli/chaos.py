@@ -171,7 +171,8 @@ def sim(
     faults: Annotated[
         str,
         typer.Option(
-            help="What strikes the victims: crash (kill -9, back as new members) or pause (SIGSTOP)."
+            help="What strikes the victims: crash (kill -9, back as new members), pause (SIGSTOP), "
+            "starve (pauses and CPU hiccups) or rejoin (a member killed as it joins)."
         ),
     ] = "crash",
     derived: Annotated[

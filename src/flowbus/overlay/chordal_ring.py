@@ -230,6 +230,7 @@ class RingNode(Core):
         self.taken_by: dict[int, Peer] = {}  # the same, as the taker itself told (or us)
         self.detour: dict[int, tuple[Peer, ...]] = {}  # broker id -> path when our link to it is down
         self.dead: set[int] = set()
+        self.dead_at: dict[int, int] = {}  # dead member id -> its address
         self._near: set[int] = set()  # the ring neighbours at the last lease check (serving)
         self._rtt: dict[int, float] = {}
         self._candidates: set[int] = set()
@@ -1248,6 +1249,7 @@ class RingNode(Core):
             self._was_side[dead.id] = side
             self._was_side_addr[dead.addr] = side
         self.dead.add(dead.id)
+        self.dead_at[dead.id] = dead.addr
         self.detector.end(dead.id)
         for side, lst in ((1, self.succ), (-1, self.pred)):
             if any(p.id == dead.id for p in lst):

@@ -262,6 +262,7 @@ class RingBroker(Core):
         self._buried: set[int] = set()  # the ring ids of dead tree neighbours whose custody records were kept
         self._resyncing: set[int] = set()  # neighbours whose link broke: told our side again at Resumed
         self._tree_ids: dict[int, int] = {}  # tree neighbour address -> the ring id there (_renewed)
+        self._former_ids: dict[int, int] = {}  # former tree neighbour address -> its ring id then
         self._fence_sig: tuple[int, tuple[int, ...]] = (0, ())  # (what _fenced was made from)
         # the deployed flows (ring_flows.py); a taken-over partition gathers events this long
         self.flow_side = FlowSide(self, 2.0 * heartbeat if heartbeat is not None else 5.0)
@@ -726,6 +727,26 @@ class RingBroker(Core):
                 return self._out(self._sync(self.ring.on_message(src, msg, now), now))
         raise ProtocolError(f"RingBroker {self.addr}: unknown message {msg!r} from {src}")
 
+    def _new_member_at(self, addr: int) -> bool:
+        """Whether the ring knows a member at ``addr`` other than the one that was our tree
+        neighbour there: a broker restarted on the address, whose routing messages are a new
+        neighbour's, kept until the link is new to this end too. Taken for the former
+        neighbour's, its subscriptions were dropped, and it had sent them once: a new member
+        that took a dead neighbour's state over, announced it through a broker whose tree had
+        not changed yet, and the events for those subscriptions were routed nowhere for 5.6 s
+        (a simulator schedule of members killed as they joined: 142 deliveries lost; the
+        campaign's crash-1 at f11c79d: 124)."""
+        old = self._former_ids.get(addr)
+        return old is not None and any(p.addr == addr and p.id != old for p in self.ring.window)
+
+    def _dead_elsewhere(self) -> set[int]:
+        """The addresses of members found dead that we never linked to, where no live member
+        of our window speaks now: a subscription's home there is dead (hosting it, we
+        delegated its deliveries to nobody; see the note in :meth:`_sync`)."""
+        ring, known = self.ring, self.repair.known
+        live = {p.addr for p in ring.window if p.id not in ring.dead}
+        return {a for d, a in ring.dead_at.items() if d not in known and a not in live}
+
     def _relay(self, src: int, msg: HandedOver) -> list[Effect]:
         """A hand-over for a dead broker whose subscriptions we did not take over (we are not
         the one it was meant for: a broker restarted on the dead one's address, a neighbour
@@ -845,7 +866,9 @@ class RingBroker(Core):
         """A content router's message (or ``Synced``): routed if ``src`` is a tree neighbour
         (or a former one), else kept until the link is new to this end too."""
         router = self.router
-        if src in router.neighbours or (src in router.former and src not in self.tree_neighbours()):
+        if src in router.neighbours or (
+            src in router.former and src not in self.tree_neighbours() and not self._new_member_at(src)
+        ):
             early = self._early and type(msg) is cbr.Publish  # (kept events that come first)
             before = self._early_before(src, [msg.event], now) if early else []
             return before + self._out(self._routing_message(src, msg, now))
@@ -962,6 +985,11 @@ class RingBroker(Core):
         confirmed: a home restarted on the address of one taken over (so its subscriptions
         held here still named it) died with a ``Delegated`` on its way, released as gone with
         its sessions (a simulator schedule with the brokers' 1 s heartbeats: 1 delivery lost)."""
+        return self._undelegate(dead) + self.repair.bury(dead)
+
+    def _undelegate(self, dead: int) -> list[Effect]:
+        """The deliveries we delegated to the home found dead at ``dead``, ours to make (see
+        :meth:`_bury`)."""
         out: list[Effect] = []
         step = self.custodian.step
         for key, rec in list(self.custodian.records.items()):
@@ -973,7 +1001,7 @@ class RingBroker(Core):
                 step[key[1]] = key
                 back = Undelegated(msg.subs, msg.event)
                 out.extend(self.shared.undelegated(back, self.subs, self.router.grouped))
-        return out + self.repair.bury(dead)
+        return out
 
     def _answered(self, src: int, eid: Any) -> list[Effect]:
         """``src`` sent back our :class:`Delegated` of ``eid`` (:class:`Undelegated`), which it
@@ -1371,11 +1399,20 @@ class RingBroker(Core):
             # the tree moved on while it lived, then it died; its address may speak for a new
             # member already, which never had those events: a rolling restart in the
             # simulator, the records waited on the address for good, 173 publishes unsettled)
-            newly = {repair.known[d] for d in ring.dead - self._dead_seen if d in repair.known}
+            fresh_ids = ring.dead - self._dead_seen
+            newly = {repair.known[d] for d in fresh_ids if d in repair.known}
             self._dead_seen = set(ring.dead)
             repair.found_dead(newly)
             for a in sorted(newly - fresh - self.router.neighbours):
                 out.extend(self._bury(a))
+            # (a member we never linked to, found dead: the home of subscriptions we hold may
+            # have been there, a new member on a dead home's address that died as it joined;
+            # what we delegated to it comes back here now. Left waiting on the address, it came
+            # when a broker spoke there again, 6 s later, after later events: a simulator
+            # schedule of members killed as they joined, 138 out of order)
+            unknown = {ring.dead_at[d] for d in fresh_ids if d not in repair.known and d in ring.dead_at}
+            for a in sorted(unknown):
+                out.extend(self._undelegate(a))
         signature = (ring.backups.foreign, len(ring.taken_over), len(ring.dead))  # (own set_state: no scan)
         changed = signature != self._state_seen  # (scanning the state costs O(subscriptions))
         self._state_seen = signature
@@ -1409,7 +1446,7 @@ class RingBroker(Core):
         for sub in sorted(set(self._adopted) - held, key=repr) if changed else ():  # passed on (sharing)
             out.extend(self._drop_adopted(sub))
         if changed or ring.shares.placed:
-            gone = repair.dead_addrs()
+            gone = repair.dead_addrs() | self._dead_elsewhere()
             flows = self.flows.subs.keys() | self.flows.parts.keys()
             out.extend(
                 self.shared.after_step(ring, self.router, self._adopted, gone, changed=changed, flows=flows)
@@ -1480,6 +1517,7 @@ class RingBroker(Core):
         for a in wanted - ids.keys():  # (a dead one kept until replaced: its id, not a new one's)
             if a in self._tree_ids:
                 ids[a] = self._tree_ids[a]
+        self._former_ids.update((a, i) for a, i in self._tree_ids.items() if a not in ids)
         self._tree_ids = ids
         if not renewed:
             return []

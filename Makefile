@@ -50,6 +50,8 @@ chaos: $(STAMP)  # the full fault campaign (root: network namespaces; else fault
 	$(BIN)/flowbus chaos sim --seeds 0-259 --jobs 2 --json --out out/chaos/sim > out/chaos/sim.json
 	$(BIN)/flowbus chaos sim --timers broker --seeds 0-99 --events 6000 --jobs 2 --json --out out/chaos/sim-broker > out/chaos/sim-broker.json
 	$(BIN)/flowbus chaos sim --timers broker --publishers 1,2 --seeds 0-99 --events 6000 --jobs 2 --json --out out/chaos/sim-wrap > out/chaos/sim-wrap.json
+	$(BIN)/flowbus chaos sim --faults starve --derived --timers broker --seeds 0-199 --events 6000 --jobs 2 --json --out out/chaos/sim-starve > out/chaos/sim-starve.json
+	$(BIN)/flowbus chaos sim --faults rejoin --derived --timers broker --seeds 0-99 --events 6000 --jobs 2 --json --out out/chaos/sim-rejoin > out/chaos/sim-rejoin.json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -9,12 +9,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flowbus.chaos.restarts import BAD, RestartSchedules, judge, restarts, run_schedules
+from flowbus.chaos.restarts import BAD, CustodyRing, RestartSchedules, judge, restarts, run_schedules
 from flowbus.cli import app
 from flowbus.errors import ExperimentError
 from flowbus.meta import EVENT_ID
 
 runner = CliRunner()
+
+
+def _clean_run(seed: int, faults: str) -> tuple[CustodyRing, int]:
+    """Schedule ``seed`` of ``faults`` on the brokers' clocks, 6,000 events, the flow's derived
+    space judged too: asserted to lose, reorder and leave unsettled nothing. The ring, and
+    the brokers struck."""
+    w, subs, pubs, struck = restarts(seed, flow=True, n=6000, timers="broker", faults=faults, derived=True)
+    row = judge(w, subs, pubs, 6000)
+    assert row["delivered"] == row["expected"] > 0
+    assert {key: row[key] for key in BAD if row[key]} == {}
+    return w, struck
 
 
 def test_a_schedule_is_replayed_exactly_from_its_seed() -> None:
@@ -192,11 +203,8 @@ def test_events_sent_to_a_former_neighbour_are_not_overtaken_by_those_through_th
     the joiner and were delivered first (225 out of order, the campaign's pause-3 at
     ``c9ec30e`` in the simulator). Now the new way waits for what went the old one, and what
     it declined goes the new way at once, first."""
-    w, subs, pubs, struck = restarts(207, flow=True, n=6000, timers="broker", faults="starve", derived=True)
-    row = judge(w, subs, pubs, 6000)
+    w, struck = _clean_run(207, "starve")
     assert struck == 8 and len(w.stepped_down) == 3
-    assert row["delivered"] == row["expected"] > 0
-    assert {key: row[key] for key in BAD if row[key]} == {}
 
 
 @pytest.mark.slow  # (a few seconds of simulation: not in make check)
@@ -217,10 +225,7 @@ def test_the_rounds_an_old_neighbour_is_silent_do_not_count_towards_the_new_ways
     the guard, but not found dead (its other neighbour had heard it); a wait of GUARD + 1
     rounds opened the new way 30 ms before it woke and declined what it held (54 out of
     order). The rounds it is silent do not count."""
-    w, subs, pubs, _ = restarts(64, flow=True, n=6000, timers="broker", faults="starve", derived=True)
-    row = judge(w, subs, pubs, 6000)
-    assert row["delivered"] == row["expected"] > 0
-    assert {key: row[key] for key in BAD if row[key]} == {}
+    _clean_run(64, "starve")
 
 
 @pytest.mark.slow  # (a few seconds of simulation: not in make check)
@@ -245,11 +250,8 @@ def test_a_broker_paused_after_both_its_neighbours_tested_it_is_found_dead() -> 
     into it came out at its waking, past the taker's barrier, and were confirmed by a new
     member on the address of another dead broker (3), whose taker never saw them: 120
     deliveries lost. Now 2 is found dead, and steps down as it wakes, with 3."""
-    w, subs, pubs, _ = restarts(99, flow=True, n=6000, timers="broker", faults="starve", derived=True)
-    row = judge(w, subs, pubs, 6000)
+    w, _ = _clean_run(99, "starve")
     assert any(what == "stepped down" and b == 2 and 215 < t < 216 for t, what, b in w.log)
-    assert row["delivered"] == row["expected"] > 0
-    assert {key: row[key] for key in BAD if row[key]} == {}
 
 
 @pytest.mark.slow  # (a few seconds of simulation: not in make check)
@@ -260,10 +262,7 @@ def test_a_broker_buried_by_one_neighbour_is_not_vouched_for_to_the_other() -> N
     4 kept 2 as its neighbour 12 s, then found it dead itself and took its state over a
     second time; the subscriptions' routes were withdrawn and made again meanwhile, and
     243 deliveries were lost. A tester answers ``Failed`` for a broker it buried."""
-    w, subs, pubs, _ = restarts(186, flow=True, n=6000, timers="broker", faults="starve", derived=True)
-    row = judge(w, subs, pubs, 6000)
-    assert row["delivered"] == row["expected"] > 0
-    assert {key: row[key] for key in BAD if row[key]} == {}
+    _clean_run(186, "starve")
 
 
 @pytest.mark.slow  # (a few seconds of simulation: not in make check)
@@ -273,10 +272,7 @@ def test_a_broker_told_who_took_a_suspect_over_does_not_take_it_over_again() -> 
     naming it the first holder; that broker asked a tester who had buried the paused one,
     was told ``Failed``, and took the state over a second time: the subscriptions' routes
     went to and fro, 567 deliveries out of order. The tester names the taker."""
-    w, subs, pubs, _ = restarts(15, flow=True, n=6000, timers="broker", faults="starve", derived=True)
-    row = judge(w, subs, pubs, 6000)
-    assert row["delivered"] == row["expected"] > 0
-    assert {key: row[key] for key in BAD if row[key]} == {}
+    _clean_run(15, "starve")
 
 
 @pytest.mark.slow  # (a few seconds of simulation: not in make check)
@@ -292,8 +288,5 @@ def test_members_killed_as_they_join_lose_nothing_and_keep_order(seed: int) -> N
     until a broker spoke from it again, behind later ones (5: 492, 7: 87 out of order). Only
     the new member's subscriptions wait for our tree, not its events: kept, one waited for its
     sender's ``Again`` behind later ones (79: 24 out of order)."""
-    w, subs, pubs, struck = restarts(seed, flow=True, n=6000, timers="broker", faults="rejoin", derived=True)
-    row = judge(w, subs, pubs, 6000)
+    w, struck = _clean_run(seed, "rejoin")
     assert struck >= 20 and any(what == "crashed as it joined" for _, what, _ in w.log)
-    assert row["delivered"] == row["expected"] > 0
-    assert {key: row[key] for key in BAD if row[key]} == {}

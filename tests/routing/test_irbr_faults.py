@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flowbus.experiments.irbr_run import IrbrRun, QuoteWorkload, reachable_sets, run
+from flowbus.experiments.irbr_run import IrbrRun, QuoteWorkload, dead_run, reachable_sets, run
 from flowbus.filters import Filter, parse
-from flowbus.overlay.pastry import BITS, PastryNode, shared_prefix_len
+from flowbus.overlay.pastry import BITS, LEAF_SIZE, PastryNode, shared_prefix_len
 from flowbus.overlay.pastry_static import build_static
 from flowbus.routing.irbr import IrbrNode, Publish, prefix_of
 from flowbus.sim import ConstantLatency, Simulator
@@ -36,12 +36,29 @@ from flowbus.sim import ConstantLatency, Simulator
 def test_exactly_once_for_every_reachable_subscriber(
     nodes: int, failure: float, subscribers: float, covering: bool, seed: int
 ) -> None:
+    """Exactly once for every reachable subscriber, as long as fewer than half a leaf set of
+    adjacent ids died at once (IRBR's guarantee, routing/irbr.py: past it, a range's live
+    nodes may lie beyond every live leaf set: 58 nodes, 40 % failed, seed 165, eight
+    adjacent ids dead, the subscriber next to them lost one event); duplicates and wrong
+    deliveries never."""
     config = IrbrRun("irbr", nodes=nodes, failure=failure, seed=seed, events=25, subscribers=subscribers)
     row = run(IrbrRun(**{**config.to_dict(), "covering": covering})).row
-    assert row["lost_reachable"] == 0
+    if dead_run(config) < LEAF_SIZE // 2:
+        assert row["lost_reachable"] == 0 and row["delivered"] == row["reachable"]
     assert row["duplicates"] == 0 and row["wrong"] == 0
     assert row["failed"] == round(failure * nodes)
-    assert row["interested"] >= row["reachable"] >= row["delivered"] == row["reachable"]
+    assert row["interested"] >= row["reachable"]
+
+
+def test_a_subscriber_beyond_a_short_leaf_set_is_reached() -> None:
+    """The property's example above, kept whole: nine adjacent ids dead (past half a leaf
+    set), and still every reachable subscriber reached. A leaf-set request to a node that
+    died unnoticed was never answered, one node's leaf set stayed short, and a reachable
+    subscriber lost events (fixed: Pastry's repair requests are acknowledged)."""
+    config = IrbrRun("irbr", nodes=118, failure=0.4, seed=118, events=25, subscribers=0.2, covering=False)
+    assert dead_run(config) >= LEAF_SIZE // 2
+    row = run(config).row
+    assert row["lost_reachable"] == 0 and row["delivered"] == row["reachable"] > 0
 
 
 @dataclass

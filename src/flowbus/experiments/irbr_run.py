@@ -72,6 +72,7 @@ __all__ = [
     "IrbrRun",
     "IrbrRunResult",
     "QuoteWorkload",
+    "dead_run",
     "reachable_sets",
     "run",
     "run_group",
@@ -327,13 +328,36 @@ def _settle(sim: Simulator, proto: _Protocol, c: IrbrRun) -> None:
         sim.run()
 
 
+def _failed(c: IrbrRun) -> set[int]:
+    """The addresses of the nodes ``c`` fails (see :func:`_finish`)."""
+    order = _stream(c, "failures").sample(range(c.nodes), c.nodes)
+    return set(order[: round(c.failure * c.nodes)])
+
+
+def dead_run(c: IrbrRun) -> int:
+    """The most adjacent ids (round the id space) among the nodes run ``c`` fails: IRBR reaches
+    every live node of a range only while fewer than half a leaf set (``l/2``) of adjacent
+    ids die at once (see :mod:`flowbus.routing.irbr`)."""
+    failed = _failed(c)
+    dead = [
+        a in failed for _, a in sorted((i, a) for a, i in enumerate(random_ids(c.nodes, _stream(c, "ids"))))
+    ]
+    if all(dead):
+        return len(dead)
+    start = dead.index(False)  # (count from a live one: a run across the wrap is whole)
+    best = run = 0
+    for k in range(1, len(dead) + 1):
+        run = run + 1 if dead[(start + k) % len(dead)] else 0
+        best = max(best, run)
+    return best
+
+
 def _finish(p: _Prepared, c: IrbrRun, progress: ProgressFn | None) -> IrbrRunResult:
     """Fail nodes at once (the first ``failure x nodes`` of one seeded permutation, so a
     higher rate fails a superset), then publish the events one at a time."""
     t0 = time.perf_counter()
     sim = p.sim
-    order = _stream(c, "failures").sample(range(c.nodes), c.nodes)
-    failed = set(order[: round(c.failure * c.nodes)])
+    failed = _failed(c)
     for addr in sorted(failed):
         sim.crash(addr)
     live = set(range(c.nodes)) - failed

@@ -39,7 +39,7 @@ def test_exactly_once_for_every_reachable_subscriber(
     """Exactly once for every reachable subscriber, as long as fewer than half a leaf set of
     adjacent ids died at once (IRBR's guarantee, routing/irbr.py: past it, a range's live
     nodes may lie beyond every live leaf set: 58 nodes, 40 % failed, seed 165, eight
-    adjacent ids dead, the subscriber next to them lost one event); duplicates and wrong
+    adjacent ids dead, the subscriber two places past them lost one event); duplicates and wrong
     deliveries never."""
     config = IrbrRun("irbr", nodes=nodes, failure=failure, seed=seed, events=25, subscribers=subscribers)
     row = run(IrbrRun(**{**config.to_dict(), "covering": covering})).row

@@ -402,13 +402,7 @@ def _rejoin(w: CustodyRing, rng: random.Random, pubs: list[int], nonce: int) -> 
     live = [b for b in w.brokers if b.ring.joined and b.addr not in pubs]
     if len(live) < 2:
         return 0
-    pair = rng.sample(live, 2)
-    for v in pair:
-        w.sim.crash(v.addr)
-        w.log.append((w.sim.now, "crashed", v.addr))
-    _closed(w, [v.addr for v in pair])
-    w.sim.run(until=w.sim.now + rng.uniform(1, 4))
-    news = w.restart_soon(pair, nonce)
+    news = _crash(w, rng.sample(live, 2), rng.uniform(1, 4), nonce)
     for _ in range(300):  # (restart_soon returns as the first is buried: its join is under way)
         if any(b.ring.joined for b in news):
             break
@@ -419,23 +413,21 @@ def _rejoin(w: CustodyRing, rng: random.Random, pubs: list[int], nonce: int) -> 
     if not joined or not others:
         return 2
     victims = [joined[0], rng.choice(others)]
-    for v in victims:
-        w.sim.crash(v.addr)
-        w.log.append((w.sim.now, "crashed as it joined" if v is joined[0] else "crashed", v.addr))
-    _closed(w, [v.addr for v in victims])
-    w.sim.run(until=w.sim.now + rng.uniform(2, 6))
-    w.restart_soon(victims, nonce + 10)
+    _crash(w, victims, rng.uniform(2, 6), nonce + 10, ("crashed as it joined",))
     return 4
 
 
-def _crash(w: CustodyRing, victims: list[RingBroker], down: float, nonce: int) -> None:
-    """``victims`` crash now, and come back ``down`` later as new members."""
-    for v in victims:
+def _crash(
+    w: CustodyRing, victims: list[RingBroker], down: float, nonce: int, what: tuple[str, ...] = ()
+) -> list[RingBroker]:
+    """``victims`` crash now (logged as ``what``, each in turn; by default "crashed"), and
+    come back ``down`` later as new members (returned: joined, or joining)."""
+    for i, v in enumerate(victims):
         w.sim.crash(v.addr)
-        w.log.append((w.sim.now, "crashed", v.addr))
+        w.log.append((w.sim.now, what[i] if i < len(what) else "crashed", v.addr))
     _closed(w, [v.addr for v in victims])
     w.sim.run(until=w.sim.now + down)
-    w.restart_soon(victims, nonce)
+    return w.restart_soon(victims, nonce)
 
 
 def _closed(w: CustodyRing, gone: list[int]) -> None:

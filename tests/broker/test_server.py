@@ -139,6 +139,17 @@ def test_bad_input_is_refused_by_name_and_changes_nothing() -> None:
     run(main())
 
 
+def _unchecked(cls: type[Any], *values: Any) -> Any:
+    """A message made without its own checks (what a broken client could send)."""
+    msg = object.__new__(cls)
+    for name, value in zip(cls.__dataclass_fields__, values, strict=False):
+        object.__setattr__(msg, name, value)
+    for name, f in cls.__dataclass_fields__.items():
+        if not hasattr(msg, name):
+            object.__setattr__(msg, name, f.default)
+    return msg
+
+
 @pytest.mark.parametrize(
     ("junk", "what"),
     [
@@ -146,8 +157,9 @@ def test_bad_input_is_refused_by_name_and_changes_nothing() -> None:
         (struct.pack(">I", 1 << 30), "over the limit"),  # a frame far over the size limit
         (frame(encode(p.Events(p.pack_events([])))), "may not send Events"),  # a message only brokers send
         (frame(encode(p.Ack(msgpack.packb([1, 2, 3])))), "Ack: each item is [first, last]"),
+        (frame(encode(_unchecked(p.SubscribeMany, 1, "stocks", ("a", "b"), ("x > 1",)))), "2 sub_ids for 1"),
     ],
-    ids=["malformed", "oversized", "wrong-direction", "bad-ack"],
+    ids=["malformed", "oversized", "wrong-direction", "bad-ack", "bad-bulk"],
 )
 def test_bad_frames_close_only_that_connection(junk: bytes, what: str) -> None:
     async def main() -> None:

@@ -55,6 +55,7 @@ PINNED = {
     "client.undeploy": "Undeploy(req, name)",
     "client.list_flows": "ListFlows(req)",
     "client.subscribe": "Subscribe(req, sub_id, space, filter, durable, collapse, resume)",
+    "client.subscribe_many": "SubscribeMany(req, space, sub_ids, filters, durable, collapse)",
     "client.unadvertise": "Unadvertise(req, adv_id)",
     "client.unsubscribe": "Unsubscribe(req, sub_id)",
     "client.welcome": "Welcome(broker, peers, spaces)",

@@ -113,7 +113,7 @@ from flowbus.broker.store import QueuedEvent, Store, SubscriptionRow
 from flowbus.client import protocol as p
 from flowbus.core import Effect
 from flowbus.errors import FlowbusError, StoreError, StoreFull
-from flowbus.filters import parse
+from flowbus.filters import Filter, parse
 from flowbus.meta import EVENT_ID, strip
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.routing.ring_handover import Backlog
@@ -459,6 +459,65 @@ class Queues:
         if msg.resume:
             return False, p.NOT_HERE
         return self._open(session, msg)
+
+    def subscribe_many(self, session: Session, msg: p.SubscribeMany) -> tuple[bool, str | None]:
+        """``msg`` from ``session``: new subscriptions, made all or none. Every one is checked
+        before any is made (refused: the first bad one and why); then recorded in one
+        transaction, given to the core in one call (one backup copy) and attached."""
+        space, ids = msg.space, msg.sub_ids
+        if len(set(ids)) != len(ids):
+            dup = next(i for i, n in Counter(ids).items() if n > 1)
+            return False, f"subscription {dup!r}: named twice in one request"
+        taken = next((i for i in ids if i in self.subs or i in self.core.subs), None)
+        if taken is not None:
+            return False, f"subscription {taken!r}: exists already"
+        if self.spaces.flow_of(space) is not None:
+            return self._open_flows(session, msg)
+        if msg.collapse is not None:
+            why = self.spaces.check_collapse(msg.collapse, space)
+            if why is not None:
+                return False, why
+        filters: list[Filter] = []
+        for sub_id, text in zip(ids, msg.filters, strict=True):
+            filt, error = self.spaces.check_filter(space, text)
+            if filt is None:
+                return False, f"subscription {sub_id!r}: {error}"
+            filters.append(filt)
+        client, durable, collapse = session.client, msg.durable, msg.collapse
+        subs = [
+            SubQueue(i, client, space, f.to_text(), durable, collapse)
+            for i, f in zip(ids, filters, strict=True)
+        ]
+        try:
+            self.store.add_subscriptions(
+                [(s.sub_id, client, space, s.filter, durable, collapse) for s in subs]
+            )
+        except FlowbusError as e:
+            return False, str(e)
+        routing = self.spaces.routing_filter
+        self.subs.update((s.sub_id, s) for s in subs)
+        items = [(s.sub_id, routing(space, f), s.meta()) for s, f in zip(subs, filters, strict=True)]
+        self.apply(self.core.subscribe_many(items))
+        for sub in subs:
+            self._attach(session, sub)
+        return True, None
+
+    def _open_flows(self, session: Session, msg: p.SubscribeMany) -> tuple[bool, str | None]:
+        """:meth:`subscribe_many` to a space of a deployed flow: every filter planned first,
+        then each opened as one :class:`~flowbus.client.protocol.Subscribe` is."""
+        core = self.ring_core
+        if core is not None and msg.collapse is None:
+            for sub_id, text in zip(msg.sub_ids, msg.filters, strict=True):
+                try:
+                    core.flows.plan(msg.space, text)
+                except FlowbusError as e:
+                    return False, f"subscription {sub_id!r}: {e}"
+        for sub_id, text in zip(msg.sub_ids, msg.filters, strict=True):
+            one = p.Subscribe(msg.req, sub_id, msg.space, text, msg.durable, msg.collapse)
+            ok, error = self._open_flow(session, one)
+            if not ok:  # (the first is refused if any is: no flows, a collapse rule set)
+                return False, f"subscription {sub_id!r}: {error}"
+        return True, None
 
     def consume(self, sub_id: str, upto: Mapping[str, int], *, now: bool = True) -> int:
         """``sub_id``'s client has consumed each publisher's events up to the sequence number

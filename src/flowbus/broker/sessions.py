@@ -401,18 +401,31 @@ class Sessions:
                 f"the ring did not say within {WHERE_WITHIN:.0f} s whether another broker serves it"
             )
         else:
-            if holder is None:
-                error = None
-            elif holder == finder.core.addr:  # (its queue on this disk goes to the one serving it)
-                error = p.not_here("its queue here is being handed over to the broker that serves it")
-            else:
-                error = p.not_here(at=address_text(holder))
+            error = _served_elsewhere(holder, finder)
         if session.closed:
             return
         if error is not None:
             session.send(p.Reply(msg.req, False, error))
         else:
             session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
+
+    async def _subscribe_many_afresh(self, session: Connection, msg: p.SubscribeMany, finder: Finder) -> None:
+        """Durable subscriptions in bulk, made if no other broker serves any of them (one
+        question round the ring for them all: the finder asks once a turn)."""
+        try:
+            holders = await asyncio.gather(*(finder.holder(s) for s in msg.sub_ids))
+        except TimeoutError:
+            error: str | None = p.not_here(
+                f"the ring did not say within {WHERE_WITHIN:.0f} s whether another broker serves them"
+            )
+        else:
+            held = [(s, h) for s, h in zip(msg.sub_ids, holders, strict=True) if h is not None]
+            error = f"subscription {held[0][0]!r}: {_served_elsewhere(held[0][1], finder)}" if held else None
+        if session.closed:
+            return
+        session.send(
+            p.Reply(msg.req, *((False, error) if error else self.queues.subscribe_many(session, msg)))
+        )
 
     def handle(self, session: Connection, msg: Any) -> bool:
         """Handle one message of ``session`` (the client protocol's): hand it to its part;
@@ -436,6 +449,15 @@ class Sessions:
                     task.add_done_callback(self._tasks.discard)
                 else:
                     session.send(p.Reply(msg.req, *self.queues.subscribe(session, msg)))
+            case p.SubscribeMany():
+                if self._denied(session, msg.req, "subscribe", msg.space):
+                    pass
+                elif self.finder is not None and msg.durable and msg.sub_ids:
+                    task = asyncio.ensure_future(self._subscribe_many_afresh(session, msg, self.finder))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                else:
+                    session.send(p.Reply(msg.req, *self.queues.subscribe_many(session, msg)))
             case p.Unsubscribe():
                 session.send(p.Reply(msg.req, *self.queues.unsubscribe(session, msg.sub_id)))
             case p.Advertise():
@@ -499,3 +521,13 @@ class Sessions:
             session.writer.close()
         for task in list(self._tasks):
             task.cancel()
+
+
+def _served_elsewhere(holder: int | None, finder: Finder) -> str | None:
+    """Why a durable subscription cannot be made afresh here, given the broker that serves
+    it (None: nobody does, it can)."""
+    if holder is None:
+        return None
+    if holder == finder.core.addr:  # (its queue on this disk goes to the one serving it)
+        return p.not_here("its queue here is being handed over to the broker that serves it")
+    return p.not_here(at=address_text(holder))

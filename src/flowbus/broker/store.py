@@ -43,7 +43,7 @@ from __future__ import annotations
 import ast
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cached_property
@@ -238,6 +238,22 @@ class Store:
                 )
         except sqlite3.IntegrityError:
             raise StoreError(f"subscription {sub_id!r} exists already") from None
+
+    def add_subscriptions(self, rows: Sequence[tuple[str, str, str, str, bool, str | None]]) -> None:
+        """:meth:`add_subscription` for each of ``rows`` ``(sub_id, client, space, filter,
+        durable, collapse)``, in one transaction: all or none."""
+        for row in rows:
+            for name, value in zip(("sub_id", "client", "space", "filter"), row, strict=False):
+                if not isinstance(value, str) or not value:
+                    raise StoreError(f"add_subscriptions: {name} must be a non-empty string, got {value!r}")
+        try:
+            with self._tx(f"add {len(rows)} subscriptions") as db:
+                db.executemany(
+                    "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?)",
+                    [(i, c, sp, f, int(d), co) for i, c, sp, f, d, co in rows],
+                )
+        except sqlite3.IntegrityError as e:
+            raise StoreError(f"add_subscriptions: a subscription exists already ({e})") from None
 
     def remove_subscription(self, sub_id: str) -> None:
         """Forget a subscription and its queue."""

@@ -17,15 +17,19 @@ import json
 import os
 import signal
 import sys
+import time
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from flowbus.broker.process import OVERLOADED, READY
 from flowbus.cli.common import err, fail, out
 from flowbus.errors import FlowbusError
+
+if TYPE_CHECKING:
+    from flowbus.client import Client
 
 __all__ = [
     "BrokersOption",
@@ -291,9 +295,20 @@ def sub(
         str | None, typer.Argument(help="A filter, e.g. 'price > 100 & symbol = \"IBM\"' (none: all events).")
     ] = None,
     broker: Annotated[list[str] | None, typer.Option(help="HOST:PORT of a broker (repeatable).")] = None,
-    durable: Annotated[str | None, typer.Option(help="Name of a durable subscription.")] = None,
+    durable: Annotated[
+        str | None,
+        typer.Option(help="Name of a durable subscription (with --filters: NAME-LINE for each line's)."),
+    ] = None,
     collapse: Annotated[str | None, typer.Option(help="A collapse rule set of the brokers.")] = None,
     count: Annotated[int, typer.Option(help="Stop after this many events (0: never).")] = 0,
+    filters: Annotated[
+        Path | None,
+        typer.Option(
+            help="A file of filters, one a line ('-': standard input; blank lines and # comments "
+            'skipped), subscribed in bulk; each event is printed as {"line": N, "event": ...} '
+            "for each line whose filter it matches.",
+        ),
+    ] = None,
     tls: TlsOption = None,
     user: UserOption = None,
     token: TokenOption = None,
@@ -302,9 +317,14 @@ def sub(
     from flowbus.client import connect
 
     options = client_options(tls, user, token)
+    if filters is not None and filter is not None:
+        fail("give a FILTER or --filters, not both")
+    lines = _filter_lines(filters) if filters is not None else []
 
     async def run() -> None:
         async with connect(*(broker or ["127.0.0.1:7001"]), **options) as client:
+            if filters is not None:
+                return await _sub_many(client, space, lines, durable, collapse, count)
             s = await client.subscribe(space, filter, durable=durable, collapse=collapse)
             n = 0
             async for e in s:
@@ -320,6 +340,46 @@ def sub(
         fail(str(e))
     except KeyboardInterrupt:
         pass
+
+
+def _filter_lines(path: Path) -> list[tuple[int, str]]:
+    """The filters of a ``--filters`` file (``-``: standard input), with their line numbers."""
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"--filters {path}: {e}")
+    found = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)]
+    found = [(n, f) for n, f in found if f and not f.startswith("#")]
+    if not found:
+        fail(f"--filters {path}: no filter in it")
+    return found
+
+
+async def _sub_many(
+    client: Client,
+    space: str,
+    lines: list[tuple[int, str]],
+    durable: str | None,
+    collapse: str | None,
+    count: int,
+) -> None:
+    """Subscribe to ``space`` with each of ``lines``' filters in bulk; print what they take."""
+    t0 = time.perf_counter()
+    names = [f"{durable}-{n}" for n, _ in lines] if durable is not None else None
+    subs = await client.subscribe_many(
+        space, [f for _, f in lines], durable=names, collapse=collapse, merged=True
+    )
+    _say(f"{len(subs):,} subscriptions made in {time.perf_counter() - t0:.2f} s", stderr=True)
+    line_of = {s.id: n for s, (n, _) in zip(subs, lines, strict=True)}
+    taken = 0
+    async for batch in client.merged():
+        for s, e in batch:
+            sys.stdout.write(json.dumps({"line": line_of[s.id], "event": e}) + "\n")
+            taken += 1
+            if count and taken >= count:
+                sys.stdout.flush()
+                return
+        sys.stdout.flush()
 
 
 @cluster_app.command("up")

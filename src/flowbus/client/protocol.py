@@ -22,6 +22,10 @@ Client -> broker:
   :class:`Reply` ``(req, ok, error)``. ``resume=True`` re-attaches to a subscription this
   client made before (on this broker or on the one that took over from a dead broker);
   a broker that does not serve it answers ``error="not here"``.
+* :class:`SubscribeMany` ``(req, space, sub_ids, filters, durable, collapse)``: new
+  subscriptions in bulk, answered by one :class:`Reply`: made all or none (refused, the
+  error names the first bad one: ``sub_ids[i]`` and why), checked before any is made,
+  recorded in one transaction and backed up in one copy.
 * :class:`Unsubscribe` ``(req, sub_id)`` -> :class:`Reply`.
 * :class:`Ack` ``(batch)``: ranges ``[first, last]`` of this connection's delivery numbers:
   every subscription those deliveries were for has taken them (the client counts, per
@@ -91,6 +95,7 @@ __all__ = [
     "Reply",
     "SubEnded",
     "Subscribe",
+    "SubscribeMany",
     "Unadvertise",
     "Undeploy",
     "Unsubscribe",
@@ -190,6 +195,27 @@ class Subscribe:
     def __post_init__(self) -> None:
         _name(self.sub_id, "Subscribe.sub_id")
         _name(self.space, "Subscribe.space")
+
+
+@wire.message("client.subscribe_many")
+@dataclass(frozen=True, slots=True)
+class SubscribeMany:
+    """New subscriptions ``sub_ids[i]`` of ``space`` with ``filters[i]``, all ``durable`` or
+    none, each with the collapse rule set ``collapse``: made all or none."""
+
+    req: int
+    space: str
+    sub_ids: tuple[str, ...]
+    filters: tuple[str, ...]
+    durable: bool = False
+    collapse: str | None = None
+
+    def __post_init__(self) -> None:
+        _name(self.space, "SubscribeMany.space")
+        if len(self.sub_ids) != len(self.filters):
+            raise ProtocolError(f"SubscribeMany: {len(self.sub_ids)} sub_ids for {len(self.filters)} filters")
+        for sub_id in self.sub_ids:
+            _name(sub_id, "SubscribeMany.sub_ids[]")
 
 
 @wire.message("client.unsubscribe")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flowbus.client.client import Client, connect
@@ -54,6 +54,13 @@ class SyncClient:
     def subscribe(self, space: str, filter: str, **options: Any) -> SyncSubscription:
         sub = self._run(self.client.subscribe(space, filter, **options))
         return SyncSubscription(self, sub)
+
+    def subscribe_many(
+        self, space: str, filters: Sequence[str | None], **options: Any
+    ) -> list[SyncSubscription]:
+        """:meth:`Client.subscribe_many`: all or none."""
+        subs = self._run(self.client.subscribe_many(space, filters, **options))
+        return [SyncSubscription(self, sub) for sub in subs]
 
     def advertise(self, space: str, filter: str, *, name: str | None = None) -> str:
         return self._run(self.client.advertise(space, filter, name=name))  # type: ignore[no-any-return]

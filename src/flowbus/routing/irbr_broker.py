@@ -33,7 +33,7 @@ from flowbus.filters import Filter
 from flowbus.meta import EVENT_ID
 from flowbus.overlay.pastry import BITS, PastryNode
 from flowbus.routing.irbr import IrbrNode
-from flowbus.routing.ring_broker import DEDUP_WINDOW
+from flowbus.routing.ring_broker import DEDUP_WINDOW, check_new_subs
 
 __all__ = ["ACK_TIMEOUT", "IrbrBroker", "pastry_id"]
 
@@ -97,6 +97,11 @@ class IrbrBroker(Core):
         self.subs.add(sub_id)
         self._meta[sub_id] = meta
         return self.node.subscribe(filt, sub_id)
+
+    def subscribe_many(self, items: Sequence[tuple[Hashable, Filter, Any]]) -> list[Effect]:
+        """:meth:`subscribe` for each of ``items`` ``(sub_id, filt, meta)`` (all checked first)."""
+        check_new_subs(self.addr, self.subs, [sub_id for sub_id, _, _ in items])
+        return [e for sub_id, filt, meta in items for e in self.subscribe(sub_id, filt, meta=meta)]
 
     def unsubscribe(self, sub_id: Hashable) -> list[Effect]:
         if sub_id not in self.subs:

@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec
 
@@ -196,6 +196,16 @@ def _reports(
         return self._report(call(self, *args, **kwargs))
 
     return step
+
+
+def check_new_subs(addr: int, subs: Collection[Hashable], ids: Sequence[Hashable]) -> None:
+    """A :class:`ProtocolError` unless ``ids`` are new subscriptions at broker ``addr``,
+    which serves ``subs``: none of them, and no id twice."""
+    seen: set[Hashable] = set()
+    for sub_id in ids:
+        if sub_id in subs or sub_id in seen:
+            raise ProtocolError(f"broker {addr}: subscription {sub_id!r} exists already")
+        seen.add(sub_id)
 
 
 class RingBroker(Core):
@@ -349,6 +359,19 @@ class RingBroker(Core):
         out = self.router.subscribe(sub_id, filt)
         value = filt.to_text() if meta is None else (filt.to_text(), meta)
         return out + self.ring.set_state(sub_key(sub_id, self.addr), value)
+
+    @_reports
+    def subscribe_many(self, items: Sequence[tuple[Hashable, Filter, Any]]) -> list[Effect]:
+        """:meth:`subscribe` for each of ``items`` ``(sub_id, filt, meta)``, all checked first;
+        their backups go in one copy (and one report)."""
+        check_new_subs(self.addr, self.subs, [sub_id for sub_id, _, _ in items])
+        out: list[Effect] = []
+        changes: dict[Hashable, Any] = {}
+        for sub_id, filt, meta in items:
+            self.subs.add(sub_id)
+            out += self.router.subscribe(sub_id, filt)
+            changes[sub_key(sub_id, self.addr)] = filt.to_text() if meta is None else (filt.to_text(), meta)
+        return out + self.ring.set_states(changes)
 
     def _sub_key(self, sub_id: Hashable) -> SubKey | None:
         """The state key of a subscription served here, from the index."""

@@ -30,7 +30,7 @@ or the rule set.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from flowbus.broker.config import BrokerConfig
@@ -118,7 +118,7 @@ class Spaces:
     @staticmethod
     def routing_filter(space: str, filt: Filter) -> Filter:
         """``__space = space & (filt)``, built from the parsed filter (not parsed again)."""
-        in_space = Predicate(SPACE, Op.EQ, space)
+        in_space = _in_space(space)
         return Filter(tuple(Conjunction((in_space, *c.literals)) for c in filt.disjuncts))
 
     def check_collapse(self, name: str, space: str) -> str | None:
@@ -169,3 +169,9 @@ class Spaces:
 
     def _unknown(self, space: str) -> str:
         return f"unknown space {space!r} (known: {', '.join(sorted(self.listed()))})"
+
+
+@lru_cache(maxsize=1024)
+def _in_space(space: str) -> Predicate:
+    """``__space = space``: one literal a space, shared by its subscriptions' routing filters."""
+    return Predicate(SPACE, Op.EQ, space)

@@ -304,6 +304,9 @@ class Predicate:
     value: Value | tuple[Value, ...] | None = None
     negated: bool = False
     _k: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+    _h: int = field(init=False, repr=False, compare=False)  # (hash(_k): literals key many sets)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)  # (its text
+    # form once written: filters share their literals, see the parser's fast path)
 
     def __post_init__(self) -> None:
         self._validate()
@@ -314,7 +317,9 @@ class Predicate:
             vk = tuple(value_key(m) for m in v)
         else:
             vk = (value_key(v),)
-        object.__setattr__(self, "_k", (self.attr, "", _OP_RANK[self.op], vk, self.negated))
+        k = (self.attr, "", _OP_RANK[self.op], vk, self.negated)
+        object.__setattr__(self, "_k", k)
+        object.__setattr__(self, "_h", hash(k))
 
     def _validate(self) -> None:
         if type(self.attr) is not str or not self.attr:
@@ -351,7 +356,11 @@ class Predicate:
         return isinstance(other, Predicate) and self._k == other._k
 
     def __hash__(self) -> int:
-        return hash(self._k)
+        return self._h
+
+    def __reduce__(self) -> tuple[type[Predicate], tuple[Any, ...]]:
+        """Pickled without the hash, which differs between processes (string hashing)."""
+        return (Predicate, (self.attr, self.op, self.value, self.negated))
 
     def holds(self, event: Mapping[str, Any]) -> bool:
         """The predicate (before negation) on ``event`` (``None`` is a missing attribute)."""
@@ -441,6 +450,8 @@ class Conjunction:
 
     def is_contradiction(self) -> bool:
         """True when the conjunction holds a literal and its negation."""
+        if not any(lit.negated for lit in self.literals):
+            return False
         keys = {lit.sort_key() for lit in self.literals}
         return any((*k[:-1], not k[-1]) in keys for k in keys)
 
@@ -472,9 +483,9 @@ class Filter:
             raise FilterError(
                 f"filter too complex: {len(kept)} conjunctions in normal form (at most {MAX_CONJUNCTIONS})"
             )
-        if Conjunction(()) in kept:
+        if any(not c.literals for c in kept):  # (the empty conjunction: true)
             kept = {Conjunction(()): None}
-        disjuncts = tuple(sorted(kept, key=lambda c: c.sort_key()))
+        disjuncts = tuple(sorted(kept, key=lambda c: c.sort_key())) if len(kept) > 1 else tuple(kept)
         object.__setattr__(self, "disjuncts", disjuncts)
         object.__setattr__(self, "_hash", hash(disjuncts))
 

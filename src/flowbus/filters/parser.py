@@ -400,21 +400,32 @@ _CONSTANTS: dict[str, Callable[[str], Any]] = {
 }
 
 
+KNOWN_LITERALS = 1 << 16
+"""How many literals the fast path remembers by their spelling (then it builds the rest)."""
+
+_Spelled = tuple[str, str, bool]  # a constant as written: (terminal, text, after a minus)
+
+
 class _Quick:
     """Nearly every subscription is a conjunction of tests of fields against constants:
     ``name op c``, ``name [not] in {c, ...}``, ``name between c and c``, ``exists name``
     joined by ``&``/``and``, a constant optionally negated. Such a text is read here in one
-    pass over its tokens (the grammar's own, from the lexer of :func:`_lark`), built by the
-    transformer's own canonical steps (:func:`_comparison`, :func:`_membership`), about ten
-    times faster than the LALR parser (a million subscriptions are read in bulk). Any other
-    text, or any trouble at all, is :data:`None`: the parser reads it then, and says what is
-    wrong. The two agree on every text both read (tests/filters/test_parser_quick.py)."""
+    pass over its tokens (the grammar's own, from the lexer of :func:`_lark`), each literal
+    built by the transformer's own canonical steps (:func:`_comparison`, :func:`_membership`)
+    the first time it is spelled so, and shared after that: subscriptions repeat their
+    literals (``symbol = "S8"``, ``level >= 7``), and one literal object serves them all
+    (memory and time). Many times faster than the LALR parser. Any other text, or any
+    trouble at all, is :data:`None`: the parser reads it then, and says what is wrong. The
+    two agree on every text both read (tests/filters/test_parser_quick.py)."""
 
     def __init__(self) -> None:
         lexer = _Lexer(_lark().lexer_conf)
-        self._find = re.compile(rf"\s*(?:{lexer.alternation})", lexer.flags).finditer  # (blanks
-        # before a token taken with it: half the matches; a blank at the end is the ignored token)
+        split = re.compile(rf"\s*(?:{_no_groups(lexer.alternation)})", lexer.flags)
+        self._split = split.findall  # (no groups: whole tokens)
+        self._match = re.compile(lexer.alternation, lexer.flags).fullmatch
         self._ignore = lexer._ignore
+        self._kinds: dict[str, str] = {}  # a token's text -> its terminal (see _tokens)
+        self._known: dict[tuple[Any, ...], Predicate] = {}  # spelling -> the literal (see _literal)
 
     def __call__(self, text: str) -> Filter | None:
         try:
@@ -425,19 +436,32 @@ class _Quick:
 
     def _tokens(self, text: str) -> list[tuple[str, str]] | None:
         """The tokens of ``text`` as ``(terminal, text)`` pairs; None if a character is not
-        one of a token's (skipped by the search: the tokens then do not add up to it)."""
-        out, pos, ignore = [], 0, self._ignore
-        for m in self._find(text):
-            if m.start() != pos:
-                return None
-            pos = m.end()
-            kind = m.lastgroup or ""
-            if kind not in ignore:
-                out.append((kind, m.group(kind)))
-        return out if pos == len(text) else None
+        one of a token's. The lexer's own expression cuts the text (the tokens, each with
+        the blanks before it, in one call; a character it skips makes them not add up to the
+        text), and names each token's terminal the first time its text is seen (a few
+        thousand texts make up most subscriptions: names, operators, common constants)."""
+        found = self._split(text)
+        if "".join(found) != text:
+            return None
+        kinds, out = self._kinds, []
+        for token in found:
+            token = token.lstrip()
+            if not token:  # (blanks at the end)
+                continue
+            kind = kinds.get(token)
+            if kind is None:
+                m = self._match(token)
+                kind = (m.lastgroup or "") if m is not None else ""
+                if len(kinds) < KNOWN_LITERALS:
+                    kinds[token] = kind
+            if kind not in self._ignore:
+                out.append((kind, token))
+        return out
 
     def _conjunction(self, tokens: list[tuple[str, str]]) -> Filter | None:
-        parts: list[Cond] = []
+        """The filter of ``tokens``: literals joined by ``&``; ValueError if anything else."""
+        literals: list[Predicate] = []
+        literal = self._literal
         i, n = 0, len(tokens)
         while True:
             kind, name = tokens[i]
@@ -445,64 +469,123 @@ class _Quick:
                 kind, name = tokens[i + 1]
                 if kind != "NAME":
                     return None
-                parts.append(Predicate(name, Op.EXISTS))
+                literals.append(literal(("exists", name)))
                 i += 2
             elif kind == "NAME":
-                field, (kind, op) = Field(name), tokens[i + 1]
+                kind, op = tokens[i + 1]
                 if kind == "CMP" or kind == "STROP":
                     value, i = self._constant(tokens, i + 2)
-                    parts.append(_comparison(field, Op(op.lower()), value))
+                    literals.append(literal(("cmp", name, op.lower(), value)))
                 elif kind == "IN" or (kind == "NOT" and tokens[i + 2][0] == "IN"):
                     members, i = self._members(tokens, i + (2 if kind == "IN" else 3))
-                    parts.append(_membership(field, members, Op.IN if kind == "IN" else Op.NOT_IN))
+                    literals.append(literal(("set", name, kind, members)))
                 elif kind == "BETWEEN":
                     lo, i = self._constant(tokens, i + 2)
                     if tokens[i][0] != "AND":
                         return None
                     hi, i = self._constant(tokens, i + 1)
-                    parts += (_comparison(field, Op.GE, lo), _comparison(field, Op.LE, hi))
+                    literals += (literal(("cmp", name, ">=", lo)), literal(("cmp", name, "<=", hi)))
                 else:
                     return None
             else:
                 return None
             if i == n:  # (no negation here: the normal form is this one conjunction)
-                literals = [p for p in parts if isinstance(p, Predicate)]  # (all: field, constant)
-                return Filter((Conjunction(tuple(literals)),)) if len(literals) == len(parts) else None
+                return Filter((Conjunction(tuple(literals)),))
             if tokens[i][0] != "AND":
                 return None
             i += 1
 
+    def _literal(self, spelled: tuple[Any, ...]) -> Predicate:
+        """The literal spelled so (see :meth:`_conjunction`): the one made before, or a new
+        one, remembered while fewer than ``KNOWN_LITERALS`` are."""
+        known = self._known.get(spelled)
+        if known is not None:
+            return known
+        made = self._make(spelled)
+        if len(self._known) < KNOWN_LITERALS:
+            self._known[spelled] = made
+        return made
+
     @staticmethod
-    def _constant(tokens: list[tuple[str, str]], i: int) -> tuple[Const, int]:
-        """The constant at ``tokens[i]`` (a number after one ``-``), and the index past it;
-        ValueError if none is there."""
+    def _make(spelled: tuple[Any, ...]) -> Predicate:
+        what, name = spelled[0], spelled[1]
+        if what == "exists":
+            return Predicate(name, Op.EXISTS)
+        if what == "cmp":
+            made = _comparison(Field(name), Op(spelled[2]), Const(_value_of(spelled[3])))
+        else:
+            members = tuple(_value_of(m) for m in spelled[3])
+            made = _membership(Field(name), members, Op.IN if spelled[2] == "IN" else Op.NOT_IN)
+        if not isinstance(made, Predicate):  # (never: a field and constants)
+            raise ValueError(spelled)
+        return made
+
+    @staticmethod
+    def _constant(tokens: list[tuple[str, str]], i: int) -> tuple[_Spelled, int]:
+        """The constant at ``tokens[i]`` (a number after one ``-``), as spelled, and the index
+        past it; ValueError if none is there."""
         kind, text = tokens[i]
         minus = kind == "MINUS"
         if minus:
             kind, text = tokens[i + 1]
-        make = _CONSTANTS.get(kind)
-        if make is None or (minus and kind not in ("INT", "FLOAT")):
+            if kind != "INT" and kind != "FLOAT":
+                raise ValueError(text)
+        elif kind not in _CONSTANTS:
             raise ValueError(text)
-        value = make(text)
-        return Const(-value if minus else value), i + 1 + minus
+        return (kind, text, minus), i + 1 + minus
 
     @classmethod
-    def _members(cls, tokens: list[tuple[str, str]], i: int) -> tuple[tuple[Any, ...], int]:
-        """The constants of ``{c, ...}`` at ``tokens[i]`` (a comma may end them), and the
-        index past the brace; ValueError if anything else is there."""
+    def _members(cls, tokens: list[tuple[str, str]], i: int) -> tuple[tuple[_Spelled, ...], int]:
+        """The constants of ``{c, ...}`` at ``tokens[i]`` (a comma may end them), as spelled,
+        and the index past the brace; ValueError if anything else is there."""
         if tokens[i][0] != "LBRACE":
             raise ValueError("{")
         i += 1
-        values: list[Any] = []
+        values: list[_Spelled] = []
         while tokens[i][0] != "RBRACE":
             value, i = cls._constant(tokens, i)
-            values.append(value.value)
+            values.append(value)
             kind = tokens[i][0]
             if kind == "COMMA":
                 i += 1
             elif kind != "RBRACE":
                 raise ValueError(kind)
         return tuple(values), i + 1
+
+
+def _no_groups(pattern: str) -> str:
+    """``pattern`` with each of its groups made non-capturing (named ones too)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1 : i + 2] == "]":  # (a class that starts with "]")
+                out.append("[]")
+                i += 2
+                continue
+        elif c == "(":
+            named = re.match(r"\(\?P<\w+>", pattern[i:])
+            if named or pattern[i + 1 : i + 2] != "?":
+                out.append("(?:")
+                i += len(named.group()) if named else 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _value_of(spelled: _Spelled) -> Any:
+    """The value of a constant as spelled."""
+    kind, text, minus = spelled
+    value = _CONSTANTS[kind](text)
+    return -value if minus else value
 
 
 @cache

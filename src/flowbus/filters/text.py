@@ -58,14 +58,22 @@ def to_text(f: Filter) -> str:
 def literal_to_text(lit: Literal) -> str:
     """One literal: ``price > 10``, ``!(issue prefix "IB")``, ``not exists vol``, ``a * b >= 1000``."""
     if isinstance(lit, Predicate):
-        if lit.op is Op.EXISTS:
-            return f"{'not exists' if lit.negated else 'exists'} {lit.attr}"
-        if isinstance(lit.value, tuple):
-            body = f"{lit.attr} {lit.op} {{{', '.join(value_to_text(v) for v in lit.value)}}}"
-        else:
-            body = f"{lit.attr} {lit.op} {value_to_text(lit.value)}"
+        text = lit._text
+        if text is None:  # (written once: a literal is immutable)
+            text = _predicate_text(lit)
+            object.__setattr__(lit, "_text", text)
+        return text
+    body = f"{expr_to_text(lit.left)} {lit.op} {expr_to_text(lit.right)}"
+    return f"!({body})" if lit.negated else body
+
+
+def _predicate_text(lit: Predicate) -> str:
+    if lit.op is Op.EXISTS:
+        return f"{'not exists' if lit.negated else 'exists'} {lit.attr}"
+    if isinstance(lit.value, tuple):
+        body = f"{lit.attr} {lit.op} {{{', '.join(value_to_text(v) for v in lit.value)}}}"
     else:
-        body = f"{expr_to_text(lit.left)} {lit.op} {expr_to_text(lit.right)}"
+        body = f"{lit.attr} {lit.op} {value_to_text(lit.value)}"
     return f"!({body})" if lit.negated else body
 
 

@@ -41,7 +41,7 @@ async def turn() -> None:
 
 def test_a_subscription_queue_keeps_its_order() -> None:
     sub = SubQueue("s", "c", "events", "x > 0", False, None)
-    sub.pending.extend((("p", n), {"x": n}, None) for n in range(1, 6))
+    sub.queue().extend((("p", n), {"x": n}, None) for n in range(1, 6))
     sub.in_memory = 5
     batch = sub.take(3)
     assert [e[0] for e in batch] == [("p", 1), ("p", 2), ("p", 3)] and sub.unacked == 3

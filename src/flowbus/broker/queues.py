@@ -181,7 +181,7 @@ class SubQueue:
     durable: bool
     collapse: str | None
     session: Session | None = None  # the connection it is attached to; None: its client is away
-    pending: deque[Entry] = field(default_factory=deque)  # to send, oldest first
+    _pending: deque[Entry] | None = None  # to send, oldest first (see pending, queue)
     unacked: int = 0  # deliveries in flight on its connection (kept there: Session.inflight)
     on_disk: int = 0  # events in the SQLite queue not loaded into pending
     disk_pos: int = 0  # the queue position of the last event loaded from disk
@@ -222,17 +222,33 @@ class SubQueue:
             "collapse": self.collapse,
         }
 
+    @property
+    def pending(self) -> deque[Entry] | tuple[()]:
+        """The entries to send, oldest first (read only: :meth:`queue` to add to them)."""
+        return self._pending if self._pending is not None else ()
+
+    def queue(self) -> deque[Entry]:
+        """The entries to send, to add to (made when the first comes: an empty deque costs
+        624 bytes a subscription, and most have nothing waiting most of the time)."""
+        if self._pending is None:
+            self._pending = deque()
+        return self._pending
+
     def take(self, n: int) -> list[Entry]:
         """The next ``n`` pending entries, now in flight."""
-        pending = self.pending
+        pending = self.queue()
         self.unacked += n
-        return [pending.popleft() for _ in range(n)]
+        taken = [pending.popleft() for _ in range(n)]
+        if not pending:
+            self._pending = None
+        return taken
 
     def detach(self, returned: Sequence[Entry]) -> None:
         """Its connection ended: the deliveries that were in flight to it there (``returned``,
         in order) go back to the front of the queue."""
         self.session = None
-        self.pending.extendleft(reversed(returned))
+        if returned:
+            self.queue().extendleft(reversed(returned))
         self.unacked = 0
 
     def in_custody(self) -> list[Settle]:
@@ -243,12 +259,16 @@ class SubQueue:
 
     def loaded(self, rows: list[QueuedEvent]) -> None:
         """Events of its SQLite queue, next in order, now pending."""
+        if not rows:
+            self.on_disk = 0
+            return
+        pending = self.queue()
         for row in rows:
             eid, event = msgpack.unpackb(row.payload)
-            self.pending.append((tuple(eid), event, row.seq))
+            pending.append((tuple(eid), event, row.seq))
             self.loaded_rows[row.seq] = None
             self.disk_pos = row.seq
-        self.on_disk = max(0, self.on_disk - len(rows)) if rows else 0
+        self.on_disk = max(0, self.on_disk - len(rows))
 
     def acked_from_disk(self, positions: Iterable[int]) -> int:
         """Its client acknowledged the events loaded from these positions of its SQLite
@@ -276,7 +296,7 @@ class SubQueue:
         self.in_memory -= len(settle)
         self.loaded_rows.clear()  # (what was loaded is acknowledged up to ``disk``: nothing is in flight)
         tag = next(_catch_ups)
-        self.pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events))
+        self._pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events)) or None
         return settle, disk
 
 
@@ -602,7 +622,7 @@ class Queues:
                 sub.unacked -= 1
                 back.setdefault(sub, []).append(entry)
         for sub, entries in back.items():
-            sub.pending.extendleft(reversed(entries))
+            sub.queue().extendleft(reversed(entries))
             self._pump_soon(sub)
 
     def session_ended(self, session: Session, *, bye: bool) -> None:
@@ -838,7 +858,7 @@ class Queues:
         ):
             self._hold(sub, eid, plain)
         else:
-            sub.pending.append((eid, plain, None))
+            sub.queue().append((eid, plain, None))
             sub.in_memory += 1
         self._pump_soon(sub)
 
@@ -1205,7 +1225,7 @@ class Queues:
     def _unhold(self, sub: SubQueue, n: int) -> None:
         """The next ``n`` held deliveries of ``sub`` (nothing of its queue on disk before
         them: the store failed to take them), now pending: sent from memory, in custody."""
-        held, pending = sub.held, sub.pending
+        held, pending = sub.held, sub.queue()
         n = min(n, len(held))
         for eid, plain, *_ in held[:n]:
             pending.append((eid, plain, None))

@@ -8,7 +8,8 @@ values, ``level`` 0-9, and ``t``, the publisher's clock at publishing):
 
 * ``subscribe_s`` -- K subscriptions (equality on ``symbol`` and ranges on 2-4 of the other
   attributes, seeded; an event matches about K / 500 of them: ``deliveries_per_event``), spread
-  over ``clients`` subscriber connections (spread over the brokers), pipelined in chunks;
+  over ``clients`` subscriber connections (spread over the brokers), made in bulk
+  (``subscribe_many``, ``subscribe_chunk`` a request, the connections' requests at once);
   ``routed_s`` -- that, and then until a probe event published at the publisher's broker reaches a
   sentinel subscription made last on each subscriber connection (the ring has routed them all).
 * ``events_per_s_in`` -- N / (first publish .. ``flush()`` done). A publish is acknowledged when
@@ -350,14 +351,19 @@ async def _clients_run(
         tasks.extend(asyncio.create_task(_consume(c, index, tally)) for c in subs)
 
         async def subscribe_all() -> None:
-            for lo in range(0, k, chunk):
-                idx = range(lo, min(k, lo + chunk))
+            for lo in range(0, k, chunk * clients):  # (each connection's in bulk, a chunk a request)
+                mine = [range(lo + c, min(k, lo + chunk * clients), clients) for c in range(clients)]
                 got = await asyncio.gather(
-                    *(subs[i % clients].subscribe(SPACE, filters[i], merged=True) for i in idx)
+                    *(
+                        subs[c].subscribe_many(SPACE, [filters[i] for i in idx], merged=True, batch=chunk)
+                        for c, idx in enumerate(mine)
+                        if idx
+                    )
                 )
-                index.update((s.id, i) for s, i in zip(got, idx, strict=True))
+                for made, idx in zip(got, [i for i in mine if i], strict=True):
+                    index.update((s.id, i) for s, i in zip(made, idx, strict=True))
                 if progress:
-                    progress(f"{label}: subscribe", idx.stop, k)
+                    progress(f"{label}: subscribe", min(k, lo + chunk * clients), k)
 
         t0 = time.perf_counter()
         try:

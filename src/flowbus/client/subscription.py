@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from flowbus.client.state import Subscribed
@@ -76,8 +77,26 @@ class Inbox:
         return True
 
 
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
 class Subscription:
     """The events of one subscription, in order, each once."""
+
+    __slots__ = (
+        "_ack",
+        "_ended",
+        "_inbox",
+        "_record",
+        "_unsubscribe",
+        "error",
+        "filter",
+        "id",
+        "merged",
+        "options",
+        "received",
+        "space",
+    )
 
     def __init__(
         self,
@@ -96,7 +115,10 @@ class Subscription:
         self.space = space
         self.filter = filter
         self.merged = merged
-        self.options = options
+        self.options: Mapping[str, Any] = (
+            options if any(options.values()) else _NO_OPTIONS
+        )  # (one empty dict for
+        # every plain subscription: a client may hold a million)
         self._inbox = inbox
         self._ack = ack
         self._unsubscribe = unsubscribe

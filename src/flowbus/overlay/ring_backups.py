@@ -57,7 +57,9 @@ class Backups:
     def __init__(self, keyed: Callable[[Hashable], Hashable] | None = None) -> None:
         self._keyed = keyed  # (what a key from another broker is here: the layer above's records)
         self.state: dict[Hashable, Any] = {}
-        self.by_tag: dict[tuple[Any, Any], set[Hashable]] = {}  # (tag, its first field) -> keys
+        self.by_tag: dict[tuple[Any, Any], Hashable | set[Hashable]] = {}  # (tag, its first
+        # field) -> the key, or the keys if more than one (a set of one costs 216 bytes, and
+        # most subscriptions have one key of a tag)
         self.held: dict[int, Held] = {}  # copies we hold, by owner id
         self.orphans: dict[int, Peer] = {}  # dead owners whose copy waits on an earlier holder
         self.orphan_rounds: dict[int, int] = {}  # heartbeat rounds each has waited (see orphans_waited)
@@ -74,23 +76,37 @@ class Backups:
     def keys_of(self, tag: Any, first: Any) -> set[Hashable]:
         """The keys of the state that are tuples ``(tag, first, ...)`` (a copy): what a scan
         of the whole state would find, from the index."""
-        return set(self.by_tag.get((tag, first), ()))
+        return _keys(self.by_tag.get((tag, first)))
 
     def keys_where(self, tag: Any, test: Callable[[Any], bool]) -> set[Hashable]:
         """The keys ``(tag, first, ...)`` whose ``first`` passes ``test`` (one call a first)."""
-        return {k for (t, first), keys in self.by_tag.items() if t == tag and test(first) for k in keys}
+        found = self.by_tag.items()
+        return {k for (t, first), keys in found if t == tag and test(first) for k in _keys(keys)}
 
     def _index(self, key: Hashable) -> None:
         if isinstance(key, tuple) and len(key) >= 2:  # (a key's parts are hashable: it is)
-            self.by_tag.setdefault((key[0], key[1]), set()).add(key)
+            slot, by_tag = (key[0], key[1]), self.by_tag
+            have = by_tag.get(slot)
+            if have is None:
+                by_tag[slot] = key
+            elif isinstance(have, set):
+                have.add(key)
+            elif have != key:
+                by_tag[slot] = {have, key}
 
     def _unindex(self, key: Hashable) -> None:
         if isinstance(key, tuple) and len(key) >= 2:
-            keys = self.by_tag.get((key[0], key[1]))
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self.by_tag[(key[0], key[1])]
+            slot, by_tag = (key[0], key[1]), self.by_tag
+            have = by_tag.get(slot)
+            if isinstance(have, set):
+                have.discard(key)
+                if len(have) <= 1:
+                    if have:
+                        by_tag[slot] = next(iter(have))
+                    else:
+                        del by_tag[slot]
+            elif have is not None and have == key:
+                del by_tag[slot]
 
     def set(self, key: Hashable, value: Any) -> None:
         if key not in self.state:
@@ -266,3 +282,10 @@ class Backups:
         self._whole = True
         self.foreign += 1
         return moved
+
+
+def _keys(found: Hashable | set[Hashable] | None) -> set[Hashable]:
+    """The keys an entry of :attr:`Backups.by_tag` holds (a copy)."""
+    if found is None:
+        return set()
+    return set(found) if isinstance(found, set) else {found}

@@ -86,6 +86,7 @@ from flowbus.matching.matcher import warm_up
 from flowbus.net.admission import Admission
 from flowbus.net.runtime import Directory, Runtime, addr_of
 from flowbus.net.tls import BrokerTls
+from flowbus.net.trace import Trace
 from flowbus.overlay.ring_messages import Peer
 from flowbus.routing.ring_broker import RingBroker
 from flowbus.routing.ring_handover import Backlog, BacklogAck, HeldHere, WhereIs
@@ -317,6 +318,7 @@ class Broker:
             admission=_admission(config, tls),
             link_timeout=max(LINK_TIMEOUT_MIN, LINK_TIMEOUT_HEARTBEATS * config.heartbeat),
         )
+        runtime.trace = Trace.from_env(address_text)  # (FLOWBUS_TRACE: the messages, for diagnosis)
         broker = cls(
             host=host,
             port=port,
@@ -432,6 +434,8 @@ class Broker:
         if self.stomp is not None:
             await self.stomp.close()
         await self.runtime.close()
+        if isinstance(self.runtime.trace, Trace):
+            self.runtime.trace.close()
         self.store.close()
 
     def peers(self) -> list[int]:

@@ -33,6 +33,7 @@ from flowbus.broker.process import READY
 from flowbus.chaos.hosts import Hosts
 from flowbus.chaos.proxy import BEHIND
 from flowbus.errors import ExperimentError
+from flowbus.net.trace import TRACE_ENV
 
 __all__ = ["Brokers"]
 
@@ -51,9 +52,11 @@ class Brokers:
         config: Path,
         overlay: str,
         proxied: bool = False,
+        trace: bool = False,
     ) -> None:
         self.hosts = hosts
         self.proxied = proxied
+        self.trace = trace  # (each broker's messages in traces/NAME.jsonl: flowbus.net.trace)
         self.names = list(names)
         self.root = root
         self.config = config
@@ -95,6 +98,9 @@ class Brokers:
         argv += ["--data", str(self.hosts.data_dir(name)), "--config", str(self.config)]
         argv += ["--overlay", self.overlay, "--http", f"{self.hosts.ip(name)}:0"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.trace:
+            (self.root / "traces").mkdir(exist_ok=True)
+            env[TRACE_ENV] = str(self.root / "traces" / f"{name}.jsonl")
         with self.log(name).open("a") as log:
             log.write(f"--- {time.time():.3f} start {' '.join(argv[1:])}\n")
             log.flush()

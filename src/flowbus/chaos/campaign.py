@@ -79,6 +79,7 @@ class Campaign:
     sync: str = "full"  # the brokers' store syncing (a power loss costs what it did not sync)
     flow: bool = True  # the campaign's flow deployed and under fire (the chordal ring only)
     state: bool = False  # subscriptions downstream of the flow's state too (see _workload)
+    trace: bool = False  # each broker's messages traced (traces/NAME.jsonl: flowbus.net.trace)
 
     def __post_init__(self) -> None:
         if self.overlay not in ("chordal-ring", "pastry-irbr"):
@@ -249,6 +250,7 @@ def run_one(
         config=_config(root / "broker.yaml", c),
         overlay=c.overlay,
         proxied=proxies is not None,
+        trace=c.trace,
     )
     try:
         if proxies is not None:

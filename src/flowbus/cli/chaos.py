@@ -95,6 +95,9 @@ def run(
     state: Annotated[
         bool, typer.Option(help="Subscribe downstream of the flow's state too (its catch-up is checked).")
     ] = False,
+    trace: Annotated[
+        bool, typer.Option(help="Trace each broker's messages (RUN/traces/NAME.jsonl), for diagnosis.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Run a fault campaign: every mix with every seed (default: the full campaign)."""
@@ -114,6 +117,7 @@ def run(
             sync=sync,
             flow=flow,
             state=state,
+            trace=trace,
         )
         doc = run_campaign(campaign, say=lambda text: err.print(f"[dim]chaos[/] {text}"))
     except FlowbusError as e:

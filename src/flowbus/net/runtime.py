@@ -177,6 +177,7 @@ class Runtime:
         self.after_step = after_step
         self.admission = admission or Admission()
         self.link_filter: LinkFilter | None = None
+        self.trace: Callable[[str, int, Sequence[Any]], None] | None = None  # (net/trace.py)
         self.delay: dict[int, float] = {}  # peer -> seconds its messages wait (a test's slow link)
         self._late: dict[int, deque[tuple[float, list[tuple[int, Any]], bool]]] = {}  # (waiting)
         self.bad_frames = 0
@@ -297,6 +298,8 @@ class Runtime:
             else:
                 raise InternalError(f"node {self.addr}: {e!r} is not an effect")
         for dst, msgs in sends.items():
+            if self.trace is not None:
+                self.trace("out", dst, msgs)
             self._send_all(dst, msgs)
 
     def _fire(self, key: Hashable) -> None:
@@ -450,6 +453,8 @@ class Runtime:
                 if not run:
                     return
         self.received += len(run)
+        if self.trace is not None:
+            self.trace("in", src, [m for _, m in run])
         if len(run) > 1:
             self._apply(self.core.on_messages(src, [m for _, m in run], self._now()))
         else:

@@ -185,7 +185,7 @@ class SubQueue:
     unacked: int = 0  # deliveries in flight on its connection (kept there: Session.inflight)
     on_disk: int = 0  # events in the SQLite queue not loaded into pending
     disk_pos: int = 0  # the queue position of the last event loaded from disk
-    loaded_rows: dict[int, None] = field(default_factory=dict)  # positions loaded, not acknowledged
+    loaded_rows: dict[int, None] | None = None  # positions loaded, not acknowledged (None: none)
     disk_acked: int = 0  # the highest position acknowledged and not deleted: one below is loaded
     in_memory: int = 0  # entries in pending/inflight still in custody
     held: list[Held] = field(default_factory=list)  # for the SQLite queue, not written yet (a
@@ -195,7 +195,7 @@ class SubQueue:
     awaiting: int | None = None  # the former broker whose backlog of it is awaited (see note)
     consumed: dict[str, int] | None = None  # (taken over) what its client had consumed: dropped
     seen: Any = None  # the collapsed state of what the client took (collapse rule sets only)
-    taken: list[dict[str, Any]] = field(default_factory=list)  # taken, not folded into seen yet
+    taken: list[dict[str, Any]] | tuple[()] = ()  # taken, not folded into seen yet
     known: bool = True  # seen is what its client took (False: taken over or restored, see note)
     linger: asyncio.TimerHandle | None = None
 
@@ -263,10 +263,13 @@ class SubQueue:
             self.on_disk = 0
             return
         pending = self.queue()
+        if self.loaded_rows is None:
+            self.loaded_rows = {}
+        loaded = self.loaded_rows
         for row in rows:
             eid, event = msgpack.unpackb(row.payload)
             pending.append((tuple(eid), event, row.seq))
-            self.loaded_rows[row.seq] = None
+            loaded[row.seq] = None
             self.disk_pos = row.seq
         self.on_disk = max(0, self.on_disk - len(rows))
 
@@ -277,10 +280,12 @@ class SubQueue:
         subscription's events in order, but a STOMP client may acknowledge them one by one
         in any order (``client-individual``) or give one back (a NACK): the rows before
         one it has not acknowledged stay until it has."""
-        rows, top = self.loaded_rows, self.disk_acked
+        rows, top = self.loaded_rows or {}, self.disk_acked
         for where in positions:
             rows.pop(where, None)
             top = max(top, where)
+        if not rows:
+            self.loaded_rows = None
         low = min(rows) if rows else None
         if low is not None and low < top:  # (one before is out: the rest waits for it)
             self.disk_acked = top
@@ -294,7 +299,7 @@ class SubQueue:
         settle = [(eid, 1) for eid, _, where in self.pending if where is None]
         disk = max((where for _, _, where in self.pending if where), default=0)
         self.in_memory -= len(settle)
-        self.loaded_rows.clear()  # (what was loaded is acknowledged up to ``disk``: nothing is in flight)
+        self.loaded_rows = None  # (what was loaded is acknowledged up to ``disk``: nothing is in flight)
         tag = next(_catch_ups)
         self._pending = deque(((f"catch-up/{tag}", i), e, 0) for i, e in enumerate(events)) or None
         return settle, disk
@@ -590,7 +595,10 @@ class Queues:
                 elif where > 0:
                     disk.setdefault(sub, []).append(where)
                 if sub.collapse is not None and sub.known:
-                    sub.taken.append(event)
+                    if sub.taken:
+                        sub.taken.append(event)
+                    else:
+                        sub.taken = [event]  # (made for the first: most subscriptions fold nothing)
                     if len(sub.taken) >= FOLD_EVERY:
                         self._fold(sub)
                 if sub.pending or sub.on_disk or sub.held:
@@ -1240,7 +1248,7 @@ class Queues:
         """What ``sub``'s client took, folded into its state (in batches: the fold's cost is
         mostly per call, and the state is only read by a catch-up)."""
         assert sub.collapse is not None  # (only subscriptions with a rule set keep events)
-        taken, sub.taken = sub.taken, []
+        taken, sub.taken = sub.taken, ()
         it = self.spaces.interpretation(sub.collapse, sub.space)
         sub.seen = it.fold(sub.seen, taken, delivered=True)
 

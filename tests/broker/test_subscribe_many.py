@@ -163,3 +163,35 @@ def test_flowbus_sub_refuses_an_empty_filter_file_by_name(tmp_path: Path) -> Non
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "no filter in it" in done.stderr
+
+
+def test_a_broker_past_its_memory_limit_refuses_new_subscriptions_by_name() -> None:
+    from flowbus.broker.config import DEFAULT
+    from flowbus.broker.queues import resident_mb
+
+    async def main() -> None:
+        async with ring(config=DEFAULT.with_(memory_limit=100_000)) as (b,), flowbus.connect(b.address) as c:
+            assert b.queues.memory_limit == 100_000
+            now = resident_mb()
+            assert now is not None
+            b.queues.memory_limit = int(now) + 3  # (room for a few hundred)
+            one = await c.subscribe("stocks", "price > 1")
+            with pytest.raises(SubscribeError, match="out of memory for subscriptions: 5,000 subscriptions"):
+                await c.subscribe_many("stocks", ["price > 2"] * 5_000)
+            b.queues.memory_limit = 1
+            with pytest.raises(SubscribeError, match="memory_limit of 1 MB"):
+                await c.subscribe("stocks", "price > 3")
+            assert set(b.queues.subs) == {one.id}
+            b.queues.memory_limit = None
+            await c.subscribe("stocks", "price > 3")
+
+    run(main())
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "lots"])
+def test_a_bad_memory_limit_is_refused_by_name(bad: object) -> None:
+    from flowbus.broker.config import DEFAULT
+    from flowbus.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="memory_limit: an int >= 1"):
+        DEFAULT.with_(memory_limit=bad)

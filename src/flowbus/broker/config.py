@@ -29,6 +29,9 @@ A YAML file (``flowbus broker start --config FILE``)::
                                 # ones back; a process crash never does; docs/guarantees.md)
     advertising: false          # publishers advertise first; subscriptions are forwarded
                                 # only towards brokers with an overlapping advertisement
+    memory_limit: null          # MB of resident memory past which the broker refuses new
+                                # subscriptions ("out of memory for subscriptions"), each
+                                # counted at about 4 KB and its filter's text (null: none)
     load_limit: null            # ring state entries (subscriptions...) a broker holds before
     rate_limit: null            # ... or events a second it routes before it is over its
                                 # limit and asks for another broker (``cluster up
@@ -81,6 +84,7 @@ _LIMITS = (
     "sync",
     "backlog_wait",
     "advertising",
+    "memory_limit",
     "load_limit",
     "rate_limit",
     "express_bound",
@@ -114,6 +118,7 @@ class BrokerConfig:
     sync: str = "full"  # the store's syncing: full (each commit on the disk) or normal (broker/store.py)
     backlog_wait: float = 300.0  # seconds a taken-over subscription waits for its former broker's backlog
     advertising: bool = False
+    memory_limit: int | None = None  # MB of resident memory past which new subscriptions are refused
     load_limit: int | None = None
     rate_limit: float | None = None
     express_bound: float = 0.05  # seconds: the latency an express space's links may have
@@ -123,6 +128,8 @@ class BrokerConfig:
     security: Mapping[str, Any] = field(default_factory=lambda: dict(_SECURITY))
 
     def __post_init__(self) -> None:
+        if self.memory_limit is not None and (type(self.memory_limit) is not int or self.memory_limit < 1):
+            raise ConfigError(f"memory_limit: an int >= 1 (MB) or null, got {self.memory_limit!r}")
         if self.load_limit is not None and (type(self.load_limit) is not int or self.load_limit < 1):
             raise ConfigError(f"load_limit: an int >= 1 (state entries) or null, got {self.load_limit!r}")
         if self.rate_limit is not None and (

@@ -99,6 +99,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,6 +168,23 @@ def _held(sub_id: str, eid: Any, plain: dict[str, Any]) -> Held:
 FOLD_EVERY = 512
 """A subscription with a collapse rule set folds what its client took every this many events."""
 _arrivals = itertools.count()  # (numbers the deliveries held for the SQLite queue)
+SUB_BYTES = 4096
+"""What a subscription costs a broker, about, beyond its filter's text (measured: 3-3.5 KB,
+docs/results/broker.md), for ``memory_limit``."""
+
+MB = 1 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MB (None where /proc does not say)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE / MB
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 _catch_ups = itertools.count(1)  # (numbers the catch-up sequences of this process)
 
 
@@ -417,6 +435,7 @@ class Queues:
         self.spaces = spaces
         self.window = config.window
         self.memory = config.memory
+        self.memory_limit = config.memory_limit
         self.linger = config.linger
         self.backlog_wait = config.backlog_wait
         self.subs: dict[str, SubQueue] = {}
@@ -496,6 +515,9 @@ class Queues:
         taken = next((i for i in ids if i in self.subs or i in self.core.subs), None)
         if taken is not None:
             return False, f"subscription {taken!r}: exists already"
+        full = self._no_room(msg.filters)
+        if full is not None:
+            return False, full
         if self.spaces.flow_of(space) is not None:
             return self._open_flows(session, msg)
         if msg.collapse is not None:
@@ -1024,7 +1046,26 @@ class Queues:
 
     # -- serving a subscription
 
+    def _no_room(self, filters: Sequence[str]) -> str | None:
+        """Why subscriptions with ``filters`` would take this broker past its
+        ``memory_limit`` (None: they would not, or it has none)."""
+        limit = self.memory_limit
+        if limit is None:
+            return None
+        rss = resident_mb()
+        need = (len(filters) * SUB_BYTES + sum(map(len, filters))) / MB
+        if rss is None or rss + need <= limit:
+            return None
+        what = "a subscription" if len(filters) == 1 else f"{len(filters):,} subscriptions"
+        return (
+            f"out of memory for subscriptions: {what} would take this broker past its "
+            f"memory_limit of {limit:,} MB (resident now: {rss:,.0f} MB)"
+        )
+
     def _open(self, session: Session, msg: p.Subscribe) -> tuple[bool, str | None]:
+        full = self._no_room([msg.filter])
+        if full is not None:
+            return False, full
         if self.spaces.flow_of(msg.space) is not None:
             return self._open_flow(session, msg)
         filt, error = self.spaces.check_filter(msg.space, msg.filter)

@@ -22,6 +22,9 @@ values, ``level`` 0-9, and ``t``, the publisher's clock at publishing):
 * ``deliveries_match_offline`` -- every subscription got exactly the events its filter matches
   (counted offline with :class:`flowbus.matching.Matcher`, itself checked against
   ``Filter.matches`` on a sample of events).
+* ``broker_kb_per_subscription`` -- how much the brokers' VmRSS grew (summed: the ring's
+  backup copies count) from before subscribing to when every subscription is routed, per
+  subscription (the filters' text included).
 * ``broker_rss_mb`` / ``broker_hwm_mb`` -- VmRSS / VmHWM of the broker processes at the end
   (the largest); ``broker_cpu_s`` / ``client_cpu_s`` -- CPU time of the brokers (summed) and of
   the client process while publishing; ``other_cpu_s`` -- what the rest of the machine used
@@ -347,6 +350,7 @@ async def _clients_run(
         await asyncio.gather(*(c.open() for c in conns))
 
         # -- subscribe, pipelined
+        idle = [_proc_status(proc.pid).get("VmRSS", 0.0) for proc in ring.procs]
         index: dict[str, int] = {}
         tasks.extend(asyncio.create_task(_consume(c, index, tally)) for c in subs)
 
@@ -394,6 +398,11 @@ async def _clients_run(
             await pub.flush(120)
             await asyncio.sleep(0.02)
         row["routed_s"] = time.perf_counter() - t0
+        grown = [
+            _proc_status(proc.pid).get("VmRSS", 0.0) - before
+            for proc, before in zip(ring.procs, idle, strict=True)
+        ]
+        row["broker_kb_per_subscription"] = sum(grown) * 1024 / k  # (all brokers' growth: backups counted)
         if multi:
             row["ring_after_subscribe"] = view = await ring_view(addresses, tls=tls)
             row["ring_intact"] = _ring_ok(view)
@@ -705,6 +714,7 @@ COLUMNS = [
     ("latency_p99_ms", "p99 ms", "{:.1f}"),
     ("broker_rss_mb", "RSS MB", "{:.0f}"),
     ("broker_hwm_mb", "HWM MB", "{:.0f}"),
+    ("broker_kb_per_subscription", "KB/sub", "{:.1f}"),
     ("broker_cpu_s", "broker CPU s", "{:.1f}"),
     ("client_cpu_s", "client CPU s", "{:.1f}"),
     ("other_cpu_s", "other CPU s", "{:.1f}"),

@@ -182,6 +182,7 @@ CASES: list[object] = [
     bp.PubAck(batch=bp.pack_pubacks([1, 2])),
     bp.Nack(pseq=3, error="field 'x' is missing"),
     bp.Subscribe(req=1, sub_id="c1/a", space="s", filter="x > 1", durable=True, collapse="last", resume=True),
+    bp.SubscribeMany(req=2, space="s", sub_ids=("c1/a", "c1/b"), filters=("x > 1", "true"), durable=True),
     bp.Unsubscribe(req=2, sub_id="c1/a"),
     bp.Advertise(req=3, adv_id="ibm", space="s", filter='symbol = "IBM"'),
     bp.Unadvertise(req=4, adv_id="ibm"),

@@ -72,6 +72,9 @@ log = logging.getLogger("flowbus.client")
 __all__ = ["ALL_EVENTS", "Client", "Status", "connect"]
 
 ALL_EVENTS = "true"
+
+BULK_IN_FLIGHT = 4
+"""The requests of one :meth:`Client.subscribe_many` out at once."""
 """The filter text of a subscription to all of a space's events (``subscribe(space)``): the
 filter language's always-true filter (:meth:`flowbus.filters.Filter.true`). The wire always
 carries a filter's text, so the brokers see nothing new."""
@@ -362,9 +365,10 @@ class Client:
         batch: int = 5_000,
     ) -> list[Subscription]:
         """One subscription to ``space`` for each of ``filters`` (as :meth:`subscribe`, in
-        their order), asked for in requests of at most ``batch`` subscriptions, all sent at
-        once: the broker checks, records and backs each request's subscriptions up together,
-        many times faster than :meth:`subscribe` one by one. ``durable``: their names (one per
+        their order), asked for in requests of at most ``batch`` subscriptions, pipelined
+        (``BULK_IN_FLIGHT`` out at once): the broker checks, records and backs each
+        request's subscriptions up together, many times faster than :meth:`subscribe` one
+        by one. ``durable``: their names (one per
         filter; None: not durable). All or none: if the broker refuses any, the ones other
         requests made are unsubscribed, and a :class:`SubscribeError` says which it refused
         and why."""
@@ -390,9 +394,13 @@ class Client:
             ids, texts = tuple(s.id for s in part), tuple(s.filter for s in part)
             return lambda req: p.SubscribeMany(req, space, ids, texts, durable is not None, collapse)
 
-        replies = await asyncio.gather(
-            *(self._request(request(part)) for part in parts), return_exceptions=True
-        )
+        room = asyncio.Semaphore(BULK_IN_FLIGHT)
+
+        async def ask(part: list[Subscription]) -> p.Reply:
+            async with room:  # (a few requests at a time: a million filters are not all in buffers)
+                return await self._request(request(part))
+
+        replies = await asyncio.gather(*(ask(part) for part in parts), return_exceptions=True)
         failed = next((r for r in replies if isinstance(r, BaseException)), None)
         refused = next((r.error for r in replies if isinstance(r, p.Reply) and not r.ok), None)
         if failed is None and refused is None:

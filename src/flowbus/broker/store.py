@@ -227,17 +227,7 @@ class Store:
     def add_subscription(
         self, sub_id: str, *, client: str, space: str, filter: str, durable: bool, collapse: str | None = None
     ) -> None:
-        for name, value in (("sub_id", sub_id), ("client", client), ("space", space), ("filter", filter)):
-            if not isinstance(value, str) or not value:
-                raise StoreError(f"add_subscription: {name} must be a non-empty string, got {value!r}")
-        try:
-            with self._tx(f"add subscription {sub_id!r}") as db:
-                db.execute(
-                    "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?)",
-                    (sub_id, client, space, filter, int(durable), collapse),
-                )
-        except sqlite3.IntegrityError:
-            raise StoreError(f"subscription {sub_id!r} exists already") from None
+        self.add_subscriptions([(sub_id, client, space, filter, durable, collapse)])
 
     def add_subscriptions(self, rows: Sequence[tuple[str, str, str, str, bool, str | None]]) -> None:
         """:meth:`add_subscription` for each of ``rows`` ``(sub_id, client, space, filter,
@@ -245,15 +235,17 @@ class Store:
         for row in rows:
             for name, value in zip(("sub_id", "client", "space", "filter"), row, strict=False):
                 if not isinstance(value, str) or not value:
-                    raise StoreError(f"add_subscriptions: {name} must be a non-empty string, got {value!r}")
+                    raise StoreError(f"add_subscription: {name} must be a non-empty string, got {value!r}")
+        what = f"subscription {rows[0][0]!r}" if len(rows) == 1 else f"{len(rows)} subscriptions"
         try:
-            with self._tx(f"add {len(rows)} subscriptions") as db:
+            with self._tx(f"add {what}") as db:
                 db.executemany(
                     "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?)",
                     [(i, c, sp, f, int(d), co) for i, c, sp, f, d, co in rows],
                 )
-        except sqlite3.IntegrityError as e:
-            raise StoreError(f"add_subscriptions: a subscription exists already ({e})") from None
+        except sqlite3.IntegrityError:
+            taken = "exists already" if len(rows) == 1 else "one of them exists already"
+            raise StoreError(f"{what} {taken}") from None
 
     def remove_subscription(self, sub_id: str) -> None:
         """Forget a subscription and its queue."""

@@ -4,6 +4,7 @@ campaign that died; the command's errors."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -56,7 +57,18 @@ def test_the_short_campaign_runs_checks_and_cleans_up(tmp_path: Path) -> None:
     and up to about 1,900 deliveries out of order.)"""
     before = _netns()
     done = subprocess.run(
-        [sys.executable, "-m", "flowbus", "chaos", "run", "--short", "--json", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "flowbus",
+            "chaos",
+            "run",
+            "--short",
+            "--trace",
+            "--json",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -92,9 +104,42 @@ def test_the_short_campaign_runs_checks_and_cleans_up(tmp_path: Path) -> None:
         "queued.csv",
     ):
         assert (run / name).is_file()
+    _follow_one_event(run)
     assert (tmp_path / "chordal-ring" / "campaign.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "chordal-ring" / "campaign.md").read_text().startswith("| mix | runs |")
     assert _netns() == before and not list(REGISTRY.glob(f"{os.getpid()}.json"))
+
+
+def _follow_one_event(run: Path) -> None:
+    """The run was traced (``--trace``): ``flowbus chaos follow`` finds a delivered event of
+    a publisher going out of one broker and into another, before it is delivered."""
+    with (run / "publishes.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r["publisher"] == "pub0" and r["acked"]]
+    seq = rows[len(rows) // 2]["pseq"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flowbus",
+            "chaos",
+            "follow",
+            str(run),
+            "--publisher",
+            "pub0",
+            "--seq",
+            seq,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    hops = json.loads(done.stdout)["hops"]
+    ways = [h["way"] for h in hops]
+    assert "out" in ways and "in" in ways and "delivered" in ways, hops
+    assert ways.index("out") < max(i for i, w in enumerate(ways) if w == "delivered"), hops
+    assert {h["broker"] for h in hops if h["way"] == "out"} != {h["broker"] for h in hops if h["way"] == "in"}
 
 
 def test_what_the_stores_still_queue_at_the_end_is_read_per_subscription(tmp_path: Path) -> None:

@@ -318,3 +318,38 @@ def test_brokers_that_end_with_other_flows_than_those_deployed_are_counted(tmp_p
     assert check_run(tmp_path)["registry_mismatch"] == 3  # (the undeploy failed: extra expected)
     (tmp_path / "faults.jsonl").write_text("")
     assert check_run(tmp_path)["registry_mismatch"] == 0
+
+
+def test_follow_puts_a_traced_events_hops_and_deliveries_in_time_order(tmp_path: Path) -> None:
+    """``flowbus chaos follow``'s list: the trace lines that carry the chosen events (by their
+    id between brokers, client and sequence number) and their deliveries (by the checker's
+    numbering of the publisher's events), times from the first publish."""
+    from flowbus.chaos.follow import follow
+
+    spec = _spec(tmp_path)
+    pubs = [["pub0", k, k + 10, T0 + k, T0 + k + 0.5, ""] for k in (1, 2, 3)] + [
+        ["pub1", 1, 1, T0, T0 + 1, ""]
+    ]
+    deliveries = [["all", k, "10.0.0.2:7000", T0 + k + 0.3, ""] for k in (1, 2, 3)] + [
+        ["all", STRIDE + 1, "x", T0, ""]
+    ]
+    _write(tmp_path, spec, pubs, deliveries)
+    (tmp_path / "traces").mkdir()
+    lines = {
+        "b0": [[T0 + 2.1, "out", "10.0.0.2:7000", [["Publish", ["pub0", 12]], ["Ping"]]]],
+        "b1": [
+            [T0 + 2.2, "in", "10.0.0.1:7000", [["Publish", ["pub0", 12]], ["Publish", ["pub1", 12]]]],
+            [T0 + 2.25, "out", "10.0.0.1:7000", [["Confirm"]]],
+        ],
+    }
+    for name, rows in lines.items():
+        (tmp_path / "traces" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hops = follow(tmp_path, "pub0", 12, 12)
+    assert [(h["t"], h["broker"], h["way"], h["message"]) for h in hops] == [
+        (2.1, "b0", "out", "Publish"),
+        (2.2, "b1", "in", "Publish"),
+        (2.3, "10.0.0.2:7000", "delivered", ""),
+    ]
+    assert len(follow(tmp_path, "pub0", 11, 13)) == 5
+    with pytest.raises(ExperimentError, match="no publishes of 'nobody'"):
+        follow(tmp_path, "nobody", 1, 1)

@@ -161,6 +161,37 @@ def merge(
     emit(summary, as_json=False, title=f"flowbus chaos on {doc['overlay']} ({len(parts)} parts)")
 
 
+@chaos_app.command("follow")
+def follow_events(
+    run_dir: Annotated[Path, typer.Argument(help="A run's directory, traced (flowbus chaos run --trace).")],
+    publisher: Annotated[str, typer.Option(help="The publishing client (pub0, pub1, fpub...).")],
+    seq: Annotated[str, typer.Option(help="Its publish sequence numbers: N or A-B.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Where a traced run's events went, hop by hop, and when each was delivered."""
+    from rich.table import Table
+
+    from flowbus.chaos.follow import follow
+    from flowbus.errors import FlowbusError
+
+    first, _, last = seq.partition("-")
+    if not first.isdigit() or (last and not last.isdigit()):
+        fail(f"--seq: N or A-B, got {seq!r}")
+    try:
+        hops = follow(run_dir, publisher, int(first), int(last or first))
+    except FlowbusError as e:
+        fail(str(e))
+    if as_json:
+        emit({"hops": hops}, as_json=True, title="")
+        return
+    table = Table(title=f"{publisher} {seq} in {run_dir.name}")
+    for column in ("t", "seq", "broker", "way", "peer", "message"):
+        table.add_column(column)
+    for h in hops:
+        table.add_row(f"{h['t']:.3f}", str(h["seq"]), h["broker"], h["way"], h["peer"], h["message"])
+    out.print(table)
+
+
 @chaos_app.command("sim")
 def sim(
     seeds: Annotated[str, typer.Option(help="Schedules: N (1..N), A-B or a list like 3,5,8.")] = "0-259",

@@ -141,3 +141,18 @@ def test_the_fast_path_reads_the_benchmarks_subscriptions() -> None:
 
     texts = stock_filters(300, 7)
     assert all(_quick()(t) == _slow(t) for t in texts)
+
+
+@SETTINGS
+@given(conjunctions())
+def test_a_filter_of_one_conjunction_is_the_one_its_constructor_makes(text: str) -> None:
+    from flowbus.filters.ast import Conjunction
+
+    try:
+        f = parse(text)
+    except FilterError:
+        return
+    for c in f.disjuncts:
+        for literals in (c.literals, (*c.literals, *c.literals), tuple(lit.negate() for lit in c.literals)):
+            made, want = Filter.conjunction(literals), Filter((Conjunction(literals),))
+            assert made == want and hash(made) == hash(want) and made.disjuncts == want.disjuncts

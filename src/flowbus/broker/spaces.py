@@ -119,6 +119,8 @@ class Spaces:
     def routing_filter(space: str, filt: Filter) -> Filter:
         """``__space = space & (filt)``, built from the parsed filter (not parsed again)."""
         in_space = _in_space(space)
+        if len(filt.disjuncts) == 1:
+            return Filter.conjunction((in_space, *filt.disjuncts[0].literals))
         return Filter(tuple(Conjunction((in_space, *c.literals)) for c in filt.disjuncts))
 
     def check_collapse(self, name: str, space: str) -> str | None:

@@ -498,6 +498,19 @@ class Filter:
         return (Filter, (self.disjuncts,))
 
     @classmethod
+    def conjunction(cls, literals: Iterable[Literal]) -> Filter:
+        """The filter of one conjunction of ``literals``: what ``Filter((Conjunction(...),))``
+        makes, without its checks when no literal is negated (no contradiction can be in it,
+        and one conjunction needs no sorting): subscriptions are made this way by the million."""
+        conj = Conjunction(tuple(literals))
+        if any(lit.negated for lit in conj.literals):
+            return cls((conj,))
+        f = object.__new__(cls)
+        object.__setattr__(f, "disjuncts", (conj,))
+        object.__setattr__(f, "_hash", hash((conj,)))
+        return f
+
+    @classmethod
     def true(cls) -> Filter:
         return cls((Conjunction(()),))
 

@@ -490,7 +490,7 @@ class _Quick:
             else:
                 return None
             if i == n:  # (no negation here: the normal form is this one conjunction)
-                return Filter((Conjunction(tuple(literals)),))
+                return Filter.conjunction(literals)
             if tokens[i][0] != "AND":
                 return None
             i += 1

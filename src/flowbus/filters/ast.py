@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import methodcaller
 from typing import Any
 
 from flowbus.errors import FilterError, Undefined
@@ -430,6 +431,9 @@ Literal = Predicate | ExprPredicate
 # -------------------------------------------------------------------- the filter
 
 
+_SORT_KEY = methodcaller("sort_key")  # (a literal's place in its conjunction)
+
+
 @dataclass(frozen=True, slots=True)
 class Conjunction:
     """All of ``literals`` hold. Literals are sorted and unique; the empty conjunction is true."""
@@ -438,7 +442,7 @@ class Conjunction:
 
     def __post_init__(self) -> None:
         unique = {lit: None for lit in self.literals}
-        object.__setattr__(self, "literals", tuple(sorted(unique, key=lambda lit: lit.sort_key())))
+        object.__setattr__(self, "literals", tuple(sorted(unique, key=_SORT_KEY)))
 
     @property
     def simple(self) -> tuple[Predicate, ...]:
@@ -524,7 +528,14 @@ class Filter:
 
     def fields(self) -> frozenset[str]:
         """The attributes the filter reads."""
-        return frozenset().union(*(lit.fields() for c in self.disjuncts for lit in c.literals))
+        out: set[str] = set()
+        for c in self.disjuncts:
+            for lit in c.literals:
+                if type(lit) is Predicate:
+                    out.add(lit.attr)
+                else:
+                    out |= lit.fields()
+        return frozenset(out)
 
     def calls(self) -> frozenset[str]:
         """The named functions and lookup tables the filter calls."""

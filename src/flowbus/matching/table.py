@@ -336,6 +336,7 @@ class SubscriptionTable:
         self._neg_pool = ListPool()  # predicate -> conjunctions holding its negation
         self._cluster_pool = ListPool()  # access predicate -> records [slot, k, others] (clustering)
         self._records: list[_Record | None] = []
+        self._attr_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._exprs: dict[int, tuple[ExprPredicate, ...]] = {}
         self._fit_slots()
 
@@ -455,7 +456,8 @@ class SubscriptionTable:
             by_slot: dict[int, list[str]] = {}
             for slot, name in zip(g_slot.tolist(), g_names, strict=True):
                 by_slot.setdefault(slot, []).append(name)
-            interval_attrs = [tuple(by_slot.get(slot, ())) for slot in slot_list]
+            shared = self._attr_tuples  # (one tuple per set of attributes, for every record)
+            interval_attrs = [shared.setdefault(t, t) for t in (tuple(by_slot.get(s, ())) for s in slot_list)]
             records = list(zip(signed, interval_attrs, access, strict=True))
         else:
             records = [(x, (), a) for x, a in zip(signed, access, strict=True)]

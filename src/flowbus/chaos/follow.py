@@ -12,11 +12,11 @@ order, hop by hop.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
 
+from flowbus.chaos.check import _read_csv
 from flowbus.chaos.workload import STRIDE, Spec
 from flowbus.errors import ExperimentError
 
@@ -29,7 +29,7 @@ def follow(root: Path, publisher: str, first: int, last: int) -> list[dict[str, 
     traces = sorted((root / "traces").glob("*.jsonl"))
     if not traces:
         raise ExperimentError(f"{root}: no traces (run it with flowbus chaos run --trace)")
-    publishes = _rows(root / "publishes.csv")
+    publishes = _read_csv(root / "publishes.csv")
     sent = [float(r["sent"]) for r in publishes if r.get("sent")]
     t0 = min(sent, default=0.0)
     k_of = {int(r["pseq"]): int(r["k"]) for r in publishes if r["publisher"] == publisher and r.get("pseq")}
@@ -50,7 +50,7 @@ def follow(root: Path, publisher: str, first: int, last: int) -> list[dict[str, 
     spec = Spec.from_json((root / "spec.json").read_text())
     pub_index = [c.name for c in spec.publishers].index(publisher)  # (the checker's numbering)
     ks = {k_of[s]: s for s in wanted if s in k_of}
-    for row in _rows(root / "deliveries.csv"):
+    for row in _read_csv(root / "deliveries.csv"):
         q = int(row["quantity"])
         if q // STRIDE == pub_index and q % STRIDE in ks:
             seq = ks[q % STRIDE]
@@ -58,10 +58,3 @@ def follow(root: Path, publisher: str, first: int, last: int) -> list[dict[str, 
             out.append({"t": round(float(row["t"]) - t0, 4), "seq": seq, **where})
     out.sort(key=lambda r: (r["t"], r["seq"]))
     return out
-
-
-def _rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
